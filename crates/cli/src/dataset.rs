@@ -1,0 +1,202 @@
+// SPDX-License-Identifier: Apache-2.0
+//! A deterministic, realistic data set for the demo and benchmarks: web-server logs, CSV
+//! order tables, binary blobs, a sparse file and an empty one. The same seed always gives
+//! the same bytes.
+
+use std::fs::{self, File};
+use std::io::{self, BufWriter, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// SplitMix64: small, fast, and reproducible everywhere.
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    /// Next 64 random bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// Fills `buf` with random bytes.
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for chunk in buf.chunks_mut(8) {
+            let v = self.next().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+}
+
+/// The files of a generated data set, by kind.
+#[derive(Debug, Default)]
+pub struct Dataset {
+    /// Text logs.
+    pub logs: Vec<PathBuf>,
+    /// CSV tables with a header.
+    pub tables: Vec<PathBuf>,
+    /// Binary files, including a sparse one and an empty one.
+    pub blobs: Vec<PathBuf>,
+}
+
+impl Dataset {
+    /// Every file.
+    pub fn all(&self) -> Vec<PathBuf> {
+        self.logs.iter().chain(&self.tables).chain(&self.blobs).cloned().collect()
+    }
+}
+
+const HOSTS: [&str; 6] = ["web-01", "web-02", "web-03", "api-01", "api-02", "batch-01"];
+const PATHS: [&str; 6] = ["/api/v2/orders", "/api/v2/items", "/login", "/static/app.js", "/api/v2/cart", "/health"];
+const COUNTRIES: [&str; 8] = ["DE", "FR", "US", "JP", "BR", "IN", "NL", "KE"];
+const STATUSES: [&str; 4] = ["paid", "shipped", "cancelled", "refunded"];
+const NAMES: [&str; 6] = ["Ada Park", "Smith, Jane", "Li Wei", "O'Neil \"Neo\" Ray", "Zoë Weiß", "Ravi Kumar"];
+
+fn log_line(rng: &mut Rng, n: u64, out: &mut Vec<u8>) {
+    let (level, status) = match rng.below(100) {
+        0..=4 => ("ERROR", 500 + rng.below(4)),
+        5..=14 => ("WARN ", 400 + rng.below(30)),
+        _ => ("INFO ", 200 + rng.below(5)),
+    };
+    let secs = n / 7;
+    let _ = writeln!(
+        out,
+        "2026-11-{:02}T{:02}:{:02}:{:02}.{:03}Z {} {level} request {} {}/{} status={status} bytes={} latency_ms={} user=u{}",
+        1 + (secs / 86400) % 28,
+        (secs / 3600) % 24,
+        (secs / 60) % 60,
+        secs % 60,
+        rng.below(1000),
+        HOSTS[rng.below(6) as usize],
+        if rng.below(4) == 0 { "POST" } else { "GET" },
+        PATHS[rng.below(6) as usize],
+        rng.below(100_000),
+        rng.below(60_000),
+        rng.below(2000),
+        rng.below(5000),
+    );
+}
+
+fn csv_row(rng: &mut Rng, id: u64, out: &mut Vec<u8>) {
+    let name = NAMES[rng.below(6) as usize];
+    let quoted = if name.contains([',', '"']) { format!("\"{}\"", name.replace('"', "\"\"")) } else { name.to_owned() };
+    let _ = writeln!(
+        out,
+        "{id},{quoted},{},{}.{:02},{},2026-{:02}-{:02}",
+        COUNTRIES[rng.below(8) as usize],
+        rng.below(2000),
+        rng.below(100),
+        STATUSES[rng.below(4) as usize],
+        1 + rng.below(12),
+        1 + rng.below(28)
+    );
+}
+
+/// Writes `bytes` of generated lines to `w`.
+fn write_lines(w: &mut impl Write, rng: &mut Rng, bytes: u64, header: Option<&str>, line: fn(&mut Rng, u64, &mut Vec<u8>)) -> io::Result<()> {
+    let mut buf = Vec::with_capacity(1 << 20);
+    if let Some(h) = header {
+        buf.extend_from_slice(h.as_bytes());
+    }
+    let mut written = 0u64;
+    let mut n = 1u64;
+    while written < bytes {
+        while buf.len() < (1 << 20) && written + (buf.len() as u64) < bytes {
+            line(rng, n, &mut buf);
+            n += 1;
+        }
+        w.write_all(&buf)?;
+        written += buf.len() as u64;
+        buf.clear();
+    }
+    Ok(())
+}
+
+/// Generates about `total` bytes of files under `dir`.
+///
+/// Two logs are written interleaved with a sync after every piece, as concurrent appenders
+/// would, so their extents are fragmented.
+pub fn generate(dir: &Path, total: u64) -> io::Result<Dataset> {
+    let mut rng = Rng::new(0x1A51_7E5D);
+    let mut ds = Dataset::default();
+    for sub in ["logs", "tables", "bin"] {
+        fs::create_dir_all(dir.join(sub))?;
+    }
+    let log_bytes = total * 45 / 100 / 6;
+    // Interleaved appenders: logs/app-0.log and logs/app-1.log.
+    let pair = [dir.join("logs/app-0.log"), dir.join("logs/app-1.log")];
+    let mut files = [File::create(&pair[0])?, File::create(&pair[1])?];
+    let mut n = 1u64;
+    let mut sizes = [0u64; 2];
+    while sizes.iter().any(|s| *s < log_bytes) {
+        for (i, f) in files.iter_mut().enumerate() {
+            let mut piece = Vec::with_capacity(70_000);
+            while piece.len() < 64 << 10 {
+                log_line(&mut rng, n, &mut piece);
+                n += 1;
+            }
+            f.write_all(&piece)?;
+            f.sync_data()?;
+            sizes[i] += piece.len() as u64;
+        }
+    }
+    ds.logs.extend(pair);
+    for i in 2..6 {
+        let p = dir.join(format!("logs/app-{i}.log"));
+        let mut w = BufWriter::new(File::create(&p)?);
+        // Odd sizes: not a multiple of any block size.
+        write_lines(&mut w, &mut rng, log_bytes + 777 * i, None, log_line)?;
+        w.flush()?;
+        ds.logs.push(p);
+    }
+    for i in 0..3 {
+        let p = dir.join(format!("tables/orders-{i}.csv"));
+        let mut w = BufWriter::new(File::create(&p)?);
+        write_lines(&mut w, &mut rng, total * 25 / 100 / 3, Some("order_id,customer,country,amount,status,created\n"), csv_row)?;
+        w.flush()?;
+        ds.tables.push(p);
+    }
+    let blob_bytes = (total * 20 / 100 / 3) as usize;
+    let mut buf = vec![0u8; 1 << 20];
+    for i in 0..3 {
+        let p = dir.join(format!("bin/blob-{i}.bin"));
+        let mut f = BufWriter::new(File::create(&p)?);
+        let mut left = blob_bytes + 4097 * i;
+        while left > 0 {
+            let n = left.min(buf.len());
+            rng.fill(&mut buf[..n]);
+            f.write_all(&buf[..n])?;
+            left -= n;
+        }
+        f.flush()?;
+        ds.blobs.push(p);
+    }
+    // A sparse file: data, a 3 MiB hole, data, and a hole at the end.
+    let sparse = dir.join("bin/sparse.img");
+    let mut f = File::create(&sparse)?;
+    rng.fill(&mut buf);
+    f.write_all(&buf)?;
+    f.seek(SeekFrom::Current(3 << 20))?;
+    f.write_all(&buf[..123_457])?;
+    f.set_len((6 << 20) + 11)?;
+    ds.blobs.push(sparse);
+    let empty = dir.join("bin/empty");
+    File::create(&empty)?;
+    ds.blobs.push(empty);
+    // Push everything to the device: the target reads the media, not the page cache.
+    for p in ds.all() {
+        File::open(&p)?.sync_all()?;
+    }
+    Ok(ds)
+}

@@ -1,0 +1,391 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The `insitu` command line: offload functions to the storage that holds the files, scrub
+//! for bitrot, make and mount images, run the demo and the benchmarks.
+//!
+//! [`run`] is the whole program; the `insitu` binary and the Python package's console
+//! script both call it.
+#![deny(missing_docs)]
+
+mod bench;
+mod dataset;
+mod demo;
+mod image;
+mod size;
+
+use clap::{Parser, Subcommand};
+use insitu_host::{parse_args, scrub, Mode, OasError, Offloader, Report, Request};
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// Computational storage: run functions where the data is.
+#[derive(Parser, Debug)]
+#[command(name = "insitu", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    /// Print machine-readable JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run a function over files, offloaded to the target that holds their blocks.
+    ///
+    /// Each file becomes a virtual object (stat + FIEMAP) sent in a compute descriptor
+    /// with one EXEC command; only the result comes back. Functions that write a result
+    /// file (zstd, sort, csv-select) write it next to the input (PATH.zst, PATH.sorted,
+    /// PATH.select.csv) or to --output. See `insitu functions` for the list.
+    Exec {
+        /// Function name, e.g. crc32c, grep, wc, zstd, sort, csv-select.
+        function: String,
+        /// Input files (on a loop-mounted image or insitu namespace).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Function argument, KEY=VALUE (repeatable), e.g. --arg pattern=ERROR.
+        #[arg(long = "arg", value_name = "KEY=VALUE")]
+        args: Vec<String>,
+        /// Compute on the host instead, reading through the file system (cold cache).
+        #[arg(long)]
+        conventional: bool,
+        /// Where to write the result file (one input only).
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+        /// Replace existing result files.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Count and locate lines matching PATTERN, offloaded (like grep -c / grep -n -b).
+    Grep {
+        /// Literal text, or a regular expression with -E.
+        pattern: String,
+        /// Files to search.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Treat PATTERN as a regular expression.
+        #[arg(short = 'E', long)]
+        regex: bool,
+        /// Ignore case.
+        #[arg(short, long)]
+        ignore_case: bool,
+        /// Print only the count per file.
+        #[arg(short, long)]
+        count: bool,
+        /// Compute on the host instead.
+        #[arg(long)]
+        conventional: bool,
+    },
+    /// Count lines, words and bytes, offloaded (like wc).
+    Wc {
+        /// Files to count.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Compute on the host instead.
+        #[arg(long)]
+        conventional: bool,
+    },
+    /// Bitrot scrubbing: record checksums of every file under DIR, or verify them.
+    ///
+    /// With --create, writes the manifest. Without it, recomputes every checksum offloaded
+    /// and lists corrupted and missing files; exits 1 if there are any.
+    Scrub {
+        /// Directory to scrub (recursively).
+        dir: PathBuf,
+        /// Manifest file (JSON).
+        #[arg(long)]
+        manifest: PathBuf,
+        /// Record a new manifest instead of verifying.
+        #[arg(long)]
+        create: bool,
+        /// Checksum function for --create.
+        #[arg(long, default_value = "blake3")]
+        function: String,
+        /// Compute on the host instead.
+        #[arg(long)]
+        conventional: bool,
+    },
+    /// List the functions a target runs, with their arguments.
+    Functions,
+    /// Make, mount and unmount disk images.
+    #[command(subcommand)]
+    Image(ImageCmd),
+    /// Build a demo image with a realistic data set, run every function offloaded and on
+    /// the host, and compare results and data movement. Exits 1 if any result disagrees.
+    Demo {
+        /// Image size.
+        #[arg(long, default_value = "256M")]
+        size: String,
+        /// File system of the image.
+        #[arg(long, value_enum, default_value = "ext4")]
+        fs: image::Fs,
+        /// Work directory (default: a new directory under /var/tmp, removed afterwards).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum ImageCmd {
+    /// Create a sparse image file holding a new file system.
+    Create {
+        /// Image file to create.
+        path: PathBuf,
+        /// Size, e.g. 1G.
+        #[arg(long, default_value = "1G")]
+        size: String,
+        /// File system.
+        #[arg(long, value_enum, default_value = "ext4")]
+        fs: image::Fs,
+        /// File-system block size in bytes (e.g. 1024 or 4096).
+        #[arg(long)]
+        block_size: Option<u32>,
+        /// Overwrite an existing file.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Loop-mount an image at DIR.
+    Mount {
+        /// Image file.
+        path: PathBuf,
+        /// Mount point (created if missing).
+        dir: PathBuf,
+    },
+    /// Unmount DIR (and release its loop device).
+    Umount {
+        /// Mount point.
+        dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCmd {
+    /// Scan throughput: raw direct reads of a file's blocks vs an offloaded checksum over
+    /// them (and the conventional host path), measured in one run with cold caches.
+    Scan {
+        /// Checksum function to offload.
+        #[arg(long, default_value = "crc32c")]
+        function: String,
+        /// Size of the scanned file.
+        #[arg(long, default_value = "512M")]
+        size: String,
+        /// Measurements of each kind (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        /// Work directory (default: a new directory under /var/tmp, removed afterwards).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// A failure with the exit code it maps to.
+pub(crate) struct Failure {
+    pub(crate) code: i32,
+    pub(crate) message: String,
+}
+
+impl From<OasError> for Failure {
+    fn from(e: OasError) -> Self {
+        Failure { code: 2, message: e.to_string() }
+    }
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Self {
+        Failure { code: 2, message }
+    }
+}
+
+/// Runs the command line `args` (program name first) and returns the exit code: 0 on
+/// success, 1 when a check found a problem (scrub, demo), 2 on errors.
+pub fn run<I, T>(args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let json = cli.json;
+    match dispatch(cli) {
+        Ok(code) => code,
+        Err(f) => {
+            if json {
+                println!("{}", serde_json::json!({"error": f.message}));
+            }
+            eprintln!("insitu: error: {}", f.message);
+            f.code
+        }
+    }
+}
+
+fn mode(conventional: bool) -> Mode {
+    if conventional {
+        Mode::Conventional
+    } else {
+        Mode::Offload
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<i32, Failure> {
+    let json = cli.json;
+    let off = Offloader::new();
+    match cli.command {
+        Cmd::Exec { function, paths, args, conventional, output, force } => {
+            let args = parse_args(off.registry(), &function, &args)?;
+            let report = off.exec(&Request { function, args, paths, output, mode: mode(conventional), force })?;
+            print_report(&report, json);
+        }
+        Cmd::Grep { pattern, paths, regex, ignore_case, count, conventional } => {
+            let args = vec![
+                ("pattern".to_string(), insitu_wire::Value::Str(pattern)),
+                ("regex".to_string(), insitu_wire::Value::Bool(regex)),
+                ("ignore_case".to_string(), insitu_wire::Value::Bool(ignore_case)),
+            ];
+            let report = off.exec(&Request { function: "grep".into(), args, paths, output: None, mode: mode(conventional), force: false })?;
+            if json {
+                print_report(&report, true);
+            } else {
+                for r in &report.results {
+                    println!("{}:{}", r.path, r.fields["count"]);
+                    if !count {
+                        for m in r.fields["matches"].as_array().into_iter().flatten() {
+                            println!("  line {} at byte {}", m[0], m[1]);
+                        }
+                    }
+                }
+                print_stats(&report);
+            }
+        }
+        Cmd::Wc { paths, conventional } => {
+            let report = off.exec(&Request { function: "wc".into(), args: vec![], paths, output: None, mode: mode(conventional), force: false })?;
+            if json {
+                print_report(&report, true);
+            } else {
+                for r in &report.results {
+                    println!("{:>8} {:>8} {:>10} {}", r.fields["lines"], r.fields["words"], r.fields["bytes"], r.path);
+                }
+                print_stats(&report);
+            }
+        }
+        Cmd::Scrub { dir, manifest, create, function, conventional } => {
+            let report = if create {
+                scrub::create(&off, &dir, &manifest, &function, mode(conventional))?
+            } else {
+                scrub::verify(&off, &dir, &manifest, mode(conventional))?
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+            } else if create {
+                println!("recorded {} files in {}", report.checked, manifest.display());
+            } else {
+                for f in &report.corrupted {
+                    println!("CORRUPTED {f}");
+                }
+                for f in &report.missing {
+                    println!("MISSING   {f}");
+                }
+                for f in &report.new {
+                    println!("new       {f}");
+                }
+                println!(
+                    "{} files checked, {} corrupted, {} missing; {} to host, target read {} in {:.2}s",
+                    report.checked,
+                    report.corrupted.len(),
+                    report.missing.len(),
+                    size::human(report.stats.bytes_to_host),
+                    size::human(report.stats.media_bytes),
+                    report.stats.seconds
+                );
+            }
+            return Ok(if report.clean() { 0 } else { 1 });
+        }
+        Cmd::Functions => print_functions(&off, json),
+        Cmd::Image(cmd) => {
+            match cmd {
+                ImageCmd::Create { path, size, fs, block_size, force } => {
+                    image::create(&path, size::parse_size(&size)?, fs, block_size, force)?;
+                    done(json, &format!("created {} ({size}, {fs:?})", path.display()));
+                }
+                ImageCmd::Mount { path, dir } => {
+                    image::mount(&path, &dir)?;
+                    done(json, &format!("mounted {} at {}", path.display(), dir.display()));
+                }
+                ImageCmd::Umount { dir } => {
+                    image::umount(&dir)?;
+                    done(json, &format!("unmounted {}", dir.display()));
+                }
+            }
+        }
+        Cmd::Demo { size, fs, dir } => return demo::run(&off, size::parse_size(&size)?, fs, dir, json),
+        Cmd::Bench(BenchCmd::Scan { function, size, repeat, dir }) => {
+            return bench::scan(&off, &function, size::parse_size(&size)?, repeat.max(1), dir, json)
+        }
+    }
+    Ok(0)
+}
+
+fn done(json: bool, msg: &str) {
+    if json {
+        println!("{}", serde_json::json!({"ok": true, "message": msg}));
+    } else {
+        println!("{msg}");
+    }
+}
+
+fn print_report(report: &Report, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report).unwrap_or_default());
+        return;
+    }
+    for r in &report.results {
+        let fields: Vec<String> = r.fields.iter().filter(|(k, _)| *k != "matches").map(|(k, v)| format!("{k}={v}")).collect();
+        println!("{}: {}", r.path, fields.join(" "));
+    }
+    print_stats(report);
+}
+
+fn print_stats(report: &Report) {
+    let s = &report.stats;
+    eprintln!(
+        "{} ({}): {} to host, {} from host, target read {}, {:.3}s",
+        report.function,
+        report.mode,
+        size::human(s.bytes_to_host),
+        size::human(s.bytes_from_host),
+        size::human(s.media_bytes),
+        s.seconds
+    );
+}
+
+fn print_functions(off: &Offloader, json: bool) {
+    let list: Vec<serde_json::Value> = off
+        .registry()
+        .iter()
+        .map(|k| {
+            let params: Vec<serde_json::Value> = k
+                .params()
+                .iter()
+                .map(|p| serde_json::json!({"key": p.key, "type": p.ty.name(), "required": p.required, "doc": p.doc}))
+                .collect();
+            serde_json::json!({"name": k.name(), "summary": k.summary(), "outputs": k.output_count(), "args": params})
+        })
+        .collect();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&list).unwrap_or_default());
+        return;
+    }
+    for k in off.registry().iter() {
+        println!("{:<11} {}", k.name(), k.summary());
+        for p in k.params() {
+            let req = if p.required { "required" } else { "optional" };
+            println!("{:<11}   {}={} ({req}): {}", "", p.key, p.ty.name(), p.doc);
+        }
+    }
+}

@@ -1,0 +1,240 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The insitu target: namespaces over files or block devices, the block commands
+//! (Read, Write, Flush) and EXEC, the stateless vendor command that runs a kernel over
+//! virtual objects next to the data.
+//!
+//! A [`Target`] knows no transport. The embedded path calls it directly from the host
+//! process; a fabric transport decodes capsules and calls the same methods. Every command
+//! returns an NVMe-style [`CommandError`] on failure, whose message names the object at
+//! fault and what to do.
+//!
+//! EXEC validates the whole descriptor (format, function, arguments, extent bounds, output
+//! overlaps, namespace visibility) before it reads a single byte, and keeps nothing once it
+//! completes.
+//!
+//! ```
+//! use insitu_target::{Target, NamespaceConfig};
+//! use insitu_wire::{Descriptor, Extent, ExecResult, VirtualObject, Value};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let img = dir.path().join("ns.img");
+//! std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+//! let mut target = Target::new();
+//! let nsid = target.add_namespace(&img, NamespaceConfig::default()).unwrap();
+//! target.write(nsid, 8, &b"hello world\n".repeat(100)).unwrap(); // LBA 8 = sector 8
+//! let obj = VirtualObject { length: 1200, extents: vec![Extent::data(8, 3)] };
+//! let out = target.exec(nsid, &Descriptor::new("wc", vec![obj]).encode()).unwrap();
+//! let result = ExecResult::decode(&out.result).unwrap();
+//! assert_eq!(result.records[0][0], ("lines".to_string(), Value::U64(100)));
+//! ```
+#![deny(missing_docs)]
+
+mod namespace;
+mod stream;
+
+pub use namespace::{Namespace, NamespaceConfig, Visibility};
+pub use stream::CHUNK;
+
+use insitu_media::Backing;
+use insitu_offload::{Args, InputStream, KernelError, OutputSink, Registry};
+use insitu_wire::{CommandError, Descriptor, ExecResult, ExtentError, Limits, Status};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A namespace identifier, 1-based as in NVMe.
+pub type Nsid = u32;
+
+/// What one EXEC did.
+#[derive(Debug, Clone)]
+pub struct ExecOutcome {
+    /// The encoded [`ExecResult`].
+    pub result: Vec<u8>,
+    /// Bytes read from the media for this command.
+    pub media_read_bytes: u64,
+    /// Bytes written to output objects (including sector padding).
+    pub media_written_bytes: u64,
+    /// Wall time of the command on the target.
+    pub seconds: f64,
+}
+
+/// A computational-storage target.
+pub struct Target {
+    namespaces: Vec<Namespace>,
+    registry: Arc<Registry>,
+    limits: Limits,
+    max_inline_result: usize,
+}
+
+impl Default for Target {
+    fn default() -> Self {
+        Target::new()
+    }
+}
+
+impl Target {
+    /// A target with no namespaces, the standard kernels, default descriptor limits and a
+    /// 16 MiB inline result limit.
+    pub fn new() -> Self {
+        Target { namespaces: Vec::new(), registry: Arc::new(Registry::standard()), limits: Limits::default(), max_inline_result: 16 << 20 }
+    }
+
+    /// Replaces the kernel registry.
+    pub fn with_registry(mut self, registry: Arc<Registry>) -> Self {
+        self.registry = registry;
+        self
+    }
+
+    /// Sets the largest result returned inline (default 16 MiB); larger ones fail with
+    /// `RESULT_TOO_LARGE`.
+    pub fn with_max_inline_result(mut self, bytes: usize) -> Self {
+        self.max_inline_result = bytes;
+        self
+    }
+
+    /// The kernel registry.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Opens `path` (a file or block device) and adds a namespace over it; returns its NSID.
+    pub fn add_namespace(&mut self, path: &Path, cfg: NamespaceConfig) -> Result<Nsid, String> {
+        let media = Backing::open(path, false).map_err(|e| e.to_string())?;
+        let ns = Namespace::new(Arc::new(media), &cfg)?;
+        self.namespaces.push(ns);
+        Ok(self.namespaces.len() as Nsid)
+    }
+
+    /// The namespace `nsid`, whatever its visibility (for code running on the target).
+    pub fn namespace(&self, nsid: Nsid) -> Option<&Namespace> {
+        nsid.checked_sub(1).and_then(|i| self.namespaces.get(i as usize))
+    }
+
+    /// NSIDs of the namespaces a host may see.
+    pub fn host_namespaces(&self) -> Vec<Nsid> {
+        (1..=self.namespaces.len() as Nsid).filter(|n| self.host_ns(*n).is_ok()).collect()
+    }
+
+    fn host_ns(&self, nsid: Nsid) -> Result<&Namespace, CommandError> {
+        match self.namespace(nsid) {
+            None => Err(CommandError::new(Status::INVALID_NAMESPACE, format!("namespace {nsid} does not exist (this target has {})", self.namespaces.len()))),
+            Some(ns) if ns.visibility == Visibility::Private => {
+                Err(CommandError::new(Status::INVALID_NAMESPACE, format!("namespace {nsid} is private to the target and cannot be addressed by a host")))
+            }
+            Some(ns) => Ok(ns),
+        }
+    }
+
+    fn lba_range(ns: &Namespace, nsid: Nsid, slba: u64, bytes: usize) -> Result<u64, CommandError> {
+        let lba = u64::from(ns.lba_size);
+        if bytes as u64 % lba != 0 {
+            return Err(CommandError::new(Status::INVALID_FIELD, format!("transfer of {bytes} bytes is not a multiple of the {lba}-byte block size")));
+        }
+        let start = slba.checked_mul(lba).filter(|s| s.checked_add(bytes as u64).is_some_and(|e| e <= ns.size));
+        start.map(|s| ns.offset + s).ok_or_else(|| {
+            CommandError::new(Status::LBA_OUT_OF_RANGE, format!("LBA {slba} + {} blocks is beyond namespace {nsid} ({} blocks)", bytes as u64 / lba, ns.size / lba))
+        })
+    }
+
+    /// Reads whole logical blocks starting at `slba` into `buf`.
+    pub fn read(&self, nsid: Nsid, slba: u64, buf: &mut [u8]) -> Result<(), CommandError> {
+        let ns = self.host_ns(nsid)?;
+        let off = Self::lba_range(ns, nsid, slba, buf.len())?;
+        ns.media.read_at(buf, off).map_err(|e| CommandError::new(Status::DATA_TRANSFER_ERROR, format!("namespace {nsid}: {e}")))
+    }
+
+    /// Writes whole logical blocks starting at `slba`.
+    pub fn write(&self, nsid: Nsid, slba: u64, data: &[u8]) -> Result<(), CommandError> {
+        let ns = self.host_ns(nsid)?;
+        let off = Self::lba_range(ns, nsid, slba, data.len())?;
+        ns.media.write_at(data, off).map_err(|e| CommandError::new(Status::DATA_TRANSFER_ERROR, format!("namespace {nsid}: {e}")))
+    }
+
+    /// Makes every completed write to the namespace durable.
+    pub fn flush(&self, nsid: Nsid) -> Result<(), CommandError> {
+        let ns = self.host_ns(nsid)?;
+        ns.media.flush().map_err(|e| CommandError::new(Status::DATA_TRANSFER_ERROR, format!("flush of namespace {nsid}: {e}")))
+    }
+
+    /// Runs the compute descriptor `descriptor` on namespace `nsid`.
+    pub fn exec(&self, nsid: Nsid, descriptor: &[u8]) -> Result<ExecOutcome, CommandError> {
+        let started = Instant::now();
+        let ns = self.host_ns(nsid)?;
+        let d = Descriptor::decode(descriptor, &self.limits)
+            .map_err(|e| CommandError::new(Status::BAD_DESCRIPTOR, format!("compute descriptor rejected: {e}")))?;
+        let kernel = self.registry.get(&d.function).ok_or_else(|| {
+            let known: Vec<&str> = self.registry.iter().map(|k| k.name()).collect();
+            CommandError::new(Status::UNKNOWN_FUNCTION, format!("no function {:?} on this target; available: {}", d.function, known.join(", ")))
+        })?;
+        if d.outputs.len() != kernel.output_count() {
+            return Err(CommandError::new(
+                Status::INVALID_FIELD,
+                format!("{} takes {} output object(s), the descriptor has {}", d.function, kernel.output_count(), d.outputs.len()),
+            ));
+        }
+        d.check_extents(ns.size).map_err(|e| {
+            let status = match e {
+                ExtentError::OutOfRange { .. } => Status::LBA_OUT_OF_RANGE,
+                _ => Status::INVALID_FIELD,
+            };
+            CommandError::new(status, format!("namespace {nsid}: {e}"))
+        })?;
+        let job = kernel.prepare(&Args::new(&d.args)).map_err(kernel_error)?;
+
+        let media_read = AtomicU64::new(0);
+        let mut media_written = 0;
+        let plans: Vec<_> = d.inputs.iter().map(|o| stream::segments(ns, o)).collect();
+        let (tx, rx, rtx, rrx) = stream::channels();
+        let records = std::thread::scope(|s| {
+            s.spawn(|| stream::produce(ns, &plans, tx, rrx, &media_read));
+            let feed = stream::Feed::new(rx, rtx);
+            let mut inputs: Vec<stream::ObjectInput> =
+                d.inputs.iter().enumerate().map(|(i, o)| stream::ObjectInput::new(i, o.length, feed.clone())).collect();
+            let mut outputs: Vec<stream::ObjectOutput<'_>> =
+                d.outputs.iter().enumerate().map(|(i, o)| stream::ObjectOutput::new(ns, i, o)).collect();
+            let mut in_refs: Vec<&mut dyn InputStream> = inputs.iter_mut().map(|i| i as &mut dyn InputStream).collect();
+            let mut out_refs: Vec<&mut dyn OutputSink> = outputs.iter_mut().map(|o| o as &mut dyn OutputSink).collect();
+            let result = job.run(&mut in_refs, &mut out_refs);
+            // Dropping the streams hangs up the feed, which stops the reader if the kernel
+            // ended early.
+            drop(in_refs);
+            drop(inputs);
+            drop(feed);
+            drop(out_refs);
+            media_written = outputs.iter().map(|o| o.media_bytes).sum();
+            result
+        })
+        .map_err(kernel_error)?;
+        if !d.outputs.is_empty() {
+            ns.media.flush().map_err(|e| CommandError::new(Status::DATA_TRANSFER_ERROR, format!("flush of outputs: {e}")))?;
+        }
+        let result = ExecResult { records }.encode();
+        if result.len() > self.max_inline_result {
+            return Err(CommandError::new(
+                Status::RESULT_TOO_LARGE,
+                format!("result of {} bytes exceeds the {}-byte inline limit; narrow the request (e.g. max_matches) or split it", result.len(), self.max_inline_result),
+            ));
+        }
+        Ok(ExecOutcome {
+            result,
+            media_read_bytes: media_read.load(Ordering::Relaxed),
+            media_written_bytes: media_written,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+fn kernel_error(e: KernelError) -> CommandError {
+    let status = match e {
+        KernelError::BadArgument { .. } => Status::BAD_ARGUMENT,
+        KernelError::BadShape(_) => Status::INVALID_FIELD,
+        KernelError::OutputTooSmall { .. } => Status::OUTPUT_TOO_SMALL,
+        KernelError::Io(_) => Status::DATA_TRANSFER_ERROR,
+        _ => Status::KERNEL_FAILED,
+    };
+    CommandError::new(status, e.to_string())
+}
+
+#[cfg(test)]
+mod tests;

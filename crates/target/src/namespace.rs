@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Namespaces: byte ranges of a backing store with a logical block size and a visibility.
+
+use insitu_media::Backing;
+use std::sync::Arc;
+
+/// Who may address a namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Visibility {
+    /// Listed to and readable by admitted hosts.
+    Sharable,
+    /// Used only by code running on the target; every host command on it is refused.
+    Private,
+}
+
+/// How to carve a namespace out of a backing store.
+#[derive(Debug, Clone)]
+pub struct NamespaceConfig {
+    /// Logical block size for Read/Write: 512 or 4096. Default 512.
+    pub lba_size: u32,
+    /// Byte offset of the namespace within the store (a multiple of 512). Default 0.
+    pub offset: u64,
+    /// Size in bytes (a multiple of `lba_size`); `None` means up to the end of the store,
+    /// rounded down to whole blocks. Default `None`.
+    pub size: Option<u64>,
+    /// Sharable or private. Default sharable.
+    pub visibility: Visibility,
+}
+
+impl Default for NamespaceConfig {
+    fn default() -> Self {
+        NamespaceConfig { lba_size: 512, offset: 0, size: None, visibility: Visibility::Sharable }
+    }
+}
+
+/// One namespace of a target.
+pub struct Namespace {
+    pub(crate) media: Arc<Backing>,
+    pub(crate) offset: u64,
+    pub(crate) size: u64,
+    pub(crate) lba_size: u32,
+    pub(crate) visibility: Visibility,
+}
+
+impl Namespace {
+    pub(crate) fn new(media: Arc<Backing>, cfg: &NamespaceConfig) -> Result<Namespace, String> {
+        if cfg.lba_size != 512 && cfg.lba_size != 4096 {
+            return Err(format!("logical block size {} is not supported: use 512 or 4096", cfg.lba_size));
+        }
+        if cfg.offset % 512 != 0 {
+            return Err(format!("namespace offset {} is not a multiple of 512", cfg.offset));
+        }
+        let avail = media.len().checked_sub(cfg.offset).ok_or_else(|| {
+            format!("namespace offset {} is beyond the end of {} ({} bytes)", cfg.offset, media.path().display(), media.len())
+        })?;
+        let lba = u64::from(cfg.lba_size);
+        let size = match cfg.size {
+            Some(s) if s > avail => return Err(format!("namespace size {s} exceeds the {avail} bytes available in {}", media.path().display())),
+            Some(s) if s % lba != 0 => return Err(format!("namespace size {s} is not a multiple of the block size {lba}")),
+            Some(s) => s,
+            None => avail / lba * lba,
+        };
+        if size == 0 {
+            return Err(format!("{} is too small for one {lba}-byte block", media.path().display()));
+        }
+        Ok(Namespace { media, offset: cfg.offset, size, lba_size: cfg.lba_size, visibility: cfg.visibility })
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Logical block size in bytes.
+    pub fn lba_size(&self) -> u32 {
+        self.lba_size
+    }
+
+    /// Sharable or private.
+    pub fn visibility(&self) -> Visibility {
+        self.visibility
+    }
+
+    /// The backing store.
+    pub fn media(&self) -> &Backing {
+        &self.media
+    }
+}

@@ -1,0 +1,276 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Streams over virtual objects on a namespace: a read-ahead feed for input objects and a
+//! buffered writer for output objects.
+//!
+//! One I/O thread reads every input object in descriptor order, chunk by chunk, while the
+//! kernel computes on the previous chunk; buffers are recycled so memory stays at
+//! `DEPTH` chunks whatever the object size. Kernels read inputs in order; asking for a later
+//! input skips what is left of earlier ones, and going back yields nothing.
+
+use crate::namespace::Namespace;
+use crossbeam_channel::{bounded, Receiver, Sender};
+use insitu_media::{media_cost, AlignedBuf, DIRECT_ALIGN};
+use insitu_offload::{InputStream, KernelError, OutputSink};
+use insitu_wire::{ExtentKind, VirtualObject, SECTOR};
+use std::cell::RefCell;
+use std::io;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Bytes per media read.
+pub const CHUNK: usize = 2 << 20;
+/// Chunks in flight between the I/O thread and the kernel.
+const DEPTH: usize = 4;
+
+/// A run of an object's bytes: at a media byte offset, or zeros.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Segment {
+    pub(crate) media_offset: Option<u64>,
+    pub(crate) len: u64,
+}
+
+/// Translates an object's extents to media segments, cut to the object's length.
+pub(crate) fn segments(ns: &Namespace, obj: &VirtualObject) -> Vec<Segment> {
+    let mut left = obj.length;
+    let mut out: Vec<Segment> = Vec::new();
+    for e in &obj.extents {
+        if left == 0 {
+            break;
+        }
+        let len = e.bytes().min(left);
+        left -= len;
+        let media_offset = match e.kind {
+            ExtentKind::Data => Some(ns.offset + e.start_sector * SECTOR),
+            ExtentKind::Zero => None,
+        };
+        // Merge runs that continue each other on the media, so fragmented lists read in
+        // large requests.
+        match out.last_mut() {
+            Some(last) if last.media_offset.is_none() && media_offset.is_none() => last.len += len,
+            Some(last) if matches!((last.media_offset, media_offset), (Some(a), Some(b)) if a + last.len == b) => last.len += len,
+            _ => out.push(Segment { media_offset, len }),
+        }
+    }
+    out
+}
+
+pub(crate) enum Msg {
+    Chunk { input: usize, buf: AlignedBuf, skip: usize, len: usize },
+    End { input: usize },
+    Failed { input: usize, error: io::Error },
+}
+
+/// Runs the I/O side: reads every input in order and sends chunks; stops early when the
+/// consumer hangs up.
+/// Adds the bytes read from the media to `media_bytes`.
+pub(crate) fn produce(ns: &Namespace, inputs: &[Vec<Segment>], tx: Sender<Msg>, recycle: Receiver<AlignedBuf>, media_bytes: &AtomicU64) {
+    let mut fresh = DEPTH + 1;
+    let mut take_buf = || -> Option<AlignedBuf> {
+        if fresh > 0 {
+            fresh -= 1;
+            return Some(AlignedBuf::new(CHUNK + 2 * DIRECT_ALIGN));
+        }
+        recycle.recv().ok()
+    };
+    for (input, segs) in inputs.iter().enumerate() {
+        for seg in segs {
+            let mut pos = 0u64;
+            while pos < seg.len {
+                let len = (seg.len - pos).min(CHUNK as u64) as usize;
+                let Some(mut buf) = take_buf() else { return };
+                let msg = match seg.media_offset {
+                    Some(base) => match ns.media.read_window(&mut buf, base + pos, len) {
+                        Ok(slice) => {
+                            media_bytes.fetch_add(media_cost(base + pos, len as u64, ns.media.len()), Ordering::Relaxed);
+                            let skip = slice.as_ptr() as usize - buf.as_slice().as_ptr() as usize;
+                            Msg::Chunk { input, buf, skip, len }
+                        }
+                        Err(error) => Msg::Failed { input, error },
+                    },
+                    None => {
+                        buf.as_mut_slice()[..len].fill(0);
+                        Msg::Chunk { input, buf, skip: 0, len }
+                    }
+                };
+                let failed = matches!(msg, Msg::Failed { .. });
+                if tx.send(msg).is_err() || failed {
+                    return;
+                }
+                pos += len as u64;
+            }
+        }
+        if tx.send(Msg::End { input }).is_err() {
+            return;
+        }
+    }
+}
+
+/// The consumer side shared by all input streams of one command.
+pub(crate) struct Feed {
+    rx: Receiver<Msg>,
+    recycle: Sender<AlignedBuf>,
+    pending: Option<Msg>,
+}
+
+impl Feed {
+    pub(crate) fn new(rx: Receiver<Msg>, recycle: Sender<AlignedBuf>) -> Rc<RefCell<Feed>> {
+        Rc::new(RefCell::new(Feed { rx, recycle, pending: None }))
+    }
+}
+
+/// Creates the channels between [`produce`] and the [`Feed`].
+pub(crate) fn channels() -> (Sender<Msg>, Receiver<Msg>, Sender<AlignedBuf>, Receiver<AlignedBuf>) {
+    let (tx, rx) = bounded(DEPTH);
+    let (rtx, rrx) = bounded(DEPTH + 1);
+    (tx, rx, rtx, rrx)
+}
+
+/// One input object as an [`InputStream`].
+pub(crate) struct ObjectInput {
+    index: usize,
+    len: u64,
+    feed: Rc<RefCell<Feed>>,
+    current: Option<(AlignedBuf, usize, usize)>,
+    done: bool,
+}
+
+impl ObjectInput {
+    pub(crate) fn new(index: usize, len: u64, feed: Rc<RefCell<Feed>>) -> Self {
+        ObjectInput { index, len, feed, current: None, done: false }
+    }
+}
+
+impl InputStream for ObjectInput {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn next_chunk(&mut self) -> io::Result<Option<&[u8]>> {
+        let mut feed = self.feed.borrow_mut();
+        if let Some((buf, _, _)) = self.current.take() {
+            let _ = feed.recycle.send(buf);
+        }
+        while !self.done {
+            let msg = match feed.pending.take() {
+                Some(m) => m,
+                None => match feed.rx.recv() {
+                    Ok(m) => m,
+                    Err(_) => return Err(io::Error::other("media reader stopped")),
+                },
+            };
+            match msg {
+                Msg::Chunk { input, buf, .. } if input < self.index => {
+                    let _ = feed.recycle.send(buf);
+                }
+                Msg::End { input } | Msg::Failed { input, .. } if input < self.index => {}
+                Msg::Chunk { input, buf, skip, len } if input == self.index => {
+                    self.current = Some((buf, skip, len));
+                    break;
+                }
+                Msg::End { .. } => self.done = true,
+                Msg::Failed { input, error } if input == self.index => {
+                    self.done = true;
+                    return Err(error);
+                }
+                later => {
+                    // This input was skipped or already finished: leave the message for
+                    // the stream it belongs to.
+                    feed.pending = Some(later);
+                    self.done = true;
+                }
+            }
+        }
+        drop(feed);
+        Ok(self.current.as_ref().map(|(buf, skip, len)| &buf.as_slice()[*skip..*skip + *len]))
+    }
+}
+
+/// One output object as an [`OutputSink`]: buffers a chunk, then writes it across the
+/// object's extents. The last partial sector is padded with zeros.
+pub(crate) struct ObjectOutput<'n> {
+    ns: &'n Namespace,
+    index: usize,
+    segments: Vec<Segment>,
+    capacity: u64,
+    buf: AlignedBuf,
+    filled: usize,
+    written: u64,
+    seg: usize,
+    seg_pos: u64,
+    /// Bytes written to the media, sector padding included.
+    pub(crate) media_bytes: u64,
+}
+
+impl<'n> ObjectOutput<'n> {
+    pub(crate) fn new(ns: &'n Namespace, index: usize, obj: &VirtualObject) -> Self {
+        ObjectOutput {
+            ns,
+            index,
+            segments: segments(ns, obj),
+            capacity: obj.length,
+            buf: AlignedBuf::new(CHUNK),
+            filled: 0,
+            written: 0,
+            seg: 0,
+            seg_pos: 0,
+            media_bytes: 0,
+        }
+    }
+
+    fn drain(&mut self, pad: bool) -> io::Result<()> {
+        let mut n = self.filled;
+        if pad {
+            let padded = n.next_multiple_of(SECTOR as usize);
+            self.buf.as_mut_slice()[n..padded].fill(0);
+            n = padded;
+        }
+        let mut done = 0;
+        while done < n {
+            let Some(seg) = self.segments.get(self.seg) else {
+                // Padding may run past the capacity only within the last sector.
+                break;
+            };
+            let room = seg.len.next_multiple_of(SECTOR) - self.seg_pos;
+            let take = (room as usize).min(n - done);
+            let off = seg.media_offset.expect("outputs have only data extents") + self.seg_pos;
+            self.ns.media.write_at(&self.buf.as_slice()[done..done + take], off)?;
+            self.media_bytes += take as u64;
+            done += take;
+            self.seg_pos += take as u64;
+            if self.seg_pos >= seg.len {
+                self.seg += 1;
+                self.seg_pos = 0;
+            }
+        }
+        self.filled = 0;
+        Ok(())
+    }
+}
+
+impl OutputSink for ObjectOutput<'_> {
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn write(&mut self, mut data: &[u8]) -> Result<(), KernelError> {
+        if self.written + data.len() as u64 > self.capacity {
+            return Err(KernelError::OutputTooSmall { index: self.index, capacity: self.capacity });
+        }
+        self.written += data.len() as u64;
+        while !data.is_empty() {
+            let take = (CHUNK - self.filled).min(data.len());
+            self.buf.as_mut_slice()[self.filled..self.filled + take].copy_from_slice(&data[..take]);
+            self.filled += take;
+            data = &data[take..];
+            if self.filled == CHUNK {
+                self.drain(false)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<u64, KernelError> {
+        self.drain(true)?;
+        Ok(self.written)
+    }
+}

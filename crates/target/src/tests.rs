@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+use super::*;
+use insitu_wire::{Extent, Value, VirtualObject};
+use std::sync::atomic::Ordering;
+
+const NS_BYTES: usize = 8 << 20;
+
+/// A target over an 8 MiB image whose bytes follow a known pattern.
+fn target_with(visibility: Visibility) -> (tempfile::TempDir, Target, Vec<u8>) {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("ns.img");
+    let data: Vec<u8> = (0..NS_BYTES).map(|i| if i % 61 == 60 { b'\n' } else { b'a' + (i % 26) as u8 }).collect();
+    std::fs::write(&img, &data).unwrap();
+    let mut t = Target::new();
+    let cfg = NamespaceConfig { visibility, ..Default::default() };
+    t.add_namespace(&img, cfg).unwrap();
+    (dir, t, data)
+}
+
+fn records(out: &ExecOutcome) -> Vec<insitu_wire::Record> {
+    ExecResult::decode(&out.result).unwrap().records
+}
+
+fn field<'a>(rec: &'a insitu_wire::Record, key: &str) -> &'a Value {
+    &rec.iter().find(|(k, _)| k == key).unwrap().1
+}
+
+fn media_reads(t: &Target) -> u64 {
+    t.namespace(1).unwrap().media().counters().read_bytes.load(Ordering::Relaxed)
+}
+
+#[test]
+fn exec_streams_fragmented_objects_with_holes() {
+    let (_d, t, data) = target_with(Visibility::Sharable);
+    // Three data extents out of order, a hole between them, a tail cut mid-sector, and an
+    // extent larger than one read chunk.
+    let extents = vec![Extent::data(9000, 3), Extent::zero(2), Extent::data(17, 5000), Extent::data(1, 1)];
+    let length = (3 + 2 + 5000) * 512 + 300;
+    let obj = VirtualObject { length, extents };
+    let mut expect = Vec::new();
+    expect.extend_from_slice(&data[9000 * 512..9003 * 512]);
+    expect.extend_from_slice(&[0u8; 1024]);
+    expect.extend_from_slice(&data[17 * 512..5017 * 512]);
+    expect.extend_from_slice(&data[512..812]);
+    let out = t.exec(1, &Descriptor::new("wc", vec![obj.clone()]).encode()).unwrap();
+    let rec = &records(&out)[0];
+    assert_eq!(field(rec, "bytes"), &Value::U64(expect.len() as u64));
+    assert_eq!(field(rec, "lines"), &Value::U64(expect.iter().filter(|b| **b == b'\n').count() as u64));
+    let crc = t.exec(1, &Descriptor::new("crc32c", vec![obj]).encode()).unwrap();
+    assert_eq!(field(&records(&crc)[0], "digest"), &Value::Str(format!("{:08x}", crc32c_of(&expect))));
+    assert!(out.media_read_bytes >= (3 + 5000 + 1) * 512, "media bytes {}", out.media_read_bytes);
+}
+
+/// A bitwise CRC-32C, independent of the kernel's implementation.
+fn crc32c_of(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 { (crc >> 1) ^ 0x82F6_3B78 } else { crc >> 1 };
+        }
+    }
+    !crc
+}
+
+#[test]
+fn many_inputs_return_one_record_each_in_order() {
+    let (_d, t, data) = target_with(Visibility::Sharable);
+    let objs: Vec<VirtualObject> = (0..5u64).map(|i| VirtualObject { length: 1000 + i, extents: vec![Extent::data(i * 100, 2)] }).collect();
+    let out = t.exec(1, &Descriptor::new("crc32c", objs).encode()).unwrap();
+    let recs = records(&out);
+    assert_eq!(recs.len(), 5);
+    for (i, rec) in recs.iter().enumerate() {
+        let start = i * 100 * 512;
+        let want = crc32c_of(&data[start..start + 1000 + i]);
+        assert_eq!(field(rec, "digest"), &Value::Str(format!("{want:08x}")));
+    }
+}
+
+#[test]
+fn outputs_land_in_their_extents_and_nothing_else_changes() {
+    let (_d, t, data) = target_with(Visibility::Sharable);
+    let input = VirtualObject { length: 20 * 512 - 7, extents: vec![Extent::data(100, 20)] };
+    let output = VirtualObject { length: 20 * 512, extents: vec![Extent::data(5000, 10), Extent::data(4000, 10)] };
+    let mut d = Descriptor::new("sort", vec![input]);
+    d.outputs.push(output);
+    let out = t.exec(1, &d.encode()).unwrap();
+    let len = match field(&records(&out)[0], "output_length") {
+        Value::U64(n) => *n as usize,
+        v => panic!("{v:?}"),
+    };
+    let mut lines: Vec<&[u8]> = data[100 * 512..120 * 512 - 7].split(|b| *b == b'\n').collect();
+    if lines.last() == Some(&&b""[..]) {
+        lines.pop();
+    }
+    lines.sort();
+    let want: Vec<u8> = lines.iter().flat_map(|l| l.iter().copied().chain([b'\n'])).collect();
+    assert_eq!(len, want.len());
+    let mut got = vec![0u8; 20 * 512];
+    t.read(1, 5000, &mut got[..10 * 512]).unwrap();
+    t.read(1, 4000, &mut got[10 * 512..]).unwrap();
+    assert_eq!(&got[..len], &want[..]);
+    let mut untouched = vec![0u8; 512];
+    t.read(1, 5010, &mut untouched).unwrap();
+    assert_eq!(untouched, data[5010 * 512..5011 * 512]);
+}
+
+#[test]
+fn bad_descriptors_are_refused_before_any_media_read() {
+    let (_d, t, _) = target_with(Visibility::Sharable);
+    let ok = VirtualObject { length: 512, extents: vec![Extent::data(0, 1)] };
+    let ns_sectors = (NS_BYTES / 512) as u64;
+    let mut cases: Vec<(Vec<u8>, Status)> = Vec::new();
+    cases.push((b"garbage".to_vec(), Status::BAD_DESCRIPTOR));
+    let good = Descriptor::new("crc32c", vec![ok.clone()]).encode();
+    cases.push((good[..good.len() - 1].to_vec(), Status::BAD_DESCRIPTOR));
+    cases.push((Descriptor::new("nope", vec![ok.clone()]).encode(), Status::UNKNOWN_FUNCTION));
+    let past_end = VirtualObject { length: 1024, extents: vec![Extent::data(ns_sectors - 1, 2)] };
+    cases.push((Descriptor::new("crc32c", vec![past_end]).encode(), Status::LBA_OUT_OF_RANGE));
+    let overflow = VirtualObject { length: 512, extents: vec![Extent::data(u64::MAX - 1, 4)] };
+    cases.push((Descriptor::new("crc32c", vec![overflow]).encode(), Status::LBA_OUT_OF_RANGE));
+    let mut bad_regex = Descriptor::new("grep", vec![ok.clone()]);
+    bad_regex.args = vec![("pattern".into(), Value::Str("(".into())), ("regex".into(), Value::Bool(true))];
+    cases.push((bad_regex.encode(), Status::BAD_ARGUMENT));
+    let mut unknown_arg = Descriptor::new("wc", vec![ok.clone()]);
+    unknown_arg.args = vec![("bogus".into(), Value::U64(1))];
+    cases.push((unknown_arg.encode(), Status::BAD_ARGUMENT));
+    let mut overlap = Descriptor::new("sort", vec![ok.clone()]);
+    overlap.outputs.push(VirtualObject { length: 512, extents: vec![Extent::data(0, 1)] });
+    cases.push((overlap.encode(), Status::INVALID_FIELD));
+    cases.push((Descriptor::new("sort", vec![ok]).encode(), Status::INVALID_FIELD));
+    for (bytes, status) in cases {
+        let err = t.exec(1, &bytes).unwrap_err();
+        assert_eq!(err.status, status, "{err}");
+        assert!(!err.message.is_empty());
+    }
+    assert_eq!(media_reads(&t), 0, "a refused command read the media");
+}
+
+#[test]
+fn private_and_missing_namespaces_are_refused() {
+    let (_d, t, _) = target_with(Visibility::Private);
+    let obj = VirtualObject { length: 512, extents: vec![Extent::data(0, 1)] };
+    let err = t.exec(1, &Descriptor::new("crc32c", vec![obj.clone()]).encode()).unwrap_err();
+    assert_eq!(err.status, Status::INVALID_NAMESPACE);
+    assert!(err.message.contains("private"), "{err}");
+    assert!(t.read(1, 0, &mut [0u8; 512]).is_err());
+    assert_eq!(t.exec(2, &Descriptor::new("crc32c", vec![obj]).encode()).unwrap_err().status, Status::INVALID_NAMESPACE);
+    assert!(t.host_namespaces().is_empty());
+    assert_eq!(media_reads(&t), 0);
+}
+
+#[test]
+fn block_commands_check_ranges() {
+    let (_d, t, data) = target_with(Visibility::Sharable);
+    let last = (NS_BYTES / 512 - 1) as u64;
+    let mut buf = vec![0u8; 512];
+    t.read(1, last, &mut buf).unwrap();
+    assert_eq!(buf, data[NS_BYTES - 512..]);
+    assert_eq!(t.read(1, last, &mut [0u8; 1024]).unwrap_err().status, Status::LBA_OUT_OF_RANGE);
+    assert_eq!(t.write(1, u64::MAX, &[0u8; 512]).unwrap_err().status, Status::LBA_OUT_OF_RANGE);
+    assert_eq!(t.write(1, 0, &[0u8; 100]).unwrap_err().status, Status::INVALID_FIELD);
+}
