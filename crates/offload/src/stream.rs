@@ -140,13 +140,11 @@ pub(crate) struct ChunkReader<'a> {
     input: &'a mut dyn InputStream,
     buf: Vec<u8>,
     pos: usize,
-    /// Bytes handed out so far.
-    pub(crate) consumed: u64,
 }
 
 impl<'a> ChunkReader<'a> {
     pub(crate) fn new(input: &'a mut dyn InputStream) -> Self {
-        ChunkReader { input, buf: Vec::new(), pos: 0, consumed: 0 }
+        ChunkReader { input, buf: Vec::new(), pos: 0 }
     }
 }
 
@@ -163,7 +161,6 @@ impl io::Read for ChunkReader<'_> {
         let n = out.len().min(self.buf.len() - self.pos);
         out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
         self.pos += n;
-        self.consumed += n as u64;
         Ok(n)
     }
 }

@@ -1,0 +1,47 @@
+# insitu: `make demo` and `make test` are the whole quick start (run as root on Debian).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.deps-stamp
+APT_PACKAGES := e2fsprogs xfsprogs util-linux zstd b3sum coreutils grep
+PY_PACKAGES := maturin>=1.5,<2 pytest crc32c xxhash
+export CARGO_TERM_COLOR := never
+
+.PHONY: all deps build demo test test-rust test-python bench clean
+
+all: build
+
+# System packages and the Python tool chain; each step is skipped when already done.
+deps: $(STAMP)
+$(STAMP): Makefile
+	@command -v cargo >/dev/null || { echo "cargo not found: install Rust (https://rustup.rs) first"; exit 1; }
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
+	@[ -x $(PY) ] || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip >/dev/null
+	$(PY) -m pip install -q "maturin>=1.5,<2" pytest crc32c xxhash
+	@touch $@
+
+# The Rust extension and the `insitu` command, installed into .venv.
+build: deps
+	VIRTUAL_ENV=$(abspath $(VENV)) PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/maturin develop --release -q
+	@$(VENV)/bin/insitu --version
+
+demo: build
+	$(VENV)/bin/insitu demo --size 256M
+
+test: build test-rust test-python
+
+test-rust: deps
+	cargo test --release --workspace --exclude insitu-python -q
+
+test-python: build
+	$(VENV)/bin/pytest -q tests
+
+bench: build
+	bash bench/scan.sh
+
+clean:
+	cargo clean
+	rm -rf $(VENV)

@@ -1,0 +1,53 @@
+# SPDX-License-Identifier: Apache-2.0
+"""insitu: computational storage. Run functions where the data is.
+
+A file on a loop-mounted image (or an insitu namespace) becomes a *virtual object*: its
+extent list and length, found with ``stat`` and FIEMAP. The object travels in a compute
+descriptor with one EXEC command to the target holding the blocks, and only the result
+comes back::
+
+    import insitu
+    r = insitu.exec("crc32c", ["/mnt/data/a.log", "/mnt/data/b.log"])
+    r["results"][0]["value"], r["stats"]["bytes_to_host"]
+    insitu.grep("ERROR", "/mnt/data/a.log")["results"][0]["count"]
+
+Every call returns the same document ``insitu ... --json`` prints: ``results`` (one per
+file) and ``stats`` (``bytes_to_host``, ``bytes_from_host``, ``media_bytes``,
+``seconds``, ``commands``). ``conventional=True`` runs the same computation on the host,
+reading through the file system with a cold cache, for comparison.
+
+Exceptions::
+
+    InsituError
+     ├── RequestError          unknown function, bad argument, bad path
+     ├── NotOffloadableError   file not on an insitu device, or not safely readable there
+     ├── TargetError           the target refused or failed the command (NVMe status)
+     └── StorageIOError        an I/O call on the host failed
+"""
+
+from ._api import checksum, exec, functions, grep, scrub, wc
+from ._native import (
+    InsituError,
+    NotOffloadableError,
+    RequestError,
+    StorageIOError,
+    TargetError,
+)
+
+__all__ = [
+    "exec",
+    "grep",
+    "wc",
+    "checksum",
+    "scrub",
+    "functions",
+    "InsituError",
+    "RequestError",
+    "NotOffloadableError",
+    "TargetError",
+    "StorageIOError",
+]
+
+for _name in ("InsituError", "RequestError", "NotOffloadableError", "TargetError", "StorageIOError"):
+    globals()[_name].__module__ = "insitu"
+del _name
