@@ -40,7 +40,7 @@ test-python: build
 	$(VENV)/bin/pytest -q tests
 
 bench: build
-	bash bench/scan.sh
+	$(PY) -m pip install -q matplotlib && $(PY) bench/scan.py
 
 clean:
 	cargo clean

@@ -137,6 +137,9 @@ fn find_kernel<'r>(registry: &'r Registry, function: &str) -> Result<&'r dyn Ker
     })
 }
 
+/// One file's result, cost, and bytes its reads returned (conventional path).
+type FileOutcome = Result<(FileResult, Stats, u64), OasError>;
+
 /// Runs requests, keeping one embedded target open per backing image.
 pub struct Offloader {
     registry: Arc<Registry>,
@@ -191,7 +194,7 @@ impl Offloader {
         let before: Vec<Option<u64>> = devices.iter().map(|d| device_read_bytes(d)).collect();
 
         let next = AtomicUsize::new(0);
-        let slots: Vec<Mutex<Option<Result<(FileResult, Stats, u64), OasError>>>> = req.paths.iter().map(|_| Mutex::new(None)).collect();
+        let slots: Vec<Mutex<Option<FileOutcome>>> = req.paths.iter().map(|_| Mutex::new(None)).collect();
         std::thread::scope(|s| {
             for _ in 0..self.jobs.min(req.paths.len()) {
                 s.spawn(|| loop {
@@ -280,7 +283,7 @@ impl Offloader {
         Ok(t)
     }
 
-    fn offload_one(&self, kernel: &dyn Kernel, req: &Request, path: &Path, out: Option<&Path>) -> Result<(FileResult, Stats, u64), OasError> {
+    fn offload_one(&self, kernel: &dyn Kernel, req: &Request, path: &Path, out: Option<&Path>) -> FileOutcome {
         let io = |e| OasError::Io { path: path.to_owned(), source: e };
         let file = File::open(path).map_err(io)?;
         let meta = file.metadata().map_err(io)?;
@@ -368,7 +371,7 @@ fn take_output_slot(
     }
 }
 
-fn conventional_one(kernel: &dyn Kernel, req: &Request, path: &Path, out: Option<&Path>) -> Result<(FileResult, Stats, u64), OasError> {
+fn conventional_one(kernel: &dyn Kernel, req: &Request, path: &Path, out: Option<&Path>) -> FileOutcome {
     let io = |e| OasError::Io { path: path.to_owned(), source: e };
     let file = File::open(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();

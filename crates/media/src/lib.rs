@@ -137,8 +137,8 @@ impl Backing {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("write of {} bytes at {offset} is beyond the end ({})", data.len(), self.len)));
         }
         let align = DIRECT_ALIGN as u64;
-        let aligned = self.is_direct && offset % align == 0 && data.len() as u64 % align == 0;
-        if aligned && (data.as_ptr() as usize) % DIRECT_ALIGN == 0 {
+        let aligned = self.is_direct && offset.is_multiple_of(align) && (data.len() as u64).is_multiple_of(align);
+        if aligned && (data.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
             self.direct.write_all_at(data, offset)?;
         } else if aligned {
             let mut buf = AlignedBuf::new(data.len());

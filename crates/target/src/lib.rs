@@ -21,7 +21,7 @@
 //! std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
 //! let mut target = Target::new();
 //! let nsid = target.add_namespace(&img, NamespaceConfig::default()).unwrap();
-//! target.write(nsid, 8, &b"hello world\n".repeat(100)).unwrap(); // LBA 8 = sector 8
+//! target.write(nsid, 8, &b"hello world\n".repeat(128)).unwrap(); // 3 blocks at LBA 8
 //! let obj = VirtualObject { length: 1200, extents: vec![Extent::data(8, 3)] };
 //! let out = target.exec(nsid, &Descriptor::new("wc", vec![obj]).encode()).unwrap();
 //! let result = ExecResult::decode(&out.result).unwrap();
@@ -128,7 +128,7 @@ impl Target {
 
     fn lba_range(ns: &Namespace, nsid: Nsid, slba: u64, bytes: usize) -> Result<u64, CommandError> {
         let lba = u64::from(ns.lba_size);
-        if bytes as u64 % lba != 0 {
+        if !(bytes as u64).is_multiple_of(lba) {
             return Err(CommandError::new(Status::INVALID_FIELD, format!("transfer of {bytes} bytes is not a multiple of the {lba}-byte block size")));
         }
         let start = slba.checked_mul(lba).filter(|s| s.checked_add(bytes as u64).is_some_and(|e| e <= ns.size));

@@ -47,7 +47,7 @@ impl Namespace {
         if cfg.lba_size != 512 && cfg.lba_size != 4096 {
             return Err(format!("logical block size {} is not supported: use 512 or 4096", cfg.lba_size));
         }
-        if cfg.offset % 512 != 0 {
+        if !cfg.offset.is_multiple_of(512) {
             return Err(format!("namespace offset {} is not a multiple of 512", cfg.offset));
         }
         let avail = media.len().checked_sub(cfg.offset).ok_or_else(|| {

@@ -9,6 +9,12 @@ use insitu_wire::{
 };
 use proptest::prelude::*;
 
+/// `default` cases, or `PROPTEST_CASES` when set.
+fn cases(default: u32) -> ProptestConfig {
+    let n = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    ProptestConfig::with_cases(n)
+}
+
 // ---------------------------------------------------------------------------------------
 // Strategies.
 
@@ -119,7 +125,7 @@ fn result_decode_is_canonical(bytes: &[u8]) -> Result<(), TestCaseError> {
 // (a) Round trips; (b) arbitrary bytes; (c) mutations of valid encodings.
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(cases(256))]
 
     #[test]
     fn descriptor_roundtrip(d in descriptor()) {
@@ -153,7 +159,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(cases(64))]
 
     /// Every single-byte change at every position: no panic, and anything accepted is
     /// canonical.
@@ -261,7 +267,7 @@ fn data_spans(d: &Descriptor) -> Vec<(usize, bool, u128, u128)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(cases(512))]
 
     #[test]
     fn check_extents_matches_brute_force(
