@@ -17,7 +17,7 @@
 //! [`Digest`] state that is fed chunk by chunk. `crc32c` is the throughput benchmark: its
 //! update is a single call into the crate's hardware (SSE 4.2) implementation per chunk.
 
-use crate::{check_shape, Args, InputStream, Job, Kernel, KernelError, OutputSink, Param, Record, Value};
+use crate::{check_shape, Args, InputStream, Job, Kernel, KernelError, OutputSink, Record, Value};
 use std::marker::PhantomData;
 
 /// The kernels of this module, for [`crate::Registry::standard`].
@@ -127,15 +127,6 @@ impl<D: Digest> Kernel for Checksum<D> {
     }
     fn summary(&self) -> &'static str {
         D::SUMMARY
-    }
-    fn params(&self) -> &'static [Param] {
-        &[]
-    }
-    fn output_count(&self) -> usize {
-        0
-    }
-    fn output_capacity(&self, _args: &Args<'_>, _input_len: u64) -> u64 {
-        0
     }
     fn prepare(&self, args: &Args<'_>) -> Result<Box<dyn Job>, KernelError> {
         args.check(self.params())?;

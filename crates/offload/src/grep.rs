@@ -53,12 +53,6 @@ impl Kernel for Grep {
     fn params(&self) -> &'static [Param] {
         &PARAMS
     }
-    fn output_count(&self) -> usize {
-        0
-    }
-    fn output_capacity(&self, _args: &Args<'_>, _input_len: u64) -> u64 {
-        0
-    }
     fn prepare(&self, args: &Args<'_>) -> Result<Box<dyn Job>, KernelError> {
         args.check(self.params())?;
         let pattern = args.str("pattern").unwrap_or_default();

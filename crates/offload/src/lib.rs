@@ -111,14 +111,20 @@ pub trait Kernel: Send + Sync {
     fn name(&self) -> &'static str;
     /// One line for `--help` and `insitu functions`.
     fn summary(&self) -> &'static str;
-    /// The arguments this kernel accepts; [`Args::check`] refuses others.
-    fn params(&self) -> &'static [Param];
+    /// The arguments this kernel accepts; [`Args::check`] refuses others. Default: none.
+    fn params(&self) -> &'static [Param] {
+        &[]
+    }
     /// How many output objects a descriptor must carry: 0 for kernels whose whole result is
-    /// inline, 1 for kernels that write a result object (compress, sort, select).
-    fn output_count(&self) -> usize;
+    /// inline, 1 for kernels that write a result object (compress, sort, select). Default 0.
+    fn output_count(&self) -> usize {
+        0
+    }
     /// The output capacity the host must provide for an input of `input_len` bytes (an upper
-    /// bound of the result size); 0 when `output_count` is 0.
-    fn output_capacity(&self, args: &Args<'_>, input_len: u64) -> u64;
+    /// bound of the result size). Default 0, for kernels without outputs.
+    fn output_capacity(&self, _args: &Args<'_>, _input_len: u64) -> u64 {
+        0
+    }
     /// Validates and compiles the arguments. Errors here are reported before any data is read.
     fn prepare(&self, args: &Args<'_>) -> Result<Box<dyn Job>, KernelError>;
 }

@@ -10,7 +10,7 @@
 //! Unlike the other kernels, `sort` must hold the whole input: it reads it into one buffer
 //! and sorts slices of it (no allocation per line), then writes the output in 64 KiB pieces.
 
-use crate::{check_shape, Args, InputStream, Job, Kernel, KernelError, OutputSink, Param, Record, Value};
+use crate::{check_shape, Args, InputStream, Job, Kernel, KernelError, OutputSink, Record, Value};
 
 /// The `sort` kernel.
 pub(crate) struct Sort;
@@ -24,9 +24,6 @@ impl Kernel for Sort {
     }
     fn summary(&self) -> &'static str {
         "sort the input's lines bytewise, like LC_ALL=C sort"
-    }
-    fn params(&self) -> &'static [Param] {
-        &[]
     }
     fn output_count(&self) -> usize {
         1

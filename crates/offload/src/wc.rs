@@ -21,7 +21,7 @@
 //!   separator. The state carries across chunk boundaries, so a word cut by a boundary counts
 //!   once.
 
-use crate::{check_shape, Args, InputStream, Job, Kernel, KernelError, OutputSink, Param, Record, Value};
+use crate::{check_shape, Args, InputStream, Job, Kernel, KernelError, OutputSink, Record, Value};
 
 /// The `wc` kernel.
 pub(crate) struct Wc;
@@ -89,15 +89,6 @@ impl Kernel for Wc {
     }
     fn summary(&self) -> &'static str {
         "line, word and byte counts of each input, like LC_ALL=C wc"
-    }
-    fn params(&self) -> &'static [Param] {
-        &[]
-    }
-    fn output_count(&self) -> usize {
-        0
-    }
-    fn output_capacity(&self, _args: &Args<'_>, _input_len: u64) -> u64 {
-        0
     }
     fn prepare(&self, args: &Args<'_>) -> Result<Box<dyn Job>, KernelError> {
         args.check(self.params())?;
