@@ -148,6 +148,9 @@ impl Kernel for CsvSelect {
     fn params(&self) -> &'static [Param] {
         &PARAMS
     }
+    fn max_inputs(&self) -> usize {
+        1
+    }
     fn output_count(&self) -> usize {
         1
     }

@@ -120,6 +120,10 @@ pub trait Kernel: Send + Sync {
     fn output_count(&self) -> usize {
         0
     }
+    /// Most input objects one command may carry. Default: no limit beyond the descriptor's.
+    fn max_inputs(&self) -> usize {
+        usize::MAX
+    }
     /// The output capacity the host must provide for an input of `input_len` bytes (an upper
     /// bound of the result size). Default 0, for kernels without outputs.
     fn output_capacity(&self, _args: &Args<'_>, _input_len: u64) -> u64 {

@@ -25,6 +25,9 @@ impl Kernel for Sort {
     fn summary(&self) -> &'static str {
         "sort the input's lines bytewise, like LC_ALL=C sort"
     }
+    fn max_inputs(&self) -> usize {
+        1
+    }
     fn output_count(&self) -> usize {
         1
     }

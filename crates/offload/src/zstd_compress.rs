@@ -34,6 +34,9 @@ impl Kernel for Zstd {
     fn params(&self) -> &'static [Param] {
         &PARAMS
     }
+    fn max_inputs(&self) -> usize {
+        1
+    }
     fn output_count(&self) -> usize {
         1
     }

@@ -167,6 +167,12 @@ impl Target {
             let known: Vec<&str> = self.registry.iter().map(|k| k.name()).collect();
             CommandError::new(Status::UNKNOWN_FUNCTION, format!("no function {:?} on this target; available: {}", d.function, known.join(", ")))
         })?;
+        if d.inputs.len() > kernel.max_inputs() {
+            return Err(CommandError::new(
+                Status::INVALID_FIELD,
+                format!("{} takes at most {} input object(s), the descriptor has {}", d.function, kernel.max_inputs(), d.inputs.len()),
+            ));
+        }
         if d.outputs.len() != kernel.output_count() {
             return Err(CommandError::new(
                 Status::INVALID_FIELD,

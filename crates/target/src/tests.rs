@@ -128,7 +128,10 @@ fn bad_descriptors_are_refused_before_any_media_read() {
     let mut overlap = Descriptor::new("sort", vec![ok.clone()]);
     overlap.outputs.push(VirtualObject { length: 512, extents: vec![Extent::data(0, 1)] });
     cases.push((overlap.encode(), Status::INVALID_FIELD));
-    cases.push((Descriptor::new("sort", vec![ok]).encode(), Status::INVALID_FIELD));
+    cases.push((Descriptor::new("sort", vec![ok.clone()]).encode(), Status::INVALID_FIELD));
+    let mut two_inputs = Descriptor::new("sort", vec![ok.clone(), ok]);
+    two_inputs.outputs.push(VirtualObject { length: 512, extents: vec![Extent::data(8, 1)] });
+    cases.push((two_inputs.encode(), Status::INVALID_FIELD));
     for (bytes, status) in cases {
         let err = t.exec(1, &bytes).unwrap_err();
         assert_eq!(err.status, status, "{err}");
