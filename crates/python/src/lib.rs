@@ -108,6 +108,7 @@ fn decode_descriptor(bytes: &[u8]) -> PyResult<String> {
         "args": d.args.iter().map(|(k, v)| serde_json::json!([k, value(v)])).collect::<Vec<_>>(),
         "inputs": d.inputs.iter().map(object).collect::<Vec<_>>(),
         "outputs": d.outputs.iter().map(object).collect::<Vec<_>>(),
+        "result": d.result.as_ref().map(object),
     });
     json(&doc)
 }

@@ -57,6 +57,9 @@ pub struct ExecOutcome {
     pub media_written_bytes: u64,
     /// Wall time of the command on the target.
     pub seconds: f64,
+    /// The result was also written to the descriptor's result object (fabric transports
+    /// then return only its length).
+    pub result_in_object: bool,
 }
 
 /// A computational-storage target.
@@ -212,21 +215,28 @@ impl Target {
             result
         })
         .map_err(kernel_error)?;
-        if !d.outputs.is_empty() {
-            ns.media.flush().map_err(|e| CommandError::new(Status::DATA_TRANSFER_ERROR, format!("flush of outputs: {e}")))?;
-        }
         let result = ExecResult { records }.encode();
-        if result.len() > self.max_inline_result {
+        let limit = d.result.as_ref().map_or(self.max_inline_result as u64, |r| r.length);
+        if result.len() as u64 > limit {
             return Err(CommandError::new(
                 Status::RESULT_TOO_LARGE,
-                format!("result of {} bytes exceeds the {}-byte inline limit; narrow the request (e.g. max_matches) or split it", result.len(), self.max_inline_result),
+                format!("result of {} bytes exceeds the {limit}-byte limit; narrow the request (e.g. max_matches), split it, or give a larger result object", result.len()),
             ));
+        }
+        if let Some(obj) = &d.result {
+            let mut out = stream::ObjectOutput::new(ns, d.outputs.len(), obj);
+            out.write(&result).and_then(|_| out.finish()).map_err(kernel_error)?;
+            media_written += out.media_bytes;
+        }
+        if !d.outputs.is_empty() || d.result.is_some() {
+            ns.media.flush().map_err(|e| CommandError::new(Status::DATA_TRANSFER_ERROR, format!("flush of outputs: {e}")))?;
         }
         Ok(ExecOutcome {
             result,
             media_read_bytes: media_read.load(Ordering::Relaxed),
             media_written_bytes: media_written,
             seconds: started.elapsed().as_secs_f64(),
+            result_in_object: d.result.is_some(),
         })
     }
 }

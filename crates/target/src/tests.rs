@@ -164,3 +164,21 @@ fn block_commands_check_ranges() {
     assert_eq!(t.write(1, u64::MAX, &[0u8; 512]).unwrap_err().status, Status::LBA_OUT_OF_RANGE);
     assert_eq!(t.write(1, 0, &[0u8; 100]).unwrap_err().status, Status::INVALID_FIELD);
 }
+
+#[test]
+fn results_go_to_the_result_object_when_one_is_given() {
+    let (_d, t, _) = target_with(Visibility::Sharable);
+    let input = VirtualObject { length: 4096, extents: vec![Extent::data(0, 8)] };
+    let mut d = Descriptor::new("wc", vec![input.clone()]);
+    d.result = Some(VirtualObject { length: 1024, extents: vec![Extent::data(3000, 2)] });
+    let out = t.exec(1, &d.encode()).unwrap();
+    assert!(out.result_in_object);
+    let mut stored = vec![0u8; 1024];
+    t.read(1, 3000, &mut stored).unwrap();
+    assert_eq!(&stored[..out.result.len()], &out.result[..]);
+    assert_eq!(ExecResult::decode(&stored[..out.result.len()]).unwrap(), ExecResult::decode(&out.result).unwrap());
+    // Too small a result object: refused, nothing written there.
+    let mut small = Descriptor::new("wc", vec![input]);
+    small.result = Some(VirtualObject { length: 8, extents: vec![Extent::data(4000, 1)] });
+    assert_eq!(t.exec(1, &small.encode()).unwrap_err().status, Status::RESULT_TOO_LARGE);
+}

@@ -118,12 +118,21 @@ pub struct Descriptor {
     pub inputs: Vec<VirtualObject>,
     /// Objects to write results into.
     pub outputs: Vec<VirtualObject>,
+    /// Where the target writes the encoded [`crate::ExecResult`] instead of returning it
+    /// inline: for transports whose vendor commands carry data in one direction only (the
+    /// descriptor goes in; the completion says how many result bytes were written here, and
+    /// the host reads them with ordinary Reads). Encoded as one more output object after
+    /// `outputs`, with header flag bit 0 set.
+    pub result: Option<VirtualObject>,
 }
+
+/// Header flag (byte 22) bit 0: the last output object is the result object.
+pub const FLAG_RESULT_OBJECT: u8 = 0x01;
 
 impl Descriptor {
     /// A descriptor for `function` over `inputs`, with no arguments or outputs.
     pub fn new(function: &str, inputs: Vec<VirtualObject>) -> Self {
-        Descriptor { function: function.to_owned(), args: Vec::new(), inputs, outputs: Vec::new() }
+        Descriptor { function: function.to_owned(), args: Vec::new(), inputs, outputs: Vec::new(), result: None }
     }
 
     /// Looks up an argument by key.
@@ -143,15 +152,17 @@ impl Descriptor {
         out.push(u8::try_from(self.function.len()).expect("function name too long"));
         out.push(u8::try_from(self.args.len()).expect("too many args"));
         out.extend_from_slice(&u16::try_from(self.inputs.len()).expect("too many inputs").to_le_bytes());
-        out.extend_from_slice(&u16::try_from(self.outputs.len()).expect("too many outputs").to_le_bytes());
-        out.extend_from_slice(&[0u8; 10]); // reserved
+        let n_out = self.outputs.len() + usize::from(self.result.is_some());
+        out.extend_from_slice(&u16::try_from(n_out).expect("too many outputs").to_le_bytes());
+        out.push(if self.result.is_some() { FLAG_RESULT_OBJECT } else { 0 });
+        out.extend_from_slice(&[0u8; 9]); // reserved
         debug_assert_eq!(out.len(), HEADER_LEN);
         out.extend_from_slice(self.function.as_bytes());
         for (key, value) in &self.args {
             put_name(&mut out, key);
             value.encode(&mut out);
         }
-        for obj in self.inputs.iter().chain(&self.outputs) {
+        for obj in self.inputs.iter().chain(&self.outputs).chain(&self.result) {
             out.extend_from_slice(&obj.length.to_le_bytes());
             out.extend_from_slice(&len_u32(obj.extents.len()).to_le_bytes());
             out.extend_from_slice(&[0u8; 4]);
@@ -203,7 +214,15 @@ impl Descriptor {
         let n_args = cur.u8("argument count")?;
         let n_inputs = cur.u16("input count")?;
         let n_outputs = cur.u16("output count")?;
-        reserved(&mut cur, 10)?;
+        let flags = cur.u8("flags")?;
+        if flags & !FLAG_RESULT_OBJECT != 0 {
+            return Err(bad("flags", 22, format!("unknown flag bits {flags:#04x}")));
+        }
+        let has_result = flags & FLAG_RESULT_OBJECT != 0;
+        if has_result && n_outputs == 0 {
+            return Err(bad("output count", 20, "the result-object flag needs at least one output object".into()));
+        }
+        reserved(&mut cur, 9)?;
         if n_args > limits.max_args {
             return Err(DecodeError::TooMany { field: "arguments", count: n_args.into(), max: limits.max_args.into() });
         }
@@ -246,7 +265,8 @@ impl Descriptor {
             outputs.push(decode_object(&mut cur, limits, true)?);
         }
         cur.finish()?;
-        Ok(Descriptor { function, args, inputs, outputs })
+        let result = if has_result { outputs.pop() } else { None };
+        Ok(Descriptor { function, args, inputs, outputs, result })
     }
 
     /// Checks the extents against a namespace of `namespace_bytes` bytes: every data extent
@@ -254,7 +274,7 @@ impl Descriptor {
     /// result must never overwrite what is being read).
     pub fn check_extents(&self, namespace_bytes: u64) -> Result<(), ExtentError> {
         let ns_sectors = namespace_bytes / SECTOR;
-        let objects = self.inputs.iter().map(|o| (false, o)).chain(self.outputs.iter().map(|o| (true, o)));
+        let objects = self.inputs.iter().map(|o| (false, o)).chain(self.outputs.iter().chain(&self.result).map(|o| (true, o)));
         let mut spans: Vec<(u64, u64, bool, usize)> = Vec::new();
         for (index, (is_output, obj)) in objects.enumerate() {
             for e in obj.extents.iter().filter(|e| e.kind == ExtentKind::Data) {

@@ -32,7 +32,7 @@ mod value;
 
 pub use cursor::DecodeError;
 pub use descriptor::{
-    Descriptor, Extent, ExtentError, ExtentKind, Limits, VirtualObject, DESCRIPTOR_MAGIC, DESCRIPTOR_VERSION,
+    Descriptor, Extent, ExtentError, ExtentKind, Limits, VirtualObject, DESCRIPTOR_MAGIC, DESCRIPTOR_VERSION, FLAG_RESULT_OBJECT,
     EXTENT_LEN, HEADER_LEN, OBJECT_HEADER_LEN, SECTOR,
 };
 pub use result::{ExecResult, Record, MAX_RESULT_VALUE, RESULT_MAGIC, RESULT_VERSION};

@@ -62,8 +62,8 @@ fn object(allow_zero: bool) -> impl Strategy<Value = VirtualObject> {
 }
 
 fn descriptor() -> impl Strategy<Value = Descriptor> {
-    (name(), args(), prop::collection::vec(object(true), 1..4), prop::collection::vec(object(false), 0..3))
-        .prop_map(|(function, args, inputs, outputs)| Descriptor { function, args, inputs, outputs })
+    (name(), args(), prop::collection::vec(object(true), 1..4), prop::collection::vec(object(false), 0..3), prop::option::of(object(false)))
+        .prop_map(|(function, args, inputs, outputs, result)| Descriptor { function, args, inputs, outputs, result })
 }
 
 fn result() -> impl Strategy<Value = ExecResult> {
@@ -250,7 +250,7 @@ fn crowded_object(allow_zero: bool) -> impl Strategy<Value = VirtualObject> {
 
 fn crowded_descriptor() -> impl Strategy<Value = Descriptor> {
     (prop::collection::vec(crowded_object(true), 1..4), prop::collection::vec(crowded_object(false), 0..3))
-        .prop_map(|(inputs, outputs)| Descriptor { function: "f".into(), args: vec![], inputs, outputs })
+        .prop_map(|(inputs, outputs)| Descriptor { function: "f".into(), args: vec![], inputs, outputs, result: None })
 }
 
 /// (object index, is output, start, end) of every data extent, in check order, in u128.
@@ -355,6 +355,7 @@ fn check_extents_examples() {
         args: vec![],
         inputs,
         outputs,
+        result: None,
     };
     let ns = 100 * SECTOR;
 

@@ -114,6 +114,7 @@ fn descriptor_to_json(d: &Descriptor) -> Json {
         "args": fields_to_json(&d.args),
         "inputs": d.inputs.iter().map(object_to_json).collect::<Vec<_>>(),
         "outputs": d.outputs.iter().map(object_to_json).collect::<Vec<_>>(),
+        "result": d.result.as_ref().map(object_to_json),
     })
 }
 
@@ -124,6 +125,7 @@ fn descriptor_from_json(j: &Json) -> Descriptor {
         args: fields_from_json(&j["args"]),
         inputs: objects("inputs"),
         outputs: objects("outputs"),
+        result: j.get("result").filter(|r| !r.is_null()).map(object_from_json),
     }
 }
 
@@ -219,7 +221,15 @@ fn valid_descriptors() -> Vec<(&'static str, Descriptor)> {
         ("zstd-output", zstd_with_output()),
         ("empty-object", empty_object()),
         ("all-value-types", all_value_types()),
+        ("grep-result-object", grep_result_object()),
     ]
+}
+
+/// EXEC over a fabric: the result goes to a result object instead of inline.
+fn grep_result_object() -> Descriptor {
+    let mut d = grep_fragmented();
+    d.result = Some(obj(64 << 10, vec![Extent::data(1 << 20, 128)]));
+    d
 }
 
 /// (name, bytes, expected error substring)
@@ -255,6 +265,14 @@ fn invalid_descriptors() -> Vec<(&'static str, Vec<u8>, &'static str)> {
     let mut b = min_bytes.clone();
     b[12] = 1;
     v.push(("nonzero-reserved-header", b, "invalid reserved bytes at byte 12"));
+
+    let mut b = min_bytes.clone();
+    b[22] = 0x02;
+    v.push(("unknown-flag", b, "invalid flags at byte 22"));
+
+    let mut b = min_bytes.clone();
+    b[22] = 0x01;
+    v.push(("result-flag-without-outputs", b, "the result-object flag needs at least one output object"));
 
     let mut b = min_bytes.clone();
     b[extent_at + 13] = 0x80;
