@@ -11,6 +11,7 @@ mod dataset;
 mod demo;
 mod image;
 mod size;
+mod target_cmd;
 
 use clap::{Parser, Subcommand};
 use insitu_host::{parse_args, scrub, Mode, OasError, Offloader, Report, Request};
@@ -125,6 +126,49 @@ enum Cmd {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Run an NVMe/TCP target serving files or block devices as namespaces.
+    #[command(subcommand)]
+    Target(TargetCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum TargetCmd {
+    /// Start a target (as a daemon unless --foreground).
+    ///
+    /// Namespaces are numbered 1.. in the order given, --namespace ones first. Private
+    /// namespaces are never listed to or readable by hosts. Without --allow-host any host
+    /// may connect; the target listens on loopback unless --listen says otherwise.
+    Start {
+        /// Address and port to listen on.
+        #[arg(long, default_value = "127.0.0.1:4420")]
+        listen: std::net::SocketAddr,
+        /// Subsystem NQN.
+        #[arg(long, default_value = "nqn.2024-01.io.insitu:target")]
+        nqn: String,
+        /// A sharable namespace: file or block device (repeatable).
+        #[arg(long = "namespace", value_name = "PATH")]
+        namespaces: Vec<PathBuf>,
+        /// A private namespace, for code running on the target (repeatable).
+        #[arg(long, value_name = "PATH")]
+        private: Vec<PathBuf>,
+        /// Admit only this host NQN (repeatable).
+        #[arg(long = "allow-host", value_name = "HOSTNQN")]
+        allow_hosts: Vec<String>,
+        /// Serve Prometheus metrics at http://ADDR:PORT/metrics.
+        #[arg(long, value_name = "ADDR:PORT")]
+        metrics: Option<std::net::SocketAddr>,
+        /// Stay in the foreground (logs to stderr).
+        #[arg(long)]
+        foreground: bool,
+    },
+    /// Stop the target started on an address.
+    Stop {
+        /// The address it listens on.
+        #[arg(long, default_value = "127.0.0.1:4420")]
+        listen: std::net::SocketAddr,
+    },
+    /// List targets started with `insitu target start`.
+    Status,
 }
 
 #[derive(Subcommand, Debug)]
@@ -324,6 +368,12 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             }
         }
         Cmd::Demo { size, fs, dir } => return demo::run(&off, size::parse_size(&size)?, fs, dir, json),
+        Cmd::Target(TargetCmd::Start { listen, nqn, namespaces, private, allow_hosts, metrics, foreground }) => {
+            let a = target_cmd::StartArgs { listen, nqn, namespaces, private, allow_hosts, metrics, foreground };
+            return target_cmd::start(a, json);
+        }
+        Cmd::Target(TargetCmd::Stop { listen }) => return target_cmd::stop(listen, json),
+        Cmd::Target(TargetCmd::Status) => return target_cmd::status(json),
         Cmd::Bench(BenchCmd::Scan { function, size, repeat, dir }) => {
             return bench::scan(&off, &function, size::parse_size(&size)?, repeat.max(1), dir, json)
         }

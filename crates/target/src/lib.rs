@@ -114,6 +114,19 @@ impl Target {
         nsid.checked_sub(1).and_then(|i| self.namespaces.get(i as usize))
     }
 
+    /// Number of namespaces, private ones included (NSIDs are 1..=count).
+    pub fn namespace_count(&self) -> usize {
+        self.namespaces.len()
+    }
+
+    /// Bytes read from and written to the media of every namespace since they were opened.
+    pub fn media_totals(&self) -> (u64, u64) {
+        self.namespaces.iter().fold((0, 0), |(r, w), ns| {
+            let c = ns.media.counters();
+            (r + c.read_bytes.load(Ordering::Relaxed), w + c.written_bytes.load(Ordering::Relaxed))
+        })
+    }
+
     /// NSIDs of the namespaces a host may see.
     pub fn host_namespaces(&self) -> Vec<Nsid> {
         (1..=self.namespaces.len() as Nsid).filter(|n| self.host_ns(*n).is_ok()).collect()
@@ -152,6 +165,16 @@ impl Target {
         let ns = self.host_ns(nsid)?;
         let off = Self::lba_range(ns, nsid, slba, data.len())?;
         ns.media.write_at(data, off).map_err(|e| CommandError::new(Status::DATA_TRANSFER_ERROR, format!("namespace {nsid}: {e}")))
+    }
+
+    /// Makes `nlb` logical blocks from `slba` read as zeros (Write Zeroes, and Dataset
+    /// Management deallocate).
+    pub fn write_zeroes(&self, nsid: Nsid, slba: u64, nlb: u64) -> Result<(), CommandError> {
+        let ns = self.host_ns(nsid)?;
+        let bytes = nlb.checked_mul(u64::from(ns.lba_size)).and_then(|b| usize::try_from(b).ok());
+        let bytes = bytes.ok_or_else(|| CommandError::new(Status::LBA_OUT_OF_RANGE, format!("{nlb} blocks is too many")))?;
+        let off = Self::lba_range(ns, nsid, slba, bytes)?;
+        ns.media.zero_range(off, bytes as u64).map_err(|e| CommandError::new(Status::DATA_TRANSFER_ERROR, format!("namespace {nsid}: {e}")))
     }
 
     /// Makes every completed write to the namespace durable.

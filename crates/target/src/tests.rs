@@ -163,6 +163,12 @@ fn block_commands_check_ranges() {
     assert_eq!(t.read(1, last, &mut [0u8; 1024]).unwrap_err().status, Status::LBA_OUT_OF_RANGE);
     assert_eq!(t.write(1, u64::MAX, &[0u8; 512]).unwrap_err().status, Status::LBA_OUT_OF_RANGE);
     assert_eq!(t.write(1, 0, &[0u8; 100]).unwrap_err().status, Status::INVALID_FIELD);
+    t.write_zeroes(1, 10, 3).unwrap();
+    let mut z = vec![1u8; 4 * 512];
+    t.read(1, 9, &mut z).unwrap();
+    assert_eq!(&z[..512], &data[9 * 512..10 * 512]);
+    assert!(z[512..].iter().all(|b| *b == 0));
+    assert_eq!(t.write_zeroes(1, last, 2).unwrap_err().status, Status::LBA_OUT_OF_RANGE);
 }
 
 #[test]

@@ -1,0 +1,217 @@
+// SPDX-License-Identifier: Apache-2.0
+//! `insitu target start|stop|status`: run the NVMe/TCP target in the foreground or as a
+//! daemon, with a pid file per listen address under `/run/insitu/`.
+
+use crate::Failure;
+use insitu_nvmf::{NamespaceSpec, Server, SubsystemConfig, TargetConfig};
+use serde_json::json;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const RUN_DIR: &str = "/run/insitu";
+
+fn pid_file(listen: &SocketAddr) -> PathBuf {
+    Path::new(RUN_DIR).join(format!("target-{}.json", listen.to_string().replace([':', '[', ']'], "_")))
+}
+
+/// What `insitu target start` was asked for.
+pub(crate) struct StartArgs {
+    pub(crate) listen: SocketAddr,
+    pub(crate) nqn: String,
+    pub(crate) namespaces: Vec<PathBuf>,
+    pub(crate) private: Vec<PathBuf>,
+    pub(crate) allow_hosts: Vec<String>,
+    pub(crate) metrics: Option<SocketAddr>,
+    pub(crate) foreground: bool,
+}
+
+pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
+    if a.namespaces.is_empty() {
+        return Err("give at least one --namespace PATH (a file or block device)".to_string().into());
+    }
+    let mut namespaces: Vec<NamespaceSpec> = a.namespaces.iter().map(NamespaceSpec::sharable).collect();
+    namespaces.extend(a.private.iter().map(NamespaceSpec::private));
+    let cfg = TargetConfig {
+        listen: a.listen,
+        subsystems: vec![SubsystemConfig { nqn: a.nqn.clone(), namespaces, allow_hosts: a.allow_hosts.clone() }],
+        ..TargetConfig::default()
+    };
+    let server = Server::bind(cfg).map_err(|e| format!("cannot start the target on {}: {e}", a.listen))?;
+    let listen = server.local_addr();
+    let record = json!({
+        "listen": listen.to_string(), "nqn": a.nqn, "namespaces": a.namespaces, "private": a.private,
+        "allow_hosts": a.allow_hosts, "metrics": a.metrics.map(|m| m.to_string()),
+    });
+    if a.foreground {
+        if let Some(m) = a.metrics {
+            serve_metrics(m, server.metrics())?;
+        }
+        eprintln!("insitu-target: serving {} on nvme-tcp://{listen}", a.nqn);
+        server.run().map_err(|e| e.to_string())?;
+        return Ok(0);
+    }
+    std::fs::create_dir_all(RUN_DIR).map_err(|e| format!("{RUN_DIR}: {e}"))?;
+    let log = Path::new(RUN_DIR).join(format!("target-{}.log", listen.to_string().replace([':', '[', ']'], "_")));
+    // SAFETY: fork(2) in a process whose other threads (if any) hold no locks this child
+    // needs: the child only calls async-signal-safe setup, then runs the server it owns.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(format!("fork: {}", std::io::Error::last_os_error()).into());
+    }
+    if pid == 0 {
+        daemon_child(server, &log, a.metrics);
+    }
+    let mut rec = record;
+    rec["pid"] = json!(pid);
+    rec["log"] = json!(log);
+    std::fs::write(pid_file(&listen), rec.to_string()).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect_timeout(&listen, Duration::from_millis(200)).is_err() {
+        if Instant::now() > deadline || !alive(pid) {
+            return Err(format!("the target did not come up; see {}", log.display()).into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&rec).unwrap_or_default());
+    } else {
+        println!("target {} serving {} on nvme-tcp://{listen} (pid {pid}, log {})", a.nqn, a.namespaces.len(), log.display());
+    }
+    Ok(0)
+}
+
+fn daemon_child(server: Server, log: &Path, metrics: Option<SocketAddr>) -> ! {
+    // SAFETY: setsid has no memory arguments.
+    unsafe { libc::setsid() };
+    if let Ok(f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: dup2 onto the standard descriptors of this (child) process.
+        unsafe {
+            libc::dup2(f.as_raw_fd(), 1);
+            libc::dup2(f.as_raw_fd(), 2);
+        }
+    }
+    if let Some(m) = metrics {
+        if let Err(e) = serve_metrics(m, server.metrics()) {
+            eprintln!("insitu-target: metrics: {}", e.message);
+        }
+    }
+    eprintln!("insitu-target: serving on nvme-tcp://{}", server.local_addr());
+    let code = i32::from(server.run().is_err());
+    // SAFETY: leave without running the parent's atexit handlers (it may be Python).
+    unsafe { libc::_exit(code) }
+}
+
+fn alive(pid: i32) -> bool {
+    let mut status = 0;
+    // SAFETY: waitpid/kill with no memory arguments but a local out-parameter.
+    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) == 0 || (libc::kill(pid, 0) == 0 && libc::waitpid(pid, &mut status, libc::WNOHANG) <= 0) }
+}
+
+/// Serves `GET /metrics` in the Prometheus text format on `addr`.
+fn serve_metrics(addr: SocketAddr, metrics: std::sync::Arc<insitu_nvmf::Metrics>) -> Result<(), Failure> {
+    let listener = TcpListener::bind(addr).map_err(|e| format!("metrics on {addr}: {e}"))?;
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let _ = answer_http(stream, &metrics);
+        }
+    });
+    Ok(())
+}
+
+/// Reads one request head (at most 8 KiB) and answers it: only `GET /metrics` exists.
+fn answer_http(mut s: TcpStream, metrics: &insitu_nvmf::Metrics) -> std::io::Result<()> {
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let (code, body) = match route(&head) {
+        Some(()) => ("200 OK", metrics.render()),
+        None => ("404 Not Found", "only GET /metrics is served\n".to_string()),
+    };
+    write!(s, "HTTP/1.1 {code}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+}
+
+/// Whether a request head asks for the metrics.
+pub(crate) fn route(head: &[u8]) -> Option<()> {
+    let line = head.split(|b| *b == b'\n').next()?;
+    let mut parts = line.split(|b| *b == b' ');
+    let (method, path) = (parts.next()?, parts.next()?);
+    (method == b"GET" && (path == b"/metrics" || path.starts_with(b"/metrics?"))).then_some(())
+}
+
+pub(crate) fn stop(listen: SocketAddr, json_out: bool) -> Result<i32, Failure> {
+    let file = pid_file(&listen);
+    let rec: serde_json::Value = std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .ok_or_else(|| format!("no target started by insitu listens on {listen} (no {})", file.display()))?;
+    let pid = rec["pid"].as_i64().unwrap_or(0) as i32;
+    if pid > 0 {
+        // SAFETY: kill(2) with no memory arguments.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // SAFETY: as above.
+        while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let _ = std::fs::remove_file(&file);
+    if json_out {
+        println!("{}", json!({"stopped": listen.to_string(), "pid": pid}));
+    } else {
+        println!("stopped the target on {listen} (pid {pid})");
+    }
+    Ok(0)
+}
+
+pub(crate) fn status(json_out: bool) -> Result<i32, Failure> {
+    let mut list = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(RUN_DIR) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with("target-") && name.ends_with(".json")) {
+                continue;
+            }
+            if let Some(mut rec) = std::fs::read_to_string(e.path()).ok().and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok()) {
+                let pid = rec["pid"].as_i64().unwrap_or(0) as i32;
+                // SAFETY: kill(2) with signal 0 only checks existence.
+                rec["running"] = json!(pid > 0 && unsafe { libc::kill(pid, 0) } == 0);
+                list.push(rec);
+            }
+        }
+    }
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&json!({"targets": list})).unwrap_or_default());
+    } else if list.is_empty() {
+        println!("no targets started by insitu");
+    } else {
+        for r in &list {
+            println!("{} {} pid {} {}", r["listen"].as_str().unwrap_or(""), r["nqn"].as_str().unwrap_or(""), r["pid"], if r["running"] == json!(true) { "running" } else { "NOT RUNNING" });
+        }
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route;
+
+    #[test]
+    fn only_get_metrics_is_routed() {
+        assert!(route(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").is_some());
+        assert!(route(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n").is_some());
+        assert!(route(b"POST /metrics HTTP/1.1\r\n\r\n").is_none());
+        assert!(route(b"GET /admin HTTP/1.1\r\n\r\n").is_none());
+        assert!(route(b"").is_none());
+        assert!(route(b"\xff\xfe").is_none());
+    }
+}

@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Target configuration: listen address, subsystems, their namespaces and admitted hosts.
+
+use insitu_target::Visibility;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// The well-known NQN of the discovery subsystem.
+pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+
+/// One namespace: a file or block device.
+#[derive(Debug, Clone)]
+pub struct NamespaceSpec {
+    /// Backing file or block device.
+    pub path: PathBuf,
+    /// Sharable (visible to hosts) or private (target-only).
+    pub visibility: Visibility,
+    /// Logical block size: 512 or 4096. Default 512.
+    pub lba_size: u32,
+}
+
+impl NamespaceSpec {
+    /// A sharable namespace with 512-byte blocks.
+    pub fn sharable(path: impl Into<PathBuf>) -> Self {
+        NamespaceSpec { path: path.into(), visibility: Visibility::Sharable, lba_size: 512 }
+    }
+
+    /// A private namespace with 512-byte blocks.
+    pub fn private(path: impl Into<PathBuf>) -> Self {
+        NamespaceSpec { path: path.into(), visibility: Visibility::Private, lba_size: 512 }
+    }
+}
+
+/// An NVM subsystem.
+#[derive(Debug, Clone)]
+pub struct SubsystemConfig {
+    /// Its NQN, e.g. `nqn.2024-01.io.insitu:data`.
+    pub nqn: String,
+    /// Namespaces, numbered 1.. in this order.
+    pub namespaces: Vec<NamespaceSpec>,
+    /// Host NQNs admitted; empty admits any host.
+    pub allow_hosts: Vec<String>,
+}
+
+/// The whole target.
+#[derive(Debug, Clone)]
+pub struct TargetConfig {
+    /// Address to listen on. Default `127.0.0.1:4420`: loopback unless told otherwise.
+    pub listen: SocketAddr,
+    /// NVM subsystems (a discovery subsystem is always added).
+    pub subsystems: Vec<SubsystemConfig>,
+    /// Maximum data transfer size as a power of two of 4 KiB pages. Default 8 (1 MiB).
+    pub mdts: u8,
+    /// In-capsule data accepted per command, bytes. Default 8192.
+    pub inline_data: u32,
+    /// Entries per queue (MAXCMD, largest SQ size). Default 128.
+    pub queue_depth: u16,
+    /// Most I/O queues per controller. Default 8.
+    pub max_io_queues: u16,
+    /// Worker threads per I/O queue, so commands on one queue run concurrently. Default 4.
+    pub workers_per_queue: usize,
+}
+
+impl Default for TargetConfig {
+    fn default() -> Self {
+        TargetConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 4420)),
+            subsystems: Vec::new(),
+            mdts: 8,
+            inline_data: 8192,
+            queue_depth: 128,
+            max_io_queues: 8,
+            workers_per_queue: 4,
+        }
+    }
+}
+
+impl TargetConfig {
+    /// Largest data transfer of one command, in bytes.
+    pub fn max_transfer(&self) -> usize {
+        4096usize << self.mdts
+    }
+}

@@ -1,0 +1,415 @@
+// SPDX-License-Identifier: Apache-2.0
+//! One NVMe/TCP connection (one queue): the PDU loop and the queue's state machine.
+//!
+//! A connection starts in `AwaitIcReq`; ICReq/ICResp fix digests and alignment
+//! (`AwaitConnect`); the Fabrics Connect command makes it the admin queue of a new controller
+//! or an I/O queue of an existing one. Anything out of order, malformed, or beyond a limit
+//! ends the connection with a C2HTermReq and a logged reason; it never touches data.
+
+use crate::controller::{self, Controller, Reply, Subsystem, CONNECT_INVALID_HOST, CONNECT_INVALID_PARAMETERS, CONTROLLER_BUSY, INVALID_FIELD, SEQUENCE_ERROR};
+use crate::io;
+use crate::Shared;
+use crossbeam_channel::{unbounded, Sender};
+use insitu_fabric::{fabrics, opcode, CommonHeader, Command, Completion, Digests, Pdu, PduError, SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Largest C2HData payload sent in one PDU.
+const C2H_CHUNK: usize = 256 << 10;
+
+/// The queue's protocol state.
+enum State {
+    /// Fresh connection: only ICReq is valid.
+    AwaitIcReq,
+    /// Initialized: only a Fabrics Connect is valid.
+    AwaitConnect,
+    /// Admin queue of a controller.
+    Admin(Arc<Controller>),
+    /// I/O queue `qid` of a controller, with the channel to its workers.
+    Io { ctrl: Arc<Controller>, jobs: Sender<io::Job> },
+}
+
+/// A write-direction command waiting for its data (R2T sent, H2CData arriving).
+struct Pending {
+    cmd: Command,
+    sqhd: u16,
+    ttag: u16,
+    buf: Vec<u8>,
+    received: usize,
+}
+
+/// Why a connection ends.
+#[derive(Debug)]
+enum End {
+    /// The peer closed or the socket failed.
+    Closed(std::io::Error),
+    /// A protocol violation; `fes` goes into the C2HTermReq.
+    Fatal { fes: u16, reason: String },
+}
+
+impl From<std::io::Error> for End {
+    fn from(e: std::io::Error) -> Self {
+        End::Closed(e)
+    }
+}
+
+impl From<PduError> for End {
+    fn from(e: PduError) -> Self {
+        End::Fatal { fes: e.fes(), reason: e.to_string() }
+    }
+}
+
+/// The sending side, shared by the reader and the queue's workers.
+#[derive(Clone)]
+pub(crate) struct Sink {
+    stream: Arc<Mutex<TcpStream>>,
+    pub(crate) digests: Digests,
+    pub(crate) hpda: u8,
+    pub(crate) sqid: u16,
+    metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl Sink {
+    /// Sends PDUs back to back; one lock so responses never interleave.
+    pub(crate) fn send(&self, pdus: &[Pdu]) -> std::io::Result<()> {
+        let mut bytes = Vec::new();
+        for p in pdus {
+            p.encode(self.digests, self.hpda, &mut bytes);
+        }
+        self.metrics.add_wire_out(bytes.len() as u64);
+        self.stream.lock().unwrap_or_else(|e| e.into_inner()).write_all(&bytes)
+    }
+
+    /// Sends a command's data (if any) and its response capsule.
+    pub(crate) fn complete(&self, cid: u16, sqhd: u16, status: u16, dw0: u32, dw1: u32, data: &[u8]) -> std::io::Result<()> {
+        let mut pdus: Vec<Pdu> = data
+            .chunks(C2H_CHUNK)
+            .enumerate()
+            .map(|(i, c)| Pdu::C2HData { cccid: cid, datao: (i * C2H_CHUNK) as u32, last: (i + 1) * C2H_CHUNK >= data.len(), success: false, data: c.to_vec() })
+            .collect();
+        pdus.push(Pdu::CapsuleResp { cqe: Completion { dw0, dw1, sqhd, sqid: self.sqid, cid, status } });
+        self.send(&pdus)
+    }
+}
+
+/// Serves one connection until it ends.
+pub(crate) fn serve(shared: Arc<Shared>, stream: TcpStream) {
+    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let _ = stream.set_nodelay(true);
+    let writer = match stream.try_clone() {
+        Ok(w) => w,
+        Err(e) => return log(&peer, &format!("cannot clone socket: {e}")),
+    };
+    let sink = Sink { stream: Arc::new(Mutex::new(writer)), digests: Digests::default(), hpda: 0, sqid: 0, metrics: shared.metrics.clone() };
+    let mut conn = Conn { shared, reader: stream, sink, state: State::AwaitIcReq, sqhd: 0, sqsize: 1, pending: HashMap::new(), next_ttag: 0, peer };
+    let end = conn.run();
+    if let State::Admin(ctrl) = &conn.state {
+        ctrl.subsys.remove_controller(ctrl.cntlid);
+    }
+    match end {
+        End::Closed(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
+        End::Closed(e) => log(&conn.peer, &format!("connection closed: {e}")),
+        End::Fatal { fes, reason } => {
+            log(&conn.peer, &format!("terminating connection: {reason}"));
+            conn.shared.metrics.add_protocol_error();
+            let _ = conn.sink.send(&[Pdu::TermReq { from_host: false, fes, fei: 0, data: Vec::new() }]);
+        }
+    }
+    let _ = conn.reader.shutdown(std::net::Shutdown::Both);
+}
+
+fn log(peer: &str, msg: &str) {
+    eprintln!("insitu-target: {peer}: {msg}");
+}
+
+struct Conn {
+    shared: Arc<Shared>,
+    reader: TcpStream,
+    sink: Sink,
+    state: State,
+    sqhd: u16,
+    sqsize: u16,
+    pending: HashMap<u16, Pending>,
+    next_ttag: u16,
+    peer: String,
+}
+
+impl Conn {
+    fn max_plen(&self) -> u32 {
+        let cfg = &self.shared.cfg;
+        // The largest PDU a host may send: an H2CData of MAXH2CDATA or a capsule with
+        // in-capsule data, plus digests and alignment padding.
+        (cfg.max_transfer() as u32).max(cfg.inline_data) + 256
+    }
+
+    fn read_pdu(&mut self) -> Result<Pdu, End> {
+        let mut ch = [0u8; 8];
+        self.reader.read_exact(&mut ch)?;
+        let header = CommonHeader::parse(&ch, self.max_plen())?;
+        let mut rest = vec![0u8; header.plen as usize - 8];
+        self.reader.read_exact(&mut rest)?;
+        self.shared.metrics.add_wire_in(u64::from(header.plen));
+        Ok(Pdu::decode(&header, &rest, self.sink.digests)?)
+    }
+
+    fn run(&mut self) -> End {
+        loop {
+            if self.shared.stopping() {
+                return End::Closed(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "target stopping"));
+            }
+            let pdu = match self.read_pdu() {
+                Ok(p) => p,
+                Err(e) => return e,
+            };
+            if let Err(e) = self.step(pdu) {
+                return e;
+            }
+        }
+    }
+
+    /// One transition of the queue state machine.
+    fn step(&mut self, pdu: Pdu) -> Result<(), End> {
+        match (&self.state, pdu) {
+            // Connection setup: grant what the host asked for (both digests are supported).
+            (State::AwaitIcReq, Pdu::IcReq { hpda, digests, .. }) => {
+                let maxh2cdata = self.shared.cfg.max_transfer() as u32;
+                self.sink.send(&[Pdu::IcResp { pfv: 0, cpda: 0, digests, maxh2cdata }])?;
+                self.sink.digests = digests;
+                self.sink.hpda = hpda;
+                self.state = State::AwaitConnect;
+                Ok(())
+            }
+            (State::AwaitIcReq, other) => Err(sequence(&other, "expected ICReq first")),
+            // The host ends the connection.
+            (_, Pdu::TermReq { fes, .. }) => Err(End::Closed(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("host terminated (FES {fes:#x})")))),
+            // Data for a write-direction command waiting on an R2T.
+            (_, Pdu::H2CData { cccid, ttag, datao, last, data }) => self.h2c_data(cccid, ttag, datao, last, data),
+            (_, Pdu::CapsuleCmd { sqe, data }) => {
+                self.sqhd = (self.sqhd + 1) % self.sqsize.max(1);
+                self.command(sqe, data)
+            }
+            // ICReq twice, or a PDU only a controller sends.
+            (_, other) => Err(sequence(&other, "unexpected PDU")),
+        }
+    }
+
+    fn command(&mut self, cmd: Command, data: Vec<u8>) -> Result<(), End> {
+        let (sqhd, cid) = (self.sqhd, cmd.cid());
+        if cmd.opcode() == opcode::FABRICS {
+            let reply = self.fabrics(&cmd, &data);
+            return Ok(self.sink.complete(cid, sqhd, reply.status, reply.dw0, reply.dw1, &reply.data)?);
+        }
+        match &self.state {
+            State::AwaitIcReq | State::AwaitConnect => Ok(self.sink.complete(cid, sqhd, SEQUENCE_ERROR, 0, 0, &[])?),
+            State::Admin(ctrl) => {
+                if !ctrl.ready() && cmd.opcode() != opcode::KEEP_ALIVE {
+                    return Ok(self.sink.complete(cid, sqhd, SEQUENCE_ERROR, 0, 0, &[])?);
+                }
+                let shared = self.shared.clone();
+                let page = move |host: &str| controller::discovery_page(&shared.subsystems, &shared.cfg, host);
+                let reply = ctrl.admin(&self.shared.cfg, &cmd, &page);
+                if reply.held {
+                    return Ok(()); // Asynchronous Event Request: answered when an event occurs.
+                }
+                Ok(self.sink.complete(cid, sqhd, reply.status, reply.dw0, 0, &reply.data)?)
+            }
+            State::Io { ctrl, .. } if !ctrl.ready() => Ok(self.sink.complete(cid, sqhd, SEQUENCE_ERROR, 0, 0, &[])?),
+            State::Io { jobs, .. } => {
+                let jobs = jobs.clone();
+                // Opcode bits 1:0 = 01: data flows host to controller.
+                if cmd.opcode() & 3 != 1 {
+                    let _ = jobs.send(io::Job { cmd, data: Vec::new(), sqhd });
+                    return Ok(());
+                }
+                self.write_direction(cmd, data, sqhd, jobs)
+            }
+        }
+    }
+
+    /// A command carrying data to the target: in the capsule, or fetched with an R2T.
+    fn write_direction(&mut self, cmd: Command, data: Vec<u8>, sqhd: u16, jobs: Sender<io::Job>) -> Result<(), End> {
+        let (addr, len, ty) = cmd.sgl();
+        let len = len as usize;
+        if len > self.shared.cfg.max_transfer() {
+            return Ok(self.sink.complete(cmd.cid(), sqhd, INVALID_FIELD, 0, 0, &[])?);
+        }
+        match ty {
+            SGL_DATA_BLOCK_OFFSET => {
+                let start = addr as usize;
+                if addr > data.len() as u64 || start + len > data.len() {
+                    return Err(End::Fatal { fes: 0x04, reason: format!("in-capsule data: SGL offset {addr} + {len} exceeds {} bytes", data.len()) });
+                }
+                let _ = jobs.send(io::Job { cmd, data: data[start..start + len].to_vec(), sqhd });
+                Ok(())
+            }
+            SGL_TRANSPORT_DATA_BLOCK if len == 0 => {
+                let _ = jobs.send(io::Job { cmd, data: Vec::new(), sqhd });
+                Ok(())
+            }
+            SGL_TRANSPORT_DATA_BLOCK => {
+                if self.pending.contains_key(&cmd.cid()) {
+                    return Err(End::Fatal { fes: 0x02, reason: format!("command ID {} reused while its data is outstanding", cmd.cid()) });
+                }
+                let ttag = self.next_ttag;
+                self.next_ttag = self.next_ttag.wrapping_add(1);
+                self.sink.send(&[Pdu::R2T { cccid: cmd.cid(), ttag, r2to: 0, r2tl: len as u32 }])?;
+                self.pending.insert(cmd.cid(), Pending { cmd, sqhd, ttag, buf: vec![0; len], received: 0 });
+                Ok(())
+            }
+            other => Ok(self.sink.complete(cmd.cid(), sqhd, controller::status(0, 0x11), 0, 0, &[]).map(|_| {
+                log(&self.peer, &format!("SGL descriptor type {other:#04x} is not supported"));
+            })?),
+        }
+    }
+
+    fn h2c_data(&mut self, cccid: u16, ttag: u16, datao: u32, last: bool, data: Vec<u8>) -> Result<(), End> {
+        let Some(p) = self.pending.get_mut(&cccid) else {
+            return Err(End::Fatal { fes: 0x02, reason: format!("H2CData for command {cccid}, which awaits no data") });
+        };
+        let off = datao as usize;
+        if p.ttag != ttag || off != p.received || off + data.len() > p.buf.len() {
+            return Err(End::Fatal {
+                fes: 0x04,
+                reason: format!("H2CData for command {cccid}: tag {ttag}, offset {off} + {} outside the {} bytes requested", data.len(), p.buf.len()),
+            });
+        }
+        p.buf[off..off + data.len()].copy_from_slice(&data);
+        p.received += data.len();
+        if p.received == p.buf.len() {
+            if !last {
+                return Err(End::Fatal { fes: 0x02, reason: format!("H2CData for command {cccid} completed the transfer without LAST_PDU") });
+            }
+            let p = self.pending.remove(&cccid).expect("present");
+            if let State::Io { jobs, .. } = &self.state {
+                let _ = jobs.send(io::Job { cmd: p.cmd, data: p.buf, sqhd: p.sqhd });
+            }
+        } else if last {
+            return Err(End::Fatal { fes: 0x02, reason: format!("H2CData for command {cccid} ended early") });
+        }
+        Ok(())
+    }
+
+    /// Fabrics commands: Connect on a fresh queue; Property Get/Set on the admin queue.
+    fn fabrics(&mut self, cmd: &Command, data: &[u8]) -> Reply {
+        let b = &cmd.0;
+        match (cmd.fctype(), &self.state) {
+            (fabrics::CONNECT, State::AwaitConnect) => self.connect(cmd, data),
+            (fabrics::CONNECT, _) => Reply::err(SEQUENCE_ERROR),
+            (fabrics::PROPERTY_GET, State::Admin(ctrl)) => {
+                let offset = u32::from_le_bytes([b[44], b[45], b[46], b[47]]);
+                match ctrl.property_get(&self.shared.cfg, offset) {
+                    // An 8-byte property's upper half goes in dword 1.
+                    Some(v) => Reply { dw1: (v >> 32) as u32, ..Reply::ok(v as u32) },
+                    None => Reply::err(INVALID_FIELD),
+                }
+            }
+            (fabrics::PROPERTY_SET, State::Admin(ctrl)) => {
+                let offset = u32::from_le_bytes([b[44], b[45], b[46], b[47]]);
+                let value = u64::from_le_bytes(b[48..56].try_into().expect("8 bytes"));
+                if ctrl.property_set(offset, value) {
+                    Reply::ok(0)
+                } else {
+                    Reply::err(INVALID_FIELD)
+                }
+            }
+            _ => Reply::err(controller::INVALID_OPCODE),
+        }
+    }
+
+    fn connect(&mut self, cmd: &Command, data: &[u8]) -> Reply {
+        let b = &cmd.0;
+        let recfmt = u16::from_le_bytes([b[40], b[41]]);
+        let qid = u16::from_le_bytes([b[42], b[43]]);
+        let sqsize = u16::from_le_bytes([b[44], b[45]]);
+        let kato = u32::from_le_bytes([b[48], b[49], b[50], b[51]]);
+        // dword 0 of a Connect error names the bad parameter: IATTR (0 command, 1 data) in
+        // byte 0 bit 0, and its byte offset (IPO) in bytes 2-3.
+        let invalid = |in_data: bool, offset: u16| Reply { status: CONNECT_INVALID_PARAMETERS, ..Reply::ok(u32::from(in_data) | (u32::from(offset) << 16)) };
+        if recfmt != 0 {
+            return Reply::err(controller::status(1, 0x80));
+        }
+        if data.len() < 1024 {
+            return invalid(true, 0);
+        }
+        let text = |r: std::ops::Range<usize>| {
+            let f = &data[r];
+            String::from_utf8_lossy(&f[..f.iter().position(|c| *c == 0).unwrap_or(f.len())]).into_owned()
+        };
+        let mut hostid = [0u8; 16];
+        hostid.copy_from_slice(&data[..16]);
+        let cntlid = u16::from_le_bytes([data[16], data[17]]);
+        let (subnqn, hostnqn) = (text(256..512), text(512..768));
+        let Some(subsys) = self.shared.subsystem(&subnqn) else {
+            log(&self.peer, &format!("connect to unknown subsystem {subnqn:?}"));
+            return invalid(true, 256);
+        };
+        if !subsys.admits(&hostnqn) {
+            log(&self.peer, &format!("host {hostnqn:?} is not admitted to {subnqn}"));
+            return Reply::err(CONNECT_INVALID_HOST);
+        }
+        let depth = self.shared.cfg.queue_depth;
+        if sqsize == 0 || sqsize >= depth {
+            return invalid(false, 44);
+        }
+        self.sqsize = sqsize + 1;
+        if qid == 0 {
+            if cntlid != 0xFFFF && cntlid != 0xFFFE {
+                return invalid(true, 16);
+            }
+            let Some(ctrl) = subsys.add_controller(&hostnqn, hostid, kato) else { return Reply::err(CONTROLLER_BUSY) };
+            if kato > 0 {
+                // Keep Alive Timeout: the host must send a command at least this often.
+                let _ = self.reader.set_read_timeout(Some(Duration::from_millis(u64::from(kato) * 2)));
+            }
+            let id = ctrl.cntlid;
+            self.state = State::Admin(ctrl);
+            return Reply::ok(u32::from(id));
+        }
+        let Some(ctrl) = subsys.controller(cntlid).filter(|c| c.hostnqn == hostnqn && c.hostid == hostid) else {
+            return invalid(true, 16);
+        };
+        if !ctrl.ready() || qid > ctrl.regs().io_queues.max(1) || subsys.target().is_none() {
+            return invalid(false, 42);
+        }
+        self.sink.sqid = qid;
+        let jobs = spawn_workers(&self.shared, &subsys, &ctrl, &self.sink);
+        self.state = State::Io { ctrl, jobs };
+        Reply::ok(0)
+    }
+}
+
+fn sequence(pdu: &Pdu, what: &str) -> End {
+    End::Fatal { fes: 0x02, reason: format!("{what}: got {}", pdu_name(pdu)) }
+}
+
+fn pdu_name(pdu: &Pdu) -> &'static str {
+    match pdu {
+        Pdu::IcReq { .. } => "ICReq",
+        Pdu::IcResp { .. } => "ICResp",
+        Pdu::TermReq { .. } => "TermReq",
+        Pdu::CapsuleCmd { .. } => "CapsuleCmd",
+        Pdu::CapsuleResp { .. } => "CapsuleResp",
+        Pdu::H2CData { .. } => "H2CData",
+        Pdu::C2HData { .. } => "C2HData",
+        Pdu::R2T { .. } => "R2T",
+        _ => "unknown PDU",
+    }
+}
+
+/// Starts the worker threads of an I/O queue; they stop when the queue's sender drops.
+fn spawn_workers(shared: &Arc<Shared>, subsys: &Arc<Subsystem>, ctrl: &Arc<Controller>, sink: &Sink) -> Sender<io::Job> {
+    let (tx, rx) = unbounded::<io::Job>();
+    for _ in 0..shared.cfg.workers_per_queue.max(1) {
+        let (rx, sink, ctrl, subsys, shared) = (rx.clone(), sink.clone(), ctrl.clone(), subsys.clone(), shared.clone());
+        std::thread::spawn(move || {
+            let target = subsys.target().expect("I/O queues exist only on NVM subsystems").clone();
+            for job in rx {
+                io::run(&shared, &target, &ctrl, &sink, job);
+            }
+        });
+    }
+    tx
+}

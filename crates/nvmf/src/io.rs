@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The NVM command set on an I/O queue, and the vendor EXEC command, executed by a queue's
+//! worker threads against the insitu target.
+
+use crate::connection::Sink;
+use crate::controller::{status, Controller, INVALID_FIELD, INVALID_OPCODE};
+use crate::Shared;
+use insitu_fabric::{opcode, Command};
+use insitu_target::Target;
+use insitu_wire::{CommandError, FLAG_RESULT_OBJECT};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// A command ready to run, with any data the host sent.
+pub(crate) struct Job {
+    pub(crate) cmd: Command,
+    pub(crate) data: Vec<u8>,
+    pub(crate) sqhd: u16,
+}
+
+/// Data SGL Length Invalid.
+const SGL_LENGTH_INVALID: u16 = status(0, 0x0F);
+
+struct Done {
+    status: u16,
+    dw0: u32,
+    dw1: u32,
+    data: Vec<u8>,
+}
+
+impl Done {
+    fn ok() -> Done {
+        Done { status: 0, dw0: 0, dw1: 0, data: Vec::new() }
+    }
+
+    fn status(status: u16) -> Done {
+        Done { status, ..Done::ok() }
+    }
+}
+
+fn failed(e: CommandError) -> Done {
+    Done::status(e.status.to_nvme_field())
+}
+
+/// Runs one I/O command and sends its completion.
+pub(crate) fn run(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Sink, job: Job) {
+    let started = Instant::now();
+    let cmd = &job.cmd;
+    let done = execute(shared, target, ctrl, cmd, job.data);
+    shared.metrics.record(cmd.opcode(), cmd.nsid(), done.status, started.elapsed());
+    let _ = sink.complete(cmd.cid(), job.sqhd, done.status, done.dw0, done.dw1, &done.data);
+}
+
+fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, data: Vec<u8>) -> Done {
+    let nsid = cmd.nsid();
+    let slba = u64::from(cmd.cdw(10)) | (u64::from(cmd.cdw(11)) << 32);
+    let nlb = u64::from(cmd.cdw(12) & 0xFFFF) + 1;
+    let lba = || target.namespace(nsid).map(|ns| u64::from(ns.lba_size()));
+    match cmd.opcode() {
+        opcode::READ => {
+            let Some(lba) = lba() else { return Done::status(status(0, 0x0B)) };
+            let bytes = (nlb * lba) as usize;
+            if bytes > shared.cfg.max_transfer() {
+                return Done::status(INVALID_FIELD);
+            }
+            if (cmd.sgl().1 as usize) < bytes {
+                return Done::status(SGL_LENGTH_INVALID);
+            }
+            let mut buf = vec![0u8; bytes];
+            ctrl.read_cmds.fetch_add(1, Ordering::Relaxed);
+            match target.read(nsid, slba, &mut buf) {
+                Ok(()) => Done { data: buf, ..Done::ok() },
+                Err(e) => failed(e),
+            }
+        }
+        opcode::WRITE => {
+            let Some(lba) = lba() else { return Done::status(status(0, 0x0B)) };
+            if data.len() as u64 != nlb * lba {
+                return Done::status(SGL_LENGTH_INVALID);
+            }
+            ctrl.write_cmds.fetch_add(1, Ordering::Relaxed);
+            target.write(nsid, slba, &data).map_or_else(failed, |_| Done::ok())
+        }
+        opcode::FLUSH if nsid == 0xFFFF_FFFF => {
+            let all = target.host_namespaces().into_iter().try_for_each(|n| target.flush(n));
+            all.map_or_else(failed, |_| Done::ok())
+        }
+        opcode::FLUSH => target.flush(nsid).map_or_else(failed, |_| Done::ok()),
+        opcode::WRITE_ZEROES => target.write_zeroes(nsid, slba, nlb).map_or_else(failed, |_| Done::ok()),
+        opcode::DSM => {
+            let ranges = (cmd.cdw(10) & 0xFF) as usize + 1;
+            if data.len() < ranges * 16 {
+                return Done::status(SGL_LENGTH_INVALID);
+            }
+            if cmd.cdw(11) & 0x4 == 0 {
+                return Done::ok(); // only attributes, no deallocation: nothing to do
+            }
+            for r in data.chunks_exact(16).take(ranges) {
+                let nlb = u64::from(u32::from_le_bytes(r[4..8].try_into().expect("4 bytes")));
+                let slba = u64::from_le_bytes(r[8..16].try_into().expect("8 bytes"));
+                if nlb > 0 {
+                    if let Err(e) = target.write_zeroes(nsid, slba, nlb) {
+                        return failed(e);
+                    }
+                }
+            }
+            Done::ok()
+        }
+        opcode::EXEC => exec(target, nsid, &data),
+        _ => Done::status(INVALID_OPCODE),
+    }
+}
+
+/// EXEC over the fabric: the descriptor arrived as the command's data; the result goes to
+/// the descriptor's result object and its length to dword 0 (dword 1: media bytes read, in
+/// KiB, saturating).
+fn exec(target: &Target, nsid: u32, descriptor: &[u8]) -> Done {
+    if descriptor.len() >= 32 && descriptor[22] & FLAG_RESULT_OBJECT == 0 {
+        return Done::status(INVALID_FIELD);
+    }
+    match target.exec(nsid, descriptor) {
+        Ok(out) => Done { dw0: out.result.len() as u32, dw1: u32::try_from(out.media_read_bytes >> 10).unwrap_or(u32::MAX), ..Done::ok() },
+        Err(e) => failed(e),
+    }
+}

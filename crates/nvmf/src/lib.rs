@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The insitu NVMe/TCP target: serves insitu [`Target`]s to hosts over the NVMe over
+//! Fabrics TCP transport, so a stock Linux host can `nvme connect -t tcp`, mount the
+//! namespace, and send EXEC through the passthrough ioctl.
+//!
+//! A [`TargetConfig`] names the listen address and the subsystems; [`Server::bind`] opens
+//! their namespaces and the socket; [`Server::run`] serves until the process ends and
+//! [`Server::spawn`] serves on a background thread. Each connection is one queue with its
+//! own thread; I/O queues run commands on a few worker threads so a queue can have many
+//! commands in flight. A discovery subsystem (`nqn.2014-08.org.nvmexpress.discovery`) lists
+//! the NVM subsystems each host may connect to.
+//!
+//! The vendor commands are specified in `docs/nvme-vendor-commands.md`.
+#![deny(missing_docs)]
+
+mod config;
+mod connection;
+mod controller;
+mod identify;
+mod io;
+mod metrics;
+
+pub use config::{NamespaceSpec, SubsystemConfig, TargetConfig, DISCOVERY_NQN};
+pub use insitu_target::{Target, Visibility};
+pub use metrics::Metrics;
+
+use controller::{Kind, Subsystem};
+use insitu_target::NamespaceConfig;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// State shared by every connection of a server.
+pub(crate) struct Shared {
+    pub(crate) cfg: TargetConfig,
+    pub(crate) subsystems: Vec<Arc<Subsystem>>,
+    pub(crate) metrics: Arc<Metrics>,
+    stopping: AtomicBool,
+    connections: Mutex<Vec<TcpStream>>,
+}
+
+impl Shared {
+    pub(crate) fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        self.subsystems.iter().find(|s| s.nqn == nqn).cloned()
+    }
+
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+}
+
+/// A bound, not yet serving, NVMe/TCP target.
+pub struct Server {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// Opens every namespace and binds the listen address (port 0 picks a free port).
+    pub fn bind(mut cfg: TargetConfig) -> std::io::Result<Server> {
+        let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
+        if cfg.subsystems.is_empty() {
+            return Err(invalid("no subsystem configured: give at least one --nqn with a --namespace".into()));
+        }
+        let mut subsystems = Vec::new();
+        for s in &cfg.subsystems {
+            if s.nqn == DISCOVERY_NQN || !s.nqn.starts_with("nqn.") || s.nqn.len() > 223 {
+                return Err(invalid(format!("{:?} is not a usable subsystem NQN (expected nqn.YYYY-MM.reverse.domain:name, at most 223 bytes)", s.nqn)));
+            }
+            if subsystems.iter().any(|x: &Arc<Subsystem>| x.nqn == s.nqn) {
+                return Err(invalid(format!("subsystem {} is configured twice", s.nqn)));
+            }
+            let mut target = Target::new();
+            for ns in &s.namespaces {
+                let nc = NamespaceConfig { lba_size: ns.lba_size, visibility: ns.visibility, ..NamespaceConfig::default() };
+                target.add_namespace(&ns.path, nc).map_err(|e| invalid(format!("namespace {}: {e}", ns.path.display())))?;
+            }
+            subsystems.push(Arc::new(Subsystem::new(&s.nqn, Kind::Nvm(Arc::new(target)), s.allow_hosts.clone())));
+        }
+        subsystems.push(Arc::new(Subsystem::new(DISCOVERY_NQN, Kind::Discovery, Vec::new())));
+        let listener = TcpListener::bind(cfg.listen)?;
+        cfg.listen = listener.local_addr()?;
+        let shared = Arc::new(Shared { cfg, subsystems, metrics: Arc::new(Metrics::default()), stopping: AtomicBool::new(false), connections: Mutex::new(Vec::new()) });
+        Ok(Server { listener, shared })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.cfg.listen
+    }
+
+    /// The server's metrics.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.shared.metrics.clone()
+    }
+
+    /// Serves connections until [`ServerHandle::shutdown`] (or forever).
+    pub fn run(self) -> std::io::Result<()> {
+        for stream in self.listener.incoming() {
+            if self.shared.stopping() {
+                break;
+            }
+            let Ok(stream) = stream else { continue };
+            if let Ok(c) = stream.try_clone() {
+                let mut conns = self.shared.connections.lock().unwrap_or_else(|e| e.into_inner());
+                conns.retain(|s| s.peer_addr().is_ok());
+                conns.push(c);
+            }
+            let shared = self.shared.clone();
+            std::thread::spawn(move || connection::serve(shared, stream));
+        }
+        Ok(())
+    }
+
+    /// Serves on a background thread.
+    pub fn spawn(self) -> ServerHandle {
+        let shared = self.shared.clone();
+        let addr = self.local_addr();
+        let thread = std::thread::spawn(move || {
+            let _ = self.run();
+        });
+        ServerHandle { shared, addr, thread: Some(thread) }
+    }
+}
+
+/// A server running on a background thread.
+pub struct ServerHandle {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ServerHandle {
+    /// The address served.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The server's metrics.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.shared.metrics.clone()
+    }
+
+    /// Drops every connection, as if the network failed (for reconnect tests).
+    pub fn drop_connections(&self) {
+        for c in self.shared.connections.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Stops accepting, closes every connection and waits for the accept loop to end.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.shared.stopping.store(true, Ordering::Relaxed);
+        self.drop_connections();
+        let _ = TcpStream::connect(self.addr); // wakes the accept loop
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.stop();
+        }
+    }
+}

@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Counters the target exports in the Prometheus text format: commands, errors and latency
+//! per namespace and command, and bytes on the wire.
+
+use insitu_fabric::opcode;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Latency histogram bucket bounds, seconds.
+const BUCKETS: [f64; 10] = [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
+
+#[derive(Default, Clone)]
+struct Series {
+    commands: u64,
+    errors: u64,
+    seconds: f64,
+    buckets: [u64; BUCKETS.len()],
+}
+
+/// Target-wide metrics.
+#[derive(Default)]
+pub struct Metrics {
+    wire_in: AtomicU64,
+    wire_out: AtomicU64,
+    protocol_errors: AtomicU64,
+    series: Mutex<BTreeMap<(u32, &'static str), Series>>,
+}
+
+fn command_name(op: u8) -> &'static str {
+    match op {
+        opcode::READ => "read",
+        opcode::WRITE => "write",
+        opcode::FLUSH => "flush",
+        opcode::WRITE_ZEROES => "write_zeroes",
+        opcode::DSM => "dataset_management",
+        opcode::EXEC => "exec",
+        _ => "other",
+    }
+}
+
+impl Metrics {
+    pub(crate) fn add_wire_in(&self, n: u64) {
+        self.wire_in.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_wire_out(&self, n: u64) {
+        self.wire_out.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_protocol_error(&self) {
+        self.protocol_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Bytes received and sent on all connections.
+    pub fn wire_bytes(&self) -> (u64, u64) {
+        (self.wire_in.load(Ordering::Relaxed), self.wire_out.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn record(&self, op: u8, nsid: u32, status: u16, took: Duration) {
+        let mut m = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let s = m.entry((nsid, command_name(op))).or_default();
+        s.commands += 1;
+        s.errors += u64::from(status != 0);
+        let secs = took.as_secs_f64();
+        s.seconds += secs;
+        for (i, b) in BUCKETS.iter().enumerate() {
+            if secs <= *b {
+                s.buckets[i] += 1;
+            }
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let (rx, tx) = self.wire_bytes();
+        let _ = writeln!(out, "# HELP insitu_wire_bytes_total Bytes on the NVMe/TCP wire, PDU headers and digests included.");
+        let _ = writeln!(out, "# TYPE insitu_wire_bytes_total counter");
+        let _ = writeln!(out, "insitu_wire_bytes_total{{direction=\"to_target\"}} {rx}");
+        let _ = writeln!(out, "insitu_wire_bytes_total{{direction=\"to_host\"}} {tx}");
+        let _ = writeln!(out, "# TYPE insitu_protocol_errors_total counter");
+        let _ = writeln!(out, "insitu_protocol_errors_total {}", self.protocol_errors.load(Ordering::Relaxed));
+        let m = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = writeln!(out, "# TYPE insitu_commands_total counter");
+        for ((ns, cmd), s) in m.iter() {
+            let _ = writeln!(out, "insitu_commands_total{{nsid=\"{ns}\",command=\"{cmd}\"}} {}", s.commands);
+        }
+        let _ = writeln!(out, "# TYPE insitu_command_errors_total counter");
+        for ((ns, cmd), s) in m.iter() {
+            let _ = writeln!(out, "insitu_command_errors_total{{nsid=\"{ns}\",command=\"{cmd}\"}} {}", s.errors);
+        }
+        let _ = writeln!(out, "# TYPE insitu_command_seconds histogram");
+        for ((ns, cmd), s) in m.iter() {
+            for (i, b) in BUCKETS.iter().enumerate() {
+                let _ = writeln!(out, "insitu_command_seconds_bucket{{nsid=\"{ns}\",command=\"{cmd}\",le=\"{b}\"}} {}", s.buckets[i]);
+            }
+            let _ = writeln!(out, "insitu_command_seconds_bucket{{nsid=\"{ns}\",command=\"{cmd}\",le=\"+Inf\"}} {}", s.commands);
+            let _ = writeln!(out, "insitu_command_seconds_sum{{nsid=\"{ns}\",command=\"{cmd}\"}} {}", s.seconds);
+            let _ = writeln!(out, "insitu_command_seconds_count{{nsid=\"{ns}\",command=\"{cmd}\"}} {}", s.commands);
+        }
+        out
+    }
+}
