@@ -113,6 +113,62 @@ fn decode_descriptor(bytes: &[u8]) -> PyResult<String> {
     json(&doc)
 }
 
+/// Encodes a descriptor given as JSON text in the shape of `docs/vectors/vectors.json`
+/// (the inverse of `decode_descriptor`); returns the bytes.
+#[pyfunction]
+fn encode_descriptor(py: Python<'_>, text: &str) -> PyResult<PyObject> {
+    use insitu_wire::{Extent, Value as V, VirtualObject};
+    let bad = |m: String| RequestError::new_err(format!("descriptor JSON: {m}"));
+    let j: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+    let object = |o: &serde_json::Value| -> PyResult<VirtualObject> {
+        let extents = o["extents"].as_array().ok_or_else(|| bad("object without extents".into()))?;
+        let mut out = Vec::new();
+        for e in extents {
+            let sectors = e["sectors"].as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| bad("extent sectors".into()))?;
+            out.push(match e["kind"].as_str() {
+                Some("zero") => Extent::zero(sectors),
+                _ => Extent::data(e["start_sector"].as_u64().ok_or_else(|| bad("extent start_sector".into()))?, sectors),
+            });
+        }
+        Ok(VirtualObject { length: o["length"].as_u64().ok_or_else(|| bad("object length".into()))?, extents: out })
+    };
+    let objects = |key: &str| -> PyResult<Vec<VirtualObject>> { j[key].as_array().map(|a| a.iter().map(object).collect()).unwrap_or(Ok(Vec::new())) };
+    let mut args = Vec::new();
+    for a in j["args"].as_array().cloned().unwrap_or_default() {
+        let key = a[0].as_str().ok_or_else(|| bad("argument key".into()))?.to_owned();
+        let v = &a[1]["value"];
+        let value = match a[1]["type"].as_str() {
+            Some("u64") => V::U64(v.as_u64().ok_or_else(|| bad(format!("{key}: not a u64")))?),
+            Some("i64") => V::I64(v.as_i64().ok_or_else(|| bad(format!("{key}: not an i64")))?),
+            Some("str") => V::Str(v.as_str().ok_or_else(|| bad(format!("{key}: not a string")))?.to_owned()),
+            Some("bool") => V::Bool(v.as_bool().ok_or_else(|| bad(format!("{key}: not a bool")))?),
+            Some("u64-list") => V::U64List(v.as_array().map(|l| l.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default()),
+            Some("bytes") => {
+                let h = v.as_str().unwrap_or_default();
+                let bytes: Option<Vec<u8>> = (0..h.len()).step_by(2).map(|i| h.get(i..i + 2).and_then(|x| u8::from_str_radix(x, 16).ok())).collect();
+                V::Bytes(bytes.ok_or_else(|| bad(format!("{key}: not hex")))?)
+            }
+            other => return Err(bad(format!("{key}: unknown type {other:?}"))),
+        };
+        args.push((key, value));
+    }
+    let d = insitu_wire::Descriptor {
+        function: j["function"].as_str().ok_or_else(|| bad("function".into()))?.to_owned(),
+        args,
+        inputs: objects("inputs")?,
+        outputs: objects("outputs")?,
+        result: if j["result"].is_null() { None } else { Some(object(&j["result"])?) },
+    };
+    // The encoder panics on lengths the format cannot hold; refuse them first.
+    if d.function.len() > 32 || d.args.len() > 32 || d.args.iter().any(|(k, _)| k.len() > 32) || d.inputs.len() + d.outputs.len() > 1024 {
+        return Err(bad("a name, argument list or object list is longer than the format allows".into()));
+    }
+    // Encode what decodes: refuse what the target would refuse as malformed.
+    let bytes = d.encode();
+    insitu_wire::Descriptor::decode(&bytes, &insitu_wire::Limits::default()).map_err(|e| bad(e.to_string()))?;
+    Ok(pyo3::types::PyBytes::new(py, &bytes).into())
+}
+
 /// The functions of the standard registry, as JSON (`insitu functions --json`).
 #[pyfunction]
 fn functions_json() -> PyResult<String> {
@@ -134,6 +190,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(exec_json, m)?)?;
     m.add_function(wrap_pyfunction!(scrub_json, m)?)?;
     m.add_function(wrap_pyfunction!(decode_descriptor, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_descriptor, m)?)?;
     m.add_function(wrap_pyfunction!(functions_json, m)?)?;
     let py = m.py();
     m.add("InsituError", py.get_type::<InsituError>())?;
