@@ -325,9 +325,9 @@ impl Conn {
         let qid = u16::from_le_bytes([b[42], b[43]]);
         let sqsize = u16::from_le_bytes([b[44], b[45]]);
         let kato = u32::from_le_bytes([b[48], b[49], b[50], b[51]]);
-        // dword 0 of a Connect error names the bad parameter: IATTR (0 command, 1 data) in
-        // byte 0 bit 0, and its byte offset (IPO) in bytes 2-3.
-        let invalid = |in_data: bool, offset: u16| Reply { status: CONNECT_INVALID_PARAMETERS, ..Reply::ok(u32::from(in_data) | (u32::from(offset) << 16)) };
+        // dword 0 of a Connect error names the bad parameter: its byte offset (IPO) in bits
+        // 15:0, and in bit 16 (IATTR) whether that offset is in the data (1) or command (0).
+        let invalid = |in_data: bool, offset: u16| Reply { status: CONNECT_INVALID_PARAMETERS, ..Reply::ok(u32::from(offset) | (u32::from(in_data) << 16)) };
         if recfmt != 0 {
             return Reply::err(controller::status(1, 0x80));
         }

@@ -152,8 +152,8 @@ pub(crate) fn discovery_log(generation: u64, entries: &[DiscoveryEntry<'_>]) -> 
         put16(&mut b, at + 6, 0xFFFF); // CNTLID: dynamic
         put16(&mut b, at + 8, 32); // ASQSZ
         nul_padded(&mut b, at + 32, 32, e.trsvcid);
-        nul_padded(&mut b, at + 256, 256, e.traddr);
-        nul_padded(&mut b, at + 512, 256, e.subnqn);
+        nul_padded(&mut b, at + 256, 256, e.subnqn);
+        nul_padded(&mut b, at + 512, 256, e.traddr);
         b[at + 768] = 0; // TSAS.SECTYPE: none
     }
     b

@@ -1,0 +1,167 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The I/O-queue commands of a [`Session`]: block reads and writes split at MDTS, Flush,
+//! Write Zeroes, Dataset Management, EXEC and passthrough.
+
+use crate::assoc::{pipeline, run_one, Piece};
+use crate::cmd::{self, MAX_DSM_RANGES, MAX_NLB};
+use crate::session::check;
+use crate::{InitiatorError, Session};
+use insitu_fabric::{opcode, Command, Completion};
+
+impl Session {
+    /// Reads `nlb` logical blocks from `slba`.
+    pub fn read(&self, nsid: u32, slba: u64, nlb: u32) -> Result<Vec<u8>, InitiatorError> {
+        self.require_io("Read")?;
+        let lba = self.lba_size(nsid)?;
+        let mut buf = vec![0u8; nlb as usize * lba as usize];
+        self.read_into(nsid, slba, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Reads `buf.len()` bytes (a multiple of the block size) from `slba` into `buf`.
+    pub fn read_into(&self, nsid: u32, slba: u64, buf: &mut [u8]) -> Result<(), InitiatorError> {
+        const C: &str = "Read";
+        self.require_io(C)?;
+        let lba = self.lba_size(nsid)?;
+        let nlb = blocks(C, buf.len(), lba)?;
+        let mut split = Vec::new();
+        let results = self.run(C, true, |a| {
+            split = cmd::split_blocks(slba, nlb, lba, a.max_transfer);
+            let pieces = split.iter().map(|&(s, n, off)| Piece { cmd: cmd::rw(opcode::READ, nsid, s, n), out: &[], in_at: off, in_len: n as usize * lba as usize }).collect();
+            pipeline(self.pick(a), pieces, &mut *buf)
+        })?;
+        for ((cqe, got), (s, n, _)) in results.iter().zip(&split) {
+            check(C, cqe)?;
+            let want = *n as usize * lba as usize;
+            if *got != want {
+                return Err(InitiatorError::Protocol { command: C, detail: format!("the controller returned {got} of {want} bytes for LBA {s}") });
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `data` (a multiple of the block size) at `slba`.
+    pub fn write(&self, nsid: u32, slba: u64, data: &[u8]) -> Result<(), InitiatorError> {
+        const C: &str = "Write";
+        self.require_io(C)?;
+        let lba = self.lba_size(nsid)?;
+        let nlb = blocks(C, data.len(), lba)?;
+        let results = self.run(C, false, |a| {
+            let pieces = cmd::split_blocks(slba, nlb, lba, a.max_transfer)
+                .into_iter()
+                .map(|(s, n, off)| Piece { cmd: cmd::rw(opcode::WRITE, nsid, s, n), out: &data[off..off + n as usize * lba as usize], in_at: 0, in_len: 0 })
+                .collect();
+            pipeline(self.pick(a), pieces, &mut [])
+        })?;
+        results.iter().try_for_each(|(cqe, _)| check(C, cqe))
+    }
+
+    /// Flush: commits the namespace's volatile write cache.
+    pub fn flush(&self, nsid: u32) -> Result<(), InitiatorError> {
+        self.io_simple("Flush", true, vec![cmd::flush(nsid)])
+    }
+
+    /// Write Zeroes over `nlb` blocks from `slba` (several commands beyond 65536 blocks).
+    pub fn write_zeroes(&self, nsid: u32, slba: u64, nlb: u64) -> Result<(), InitiatorError> {
+        let cmds = cmd::split_blocks(slba, nlb, 1, MAX_NLB as usize).into_iter().map(|(s, n, _)| cmd::rw(opcode::WRITE_ZEROES, nsid, s, n)).collect();
+        self.io_simple("Write Zeroes", false, cmds)
+    }
+
+    fn io_simple(&self, command: &'static str, retryable: bool, cmds: Vec<Command>) -> Result<(), InitiatorError> {
+        self.require_io(command)?;
+        let results = self.run(command, retryable, |a| {
+            let pieces = cmds.iter().map(|&c| Piece { cmd: c, out: &[], in_at: 0, in_len: 0 }).collect();
+            pipeline(self.pick(a), pieces, &mut [])
+        })?;
+        results.iter().try_for_each(|(cqe, _)| check(command, cqe))
+    }
+
+    /// Dataset Management with Deallocate (trim) over `(slba, nlb)` ranges, 256 per command.
+    pub fn deallocate(&self, nsid: u32, ranges: &[(u64, u32)]) -> Result<(), InitiatorError> {
+        const C: &str = "Dataset Management";
+        self.require_io(C)?;
+        let chunks: Vec<Vec<u8>> = ranges.chunks(MAX_DSM_RANGES).map(cmd::dsm_ranges).collect();
+        let results = self.run(C, false, |a| {
+            let pieces = chunks.iter().map(|d| Piece { cmd: cmd::deallocate(nsid, d.len() / 16), out: d, in_at: 0, in_len: 0 }).collect();
+            pipeline(self.pick(a), pieces, &mut [])
+        })?;
+        results.iter().try_for_each(|(cqe, _)| check(C, cqe))
+    }
+
+    /// EXEC (vendor opcode 99h) with `descriptor` as its data, host to controller. Returns
+    /// the completion (DW0 carries the result length); an error status is an
+    /// [`InitiatorError::Status`]. Not retried if the connection fails in flight (use
+    /// [`Session::exec_idempotent`] for descriptors that only read).
+    pub fn exec(&self, nsid: u32, descriptor: &[u8]) -> Result<Completion, InitiatorError> {
+        self.exec_with(nsid, descriptor, false)
+    }
+
+    /// [`Session::exec`] for a descriptor without side effects: retried on a new
+    /// connection if the connection fails while it is in flight.
+    pub fn exec_idempotent(&self, nsid: u32, descriptor: &[u8]) -> Result<Completion, InitiatorError> {
+        self.exec_with(nsid, descriptor, true)
+    }
+
+    fn exec_with(&self, nsid: u32, descriptor: &[u8], retryable: bool) -> Result<Completion, InitiatorError> {
+        const C: &str = "Exec";
+        self.check_transfer(C, descriptor.len())?;
+        self.require_io(C)?;
+        let mut c = Command::zeroed();
+        c.set_opcode(opcode::EXEC).set_nsid(nsid);
+        let (cqe, _, _) = self.run(C, retryable, |a| run_one(self.pick(a), c, descriptor, 0, false))?;
+        check(C, &cqe)?;
+        Ok(cqe)
+    }
+
+    fn check_transfer(&self, command: &'static str, len: usize) -> Result<(), InitiatorError> {
+        let max = self.max_transfer();
+        if len > max {
+            return Err(InitiatorError::InvalidArgument { command, detail: format!("{len} bytes of data exceed the controller's maximum transfer of {max} bytes per command") });
+        }
+        Ok(())
+    }
+
+    /// Passthrough: sends `cmd` (its CID and data pointer are set by the transport) on an
+    /// I/O queue with `data_out` or expecting `data_in_len` bytes. Returns the completion,
+    /// whatever its status, and the data received. Not retried after a connection failure.
+    pub fn submit(&self, cmd: Command, data_out: Option<&[u8]>, data_in_len: usize) -> Result<(Completion, Vec<u8>), InitiatorError> {
+        self.require_io("Passthrough")?;
+        self.submit_on(false, cmd, data_out, data_in_len)
+    }
+
+    /// [`Session::submit`] on the admin queue.
+    pub fn submit_admin(&self, cmd: Command, data_out: Option<&[u8]>, data_in_len: usize) -> Result<(Completion, Vec<u8>), InitiatorError> {
+        self.submit_on(true, cmd, data_out, data_in_len)
+    }
+
+    fn submit_on(&self, admin: bool, c: Command, data_out: Option<&[u8]>, data_in_len: usize) -> Result<(Completion, Vec<u8>), InitiatorError> {
+        const C: &str = "Passthrough";
+        let out = data_out.unwrap_or(&[]);
+        if !out.is_empty() && data_in_len > 0 {
+            return Err(InitiatorError::InvalidArgument { command: C, detail: "a command moves data in one direction only; give data_out or data_in_len".into() });
+        }
+        self.check_transfer(C, out.len().max(data_in_len))?;
+        let (cqe, data, _) = self.run(C, false, |a| run_one(if admin { &a.admin } else { self.pick(a) }, c, out, data_in_len, false))?;
+        Ok((cqe, data))
+    }
+}
+
+/// Blocks in `len` bytes, which must be a positive multiple of `lba`.
+fn blocks(command: &'static str, len: usize, lba: u32) -> Result<u64, InitiatorError> {
+    if len == 0 || !len.is_multiple_of(lba as usize) {
+        return Err(InitiatorError::InvalidArgument { command, detail: format!("{len} bytes is not a positive multiple of the namespace's {lba}-byte block size") });
+    }
+    Ok((len / lba as usize) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_counts() {
+        assert_eq!(blocks("Read", 4096, 512).unwrap(), 8);
+        assert!(matches!(blocks("Read", 100, 512), Err(InitiatorError::InvalidArgument { .. })));
+        assert!(blocks("Write", 0, 512).is_err());
+    }
+}

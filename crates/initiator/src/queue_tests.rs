@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Transport tests of [`Queue`] against a scripted fake controller.
+
+use crate::queue::{Counters, QError, Queue};
+use insitu_fabric::{opcode, Command, CommonHeader, Completion, Digests, Pdu, SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn read_pdu(s: &mut TcpStream) -> Pdu {
+    let mut h = [0u8; 8];
+    s.read_exact(&mut h).unwrap();
+    let ch = CommonHeader::parse(&h, 1 << 24).unwrap();
+    let mut rest = vec![0u8; ch.plen as usize - 8];
+    s.read_exact(&mut rest).unwrap();
+    Pdu::decode(&ch, &rest, Digests::default()).unwrap()
+}
+
+fn send(s: &mut TcpStream, pdu: Pdu) {
+    let mut b = Vec::new();
+    pdu.encode(Digests::default(), 0, &mut b);
+    s.write_all(&b).unwrap();
+}
+
+fn capsule(s: &mut TcpStream) -> (Command, Vec<u8>) {
+    match read_pdu(s) {
+        Pdu::CapsuleCmd { sqe, data } => (sqe, data),
+        other => panic!("expected a command capsule, got {other:?}"),
+    }
+}
+
+/// A controller that answers ICReq with `maxh2cdata`, then runs `script`; returns a queue
+/// connected to it.
+fn fake(maxh2cdata: u32, script: impl FnOnce(&mut TcpStream) + Send + 'static) -> (Queue, std::thread::JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        assert!(matches!(read_pdu(&mut s), Pdu::IcReq { pfv: 0, hpda: 0, maxr2t: 0, .. }));
+        send(&mut s, Pdu::IcResp { pfv: 0, cpda: 0, digests: Digests::default(), maxh2cdata });
+        script(&mut s);
+    });
+    let q = Queue::open(&addr, 1, Digests::default(), 4, Duration::from_secs(10), Arc::new(Counters::default())).unwrap();
+    (q, t)
+}
+
+fn ok(cid: u16) -> Pdu {
+    Pdu::CapsuleResp { cqe: Completion { cid, sqid: 1, ..Completion::default() } }
+}
+
+fn read_cmd() -> Command {
+    let mut c = Command::zeroed();
+    c.set_opcode(opcode::READ).set_nsid(1);
+    c
+}
+
+#[test]
+fn c2h_data_lands_by_offset() {
+    let (q, t) = fake(4096, |s| {
+        let (sqe, _) = capsule(s);
+        assert_eq!(sqe.sgl(), (0, 8192, SGL_TRANSPORT_DATA_BLOCK));
+        send(s, Pdu::C2HData { cccid: sqe.cid(), datao: 4096, last: false, success: false, data: vec![2; 4096] });
+        send(s, Pdu::C2HData { cccid: sqe.cid(), datao: 0, last: true, success: false, data: vec![1; 4096] });
+        send(s, ok(sqe.cid()));
+        // A second read completed by SUCCESS on the last data PDU, without a response.
+        let (sqe, _) = capsule(s);
+        send(s, Pdu::C2HData { cccid: sqe.cid(), datao: 0, last: true, success: true, data: vec![3; 512] });
+    });
+    let mut buf = vec![0u8; 8192];
+    let (cqe, n) = q.start(read_cmd(), &[], 8192, false, true).unwrap().unwrap().wait(&mut buf).unwrap();
+    assert_eq!((cqe.status, n), (0, 8192));
+    assert!(buf[..4096].iter().all(|&b| b == 1) && buf[4096..].iter().all(|&b| b == 2));
+    let mut buf = vec![0u8; 512];
+    let (cqe, n) = q.start(read_cmd(), &[], 512, false, true).unwrap().unwrap().wait(&mut buf).unwrap();
+    assert_eq!((cqe.status, n), (0, 512));
+    assert_eq!(buf, vec![3; 512]);
+    t.join().unwrap();
+}
+
+#[test]
+fn r2t_is_answered_in_maxh2cdata_pieces() {
+    let data: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+    let expect = data.clone();
+    let (q, t) = fake(4096, move |s| {
+        let (sqe, inline) = capsule(s);
+        assert_eq!(sqe.sgl(), (0, 10_000, SGL_TRANSPORT_DATA_BLOCK));
+        assert!(inline.is_empty());
+        send(s, Pdu::R2T { cccid: sqe.cid(), ttag: 7, r2to: 0, r2tl: 10_000 });
+        let mut got = Vec::new();
+        for (i, size) in [4096usize, 4096, 1808].into_iter().enumerate() {
+            match read_pdu(s) {
+                Pdu::H2CData { cccid, ttag: 7, datao, last, data } => {
+                    assert_eq!((cccid, datao as usize, data.len(), last), (sqe.cid(), got.len(), size, i == 2));
+                    got.extend(data);
+                }
+                other => panic!("expected H2CData, got {other:?}"),
+            }
+        }
+        assert_eq!(got, expect);
+        send(s, ok(sqe.cid()));
+    });
+    let mut c = Command::zeroed();
+    c.set_opcode(opcode::WRITE);
+    let (cqe, _) = q.start(c, &data, 0, false, true).unwrap().unwrap().wait(&mut []).unwrap();
+    assert_eq!(cqe.status, 0);
+    t.join().unwrap();
+}
+
+#[test]
+fn small_writes_travel_in_capsule() {
+    let (q, t) = fake(4096, |s| {
+        let (sqe, data) = capsule(s);
+        assert_eq!(sqe.sgl(), (0, 100, SGL_DATA_BLOCK_OFFSET));
+        assert_eq!(data, vec![9; 100]);
+        send(s, ok(sqe.cid()));
+    });
+    q.set_in_capsule(8192);
+    let mut c = Command::zeroed();
+    c.set_opcode(opcode::WRITE);
+    q.start(c, &[9; 100], 0, false, true).unwrap().unwrap().wait(&mut []).unwrap();
+    t.join().unwrap();
+}
+
+fn fails_with(script: impl FnOnce(&mut TcpStream, u16) + Send + 'static, want: &str) {
+    let (q, t) = fake(4096, move |s| {
+        let (sqe, _) = capsule(s);
+        script(s, sqe.cid());
+        let _ = s.read(&mut [0u8; 1]); // until the host closes
+    });
+    let mut buf = vec![0u8; 4096];
+    let e = q.start(read_cmd(), &[], 4096, false, true).unwrap().unwrap().wait(&mut buf).unwrap_err();
+    let QError::Lost(reason) = e else { panic!("{e:?}") };
+    assert!(reason.contains(want), "{reason:?} should mention {want:?}");
+    assert!(q.is_closed());
+    assert!(matches!(q.start(read_cmd(), &[], 4096, false, true), Err(QError::NotSent(_))));
+    drop(q);
+    t.join().unwrap();
+}
+
+#[test]
+fn c2h_term_req_fails_outstanding_commands() {
+    fails_with(|s, _| send(s, Pdu::TermReq { from_host: false, fes: 1, fei: 0, data: Vec::new() }), "invalid PDU header field");
+}
+
+#[test]
+fn data_beyond_the_buffer_closes_the_queue() {
+    fails_with(|s, cid| send(s, Pdu::C2HData { cccid: cid, datao: 4000, last: true, success: false, data: vec![0; 200] }), "overruns");
+}
+
+#[test]
+fn response_for_an_unknown_cid_closes_the_queue() {
+    fails_with(|s, cid| send(s, ok(cid + 1)), "no command outstanding");
+}
+
+#[test]
+fn garbage_closes_the_queue() {
+    fails_with(|s, _| s.write_all(&[0x42; 64]).unwrap(), "invalid PDU header");
+}
+
+#[test]
+fn host_pdus_from_the_controller_close_the_queue() {
+    fails_with(|s, cid| send(s, Pdu::H2CData { cccid: cid, ttag: 0, datao: 0, last: true, data: vec![1] }), "unexpected PDU");
+}
+
+#[test]
+fn a_closed_connection_fails_the_command() {
+    fails_with(|s, _| s.shutdown(std::net::Shutdown::Both).unwrap(), "closed the connection");
+}

@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Shared fixtures: an insitu NVMe/TCP target over a temporary file on 127.0.0.1, and a
+//! TCP proxy that can cut connections.
+#![allow(dead_code)]
+
+use insitu_initiator::{ConnectOptions, Session};
+use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The subsystem every fixture serves.
+pub const NQN: &str = "nqn.2024-01.io.insitu:test";
+/// Namespace size.
+pub const NS_BYTES: u64 = 64 << 20;
+
+/// A running target and what it serves.
+pub struct Fixture {
+    pub handle: ServerHandle,
+    pub addr: String,
+    _dir: tempfile::TempDir,
+}
+
+/// A target with one 64 MiB namespace (512-byte blocks) admitting `allow_hosts` (empty:
+/// any host).
+pub fn target(allow_hosts: Vec<String>) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("ns.img");
+    std::fs::File::create(&img).unwrap().set_len(NS_BYTES).unwrap();
+    let cfg = TargetConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        subsystems: vec![SubsystemConfig { nqn: NQN.into(), namespaces: vec![NamespaceSpec::sharable(&img)], allow_hosts }],
+        ..TargetConfig::default()
+    };
+    let handle = Server::bind(cfg).unwrap().spawn();
+    let addr = handle.local_addr().to_string();
+    Fixture { handle, addr, _dir: dir }
+}
+
+/// Options for the test subsystem at `addr`, with a short timeout.
+pub fn opts(addr: &str) -> ConnectOptions {
+    ConnectOptions { timeout: Duration::from_secs(20), ..ConnectOptions::new(addr, NQN) }
+}
+
+/// Connects with default options.
+pub fn connect(addr: &str) -> Session {
+    Session::connect(opts(addr)).unwrap()
+}
+
+/// Recognizable bytes: position-dependent, seeded.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3] ^ seed).collect()
+}
+
+/// A TCP proxy in front of a target; `cut_next` makes the next host→target bytes vanish
+/// and that connection close, as if the network failed with a command in flight.
+pub struct Proxy {
+    pub addr: String,
+    cut: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    pub fn start(upstream: &str) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let cut = Arc::new(AtomicBool::new(false));
+        let (up, cut2) = (upstream.to_string(), cut.clone());
+        std::thread::spawn(move || {
+            for host in listener.incoming() {
+                let Ok(host) = host else { continue };
+                let Ok(target) = TcpStream::connect(&up) else { continue };
+                let clone = |s: &TcpStream| s.try_clone().unwrap();
+                let up_pair = (clone(&host), clone(&target), Some(cut2.clone()), (clone(&host), clone(&target)));
+                std::thread::spawn(move || pump(up_pair.0, up_pair.1, up_pair.2, up_pair.3));
+                let both = (clone(&host), clone(&target));
+                std::thread::spawn(move || pump(target, host, None, both));
+            }
+        });
+        Proxy { addr, cut }
+    }
+
+    /// The next bytes the host sends on any connection are dropped and that connection is
+    /// closed.
+    pub fn cut_next(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, cut: Option<Arc<AtomicBool>>, both: (TcpStream, TcpStream)) {
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if cut.as_ref().is_some_and(|c| c.swap(false, Ordering::SeqCst)) {
+            break;
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = both.0.shutdown(Shutdown::Both);
+    let _ = both.1.shutdown(Shutdown::Both);
+}

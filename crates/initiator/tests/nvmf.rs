@@ -1,0 +1,189 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The initiator against the insitu NVMe/TCP target over 127.0.0.1.
+
+mod common;
+
+use common::*;
+use insitu_initiator::{ConnectOptions, Digests, InitiatorError, Session, DISCOVERY_NQN};
+use std::sync::Arc;
+
+#[test]
+fn connect_and_identify() {
+    let f = target(Vec::new());
+    let s = connect(&f.addr);
+    let c = s.identify_controller().unwrap();
+    assert_eq!(c.subnqn, NQN);
+    assert_eq!(c.cntlid, s.cntlid());
+    assert_eq!(c.mdts_bytes, Some(1 << 20));
+    assert_eq!(c.in_capsule_bytes(), 8192);
+    assert_eq!(c.nn, 1);
+    assert_eq!(c.raw.len(), 4096);
+    assert_eq!(s.controller().cntlid, s.cntlid());
+    assert_eq!(s.io_queue_count(), 1);
+    assert_eq!(s.active_namespaces().unwrap(), vec![1]);
+    let ns = s.identify_namespace(1).unwrap();
+    assert_eq!((ns.nsid, ns.lba_size, ns.nsze), (1, 512, NS_BYTES / 512));
+    assert_eq!(ns.size_bytes(), NS_BYTES);
+    assert!(matches!(s.identify_namespace(2), Err(InitiatorError::Status { .. } | InitiatorError::NoNamespace { .. })));
+    assert_eq!(s.property_get(0x08, 4).unwrap(), u64::from(s.version()));
+    assert_eq!(s.property_get(0x1C, 4).unwrap() & 1, 1, "CSTS.RDY");
+    let cap = s.property_get(0x00, 8).unwrap();
+    assert!(cap & 0xFFFF >= 31, "CAP.MQES {cap:#x}");
+    let st = s.stats();
+    assert!(st.bytes_sent > 1024 && st.bytes_received > 3 * 4096, "{st:?}");
+    s.disconnect().unwrap();
+    assert!(matches!(s.read(1, 0, 1), Err(InitiatorError::Disconnected { .. })));
+}
+
+#[test]
+fn write_and_read_back_at_many_sizes() {
+    let f = target(Vec::new());
+    let s = connect(&f.addr);
+    let mut lba = 0u64;
+    // In-capsule, exactly the in-capsule limit, R2T, exactly MDTS, beyond MDTS (split).
+    for (i, len) in [512usize, 4096, 8192, 8704, 65536, 1 << 20, (3 << 20) + 512].into_iter().enumerate() {
+        let data = pattern(len, i as u8);
+        let before = s.stats();
+        s.write(1, lba, &data).unwrap();
+        let sent = s.stats().bytes_sent - before.bytes_sent;
+        assert!(sent >= len as u64, "{len}-byte write sent only {sent} bytes");
+        let back = s.read(1, lba, (len / 512) as u32).unwrap();
+        assert!(back == data, "{len} bytes at LBA {lba} read back differently");
+        let mut into = vec![0u8; len];
+        s.read_into(1, lba, &mut into).unwrap();
+        assert!(into == data);
+        lba += (len as u64).div_ceil(512) + 7;
+    }
+    // Writes and reads must be whole blocks.
+    assert!(matches!(s.write(1, 0, &[1, 2, 3]), Err(InitiatorError::InvalidArgument { .. })));
+    // Beyond the end of the namespace.
+    let e = s.read(1, NS_BYTES / 512 - 1, 2).unwrap_err();
+    assert!(matches!(e, InitiatorError::Status { command: "Read", sct: 0, sc: 0x80, .. }), "{e}");
+    assert_eq!(e.to_string(), "Read failed: LBA Out of Range (sct 0, sc 0x80)");
+}
+
+#[test]
+fn flush_write_zeroes_and_deallocate() {
+    let f = target(Vec::new());
+    let s = connect(&f.addr);
+    let data = pattern(64 << 10, 9);
+    s.write(1, 1000, &data).unwrap();
+    s.flush(1).unwrap();
+    // Zero blocks 1010..1020 and check the neighbours are untouched.
+    s.write_zeroes(1, 1010, 10).unwrap();
+    let back = s.read(1, 1000, 128).unwrap();
+    assert!(back[..10 * 512] == data[..10 * 512]);
+    assert!(back[10 * 512..20 * 512].iter().all(|&b| b == 0));
+    assert!(back[20 * 512..] == data[20 * 512..]);
+    // Deallocate two ranges; deallocated blocks read as zeroes on this target (DLFEAT).
+    s.deallocate(1, &[(1030, 4), (1100, 8)]).unwrap();
+    let back = s.read(1, 1000, 128).unwrap();
+    assert!(back[30 * 512..34 * 512].iter().all(|&b| b == 0));
+    assert!(back[34 * 512..100 * 512] == data[34 * 512..100 * 512]);
+    assert!(back[100 * 512..108 * 512].iter().all(|&b| b == 0));
+    // More than 256 ranges take several commands.
+    let ranges: Vec<(u64, u32)> = (0..300).map(|i| (2000 + 2 * i, 1)).collect();
+    s.deallocate(1, &ranges).unwrap();
+    // Write Zeroes beyond 65536 blocks takes several commands.
+    s.write_zeroes(1, 0, 70_000).unwrap();
+    assert!(s.read(1, 1000, 128).unwrap().iter().all(|&b| b == 0));
+    let e = s.write_zeroes(1, NS_BYTES / 512, 1).unwrap_err();
+    assert!(matches!(e, InitiatorError::Status { command: "Write Zeroes", sc: 0x80, .. }), "{e}");
+}
+
+#[test]
+fn thirty_two_threads_share_a_session() {
+    let f = target(Vec::new());
+    let o = ConnectOptions { io_queues: 2, queue_depth: 8, ..opts(&f.addr) };
+    let s = Arc::new(Session::connect(o).unwrap());
+    assert_eq!(s.io_queue_count(), 2);
+    let threads: Vec<_> = (0..32u8)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                let lba = u64::from(t) * 512; // 256 KiB apart
+                let data = pattern(96 << 10, t);
+                s.write(1, lba, &data).unwrap();
+                for _ in 0..20 {
+                    assert!(s.read(1, lba, (data.len() / 512) as u32).unwrap() == data, "thread {t} read back other data");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // One large read split into several commands in flight at once.
+    let all = s.read(1, 0, 32 * 512).unwrap();
+    for t in 0..32usize {
+        assert!(all[t * (256 << 10)..][..96 << 10] == pattern(96 << 10, t as u8)[..]);
+    }
+}
+
+#[test]
+fn digests_on() {
+    let f = target(Vec::new());
+    let both = Digests { header: true, data: true };
+    let s = Session::connect(ConnectOptions { digests: both, ..opts(&f.addr) }).unwrap();
+    assert_eq!(s.digests(), both);
+    for (i, len) in [512usize, 8192, 100 << 10, (2 << 20) + 4096].into_iter().enumerate() {
+        let data = pattern(len, 40 + i as u8);
+        s.write(1, 64, &data).unwrap();
+        assert!(s.read(1, 64, (len / 512) as u32).unwrap() == data);
+    }
+    let h = Session::connect(ConnectOptions { digests: Digests { header: true, data: false }, ..opts(&f.addr) }).unwrap();
+    assert_eq!(h.digests(), Digests { header: true, data: false });
+    assert_eq!(h.read(1, 64, 1).unwrap(), pattern(512, 43));
+}
+
+#[test]
+fn host_not_in_allow_list_is_refused() {
+    let f = target(vec!["nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001".into()]);
+    let e = Session::connect(opts(&f.addr)).err().expect("refused");
+    assert!(matches!(e, InitiatorError::ConnectRefused { qid: 0, sct: 1, sc: 0x84, .. }), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("Host Not Allowed") && msg.contains(&insitu_initiator::default_hostnqn()), "{msg}");
+    // The admitted host gets in.
+    let o = ConnectOptions { hostnqn: "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001".into(), ..opts(&f.addr) };
+    Session::connect(o).unwrap();
+}
+
+#[test]
+fn unknown_subsystem_is_refused_naming_the_nqn() {
+    let f = target(Vec::new());
+    let e = Session::connect(ConnectOptions { subnqn: "nqn.2024-01.io.insitu:nope".into(), ..opts(&f.addr) }).err().expect("refused");
+    assert!(matches!(e, InitiatorError::ConnectRefused { sct: 1, sc: 0x82, .. }), "{e}");
+    assert!(e.to_string().contains("rejected the subsystem NQN"), "Connect Invalid Parameters should point at the Connect data's SUBNQN: {e}");
+}
+
+#[test]
+fn discovery_log_lists_the_subsystem() {
+    let f = target(Vec::new());
+    let d = Session::connect(ConnectOptions { subnqn: DISCOVERY_NQN.into(), ..opts(&f.addr) }).unwrap();
+    assert_eq!(d.io_queue_count(), 0);
+    assert!(matches!(d.read(1, 0, 1), Err(InitiatorError::InvalidArgument { .. })));
+    let entries = d.discovery_log().unwrap();
+    let e = entries.iter().find(|e| e.subnqn == NQN).unwrap_or_else(|| panic!("{NQN} not listed (SUBNQN is at byte 256 of an entry, TRADDR at 512): {entries:?}"));
+    let port = f.addr.rsplit(':').next().unwrap();
+    assert_eq!((e.trtype, e.adrfam, e.subtype), (3, 1, 2));
+    assert_eq!((e.traddr.as_str(), e.trsvcid.as_str()), ("127.0.0.1", port));
+    // And the entry is enough to connect.
+    let s = Session::connect(ConnectOptions::new(format!("{}:{}", e.traddr, e.trsvcid), e.subnqn.clone())).unwrap();
+    assert_eq!(s.active_namespaces().unwrap(), vec![1]);
+}
+
+#[test]
+fn exec_errors_carry_the_status() {
+    let f = target(Vec::new());
+    let s = connect(&f.addr);
+    let e = s.exec(1, b"definitely not a compute descriptor, but long enough").unwrap_err();
+    let InitiatorError::Status { command, sct, sc, .. } = &e else { panic!("{e}") };
+    assert_eq!(*command, "Exec");
+    assert!(*sct != 0 || *sc != 0);
+    assert!(e.status_field().is_some());
+    // A passthrough command returns its completion whatever the status.
+    let mut c = insitu_initiator::Command::zeroed();
+    c.set_opcode(0x7E).set_nsid(1);
+    let (cqe, _) = s.submit(c, None, 0).unwrap();
+    assert_eq!(cqe.status & 0x7FF, 0x001, "Invalid Command Opcode");
+}
