@@ -7,9 +7,11 @@
 #![deny(missing_docs)]
 
 mod bench;
+mod bench_fabric;
 mod dataset;
 mod demo;
 mod image;
+mod nvme_cmd;
 mod size;
 mod target_cmd;
 
@@ -129,6 +131,30 @@ enum Cmd {
     /// Run an NVMe/TCP target serving files or block devices as namespaces.
     #[command(subcommand)]
     Target(TargetCmd),
+    /// Look at an NVMe/TCP target with insitu's initiator: identify, list subsystems.
+    #[command(subcommand)]
+    Nvme(NvmeCmd),
+    /// Mount a remote namespace's file system at DIR (FUSE file, loop device, mount).
+    ///
+    /// Afterwards exec, grep, wc and scrub on files under DIR send EXEC over the fabric to
+    /// that target with no extra flags.
+    Attach {
+        /// nvme-tcp://HOST:PORT/NQN[/NSID] (namespace 1 if omitted).
+        url: String,
+        /// Mount point (created if missing).
+        dir: PathBuf,
+        /// Make a file system first (erases the namespace).
+        #[arg(long, value_enum)]
+        format: Option<image::Fs>,
+        /// Host NQN to connect as (default: this host's stable NQN).
+        #[arg(long)]
+        hostnqn: Option<String>,
+    },
+    /// Unmount DIR, release its loop device and stop its FUSE daemon.
+    Detach {
+        /// The mount point given to attach.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -221,6 +247,40 @@ enum BenchCmd {
         /// Work directory (default: a new directory under /var/tmp, removed afterwards).
         #[arg(long)]
         dir: Option<PathBuf>,
+    },
+    /// NVMe/TCP on loopback vs local: raw direct reads vs 128 KiB reads at queue depth 32
+    /// over the fabric, and an embedded crc32c EXEC vs the same EXEC over the fabric.
+    Fabric {
+        /// Size of the data region.
+        #[arg(long, default_value = "1G")]
+        size: String,
+        /// Measurements of each kind (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        /// Work directory (default: a new directory under /var/tmp, removed afterwards).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum NvmeCmd {
+    /// Identify the controller at URL and its namespaces (only NSID when the URL ends in
+    /// /NSID).
+    Identify {
+        /// nvme-tcp://HOST:PORT/NQN[/NSID].
+        url: String,
+        /// Host NQN to connect as (default: this host's stable NQN).
+        #[arg(long)]
+        hostnqn: Option<String>,
+    },
+    /// List the subsystems the discovery controller at URL offers this host.
+    ListSubsys {
+        /// nvme-tcp://HOST:PORT (a discovery NQN after the port is accepted too).
+        url: String,
+        /// Host NQN to connect as (default: this host's stable NQN).
+        #[arg(long)]
+        hostnqn: Option<String>,
     },
 }
 
@@ -374,9 +434,28 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         }
         Cmd::Target(TargetCmd::Stop { listen }) => return target_cmd::stop(listen, json),
         Cmd::Target(TargetCmd::Status) => return target_cmd::status(json),
+        Cmd::Attach { url, dir, format, hostnqn } => {
+            let format = format.map(|f| match f {
+                image::Fs::Ext4 => insitu_attach::Format::Ext4,
+                image::Fs::Xfs => insitu_attach::Format::Xfs,
+            });
+            let a = insitu_attach::attach(&url, &dir, format, hostnqn).map_err(|e| e.to_string())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&a).unwrap_or_default());
+            } else {
+                println!("attached {} at {} ({}, {} via {})", a.url, a.dir.display(), size::human(a.size), a.loop_device, a.disk.display());
+            }
+        }
+        Cmd::Detach { dir } => {
+            let a = insitu_attach::detach(&dir).map_err(|e| e.to_string())?;
+            done(json, &format!("detached {} from {}", a.url, a.dir.display()));
+        }
         Cmd::Bench(BenchCmd::Scan { function, size, repeat, dir }) => {
             return bench::scan(&off, &function, size::parse_size(&size)?, repeat.max(1), dir, json)
         }
+        Cmd::Bench(BenchCmd::Fabric { size, repeat, dir }) => return bench_fabric::run(size::parse_size(&size)?, repeat.max(1), dir, json),
+        Cmd::Nvme(NvmeCmd::Identify { url, hostnqn }) => return nvme_cmd::identify(&url, hostnqn, json),
+        Cmd::Nvme(NvmeCmd::ListSubsys { url, hostnqn }) => return nvme_cmd::list_subsys(&url, hostnqn, json),
     }
     Ok(0)
 }

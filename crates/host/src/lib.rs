@@ -24,6 +24,7 @@ pub mod fiemap;
 pub mod pool;
 pub mod scrub;
 mod offloader;
+mod remote;
 mod vobj;
 
 pub use offloader::{output_suffix, parse_args, FileResult, Mode, Offloader, Report, Request, Stats};
