@@ -12,6 +12,7 @@ mod dataset;
 mod demo;
 mod image;
 mod nvme_cmd;
+mod pool_cmd;
 mod size;
 mod target_cmd;
 
@@ -155,6 +156,28 @@ enum Cmd {
         /// The mount point given to attach.
         dir: PathBuf,
     },
+    /// Attach, detach or check several targets named in a JSON config.
+    ///
+    /// Config: {"targets": [{"url": "nvme-tcp://HOST:PORT/NQN/NSID", "dir": "/mnt/a"}, ...]}.
+    /// With the pool up, exec/grep/wc/scrub over files under several of the directories fan
+    /// out to every target holding them, in parallel, and merge results and stats.
+    Pool {
+        /// up, down or status.
+        #[arg(value_enum)]
+        action: PoolAction,
+        /// The pool config file.
+        config: PathBuf,
+    },
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum PoolAction {
+    /// Attach every target (all or nothing).
+    Up,
+    /// Detach every target.
+    Down,
+    /// Show which targets are attached (exit 1 if any is not).
+    Status,
 }
 
 #[derive(Subcommand, Debug)]
@@ -445,6 +468,14 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             } else {
                 println!("attached {} at {} ({}, {} via {})", a.url, a.dir.display(), size::human(a.size), a.loop_device, a.disk.display());
             }
+        }
+        Cmd::Pool { action, config } => {
+            let cfg = pool_cmd::load(&config)?;
+            return match action {
+                PoolAction::Up => pool_cmd::up(&cfg, json),
+                PoolAction::Down => pool_cmd::down(&cfg, json),
+                PoolAction::Status => pool_cmd::status(&cfg, json),
+            };
         }
         Cmd::Detach { dir } => {
             let a = insitu_attach::detach(&dir).map_err(|e| e.to_string())?;
