@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-stamp
-APT_PACKAGES := e2fsprogs xfsprogs util-linux zstd b3sum coreutils grep
+APT_PACKAGES := e2fsprogs xfsprogs util-linux zstd b3sum coreutils grep tshark
 PY_PACKAGES := maturin>=1.5,<2 pytest crc32c xxhash
 export CARGO_TERM_COLOR := never
 

@@ -31,6 +31,13 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
     if a.namespaces.is_empty() {
         return Err("give at least one --namespace PATH (a file or block device)".to_string().into());
     }
+    // Absolute paths: the record must mean the same from any working directory.
+    let absolute = |p: &PathBuf| std::fs::canonicalize(p).map_err(|e| format!("namespace {}: {e}", p.display()));
+    let a = StartArgs {
+        namespaces: a.namespaces.iter().map(absolute).collect::<Result<_, _>>()?,
+        private: a.private.iter().map(absolute).collect::<Result<_, _>>()?,
+        ..a
+    };
     let mut namespaces: Vec<NamespaceSpec> = a.namespaces.iter().map(NamespaceSpec::sharable).collect();
     namespaces.extend(a.private.iter().map(NamespaceSpec::private));
     let cfg = TargetConfig {
