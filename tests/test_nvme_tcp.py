@@ -16,7 +16,7 @@ The tests then judge, each from its own angle:
 Needs root, qemu-system-x86 and a Debian kernel image (installed with apt when missing: the
 tests are skipped only when that install fails), tshark (installed with apt when missing;
 failing to install it is an error) and the kernel-initiator harness (KINIT_DIR, default
-/work/shared/tools/kernel-initiator). A run takes about a minute (the guest runs under TCG).
+../shared/tools/kernel-initiator beside the repository). A run takes about a minute (the guest runs under TCG).
 INSITU_NVME_TCP_KEEP=DIR keeps the guest's output, the capture and the target logs in DIR.
 """
 
@@ -46,7 +46,7 @@ import crc32c
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-KINIT_DIR = Path(os.environ.get("KINIT_DIR", "/work/shared/tools/kernel-initiator"))
+KINIT_DIR = Path(os.environ.get("KINIT_DIR", Path(__file__).resolve().parents[2] / "shared" / "tools" / "kernel-initiator"))
 RUN_GUEST = KINIT_DIR / "run-guest.sh"
 SNIPPET = Path(__file__).resolve().parent / "kernel" / "host-target-workload.sh"
 

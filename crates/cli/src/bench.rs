@@ -20,7 +20,7 @@ use std::time::Instant;
 
 /// Evicts every clean page cache page on the machine (needs root; best effort otherwise)
 /// and the image's own pages.
-fn drop_caches(image: &Path) {
+pub(crate) fn drop_caches(image: &Path) {
     // SAFETY: sync(2) takes no arguments and cannot fail.
     unsafe { libc::sync() };
     let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
@@ -52,7 +52,7 @@ fn raw_read(backing: &Backing, obj: &insitu_wire::VirtualObject) -> Result<f64, 
     Ok(started.elapsed().as_secs_f64())
 }
 
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }

@@ -143,8 +143,11 @@ type FileOutcome = Result<(FileResult, Stats, u64), OasError>;
 /// Runs requests, keeping one embedded target open per backing image.
 pub struct Offloader {
     registry: Arc<Registry>,
-    targets: Mutex<HashMap<PathBuf, Arc<Target>>>,
+    /// Backing path → (device, inode and size of the file when opened, its target). An
+    /// image replaced or resized under the same path gets a new target.
+    targets: Mutex<HashMap<PathBuf, ((u64, u64, u64), Arc<Target>)>>,
     jobs: usize,
+    remote: crate::remote::Sessions,
 }
 
 impl Default for Offloader {
@@ -157,7 +160,7 @@ impl Offloader {
     /// An offloader with the standard kernels, running up to one file per CPU at a time.
     pub fn new() -> Self {
         let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2);
-        Offloader { registry: Arc::new(Registry::standard()), targets: Mutex::new(HashMap::new()), jobs }
+        Offloader { registry: Arc::new(Registry::standard()), targets: Mutex::new(HashMap::new()), jobs, remote: Default::default() }
     }
 
     /// Sets how many files are processed at once (default: number of CPUs, at least 2).
@@ -181,7 +184,10 @@ impl Offloader {
         }
         let outputs = self.plan_outputs(kernel, req)?;
         for p in &req.paths {
-            let meta = fs::metadata(p).map_err(|e| OasError::Io { path: p.clone(), source: e })?;
+            let meta = fs::metadata(p).map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => OasError::BadRequest(format!("{}: {e}", p.display())),
+                _ => OasError::Io { path: p.clone(), source: e },
+            })?;
             if !meta.is_file() {
                 return Err(OasError::BadRequest(format!("{}: not a regular file", p.display())));
             }
@@ -271,15 +277,19 @@ impl Offloader {
     }
 
     fn target_for(&self, map: &DeviceMap) -> Result<Arc<Target>, OasError> {
+        let meta = fs::metadata(&map.backing).map_err(|e| OasError::Io { path: map.backing.clone(), source: e })?;
+        let id = (meta.dev(), meta.ino(), meta.len());
         let mut targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(t) = targets.get(&map.backing) {
-            return Ok(t.clone());
+        if let Some((known, t)) = targets.get(&map.backing) {
+            if *known == id {
+                return Ok(t.clone());
+            }
         }
         let mut t = Target::new().with_registry(self.registry.clone());
         t.add_namespace(&map.backing, NamespaceConfig::default())
             .map_err(|e| OasError::Io { path: map.backing.clone(), source: std::io::Error::other(e) })?;
         let t = Arc::new(t);
-        targets.insert(map.backing.clone(), t.clone());
+        targets.insert(map.backing.clone(), (id, t.clone()));
         Ok(t)
     }
 
@@ -288,7 +298,12 @@ impl Offloader {
         let file = File::open(path).map_err(io)?;
         let meta = file.metadata().map_err(io)?;
         let map = device::resolve(meta.dev(), path)?;
-        let target = self.target_for(&map)?;
+        // A namespace attached over the fabric, or an image served by an embedded target.
+        let remote = insitu_attach::lookup_disk(&map.backing);
+        let target = match remote {
+            Some(_) => None,
+            None => Some(self.target_for(&map)?),
+        };
         let input = virtual_object(&file, path, &map)?;
         let mut d = Descriptor::new(&req.function, vec![input]);
         d.args = req.args.clone();
@@ -300,17 +315,27 @@ impl Offloader {
             }
             None => None,
         };
-        let bytes = d.encode();
-        let outcome = match target.exec(1, &bytes) {
-            Ok(o) => o,
+        let ran = match (&remote, &target) {
+            (Some(att), _) => crate::remote::exec(&self.remote, att, &map, path, d).map(|o| (o.result, o.stats)),
+            (None, Some(t)) => {
+                let bytes = d.encode();
+                t.exec(1, &bytes).map_err(|e| OasError::Target { path: path.to_owned(), source: e }).map(|o| {
+                    let stats = Stats { bytes_to_host: o.result.len() as u64, bytes_from_host: bytes.len() as u64, media_bytes: o.media_read_bytes, seconds: 0.0, commands: 1 };
+                    (o.result, stats)
+                })
+            }
+            (None, None) => unreachable!("a target is opened when no attachment is found"),
+        };
+        let (result_bytes, stats) = match ran {
+            Ok(r) => r,
             Err(e) => {
                 if let Some(slot) = slot {
                     let _ = slot.release();
                 }
-                return Err(OasError::Target { path: path.to_owned(), source: e });
+                return Err(e);
             }
         };
-        let result = ExecResult::decode(&outcome.result)
+        let result = ExecResult::decode(&result_bytes)
             .map_err(|e| OasError::BadRequest(format!("{}: the target sent an unreadable result: {e}", path.display())))?;
         let record = result.records.into_iter().next().unwrap_or_default();
         let mut fr = file_result(path, &record);
@@ -322,13 +347,6 @@ impl Offloader {
             slot.commit(len, dest).map_err(|e| OasError::Io { path: dest.to_owned(), source: e })?;
             fr.fields.insert("output".into(), dest.display().to_string().into());
         }
-        let stats = Stats {
-            bytes_to_host: outcome.result.len() as u64,
-            bytes_from_host: bytes.len() as u64,
-            media_bytes: outcome.media_read_bytes,
-            seconds: 0.0,
-            commands: 1,
-        };
         Ok((fr, stats, 0))
     }
 }
