@@ -16,6 +16,9 @@ file) and ``stats`` (``bytes_to_host``, ``bytes_from_host``, ``media_bytes``,
 ``seconds``, ``commands``). ``conventional=True`` runs the same computation on the host,
 reading through the file system with a cold cache, for comparison.
 
+``insitu.Session(url)`` is the user-space NVMe/TCP initiator: identify, read, write,
+flush and EXEC against a target started with ``insitu target start``.
+
 Exceptions::
 
     InsituError
@@ -28,6 +31,7 @@ Exceptions::
 from ._api import checksum, exec, functions, grep, scrub, wc
 from ._native import (
     InsituError,
+    Session,
     NotOffloadableError,
     RequestError,
     StorageIOError,
@@ -41,6 +45,7 @@ __all__ = [
     "checksum",
     "scrub",
     "functions",
+    "Session",
     "InsituError",
     "RequestError",
     "NotOffloadableError",

@@ -5,6 +5,8 @@
 //! so the Python API and the command line cannot drift apart. Errors map to the exception
 //! classes defined here and re-exported by the `insitu` package.
 
+mod session;
+
 use insitu_host::{parse_args, scrub, Mode, OasError, Offloader, Request};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -187,6 +189,7 @@ fn functions_json() -> PyResult<String> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli, m)?)?;
+    m.add_class::<session::Session>()?;
     m.add_function(wrap_pyfunction!(exec_json, m)?)?;
     m.add_function(wrap_pyfunction!(scrub_json, m)?)?;
     m.add_function(wrap_pyfunction!(decode_descriptor, m)?)?;

@@ -1,0 +1,94 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The Python binding of the user-space initiator, `insitu.Session`, against a target
+daemon on loopback: identify, block I/O, EXEC with a result object, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import crc32c
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import insitu  # noqa: E402
+from insitu import _native  # noqa: E402
+
+from helpers import cli_json, run_cli  # noqa: E402
+
+NQN = "nqn.2024-01.io.insitu:session-test"
+
+
+@pytest.fixture(scope="module")
+def url():
+    work = Path(tempfile.mkdtemp(prefix="insitu-session-", dir="/var/tmp"))
+    image = work / "ns.img"
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    listen = f"127.0.0.1:{port}"
+    cli_json("target", "start", "--listen", listen, "--nqn", NQN, "--namespace", image, "--private", image)
+    try:
+        yield f"nvme-tcp://{listen}/{NQN}"
+    finally:
+        run_cli("target", "stop", "--listen", listen)
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+def test_identify_and_block_io(url: str):
+    s = insitu.Session(url, queue_depth=8, io_queues=2)
+    c = s.identify_controller()
+    assert c["subnqn"] == NQN and c["namespaces"] == 2
+    assert s.active_namespaces() == [1]  # namespace 2 is private
+    ns = s.identify_namespace(1)
+    assert ns["size"] == 64 << 20 and ns["lba_size"] == 512
+    data = os.urandom(3 * 4096 + 512)
+    s.write(1, 100, data)
+    s.flush(1)
+    assert s.read(1, 100, len(data) // 512) == data
+    assert s.stats()["bytes_received"] >= len(data)
+    with pytest.raises(insitu.TargetError, match="LBA Out of Range"):
+        s.read(1, (64 << 20) // 512, 1)
+    s.disconnect()
+
+
+def test_exec_writes_its_result_to_the_result_object(url: str):
+    s = insitu.Session(url)
+    payload = os.urandom(1 << 20)
+    s.write(1, 2048, payload)
+    desc = {
+        "function": "crc32c",
+        "args": [],
+        "inputs": [{"length": len(payload) - 5, "extents": [{"kind": "data", "start_sector": 2048, "sectors": 2048}]}],
+        "outputs": [],
+        "result": {"length": 4096, "extents": [{"kind": "data", "start_sector": 8192, "sectors": 8}]},
+    }
+    blob = _native.encode_descriptor(json.dumps(desc))
+    assert json.loads(_native.decode_descriptor(blob))["result"]["extents"][0]["start_sector"] == 8192
+    length, media_kib = s.exec(1, blob)
+    assert media_kib >= 1023
+    result = s.read(1, 8192, 8)[:length]
+    assert result.startswith(b"ISRS")
+    assert f"{crc32c.crc32c(payload[:-5]):08x}".encode() in result
+    # Without a result object the fabric has no way back for the result: refused.
+    del desc["result"]
+    with pytest.raises(insitu.TargetError, match="Invalid Field"):
+        s.exec(1, _native.encode_descriptor(json.dumps(desc)))
+    # Private namespaces are unreachable.
+    with pytest.raises(insitu.InsituError):
+        s.read(2, 0, 1)
+
+
+def test_bad_urls_and_hosts_are_refused(url: str):
+    with pytest.raises(insitu.RequestError, match="nvme-tcp://"):
+        insitu.Session("tcp://nowhere")
+    with pytest.raises(insitu.InsituError):
+        insitu.Session(url.replace(NQN, "nqn.2024-01.io.insitu:absent"))
