@@ -349,7 +349,7 @@ class GuestRun:
 def _start_capture(tshark: str, pcap: Path, ports: List[int]) -> Tuple[subprocess.Popen, Path]:
     log = pcap.with_suffix(".log")
     filt = " or ".join(f"tcp port {p}" for p in ports)
-    proc = subprocess.Popen([tshark, "-i", "lo", "-B", "256", "-f", filt, "-w", str(pcap)],
+    proc = subprocess.Popen([tshark, "-i", "lo", "-B", "1024", "-f", filt, "-w", str(pcap)],
                             stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
     deadline = time.monotonic() + 30
     while "Capturing on" not in log.read_text(errors="replace"):
@@ -692,12 +692,19 @@ def test_metrics(guest_run, nvme_env):
     with urllib.request.urlopen(url, timeout=10) as r:
         assert r.status == 200
         text = r.read().decode()
-    values = {}
+    series = []  # (name, labels, value)
     for line in text.splitlines():
         m = re.match(r"^([a-z_]+)(\{[^}]*\})? (\S+)$", line)
         if m:
-            values[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    get = lambda name, **labels: values.get(name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}", 0)  # noqa: E731
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+            series.append((m.group(1), labels, float(m.group(3))))
+
+    def get(name, **want):
+        """Sum of the series `name` whose labels include `want` (a series may carry more,
+        e.g. EXEC's function)."""
+        return sum(v for n, labels, v in series if n == name and all(labels.get(k) == str(x) for k, x in want.items()))
+
+    assert get("insitu_commands_total", nsid=2, command="exec", function="crc32c") == 3, text
     assert get("insitu_commands_total", nsid=1, command="write") > 0, text
     assert get("insitu_commands_total", nsid=1, command="read") > 0, text
     assert get("insitu_commands_total", nsid=2, command="read") > 0, text
@@ -705,9 +712,12 @@ def test_metrics(guest_run, nvme_env):
     assert get("insitu_command_errors_total", nsid=2, command="exec") == 2, text
     assert get("insitu_command_errors_total", nsid=1, command="write") == 0, text
     assert get("insitu_command_errors_total", nsid=1, command="read") == 0, text
-    assert values.get("insitu_protocol_errors_total") == 0, text
-    # ~32 MiB of files + 8 MiB raw went to the target
-    assert get("insitu_wire_bytes_total", direction="to_target") > 40 << 20, text
+    assert [v for n, _, v in series if n == "insitu_protocol_errors_total"] == [0.0], text
+    # The one successful EXEC read its 1 MiB input on the target, not over the link.
+    assert get("insitu_media_bytes_total", nsid=2, command="exec", function="crc32c") >= 1 << 20, text
+    assert get("insitu_link_bytes_total", nsid=2, command="exec") < 64 << 10, text
+    # ~16 MiB of files + 8 MiB raw went to the target
+    assert get("insitu_wire_bytes_total", direction="to_target") > 24 << 20, text
     assert get("insitu_wire_bytes_total", direction="to_host") > 8 << 20, text
     assert get("insitu_command_seconds_count", nsid=2, command="exec") == 3, text
     with pytest.raises(urllib.error.HTTPError) as e:

@@ -10,7 +10,7 @@
 #   KINIT_RESULT_SECTOR/_SECTORS   where desc.bin puts its result object on namespace 2
 #   KINIT_NS2_DATA_SECTOR/_BYTES   a region of namespace 2 whose sha256 is printed
 #   KINIT_DENY_NQN, KINIT_DENY_PORT (optional) a target that must refuse this host
-#   KINIT_FS_MB (32)           total size of the files of the file-system workload
+#   KINIT_FS_MB (16)           total size of the files of the file-system workload
 # Files (from run-guest.sh -a): /kinit/files/desc.bin (valid EXEC with a result object),
 #   desc-noresult.bin (no result object), desc-range.bin (an extent beyond namespace 2).
 # Steps: discover, connect, identify, raw write + read back, EXEC via the passthrough ioctl,
@@ -24,7 +24,7 @@ NQN=${KINIT_NQN:?KINIT_NQN}
 HOST=${KINIT_HOST_IP:-10.0.2.2}
 F=/kinit/files
 MNT=/mnt/insitu
-FS_MB=${KINIT_FS_MB:-32}
+FS_MB=${KINIT_FS_MB:-16}
 
 step() { echo; echo "### $*"; }
 mark() { echo "$1=$2"; }

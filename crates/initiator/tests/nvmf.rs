@@ -187,3 +187,20 @@ fn exec_errors_carry_the_status() {
     let (cqe, _) = s.submit(c, None, 0).unwrap();
     assert_eq!(cqe.status & 0x7FF, 0x001, "Invalid Command Opcode");
 }
+
+/// A host asking for a huge log page must get an error, not make the target allocate it
+/// (regression: NUMD was trusted).
+#[test]
+fn oversized_log_page_requests_are_refused() {
+    let f = target(Vec::new());
+    let s = connect(&f.addr);
+    let mut c = insitu_initiator::Command::zeroed();
+    c.set_opcode(0x02).set_nsid(0xFFFF_FFFF).set_cdw(10, 0x02 | (0xFFFF << 16)).set_cdw(11, 0xFFFF);
+    let (cqe, data) = s.submit_admin(c, None, 4096).unwrap();
+    assert_eq!(cqe.status & 0x7FF, 0x002, "Invalid Field in Command");
+    assert!(data.len() <= 4096);
+    // A request within limits still works, and the target is alive.
+    let smart = s.get_log_page(0x02, 512).unwrap();
+    assert_eq!(smart.len(), 512);
+    assert_eq!(s.read(1, 0, 1).unwrap().len(), 512);
+}

@@ -17,6 +17,9 @@ use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// Time allowed between accepting a connection and its Connect (and within any PDU).
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Largest C2HData payload sent in one PDU.
 const C2H_CHUNK: usize = 256 << 10;
 
@@ -99,6 +102,9 @@ impl Sink {
 pub(crate) fn serve(shared: Arc<Shared>, stream: TcpStream) {
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let _ = stream.set_nodelay(true);
+    // A peer must finish ICReq and Connect promptly; a silent or half-sent PDU must not hold
+    // a thread forever. Connect replaces this (KATO on the admin queue, none on I/O queues).
+    let _ = stream.set_read_timeout(Some(SETUP_TIMEOUT));
     let writer = match stream.try_clone() {
         Ok(w) => w,
         Err(e) => return log(&peer, &format!("cannot clone socket: {e}")),
@@ -106,8 +112,10 @@ pub(crate) fn serve(shared: Arc<Shared>, stream: TcpStream) {
     let sink = Sink { stream: Arc::new(Mutex::new(writer)), digests: Digests::default(), hpda: 0, sqid: 0, metrics: shared.metrics.clone() };
     let mut conn = Conn { shared, reader: stream, sink, state: State::AwaitIcReq, sqhd: 0, sqsize: 1, pending: HashMap::new(), next_ttag: 0, peer };
     let end = conn.run();
-    if let State::Admin(ctrl) = &conn.state {
-        ctrl.subsys.remove_controller(ctrl.cntlid);
+    match &conn.state {
+        State::Admin(ctrl) => ctrl.subsys.remove_controller(ctrl.cntlid),
+        State::Io { ctrl, .. } => ctrl.release_queue(conn.sink.sqid),
+        _ => {}
     }
     match end {
         End::Closed(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {}
@@ -360,10 +368,9 @@ impl Conn {
                 return invalid(true, 16);
             }
             let Some(ctrl) = subsys.add_controller(&hostnqn, hostid, kato) else { return Reply::err(CONTROLLER_BUSY) };
-            if kato > 0 {
-                // Keep Alive Timeout: the host must send a command at least this often.
-                let _ = self.reader.set_read_timeout(Some(Duration::from_millis(u64::from(kato) * 2)));
-            }
+            // Keep Alive Timeout: the host must send a command at least this often.
+            let timeout = (kato > 0).then(|| Duration::from_millis(u64::from(kato) * 2));
+            let _ = self.reader.set_read_timeout(timeout);
             let id = ctrl.cntlid;
             self.state = State::Admin(ctrl);
             return Reply::ok(u32::from(id));
@@ -371,9 +378,11 @@ impl Conn {
         let Some(ctrl) = subsys.controller(cntlid).filter(|c| c.hostnqn == hostnqn && c.hostid == hostid) else {
             return invalid(true, 16);
         };
-        if !ctrl.ready() || qid > ctrl.regs().io_queues.max(1) || subsys.target().is_none() {
+        if !ctrl.ready() || qid > ctrl.regs().io_queues.max(1) || subsys.target().is_none() || !ctrl.claim_queue(qid) {
             return invalid(false, 42);
         }
+        // The queue is ours now: no read timeout (I/O queues may idle), see `serve`.
+        let _ = self.reader.set_read_timeout(None);
         self.sink.sqid = qid;
         let jobs = spawn_workers(&self.shared, &subsys, &ctrl, &self.sink);
         self.state = State::Io { ctrl, jobs };

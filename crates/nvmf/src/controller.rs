@@ -107,6 +107,8 @@ pub(crate) struct Controller {
     pub(crate) regs: Mutex<Regs>,
     pub(crate) read_cmds: AtomicU64,
     pub(crate) write_cmds: AtomicU64,
+    /// I/O queue IDs connected now; a second connection may not claim one.
+    io_qids: Mutex<std::collections::HashSet<u16>>,
 }
 
 /// The result of an admin command: status, dword 0, data to return, or held (AER).
@@ -141,7 +143,26 @@ const CSTS_SHST_COMPLETE: u32 = 2 << 2;
 impl Controller {
     fn new(cntlid: u16, subsys: Arc<Subsystem>, hostnqn: &str, hostid: [u8; 16], kato_ms: u32) -> Controller {
         let regs = Regs { kato_ms, ..Regs::default() };
-        Controller { cntlid, subsys, hostnqn: hostnqn.into(), hostid, regs: Mutex::new(regs), read_cmds: AtomicU64::new(0), write_cmds: AtomicU64::new(0) }
+        Controller {
+            cntlid,
+            subsys,
+            hostnqn: hostnqn.into(),
+            hostid,
+            regs: Mutex::new(regs),
+            read_cmds: AtomicU64::new(0),
+            write_cmds: AtomicU64::new(0),
+            io_qids: Mutex::new(Default::default()),
+        }
+    }
+
+    /// Claims I/O queue `qid`; false if another connection holds it.
+    pub(crate) fn claim_queue(&self, qid: u16) -> bool {
+        self.io_qids.lock().unwrap_or_else(|e| e.into_inner()).insert(qid)
+    }
+
+    /// Releases I/O queue `qid` when its connection ends.
+    pub(crate) fn release_queue(&self, qid: u16) {
+        self.io_qids.lock().unwrap_or_else(|e| e.into_inner()).remove(&qid);
     }
 
     pub(crate) fn regs(&self) -> Regs {
@@ -206,7 +227,7 @@ impl Controller {
     pub(crate) fn admin(&self, cfg: &TargetConfig, cmd: &Command, discovery_entries: &dyn Fn(&str) -> Vec<u8>) -> Reply {
         match cmd.opcode() {
             opcode::IDENTIFY => self.identify(cfg, cmd),
-            opcode::GET_LOG_PAGE => self.get_log_page(cmd, discovery_entries),
+            opcode::GET_LOG_PAGE => self.get_log_page(cmd, cfg.max_transfer(), discovery_entries),
             opcode::SET_FEATURES => self.set_features(cfg, cmd),
             opcode::GET_FEATURES => self.get_features(cmd),
             opcode::KEEP_ALIVE => Reply::ok(0),
@@ -244,7 +265,7 @@ impl Controller {
         }
     }
 
-    fn get_log_page(&self, cmd: &Command, discovery_entries: &dyn Fn(&str) -> Vec<u8>) -> Reply {
+    fn get_log_page(&self, cmd: &Command, max_transfer: usize, discovery_entries: &dyn Fn(&str) -> Vec<u8>) -> Reply {
         let lid = cmd.cdw(10) & 0xFF;
         let numd = ((cmd.cdw(10) >> 16) | ((cmd.cdw(11) & 0xFFFF) << 16)) as usize + 1;
         let offset = u64::from(cmd.cdw(12)) | (u64::from(cmd.cdw(13)) << 32);
@@ -258,7 +279,11 @@ impl Controller {
             (0x03, Kind::Nvm(_)) => identify::firmware_log(),
             _ => return Reply::err(INVALID_FIELD),
         };
+        // Never trust the host's length beyond what one command may move.
         let len = numd * 4;
+        if len > max_transfer {
+            return Reply::err(INVALID_FIELD);
+        }
         let mut out = vec![0u8; len];
         if let Ok(off) = usize::try_from(offset) {
             if off < page.len() {

@@ -4,6 +4,7 @@
 
 use crate::connection::Sink;
 use crate::controller::{status, Controller, INVALID_FIELD, INVALID_OPCODE};
+use crate::metrics::CommandCost;
 use crate::Shared;
 use insitu_fabric::{opcode, Command};
 use insitu_target::Target;
@@ -26,11 +27,13 @@ struct Done {
     dw0: u32,
     dw1: u32,
     data: Vec<u8>,
+    /// Bytes read from or written to the media.
+    media: u64,
 }
 
 impl Done {
     fn ok() -> Done {
-        Done { status: 0, dw0: 0, dw1: 0, data: Vec::new() }
+        Done { status: 0, dw0: 0, dw1: 0, data: Vec::new(), media: 0 }
     }
 
     fn status(status: u16) -> Done {
@@ -46,8 +49,11 @@ fn failed(e: CommandError) -> Done {
 pub(crate) fn run(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Sink, job: Job) {
     let started = Instant::now();
     let cmd = &job.cmd;
+    let function = if cmd.opcode() == opcode::EXEC { function_name(&job.data) } else { String::new() };
+    let link_in = job.data.len() as u64;
     let done = execute(shared, target, ctrl, cmd, job.data);
-    shared.metrics.record(cmd.opcode(), cmd.nsid(), done.status, started.elapsed());
+    let cost = CommandCost { function, status: done.status, took: started.elapsed(), link_bytes: link_in + done.data.len() as u64, media_bytes: done.media };
+    shared.metrics.record(cmd.opcode(), cmd.nsid(), &cost);
     let _ = sink.complete(cmd.cid(), job.sqhd, done.status, done.dw0, done.dw1, &done.data);
 }
 
@@ -69,7 +75,7 @@ fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, d
             let mut buf = vec![0u8; bytes];
             ctrl.read_cmds.fetch_add(1, Ordering::Relaxed);
             match target.read(nsid, slba, &mut buf) {
-                Ok(()) => Done { data: buf, ..Done::ok() },
+                Ok(()) => Done { media: buf.len() as u64, data: buf, ..Done::ok() },
                 Err(e) => failed(e),
             }
         }
@@ -79,7 +85,7 @@ fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, d
                 return Done::status(SGL_LENGTH_INVALID);
             }
             ctrl.write_cmds.fetch_add(1, Ordering::Relaxed);
-            target.write(nsid, slba, &data).map_or_else(failed, |_| Done::ok())
+            target.write(nsid, slba, &data).map_or_else(failed, |_| Done { media: data.len() as u64, ..Done::ok() })
         }
         opcode::FLUSH if nsid == 0xFFFF_FFFF => {
             let all = target.host_namespaces().into_iter().try_for_each(|n| target.flush(n));
@@ -119,7 +125,22 @@ fn exec(target: &Target, nsid: u32, descriptor: &[u8]) -> Done {
         return Done::status(INVALID_FIELD);
     }
     match target.exec(nsid, descriptor) {
-        Ok(out) => Done { dw0: out.result.len() as u32, dw1: u32::try_from(out.media_read_bytes >> 10).unwrap_or(u32::MAX), ..Done::ok() },
+        Ok(out) => Done {
+            dw0: out.result.len() as u32,
+            dw1: u32::try_from(out.media_read_bytes >> 10).unwrap_or(u32::MAX),
+            media: out.media_read_bytes + out.media_written_bytes,
+            ..Done::ok()
+        },
         Err(e) => failed(e),
+    }
+}
+
+/// The function name of a descriptor, for metrics labels (empty when malformed): the
+/// length byte at offset 16, the name at offset 32, from the alphabet `a-z 0-9 _ -`.
+fn function_name(descriptor: &[u8]) -> String {
+    let n = descriptor.get(16).map_or(0, |n| usize::from(*n)).min(32);
+    match descriptor.get(32..32 + n) {
+        Some(name) if name.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_' || *b == b'-') => String::from_utf8_lossy(name).into_owned(),
+        _ => String::new(),
     }
 }

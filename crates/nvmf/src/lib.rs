@@ -27,7 +27,7 @@ pub use metrics::Metrics;
 use controller::{Kind, Subsystem};
 use insitu_target::NamespaceConfig;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -38,7 +38,11 @@ pub(crate) struct Shared {
     pub(crate) metrics: Arc<Metrics>,
     stopping: AtomicBool,
     connections: Mutex<Vec<TcpStream>>,
+    live: AtomicUsize,
 }
+
+/// Most connections served at once; more are closed on accept.
+const MAX_CONNECTIONS: usize = 1024;
 
 impl Shared {
     pub(crate) fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
@@ -81,7 +85,7 @@ impl Server {
         subsystems.push(Arc::new(Subsystem::new(DISCOVERY_NQN, Kind::Discovery, Vec::new())));
         let listener = TcpListener::bind(cfg.listen)?;
         cfg.listen = listener.local_addr()?;
-        let shared = Arc::new(Shared { cfg, subsystems, metrics: Arc::new(Metrics::default()), stopping: AtomicBool::new(false), connections: Mutex::new(Vec::new()) });
+        let shared = Arc::new(Shared { cfg, subsystems, metrics: Arc::new(Metrics::default()), stopping: AtomicBool::new(false), connections: Mutex::new(Vec::new()), live: AtomicUsize::new(0) });
         Ok(Server { listener, shared })
     }
 
@@ -102,13 +106,22 @@ impl Server {
                 break;
             }
             let Ok(stream) = stream else { continue };
+            let live = self.shared.live.fetch_add(1, Ordering::Relaxed);
+            if live >= MAX_CONNECTIONS {
+                self.shared.live.fetch_sub(1, Ordering::Relaxed);
+                eprintln!("insitu-target: refusing a connection: {MAX_CONNECTIONS} are open");
+                continue;
+            }
             if let Ok(c) = stream.try_clone() {
                 let mut conns = self.shared.connections.lock().unwrap_or_else(|e| e.into_inner());
                 conns.retain(|s| s.peer_addr().is_ok());
                 conns.push(c);
             }
             let shared = self.shared.clone();
-            std::thread::spawn(move || connection::serve(shared, stream));
+            std::thread::spawn(move || {
+                connection::serve(shared.clone(), stream);
+                shared.live.fetch_sub(1, Ordering::Relaxed);
+            });
         }
         Ok(())
     }

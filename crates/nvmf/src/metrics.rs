@@ -16,6 +16,8 @@ const BUCKETS: [f64; 10] = [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 
 struct Series {
     commands: u64,
     errors: u64,
+    link_bytes: u64,
+    media_bytes: u64,
     seconds: f64,
     buckets: [u64; BUCKETS.len()],
 }
@@ -26,7 +28,7 @@ pub struct Metrics {
     wire_in: AtomicU64,
     wire_out: AtomicU64,
     protocol_errors: AtomicU64,
-    series: Mutex<BTreeMap<(u32, &'static str), Series>>,
+    series: Mutex<BTreeMap<(u32, &'static str, String), Series>>,
 }
 
 fn command_name(op: u8) -> &'static str {
@@ -39,6 +41,18 @@ fn command_name(op: u8) -> &'static str {
         opcode::EXEC => "exec",
         _ => "other",
     }
+}
+
+/// The cost of one command.
+pub(crate) struct CommandCost {
+    /// EXEC's function name; empty for other commands.
+    pub(crate) function: String,
+    pub(crate) status: u16,
+    pub(crate) took: Duration,
+    /// Data bytes that crossed the link (either direction).
+    pub(crate) link_bytes: u64,
+    /// Bytes read from or written to the media.
+    pub(crate) media_bytes: u64,
 }
 
 impl Metrics {
@@ -59,11 +73,15 @@ impl Metrics {
         (self.wire_in.load(Ordering::Relaxed), self.wire_out.load(Ordering::Relaxed))
     }
 
-    pub(crate) fn record(&self, op: u8, nsid: u32, status: u16, took: Duration) {
+    /// Adds one command's cost to its series.
+    pub(crate) fn record(&self, op: u8, nsid: u32, c: &CommandCost) {
         let mut m = self.series.lock().unwrap_or_else(|e| e.into_inner());
-        let s = m.entry((nsid, command_name(op))).or_default();
+        let s = m.entry((nsid, command_name(op), c.function.clone())).or_default();
         s.commands += 1;
-        s.errors += u64::from(status != 0);
+        s.errors += u64::from(c.status != 0);
+        s.link_bytes += c.link_bytes;
+        s.media_bytes += c.media_bytes;
+        let took = c.took;
         let secs = took.as_secs_f64();
         s.seconds += secs;
         for (i, b) in BUCKETS.iter().enumerate() {
@@ -85,21 +103,29 @@ impl Metrics {
         let _ = writeln!(out, "insitu_protocol_errors_total {}", self.protocol_errors.load(Ordering::Relaxed));
         let m = self.series.lock().unwrap_or_else(|e| e.into_inner());
         let _ = writeln!(out, "# TYPE insitu_commands_total counter");
-        for ((ns, cmd), s) in m.iter() {
-            let _ = writeln!(out, "insitu_commands_total{{nsid=\"{ns}\",command=\"{cmd}\"}} {}", s.commands);
+        for ((ns, cmd, f), s) in m.iter() {
+            let _ = writeln!(out, "insitu_commands_total{{nsid=\"{ns}\",command=\"{cmd}\",function=\"{f}\"}} {}", s.commands);
         }
         let _ = writeln!(out, "# TYPE insitu_command_errors_total counter");
-        for ((ns, cmd), s) in m.iter() {
-            let _ = writeln!(out, "insitu_command_errors_total{{nsid=\"{ns}\",command=\"{cmd}\"}} {}", s.errors);
+        for ((ns, cmd, f), s) in m.iter() {
+            let _ = writeln!(out, "insitu_command_errors_total{{nsid=\"{ns}\",command=\"{cmd}\",function=\"{f}\"}} {}", s.errors);
+        }
+        let _ = writeln!(out, "# TYPE insitu_link_bytes_total counter");
+        for ((ns, cmd, f), s) in m.iter() {
+            let _ = writeln!(out, "insitu_link_bytes_total{{nsid=\"{ns}\",command=\"{cmd}\",function=\"{f}\"}} {}", s.link_bytes);
+        }
+        let _ = writeln!(out, "# TYPE insitu_media_bytes_total counter");
+        for ((ns, cmd, f), s) in m.iter() {
+            let _ = writeln!(out, "insitu_media_bytes_total{{nsid=\"{ns}\",command=\"{cmd}\",function=\"{f}\"}} {}", s.media_bytes);
         }
         let _ = writeln!(out, "# TYPE insitu_command_seconds histogram");
-        for ((ns, cmd), s) in m.iter() {
+        for ((ns, cmd, f), s) in m.iter() {
             for (i, b) in BUCKETS.iter().enumerate() {
-                let _ = writeln!(out, "insitu_command_seconds_bucket{{nsid=\"{ns}\",command=\"{cmd}\",le=\"{b}\"}} {}", s.buckets[i]);
+                let _ = writeln!(out, "insitu_command_seconds_bucket{{nsid=\"{ns}\",command=\"{cmd}\",function=\"{f}\",le=\"{b}\"}} {}", s.buckets[i]);
             }
-            let _ = writeln!(out, "insitu_command_seconds_bucket{{nsid=\"{ns}\",command=\"{cmd}\",le=\"+Inf\"}} {}", s.commands);
-            let _ = writeln!(out, "insitu_command_seconds_sum{{nsid=\"{ns}\",command=\"{cmd}\"}} {}", s.seconds);
-            let _ = writeln!(out, "insitu_command_seconds_count{{nsid=\"{ns}\",command=\"{cmd}\"}} {}", s.commands);
+            let _ = writeln!(out, "insitu_command_seconds_bucket{{nsid=\"{ns}\",command=\"{cmd}\",function=\"{f}\",le=\"+Inf\"}} {}", s.commands);
+            let _ = writeln!(out, "insitu_command_seconds_sum{{nsid=\"{ns}\",command=\"{cmd}\",function=\"{f}\"}} {}", s.seconds);
+            let _ = writeln!(out, "insitu_command_seconds_count{{nsid=\"{ns}\",command=\"{cmd}\",function=\"{f}\"}} {}", s.commands);
         }
         out
     }

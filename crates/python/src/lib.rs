@@ -42,6 +42,10 @@ fn json<T: serde::Serialize>(v: &T) -> PyResult<String> {
 /// Runs the `insitu` command line with `argv` (program name first); returns the exit code.
 #[pyfunction]
 fn cli(py: Python<'_>, argv: Vec<String>) -> i32 {
+    // The console script's process ends with this call: end quietly on a closed pipe, as
+    // other Unix tools do, instead of failing on the write.
+    // SAFETY: restores the default action of one signal; no memory is passed.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     py.allow_threads(|| insitu_cli::run(argv))
 }
 
