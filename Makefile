@@ -40,7 +40,9 @@ test-python: build
 	$(VENV)/bin/pytest -q tests
 
 bench: build
-	$(PY) -m pip install -q matplotlib && $(PY) bench/scan.py
+	$(PY) -m pip install -q matplotlib
+	$(PY) bench/scan.py
+	$(PY) bench/fabric.py
 
 clean:
 	cargo clean
