@@ -154,8 +154,14 @@ impl Kernel for CsvSelect {
     fn output_count(&self) -> usize {
         1
     }
-    fn output_capacity(&self, _args: &Args<'_>, input_len: u64) -> u64 {
-        input_len.saturating_mul(2).saturating_add(4096)
+    /// Quoting at most doubles a field, so one copy of each input byte needs at most
+    /// `2 * input + 4096`; a column listed `m` times in `columns` is copied `m` times.
+    fn output_capacity(&self, args: &Args<'_>, input_len: u64) -> u64 {
+        let copies = args.str("columns").map_or(1, |c| {
+            let names: Vec<&str> = c.split(',').map(str::trim).collect();
+            names.iter().map(|n| names.iter().filter(|m| *m == n).count()).max().unwrap_or(1)
+        });
+        input_len.saturating_mul(2).saturating_add(4096).saturating_mul(copies as u64)
     }
     fn prepare(&self, args: &Args<'_>) -> Result<Box<dyn Job>, KernelError> {
         args.check(self.params())?;
