@@ -30,6 +30,17 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A timing model the media obeys (a flash device, say): told about every transfer before
+/// it happens, it may sleep so the media is as slow as the device it stands for. With none
+/// set, transfers run at this machine's speed and nothing sleeps.
+pub trait Pacing: Send + Sync {
+    /// `len` bytes at `offset` are about to be read.
+    fn on_read(&self, offset: u64, len: u64);
+    /// `len` bytes at `offset` are about to be written.
+    fn on_write(&self, offset: u64, len: u64);
+}
 
 /// Bytes moved to and from the media since it was opened.
 #[derive(Debug, Default)]
@@ -50,6 +61,7 @@ pub struct Backing {
     is_direct: bool,
     len: u64,
     counters: MediaCounters,
+    pacing: Option<Arc<dyn Pacing>>,
 }
 
 impl Backing {
@@ -71,7 +83,13 @@ impl Backing {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (buffered.try_clone()?, false),
             Err(e) => return Err(with_path(e, path, "open with O_DIRECT")),
         };
-        Ok(Backing { path: path.to_owned(), direct, buffered, is_direct, len, counters: MediaCounters::default() })
+        Ok(Backing { path: path.to_owned(), direct, buffered, is_direct, len, counters: MediaCounters::default(), pacing: None })
+    }
+
+    /// Makes every transfer obey `pacing` (see [`Pacing`]).
+    pub fn with_pacing(mut self, pacing: Arc<dyn Pacing>) -> Self {
+        self.pacing = Some(pacing);
+        self
     }
 
     /// Path the media was opened from.
@@ -115,6 +133,9 @@ impl Backing {
         // The aligned span may reach past the end of a store whose size is not a multiple
         // of the alignment; a short read there is expected.
         let want = (self.len.min(stop) - start) as usize;
+        if let Some(p) = &self.pacing {
+            p.on_read(offset, len as u64);
+        }
         let got = read_full(&self.direct, &mut buf.as_mut_slice()[..span], start)?;
         self.counters.read_bytes.fetch_add(got as u64, Ordering::Relaxed);
         if got < want {
@@ -136,6 +157,9 @@ impl Backing {
     pub fn write_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
         if offset.checked_add(data.len() as u64).is_none_or(|e| e > self.len) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("write of {} bytes at {offset} is beyond the end ({})", data.len(), self.len)));
+        }
+        if let Some(p) = &self.pacing {
+            p.on_write(offset, data.len() as u64);
         }
         let align = DIRECT_ALIGN as u64;
         let aligned = self.is_direct && offset.is_multiple_of(align) && (data.len() as u64).is_multiple_of(align);
@@ -161,6 +185,9 @@ impl Backing {
         let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "range too large"));
         };
+        if let Some(p) = &self.pacing {
+            p.on_write(offset, len);
+        }
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
         // SAFETY: plain syscall on an open fd; no memory is passed.
         let rc = unsafe { libc::fallocate(self.buffered.as_raw_fd(), mode, off, n) };
@@ -267,5 +294,29 @@ mod tests {
         m.read_at(&mut out, 4096).unwrap();
         assert!(out[100..].iter().all(|b| *b == 0) && out[..100].iter().all(|b| *b == 0xAA));
         assert!(m.zero_range(4 * 4096 - 1, 2).is_err());
+    }
+
+    #[derive(Default)]
+    struct Recorder(std::sync::Mutex<Vec<(bool, u64, u64)>>);
+
+    impl Pacing for Recorder {
+        fn on_read(&self, offset: u64, len: u64) {
+            self.0.lock().unwrap().push((false, offset, len));
+        }
+        fn on_write(&self, offset: u64, len: u64) {
+            self.0.lock().unwrap().push((true, offset, len));
+        }
+    }
+
+    #[test]
+    fn pacing_sees_every_transfer_as_requested() {
+        let (_d, path) = store(4 * 4096);
+        let rec = Arc::new(Recorder::default());
+        let m = Backing::open(&path, false).unwrap().with_pacing(rec.clone());
+        let mut buf = AlignedBuf::new(3 * 4096);
+        m.read_window(&mut buf, 100, 5000).unwrap();
+        m.write_at(b"abc", 7).unwrap();
+        m.zero_range(4096, 512).unwrap();
+        assert_eq!(*rec.0.lock().unwrap(), vec![(false, 100, 5000), (true, 7, 3), (true, 4096, 512)]);
     }
 }

@@ -103,7 +103,10 @@ impl Target {
 
     /// Opens `path` (a file or block device) and adds a namespace over it; returns its NSID.
     pub fn add_namespace(&mut self, path: &Path, cfg: NamespaceConfig) -> Result<Nsid, String> {
-        let media = Backing::open(path, false).map_err(|e| e.to_string())?;
+        let mut media = Backing::open(path, false).map_err(|e| e.to_string())?;
+        if let Some(p) = &cfg.pacing {
+            media = media.with_pacing(p.clone());
+        }
         let ns = Namespace::new(Arc::new(media), &cfg)?;
         self.namespaces.push(ns);
         Ok(self.namespaces.len() as Nsid)

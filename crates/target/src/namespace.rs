@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Namespaces: byte ranges of a backing store with a logical block size and a visibility.
 
-use insitu_media::Backing;
+use insitu_media::{Backing, Pacing};
 use std::sync::Arc;
 
 /// Who may address a namespace.
@@ -14,7 +14,7 @@ pub enum Visibility {
 }
 
 /// How to carve a namespace out of a backing store.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct NamespaceConfig {
     /// Logical block size for Read/Write: 512 or 4096. Default 512.
     pub lba_size: u32,
@@ -25,11 +25,26 @@ pub struct NamespaceConfig {
     pub size: Option<u64>,
     /// Sharable or private. Default sharable.
     pub visibility: Visibility,
+    /// A device timing model the media obeys (a flash model, say). Default none: the
+    /// machine's real speed.
+    pub pacing: Option<Arc<dyn Pacing>>,
+}
+
+impl std::fmt::Debug for NamespaceConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NamespaceConfig")
+            .field("lba_size", &self.lba_size)
+            .field("offset", &self.offset)
+            .field("size", &self.size)
+            .field("visibility", &self.visibility)
+            .field("paced", &self.pacing.is_some())
+            .finish()
+    }
 }
 
 impl Default for NamespaceConfig {
     fn default() -> Self {
-        NamespaceConfig { lba_size: 512, offset: 0, size: None, visibility: Visibility::Sharable }
+        NamespaceConfig { lba_size: 512, offset: 0, size: None, visibility: Visibility::Sharable, pacing: None }
     }
 }
 
