@@ -48,12 +48,16 @@ pub struct Dataset {
     pub tables: Vec<PathBuf>,
     /// Binary files, including a sparse one and an empty one.
     pub blobs: Vec<PathBuf>,
+    /// Two equally long ascending arrays of little-endian u64.
+    pub arrays: Vec<PathBuf>,
+    /// A graph as little-endian u32 (source, destination) pairs, and its node count.
+    pub graph: (PathBuf, u64),
 }
 
 impl Dataset {
     /// Every file.
     pub fn all(&self) -> Vec<PathBuf> {
-        self.logs.iter().chain(&self.tables).chain(&self.blobs).cloned().collect()
+        self.logs.iter().chain(&self.tables).chain(&self.blobs).chain(&self.arrays).chain([&self.graph.0]).cloned().collect()
     }
 }
 
@@ -194,6 +198,29 @@ pub fn generate(dir: &Path, total: u64) -> io::Result<Dataset> {
     let empty = dir.join("bin/empty");
     File::create(&empty)?;
     ds.blobs.push(empty);
+    // Analysis inputs: two sorted u64 arrays and a random graph.
+    let elements = (total / 100 / 8).max(1024);
+    for name in ["a", "b"] {
+        let p = dir.join(format!("bin/sorted-{name}.u64"));
+        let mut w = BufWriter::new(File::create(&p)?);
+        let mut v = 0u64;
+        for _ in 0..elements {
+            v += rng.below(1000);
+            w.write_all(&v.to_le_bytes())?;
+        }
+        w.flush()?;
+        ds.arrays.push(p);
+    }
+    let nodes = 10_000u64;
+    let p = dir.join("bin/graph.edges");
+    let mut w = BufWriter::new(File::create(&p)?);
+    for _ in 0..(total / 200 / 8).max(1000) {
+        let (s, d) = (rng.below(nodes) as u32, (rng.below(nodes / 10) * 10) as u32);
+        w.write_all(&s.to_le_bytes())?;
+        w.write_all(&d.to_le_bytes())?;
+    }
+    w.flush()?;
+    ds.graph = (p, nodes);
     // Push everything to the device: the target reads the media, not the page cache.
     for p in ds.all() {
         File::open(&p)?.sync_all()?;

@@ -76,6 +76,11 @@ fn cases(ds: &dataset::Dataset) -> Vec<Case> {
     out.push(Case { label: "wc", function: "wc", args: vec![], paths: text, small_result: true });
     out.push(Case { label: "zstd", function: "zstd", args: vec![], paths: vec![ds.logs[2].clone()], small_result: false });
     out.push(Case { label: "sort", function: "sort", args: vec![], paths: vec![ds.logs[3].clone()], small_result: false });
+    let u = |k: &str, v: u64| (k.to_string(), Value::U64(v));
+    out.push(Case { label: "count", function: "count", args: vec![u("min", 1000), u("max", 2_000_000)], paths: ds.arrays.clone(), small_result: true });
+    out.push(Case { label: "vector-add", function: "vector-add", args: vec![], paths: ds.arrays.clone(), small_result: false });
+    out.push(Case { label: "array-merge", function: "array-merge", args: vec![], paths: ds.arrays.clone(), small_result: false });
+    out.push(Case { label: "pagerank", function: "pagerank", args: vec![u("nodes", ds.graph.1)], paths: vec![ds.graph.0.clone()], small_result: false });
     out.push(Case {
         label: "csv-select",
         function: "csv-select",

@@ -100,6 +100,9 @@ pub fn output_suffix(function: &str) -> &'static str {
         "zstd" => ".zst",
         "sort" => ".sorted",
         "csv-select" => ".select.csv",
+        "vector-add" => ".sum",
+        "array-merge" => ".merged",
+        "pagerank" => ".ranks",
         _ => ".out",
     }
 }
@@ -140,12 +143,15 @@ fn find_kernel<'r>(registry: &'r Registry, function: &str) -> Result<&'r dyn Ker
 /// One file's result, cost, and bytes its reads returned (conventional path).
 type FileOutcome = Result<(FileResult, Stats, u64), OasError>;
 
+/// Open embedded targets: backing path → ((device, inode, size) when opened, target).
+type TargetCache = HashMap<PathBuf, ((u64, u64, u64), Arc<Target>)>;
+
 /// Runs requests, keeping one embedded target open per backing image.
 pub struct Offloader {
     registry: Arc<Registry>,
     /// Backing path → (device, inode and size of the file when opened, its target). An
     /// image replaced or resized under the same path gets a new target.
-    targets: Mutex<HashMap<PathBuf, ((u64, u64, u64), Arc<Target>)>>,
+    targets: Mutex<TargetCache>,
     jobs: usize,
     remote: crate::remote::Sessions,
 }
@@ -182,7 +188,14 @@ impl Offloader {
         if req.paths.is_empty() {
             return Err(OasError::BadRequest("no input files given".into()));
         }
-        let outputs = self.plan_outputs(kernel, req)?;
+        // One EXEC per file, except for kernels that combine several inputs into one output
+        // (vector-add, array-merge): those get every file in one descriptor.
+        let gathers = kernel.max_inputs() > 1 && kernel.output_count() > 0;
+        if gathers && req.paths.len() > kernel.max_inputs() {
+            return Err(OasError::BadRequest(format!("{} takes at most {} input files", req.function, kernel.max_inputs())));
+        }
+        let groups: Vec<&[PathBuf]> = if gathers { vec![&req.paths[..]] } else { req.paths.chunks(1).collect() };
+        let outputs = self.plan_outputs(kernel, req, &groups)?;
         for p in &req.paths {
             let meta = fs::metadata(p).map_err(|e| match e.kind() {
                 std::io::ErrorKind::NotFound => OasError::BadRequest(format!("{}: {e}", p.display())),
@@ -200,16 +213,16 @@ impl Offloader {
         let before: Vec<Option<u64>> = devices.iter().map(|d| device_read_bytes(d)).collect();
 
         let next = AtomicUsize::new(0);
-        let slots: Vec<Mutex<Option<FileOutcome>>> = req.paths.iter().map(|_| Mutex::new(None)).collect();
+        let slots: Vec<Mutex<Option<FileOutcome>>> = groups.iter().map(|_| Mutex::new(None)).collect();
         std::thread::scope(|s| {
-            for _ in 0..self.jobs.min(req.paths.len()) {
+            for _ in 0..self.jobs.min(groups.len()) {
                 s.spawn(|| loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(path) = req.paths.get(i) else { break };
+                    let Some(group) = groups.get(i) else { break };
                     let out = outputs.get(i).and_then(|o| o.as_deref());
                     let r = match req.mode {
-                        Mode::Offload => self.offload_one(kernel, req, path, out),
-                        Mode::Conventional => conventional_one(kernel, req, path, out),
+                        Mode::Offload => self.offload_one(kernel, req, group, out),
+                        Mode::Conventional => conventional_one(kernel, req, group, out),
                     };
                     let failed = r.is_err();
                     *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
@@ -250,14 +263,14 @@ impl Offloader {
         Ok(Report { function: req.function.clone(), mode, results, stats })
     }
 
-    fn plan_outputs(&self, kernel: &dyn Kernel, req: &Request) -> Result<Vec<Option<PathBuf>>, OasError> {
+    fn plan_outputs(&self, kernel: &dyn Kernel, req: &Request, groups: &[&[PathBuf]]) -> Result<Vec<Option<PathBuf>>, OasError> {
         if kernel.output_count() == 0 {
             if req.output.is_some() {
                 return Err(OasError::BadRequest(format!("{} returns its result inline and takes no --output", req.function)));
             }
-            return Ok(vec![None; req.paths.len()]);
+            return Ok(vec![None; groups.len()]);
         }
-        if req.output.is_some() && req.paths.len() != 1 {
+        if req.output.is_some() && groups.len() != 1 {
             return Err(OasError::BadRequest("--output needs exactly one input file".into()));
         }
         let suffix = match req.mode {
@@ -266,7 +279,7 @@ impl Offloader {
         };
         let outs: Vec<PathBuf> = match &req.output {
             Some(o) => vec![o.clone()],
-            None => req.paths.iter().map(|p| PathBuf::from(format!("{}{suffix}", p.display()))).collect(),
+            None => groups.iter().map(|g| PathBuf::from(format!("{}{suffix}", g[0].display()))).collect(),
         };
         for o in &outs {
             if o.exists() && !req.force {
@@ -293,7 +306,8 @@ impl Offloader {
         Ok(t)
     }
 
-    fn offload_one(&self, kernel: &dyn Kernel, req: &Request, path: &Path, out: Option<&Path>) -> FileOutcome {
+    fn offload_one(&self, kernel: &dyn Kernel, req: &Request, group: &[PathBuf], out: Option<&Path>) -> FileOutcome {
+        let path = &group[0];
         let io = |e| OasError::Io { path: path.to_owned(), source: e };
         let file = File::open(path).map_err(io)?;
         let meta = file.metadata().map_err(io)?;
@@ -304,12 +318,23 @@ impl Offloader {
             Some(_) => None,
             None => Some(self.target_for(&map)?),
         };
-        let input = virtual_object(&file, path, &map)?;
-        let mut d = Descriptor::new(&req.function, vec![input]);
+        let mut inputs = vec![virtual_object(&file, path, &map)?];
+        let mut total = meta.len();
+        for other in &group[1..] {
+            let io = |e| OasError::Io { path: other.to_owned(), source: e };
+            let f = File::open(other).map_err(io)?;
+            let m = f.metadata().map_err(io)?;
+            if device::resolve(m.dev(), other)?.backing != map.backing {
+                return Err(OasError::BadRequest(format!("{} and {} are on different devices; one EXEC reads one namespace", path.display(), other.display())));
+            }
+            inputs.push(virtual_object(&f, other, &map)?);
+            total += m.len();
+        }
+        let mut d = Descriptor::new(&req.function, inputs);
         d.args = req.args.clone();
         let slot = match out {
             Some(dest) => {
-                let (slot, obj) = take_output_slot(kernel, req, &meta, &map, dest)?;
+                let (slot, obj) = take_output_slot(kernel, req, &meta, total, &map, dest)?;
                 d.outputs.push(obj);
                 Some(slot)
             }
@@ -338,7 +363,7 @@ impl Offloader {
         let result = ExecResult::decode(&result_bytes)
             .map_err(|e| OasError::BadRequest(format!("{}: the target sent an unreadable result: {e}", path.display())))?;
         let record = result.records.into_iter().next().unwrap_or_default();
-        let mut fr = file_result(path, &record);
+        let mut fr = file_result(group, &record);
         if let (Some(slot), Some(dest)) = (slot, out) {
             let len = match record.iter().find(|(k, _)| k == "output_length") {
                 Some((_, Value::U64(n))) => *n,
@@ -361,6 +386,7 @@ fn take_output_slot(
     kernel: &dyn Kernel,
     req: &Request,
     input_meta: &fs::Metadata,
+    input_total: u64,
     map: &DeviceMap,
     dest: &Path,
 ) -> Result<(crate::pool::Slot, insitu_wire::VirtualObject), OasError> {
@@ -373,7 +399,7 @@ fn take_output_slot(
         )));
     }
     let pool = OutputPool::at(&device::mount_root(parent).map_err(io)?).map_err(io)?;
-    let capacity = kernel.output_capacity(&Args::new(&req.args), input_meta.len());
+    let capacity = kernel.output_capacity(&Args::new(&req.args), input_total);
     let slot = pool.acquire(capacity).map_err(|e| OasError::Io { path: pool.dir().to_owned(), source: e })?;
     match virtual_object(&slot.file, &slot.path, map) {
         Ok(obj) if obj.extents.iter().all(|e| e.kind == ExtentKind::Data) => Ok((slot, obj)),
@@ -389,20 +415,24 @@ fn take_output_slot(
     }
 }
 
-fn conventional_one(kernel: &dyn Kernel, req: &Request, path: &Path, out: Option<&Path>) -> FileOutcome {
-    let io = |e| OasError::Io { path: path.to_owned(), source: e };
-    let file = File::open(path).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
-    make_cold(&file, map_of(path).ok().as_ref()).map_err(io)?;
+fn conventional_one(kernel: &dyn Kernel, req: &Request, group: &[PathBuf], out: Option<&Path>) -> FileOutcome {
+    let path = &group[0];
+    let mut inputs = Vec::with_capacity(group.len());
+    for p in group {
+        let io = |e| OasError::Io { path: p.to_owned(), source: e };
+        let file = File::open(p).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        make_cold(&file, map_of(p).ok().as_ref()).map_err(io)?;
+        inputs.push(FileInput::new(file, len));
+    }
     let job = kernel.prepare(&Args::new(&req.args)).map_err(|e| OasError::BadRequest(e.to_string()))?;
-    let mut input = FileInput::new(file, len);
     let tmp = out.map(|o| PathBuf::from(format!("{}.insitu-tmp", o.display())));
     let mut sink = match &tmp {
         Some(t) => Some(FileOutput::new(OpenOptions::new().write(true).create(true).truncate(true).open(t).map_err(|e| OasError::Io { path: t.clone(), source: e })?)),
         None => None,
     };
     let run = {
-        let mut ins: Vec<&mut dyn InputStream> = vec![&mut input];
+        let mut ins: Vec<&mut dyn InputStream> = inputs.iter_mut().map(|i| i as &mut dyn InputStream).collect();
         let mut outs: Vec<&mut dyn OutputSink> = sink.iter_mut().map(|s| s as &mut dyn OutputSink).collect();
         job.run(&mut ins, &mut outs)
     };
@@ -416,7 +446,7 @@ fn conventional_one(kernel: &dyn Kernel, req: &Request, path: &Path, out: Option
         }
     };
     let record = records.into_iter().next().unwrap_or_default();
-    let mut fr = file_result(path, &record);
+    let mut fr = file_result(group, &record);
     let mut written = 0;
     if let (Some(t), Some(dest)) = (&tmp, out) {
         written = record.iter().find_map(|(k, v)| if let ("output_length", Value::U64(n)) = (k.as_str(), v) { Some(*n) } else { None }).unwrap_or(0);
@@ -424,13 +454,18 @@ fn conventional_one(kernel: &dyn Kernel, req: &Request, path: &Path, out: Option
         fr.fields.insert("output".into(), dest.display().to_string().into());
     }
     let stats = Stats { bytes_from_host: written, ..Stats::default() };
-    Ok((fr, stats, input.read_bytes))
+    Ok((fr, stats, inputs.iter().map(|i| i.read_bytes).sum()))
 }
 
 /// Turns a kernel record into JSON fields: digests become `value`, grep's flat match list
 /// becomes `[[line, offset], ...]`.
-fn file_result(path: &Path, record: &Record) -> FileResult {
+/// A group of several inputs is reported under its first path, with `inputs` listing all.
+fn file_result(group: &[PathBuf], record: &Record) -> FileResult {
+    let path = &group[0];
     let mut fields = serde_json::Map::new();
+    if group.len() > 1 {
+        fields.insert("inputs".into(), group.iter().map(|p| serde_json::Value::from(p.display().to_string())).collect());
+    }
     for (k, v) in record {
         let key = if k == "digest" { "value" } else { k.as_str() };
         let json = match v {

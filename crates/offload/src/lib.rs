@@ -25,6 +25,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod analytics;
 mod args;
 mod checksum;
 mod csv_select;
@@ -124,8 +125,8 @@ pub trait Kernel: Send + Sync {
     fn max_inputs(&self) -> usize {
         usize::MAX
     }
-    /// The output capacity the host must provide for an input of `input_len` bytes (an upper
-    /// bound of the result size). Default 0, for kernels without outputs.
+    /// The output capacity the host must provide when the inputs total `input_len` bytes
+    /// (an upper bound of the result size). Default 0, for kernels without outputs.
     fn output_capacity(&self, _args: &Args<'_>, _input_len: u64) -> u64 {
         0
     }
@@ -158,7 +159,8 @@ impl Registry {
     }
 
     /// The standard kernels: `crc32c`, `xxh3`, `sha256`, `blake3`, `grep`, `wc`, `zstd`,
-    /// `sort`, `csv-select`.
+    /// `sort`, `csv-select`, and the analysis kernels `count`, `vector-add`, `array-merge`,
+    /// `pagerank`.
     pub fn standard() -> Self {
         let mut r = Registry::empty();
         for k in checksum::kernels() {
@@ -169,6 +171,10 @@ impl Registry {
         r.register(Box::new(zstd_compress::Zstd));
         r.register(Box::new(sort::Sort));
         r.register(Box::new(csv_select::CsvSelect));
+        r.register(Box::new(analytics::Count));
+        r.register(Box::new(analytics::VECTOR_ADD));
+        r.register(Box::new(analytics::ARRAY_MERGE));
+        r.register(Box::new(analytics::PageRank));
         r
     }
 
