@@ -26,10 +26,12 @@ const MAX_EXTENT_SECTORS: u64 = 1 << 31;
 
 /// Builds the virtual object of `file` (at `path`, for messages) on the device `map`.
 ///
-/// The file is synced first, so the target reads what the host wrote.
+/// The file's data is synced first, so the target reads what the host wrote.
 pub fn virtual_object(file: &File, path: &Path, map: &DeviceMap) -> Result<VirtualObject, OasError> {
     let io = |e| OasError::Io { path: path.to_owned(), source: e };
-    file.sync_all().map_err(io)?;
+    // fdatasync, not fsync: the data and what locates it must be on the device, but an
+    // atime-only inode change must not cost a journal commit on every offload.
+    file.sync_data().map_err(io)?;
     let length = file.metadata().map_err(io)?.len();
     let extents = fiemap(file, length).map_err(|e| OasError::Fiemap { path: path.to_owned(), source: e })?;
     from_extents(&extents, length, map.offset, path)
