@@ -43,6 +43,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// A CPU budget for the offload engine, standing for a drive's weaker cores: told how much
+/// CPU time a kernel spent, it may stall the kernel's thread to keep within the budget.
+/// With none set, kernels run at this machine's full speed.
+pub trait ComputeBudget: Send + Sync {
+    /// The calling thread spent `cpu_ns` of CPU time computing since its last charge.
+    fn charge(&self, cpu_ns: u64);
+}
+
+/// CPU time the calling thread has used, in nanoseconds.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec, which lives on this stack frame.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// A namespace identifier, 1-based as in NVMe.
 pub type Nsid = u32;
 
@@ -68,6 +84,7 @@ pub struct Target {
     registry: Arc<Registry>,
     limits: Limits,
     max_inline_result: usize,
+    compute: Option<Arc<dyn ComputeBudget>>,
 }
 
 impl Default for Target {
@@ -80,7 +97,7 @@ impl Target {
     /// A target with no namespaces, the standard kernels, default descriptor limits and a
     /// 16 MiB inline result limit.
     pub fn new() -> Self {
-        Target { namespaces: Vec::new(), registry: Arc::new(Registry::standard()), limits: Limits::default(), max_inline_result: 16 << 20 }
+        Target { namespaces: Vec::new(), registry: Arc::new(Registry::standard()), limits: Limits::default(), max_inline_result: 16 << 20, compute: None }
     }
 
     /// Replaces the kernel registry.
@@ -93,6 +110,12 @@ impl Target {
     /// `RESULT_TOO_LARGE`.
     pub fn with_max_inline_result(mut self, bytes: usize) -> Self {
         self.max_inline_result = bytes;
+        self
+    }
+
+    /// Makes kernels obey a CPU budget (see [`ComputeBudget`]). Default: none.
+    pub fn with_compute_budget(mut self, budget: Arc<dyn ComputeBudget>) -> Self {
+        self.compute = Some(budget);
         self
     }
 
@@ -225,7 +248,7 @@ impl Target {
             s.spawn(|| stream::produce(ns, &plans, tx, rrx, &media_read));
             let feed = stream::Feed::new(rx, rtx);
             let mut inputs: Vec<stream::ObjectInput> =
-                d.inputs.iter().enumerate().map(|(i, o)| stream::ObjectInput::new(i, o.length, feed.clone())).collect();
+                d.inputs.iter().enumerate().map(|(i, o)| stream::ObjectInput::new(i, o.length, feed.clone(), self.compute.clone())).collect();
             let mut outputs: Vec<stream::ObjectOutput<'_>> =
                 d.outputs.iter().enumerate().map(|(i, o)| stream::ObjectOutput::new(ns, i, o)).collect();
             let mut in_refs: Vec<&mut dyn InputStream> = inputs.iter_mut().map(|i| i as &mut dyn InputStream).collect();

@@ -15,7 +15,9 @@ use insitu_wire::{ExtentKind, VirtualObject, SECTOR};
 use std::cell::RefCell;
 use std::io;
 use std::rc::Rc;
+use crate::ComputeBudget;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Bytes per media read.
 pub const CHUNK: usize = 2 << 20;
@@ -132,11 +134,15 @@ pub(crate) struct ObjectInput {
     feed: Rc<RefCell<Feed>>,
     current: Option<(AlignedBuf, usize, usize)>,
     done: bool,
+    /// The CPU budget, and the thread CPU time when the kernel last asked for data: the
+    /// time between two requests is the kernel computing.
+    compute: Option<(Arc<dyn ComputeBudget>, u64)>,
 }
 
 impl ObjectInput {
-    pub(crate) fn new(index: usize, len: u64, feed: Rc<RefCell<Feed>>) -> Self {
-        ObjectInput { index, len, feed, current: None, done: false }
+    pub(crate) fn new(index: usize, len: u64, feed: Rc<RefCell<Feed>>, compute: Option<Arc<dyn ComputeBudget>>) -> Self {
+        let compute = compute.map(|c| (c, crate::thread_cpu_ns()));
+        ObjectInput { index, len, feed, current: None, done: false, compute }
     }
 }
 
@@ -146,6 +152,12 @@ impl InputStream for ObjectInput {
     }
 
     fn next_chunk(&mut self) -> io::Result<Option<&[u8]>> {
+        if let Some((budget, last)) = &mut self.compute {
+            let now = crate::thread_cpu_ns();
+            budget.charge(now.saturating_sub(*last));
+            // The stall itself is not compute.
+            *last = crate::thread_cpu_ns();
+        }
         let mut feed = self.feed.borrow_mut();
         if let Some((buf, _, _)) = self.current.take() {
             let _ = feed.recycle.send(buf);

@@ -188,3 +188,23 @@ fn results_go_to_the_result_object_when_one_is_given() {
     small.result = Some(VirtualObject { length: 8, extents: vec![Extent::data(4000, 1)] });
     assert_eq!(t.exec(1, &small.encode()).unwrap_err().status, Status::RESULT_TOO_LARGE);
 }
+
+#[test]
+fn a_compute_budget_is_charged_with_the_kernels_cpu_time() {
+    #[derive(Default)]
+    struct Tally(std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64);
+    impl ComputeBudget for Tally {
+        fn charge(&self, cpu_ns: u64) {
+            self.0.fetch_add(cpu_ns, Ordering::Relaxed);
+            self.1.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    let (_d, t, _) = target_with(Visibility::Sharable);
+    let tally = Arc::new(Tally::default());
+    let t = t.with_compute_budget(tally.clone());
+    let obj = VirtualObject { length: 6 << 20, extents: vec![Extent::data(0, 12 * 1024)] };
+    t.exec(1, &Descriptor::new("sha256", vec![obj]).encode()).unwrap();
+    // sha256 over 6 MiB takes milliseconds of CPU, charged chunk by chunk.
+    assert!(tally.1.load(Ordering::Relaxed) >= 3, "charged {} times", tally.1.load(Ordering::Relaxed));
+    assert!(tally.0.load(Ordering::Relaxed) > 1_000_000, "charged {} ns", tally.0.load(Ordering::Relaxed));
+}
