@@ -31,15 +31,25 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
-/// A timing model the media obeys (a flash device, say): told about every transfer before
-/// it happens, it may sleep so the media is as slow as the device it stands for. With none
-/// set, transfers run at this machine's speed and nothing sleeps.
+/// A timing model the media obeys (a flash device, say). Told about every transfer before
+/// it happens, it answers when the modelled device would finish it; after doing the real
+/// transfer the media waits until then, so a transfer takes the longer of the real and the
+/// modelled time. With none set, transfers run at this machine's speed and nothing sleeps.
 pub trait Pacing: Send + Sync {
-    /// `len` bytes at `offset` are about to be read.
-    fn on_read(&self, offset: u64, len: u64);
-    /// `len` bytes at `offset` are about to be written.
-    fn on_write(&self, offset: u64, len: u64);
+    /// `len` bytes at `offset` are about to be read; when would the device be done?
+    fn on_read(&self, offset: u64, len: u64) -> Instant;
+    /// `len` bytes at `offset` are about to be written; when would the device be done?
+    fn on_write(&self, offset: u64, len: u64) -> Instant;
+    /// `len` bytes at `offset` no longer hold data (hole punched); free by default.
+    fn on_discard(&self, _offset: u64, _len: u64) {}
+    /// Blocks until `deadline`.
+    fn wait_until(&self, deadline: Instant) {
+        if let Some(d) = deadline.checked_duration_since(Instant::now()) {
+            std::thread::sleep(d);
+        }
+    }
 }
 
 /// Bytes moved to and from the media since it was opened.
@@ -133,10 +143,11 @@ impl Backing {
         // The aligned span may reach past the end of a store whose size is not a multiple
         // of the alignment; a short read there is expected.
         let want = (self.len.min(stop) - start) as usize;
-        if let Some(p) = &self.pacing {
-            p.on_read(offset, len as u64);
-        }
+        let paced = self.pacing.as_ref().map(|p| (p, p.on_read(offset, len as u64)));
         let got = read_full(&self.direct, &mut buf.as_mut_slice()[..span], start)?;
+        if let Some((p, deadline)) = paced {
+            p.wait_until(deadline);
+        }
         self.counters.read_bytes.fetch_add(got as u64, Ordering::Relaxed);
         if got < want {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read at {start}: {got} of {want} bytes")));
@@ -158,9 +169,7 @@ impl Backing {
         if offset.checked_add(data.len() as u64).is_none_or(|e| e > self.len) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("write of {} bytes at {offset} is beyond the end ({})", data.len(), self.len)));
         }
-        if let Some(p) = &self.pacing {
-            p.on_write(offset, data.len() as u64);
-        }
+        let paced = self.pacing.as_ref().map(|p| (p, p.on_write(offset, data.len() as u64)));
         let align = DIRECT_ALIGN as u64;
         let aligned = self.is_direct && offset.is_multiple_of(align) && (data.len() as u64).is_multiple_of(align);
         if aligned && (data.as_ptr() as usize).is_multiple_of(DIRECT_ALIGN) {
@@ -173,6 +182,9 @@ impl Backing {
             self.buffered.write_all_at(data, offset)?;
         }
         self.counters.written_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+        if let Some((p, deadline)) = paced {
+            p.wait_until(deadline);
+        }
         Ok(())
     }
 
@@ -186,7 +198,7 @@ impl Backing {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "range too large"));
         };
         if let Some(p) = &self.pacing {
-            p.on_write(offset, len);
+            p.on_discard(offset, len);
         }
         let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
         // SAFETY: plain syscall on an open fd; no memory is passed.
@@ -300,11 +312,16 @@ mod tests {
     struct Recorder(std::sync::Mutex<Vec<(bool, u64, u64)>>);
 
     impl Pacing for Recorder {
-        fn on_read(&self, offset: u64, len: u64) {
+        fn on_read(&self, offset: u64, len: u64) -> Instant {
             self.0.lock().unwrap().push((false, offset, len));
+            Instant::now()
         }
-        fn on_write(&self, offset: u64, len: u64) {
+        fn on_write(&self, offset: u64, len: u64) -> Instant {
             self.0.lock().unwrap().push((true, offset, len));
+            Instant::now()
+        }
+        fn on_discard(&self, offset: u64, len: u64) {
+            self.0.lock().unwrap().push((true, offset, len + 1));
         }
     }
 
@@ -317,6 +334,6 @@ mod tests {
         m.read_window(&mut buf, 100, 5000).unwrap();
         m.write_at(b"abc", 7).unwrap();
         m.zero_range(4096, 512).unwrap();
-        assert_eq!(*rec.0.lock().unwrap(), vec![(false, 100, 5000), (true, 7, 3), (true, 4096, 512)]);
+        assert_eq!(*rec.0.lock().unwrap(), vec![(false, 100, 5000), (true, 7, 3), (true, 4096, 513)]);
     }
 }

@@ -1,0 +1,318 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Real-time pacing: makes real I/O take the time a modelled device would.
+//!
+//! A [`Pacer`] runs the timing models on a clock whose zero is the pacer's creation. Each
+//! call books its request at "now" and sleeps until the model's completion time, so a caller
+//! that is already slower than the model never sleeps, and concurrent callers contend for the
+//! modelled channels, dies and links exactly as concurrent requests would.
+//!
+//! [`Pacer::read`] and friends book and wait in one call, before the real transfer, so the
+//! real transfer's own time adds to the modelled time (this is what the
+//! [`insitu_media::Pacing`] hook does). To overlap the two instead, book first and wait
+//! after: `let d = pacer.reserve_read(off, len); do_the_io(); pacer.wait_until(d);`.
+//!
+//! `std::thread::sleep` wakes late (typically 50–100 µs on Linux). The pacer measures that
+//! lateness and starts later sleeps earlier by its running average (at most 1 ms), so
+//! back-to-back requests average out on the modelled completion times.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{DeviceModel, Flash, FlashStats, Link, ModelError};
+
+/// Largest oversleep compensation, ns.
+const MAX_COMPENSATION_NS: u64 = 1_000_000;
+
+/// Counters of a [`Pacer`].
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PaceStats {
+    /// Reads booked on the flash model.
+    pub reads: u64,
+    /// Writes booked on the flash model.
+    pub writes: u64,
+    /// Transfers booked on the host link.
+    pub link_transfers: u64,
+    /// Transfers booked on the engine link.
+    pub engine_transfers: u64,
+    /// Time callers were put to sleep, ns (summed over threads).
+    pub slept_ns: u64,
+    /// Current oversleep compensation, ns.
+    pub compensation_ns: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    reads: AtomicU64,
+    writes: AtomicU64,
+    link: AtomicU64,
+    engine: AtomicU64,
+    slept: AtomicU64,
+}
+
+/// Paces real I/O against a flash model and optional links; shareable between threads.
+pub struct Pacer {
+    epoch: Instant,
+    flash: Option<Mutex<Flash>>,
+    link: Option<Mutex<Link>>,
+    engine: Option<Mutex<Link>>,
+    compensation: AtomicU64,
+    counters: Counters,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Pacer {
+    /// A pacer over an optional flash model and optional host link; its clock starts now.
+    /// With neither, every call returns at once.
+    pub fn new(flash: Option<Flash>, link: Option<Link>) -> Pacer {
+        Pacer {
+            epoch: Instant::now(),
+            flash: flash.map(Mutex::new),
+            link: link.map(Mutex::new),
+            engine: None,
+            compensation: AtomicU64::new(0),
+            counters: Counters::default(),
+        }
+    }
+
+    /// Adds the link between the flash back-end and the offload engine (see
+    /// [`DeviceModel::engine_link`]).
+    pub fn with_engine_link(mut self, link: Link) -> Pacer {
+        self.engine = Some(Mutex::new(link));
+        self
+    }
+
+    /// A pacer for `model` over a store of `logical_bytes`: its flash, host link and engine
+    /// link, each when the model has one.
+    pub fn from_model(model: &DeviceModel, logical_bytes: u64) -> Result<Pacer, ModelError> {
+        let flash = model.flash.clone().map(|c| Flash::new(c, logical_bytes)).transpose()?;
+        let link = model.link.clone().map(Link::new).transpose()?;
+        let mut pacer = Pacer::new(flash, link);
+        if let Some(engine) = model.engine_link.clone() {
+            pacer = pacer.with_engine_link(Link::new(engine)?);
+        }
+        Ok(pacer)
+    }
+
+    /// Nanoseconds since the pacer was created: the models' clock.
+    pub fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn deadline(&self, done_ns: u64) -> Instant {
+        self.epoch + Duration::from_nanos(done_ns)
+    }
+
+    /// Books a read on the flash model now and returns when it completes, without waiting.
+    pub fn reserve_read(&self, offset: u64, len: u64) -> Instant {
+        let now = self.now_ns();
+        let Some(flash) = &self.flash else { return self.deadline(now) };
+        self.counters.reads.fetch_add(1, Relaxed);
+        let done = lock(flash).read(now, offset, len);
+        self.deadline(done)
+    }
+
+    /// Books a write on the flash model now (with any garbage collection it forces) and
+    /// returns when it completes, without waiting.
+    pub fn reserve_write(&self, offset: u64, len: u64) -> Instant {
+        let now = self.now_ns();
+        let Some(flash) = &self.flash else { return self.deadline(now) };
+        self.counters.writes.fetch_add(1, Relaxed);
+        let done = lock(flash).write(now, offset, len);
+        self.deadline(done)
+    }
+
+    fn reserve_on(&self, link: &Option<Mutex<Link>>, count: &AtomicU64, bytes: u64) -> Instant {
+        let now = self.now_ns();
+        let Some(link) = link else { return self.deadline(now) };
+        count.fetch_add(1, Relaxed);
+        let done = lock(link).transfer(now, bytes);
+        self.deadline(done)
+    }
+
+    /// Books `bytes` on the host link now and returns when they are delivered.
+    pub fn reserve_link(&self, bytes: u64) -> Instant {
+        self.reserve_on(&self.link, &self.counters.link, bytes)
+    }
+
+    /// Books `bytes` on the engine link now and returns when they are delivered.
+    pub fn reserve_engine(&self, bytes: u64) -> Instant {
+        self.reserve_on(&self.engine, &self.counters.engine, bytes)
+    }
+
+    /// Sleeps until `deadline` (minus the measured oversleep); returns at once if it passed.
+    pub fn wait_until(&self, deadline: Instant) {
+        let comp = self.compensation.load(Relaxed);
+        let target = deadline.checked_sub(Duration::from_nanos(comp)).unwrap_or(deadline);
+        let now = Instant::now();
+        if target <= now {
+            return;
+        }
+        std::thread::sleep(target - now);
+        let woke = Instant::now();
+        let late = (woke.saturating_duration_since(target).as_nanos() as u64).min(MAX_COMPENSATION_NS);
+        self.compensation.store(comp - comp / 8 + late / 8, Relaxed);
+        self.counters.slept.fetch_add(woke.saturating_duration_since(now).as_nanos() as u64, Relaxed);
+    }
+
+    /// Books a read of `len` bytes at `offset` and sleeps until the model completes it.
+    pub fn read(&self, offset: u64, len: u64) {
+        self.wait_until(self.reserve_read(offset, len));
+    }
+
+    /// Books a write and sleeps until the model completes it.
+    pub fn write(&self, offset: u64, len: u64) {
+        self.wait_until(self.reserve_write(offset, len));
+    }
+
+    /// Moves `bytes` over the host link, sleeping until they are delivered.
+    pub fn link_transfer(&self, bytes: u64) {
+        self.wait_until(self.reserve_link(bytes));
+    }
+
+    /// Moves `bytes` over the engine link, sleeping until they are delivered.
+    pub fn engine_transfer(&self, bytes: u64) {
+        self.wait_until(self.reserve_engine(bytes));
+    }
+
+    /// Tells the flash model that a range was discarded (TRIM); takes no time.
+    pub fn discard(&self, offset: u64, len: u64) {
+        if let Some(flash) = &self.flash {
+            lock(flash).discard(offset, len);
+        }
+    }
+
+    /// Whether any model is configured (a pacer without one never sleeps).
+    pub fn is_active(&self) -> bool {
+        self.flash.is_some() || self.link.is_some() || self.engine.is_some()
+    }
+
+    /// The flash model's counters, if there is one.
+    pub fn flash_stats(&self) -> Option<FlashStats> {
+        self.flash.as_ref().map(|f| lock(f).stats().clone())
+    }
+
+    /// The pacer's counters.
+    pub fn stats(&self) -> PaceStats {
+        let c = &self.counters;
+        PaceStats {
+            reads: c.reads.load(Relaxed),
+            writes: c.writes.load(Relaxed),
+            link_transfers: c.link.load(Relaxed),
+            engine_transfers: c.engine.load(Relaxed),
+            slept_ns: c.slept.load(Relaxed),
+            compensation_ns: self.compensation.load(Relaxed),
+        }
+    }
+}
+
+/// The media layer's hook: [`Backing`](insitu_media::Backing) calls it before each transfer,
+/// and the pacer books the transfer and sleeps until the model completes it. Discards
+/// (`zero_range`) arrive as writes.
+/// The media asks before each transfer and waits after it, so a transfer takes the longer
+/// of the real and the modelled time, not their sum.
+impl insitu_media::Pacing for Pacer {
+    fn on_read(&self, offset: u64, len: u64) -> Instant {
+        self.reserve_read(offset, len)
+    }
+
+    fn on_write(&self, offset: u64, len: u64) -> Instant {
+        self.reserve_write(offset, len)
+    }
+
+    fn on_discard(&self, offset: u64, len: u64) {
+        self.discard(offset, len);
+    }
+
+    fn wait_until(&self, deadline: Instant) {
+        Pacer::wait_until(self, deadline);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{FlashConfig, LinkConfig};
+    use insitu_media::Pacing;
+
+    fn slow_flash() -> Flash {
+        // One die: a 4 KiB read takes 10 ms sense + 4096 B at 4.096 MB/s = 11 ms.
+        let cfg = FlashConfig {
+            channels: 1,
+            dies_per_channel: 1,
+            page_bytes: 4096,
+            read_us: 10_000.0,
+            channel_mb_s: 4.096,
+            ..FlashConfig::default()
+        };
+        Flash::new(cfg, 1 << 20).unwrap()
+    }
+
+    #[test]
+    fn a_pacer_without_models_never_sleeps() {
+        let p = Pacer::new(None, None);
+        assert!(!p.is_active());
+        let t = Instant::now();
+        for i in 0..1000 {
+            p.read(i * 4096, 4096);
+            p.write(i * 4096, 4096);
+            p.link_transfer(1 << 20);
+            p.engine_transfer(1 << 20);
+        }
+        assert!(t.elapsed() < Duration::from_millis(50));
+        assert_eq!(p.stats(), PaceStats::default());
+        assert!(p.flash_stats().is_none());
+    }
+
+    #[test]
+    fn reads_sleep_until_the_model_completes() {
+        let p = Pacer::new(Some(slow_flash()), None);
+        let t = Instant::now();
+        p.read(0, 4096);
+        let deadline = p.on_read(4096, 4096);
+        insitu_media::Pacing::wait_until(&p, deadline);
+        let took = t.elapsed();
+        assert!(took >= Duration::from_millis(21) && took < Duration::from_millis(300), "{took:?}");
+        assert_eq!(p.stats().reads, 2);
+        assert_eq!(p.flash_stats().unwrap().host_pages_read, 2);
+    }
+
+    #[test]
+    fn backing_transfers_obey_the_pacer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ns.img");
+        std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
+        let pacer = std::sync::Arc::new(Pacer::new(Some(slow_flash()), None));
+        let media = insitu_media::Backing::open(&path, false).unwrap().with_pacing(pacer.clone());
+        let t = Instant::now();
+        let mut out = [0u8; 4096];
+        media.read_at(&mut out, 0).unwrap();
+        assert!(t.elapsed() >= Duration::from_millis(10), "{:?}", t.elapsed());
+        media.write_at(&out, 8192).unwrap();
+        assert_eq!((pacer.stats().reads, pacer.stats().writes), (1, 1));
+    }
+
+    #[test]
+    fn reservations_overlap_with_the_callers_work() {
+        let p = Pacer::new(Some(slow_flash()), Some(Link::new(LinkConfig { mb_s: 1.0, latency_us: 0.0 }).unwrap()));
+        let t = Instant::now();
+        let d = p.reserve_read(0, 4096);
+        std::thread::sleep(Duration::from_millis(11));
+        p.wait_until(d);
+        let took = t.elapsed();
+        assert!(took < Duration::from_millis(20), "{took:?}");
+        // 10 kB at 1 MB/s is 10 ms on the link.
+        let t = Instant::now();
+        p.link_transfer(10_000);
+        assert!(t.elapsed() >= Duration::from_millis(9), "{:?}", t.elapsed());
+        p.write(0, 4096);
+        p.discard(0, 4096);
+        let s = p.stats();
+        assert_eq!((s.reads, s.writes, s.link_transfers), (1, 1, 1));
+    }
+}
