@@ -12,6 +12,7 @@ mod dataset;
 mod demo;
 mod image;
 mod nvme_cmd;
+mod model_cmd;
 mod pool_cmd;
 mod size;
 mod target_cmd;
@@ -156,6 +157,9 @@ enum Cmd {
         /// The mount point given to attach.
         dir: PathBuf,
     },
+    /// Device models a target can emulate: flash, link and compute of an SSD or CSD.
+    #[command(subcommand)]
+    Model(ModelCmd),
     /// Attach, detach or check several targets named in a JSON config.
     ///
     /// Config: {"targets": [{"url": "nvme-tcp://HOST:PORT/NQN/NSID", "dir": "/mnt/a"}, ...]}.
@@ -167,6 +171,17 @@ enum Cmd {
         action: PoolAction,
         /// The pool config file.
         config: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ModelCmd {
+    /// List the presets with their read rates.
+    List,
+    /// Show one model's parameters: a preset name, NAME@MBPS, or custom:MBPS.
+    Show {
+        /// The model.
+        name: String,
     },
 }
 
@@ -238,6 +253,9 @@ enum ImageCmd {
         /// Overwrite an existing file.
         #[arg(long)]
         force: bool,
+        /// Emulate this device when offloading to the image (see `insitu model list`).
+        #[arg(long)]
+        model: Option<String>,
     },
     /// Loop-mount an image at DIR.
     Mount {
@@ -245,6 +263,9 @@ enum ImageCmd {
         path: PathBuf,
         /// Mount point (created if missing).
         dir: PathBuf,
+        /// Emulate this device when offloading to the image; `none` removes a model.
+        #[arg(long)]
+        model: Option<String>,
     },
     /// Unmount DIR (and release its loop device).
     Umount {
@@ -436,11 +457,20 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Cmd::Functions => print_functions(&off, json),
         Cmd::Image(cmd) => {
             match cmd {
-                ImageCmd::Create { path, size, fs, block_size, force } => {
+                ImageCmd::Create { path, size, fs, block_size, force, model } => {
+                    if let Some(m) = &model {
+                        insitu_model::parse(m).map_err(|e| e.to_string())?;
+                    }
                     image::create(&path, size::parse_size(&size)?, fs, block_size, force)?;
+                    model_cmd::set_image_model(&path, model.as_deref())?;
                     done(json, &format!("created {} ({size}, {fs:?})", path.display()));
                 }
-                ImageCmd::Mount { path, dir } => {
+                ImageCmd::Mount { path, dir, model } => {
+                    match model.as_deref() {
+                        Some("none") => model_cmd::set_image_model(&path, None)?,
+                        Some(m) => model_cmd::set_image_model(&path, Some(m))?,
+                        None => {}
+                    }
                     image::mount(&path, &dir)?;
                     done(json, &format!("mounted {} at {}", path.display(), dir.display()));
                 }
@@ -469,6 +499,8 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
                 println!("attached {} at {} ({}, {} via {})", a.url, a.dir.display(), size::human(a.size), a.loop_device, a.disk.display());
             }
         }
+        Cmd::Model(ModelCmd::List) => return model_cmd::list(json),
+        Cmd::Model(ModelCmd::Show { name }) => return model_cmd::show(&name, json),
         Cmd::Pool { action, config } => {
             let cfg = pool_cmd::load(&config)?;
             return match action {

@@ -299,8 +299,17 @@ impl Offloader {
             }
         }
         let mut t = Target::new().with_registry(self.registry.clone());
-        t.add_namespace(&map.backing, NamespaceConfig::default())
-            .map_err(|e| OasError::Io { path: map.backing.clone(), source: std::io::Error::other(e) })?;
+        let mut cfg = NamespaceConfig::default();
+        // An image may carry a device model (`insitu image create --model`): the embedded
+        // target then paces its media and its kernels like that device.
+        if let Some(model) = image_model(&map.backing)? {
+            let bad = |e: insitu_model::ModelError| OasError::BadRequest(format!("{}: {e}", model_sidecar(&map.backing).display()));
+            cfg.pacing = Some(Arc::new(model.pacer(meta.len()).map_err(bad)?));
+            if let Some(budget) = model.compute_budget().map_err(bad)? {
+                t = t.with_compute_budget(Arc::new(budget));
+            }
+        }
+        t.add_namespace(&map.backing, cfg).map_err(|e| OasError::Io { path: map.backing.clone(), source: std::io::Error::other(e) })?;
         let t = Arc::new(t);
         targets.insert(map.backing.clone(), (id, t.clone()));
         Ok(t)
@@ -373,6 +382,21 @@ impl Offloader {
             fr.fields.insert("output".into(), dest.display().to_string().into());
         }
         Ok((fr, stats, 0))
+    }
+}
+
+/// Where an image's device model is recorded: `IMAGE.model`, holding a model spec such as
+/// `newport` or `custom:500` (see `insitu model list`).
+pub fn model_sidecar(image: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.model", image.display()))
+}
+
+/// The device model recorded for an image, if any.
+fn image_model(image: &Path) -> Result<Option<insitu_model::DeviceModel>, OasError> {
+    let path = model_sidecar(image);
+    match fs::read_to_string(&path) {
+        Ok(spec) => insitu_model::parse(spec.trim()).map(Some).map_err(|e| OasError::BadRequest(format!("{}: {e}", path.display()))),
+        Err(_) => Ok(None),
     }
 }
 
