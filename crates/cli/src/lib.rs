@@ -221,6 +221,9 @@ enum TargetCmd {
         /// Serve Prometheus metrics at http://ADDR:PORT/metrics.
         #[arg(long, value_name = "ADDR:PORT")]
         metrics: Option<std::net::SocketAddr>,
+        /// Emulate a device: flash, host link and offload CPU (see `insitu model list`).
+        #[arg(long)]
+        model: Option<String>,
         /// Stay in the foreground (logs to stderr).
         #[arg(long)]
         foreground: bool,
@@ -481,8 +484,8 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             }
         }
         Cmd::Demo { size, fs, dir } => return demo::run(&off, size::parse_size(&size)?, fs, dir, json),
-        Cmd::Target(TargetCmd::Start { listen, nqn, namespaces, private, allow_hosts, metrics, foreground }) => {
-            let a = target_cmd::StartArgs { listen, nqn, namespaces, private, allow_hosts, metrics, foreground };
+        Cmd::Target(TargetCmd::Start { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground }) => {
+            let a = target_cmd::StartArgs { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground };
             return target_cmd::start(a, json);
         }
         Cmd::Target(TargetCmd::Stop { listen }) => return target_cmd::stop(listen, json),

@@ -24,6 +24,7 @@ pub(crate) struct StartArgs {
     pub(crate) private: Vec<PathBuf>,
     pub(crate) allow_hosts: Vec<String>,
     pub(crate) metrics: Option<SocketAddr>,
+    pub(crate) model: Option<String>,
     pub(crate) foreground: bool,
 }
 
@@ -40,7 +41,9 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
     };
     let mut namespaces: Vec<NamespaceSpec> = a.namespaces.iter().map(NamespaceSpec::sharable).collect();
     namespaces.extend(a.private.iter().map(NamespaceSpec::private));
+    let model = a.model.as_deref().map(insitu_model::parse).transpose().map_err(|e| e.to_string())?;
     let cfg = TargetConfig {
+        model,
         listen: a.listen,
         subsystems: vec![SubsystemConfig { nqn: a.nqn.clone(), namespaces, allow_hosts: a.allow_hosts.clone() }],
         ..TargetConfig::default()
@@ -49,7 +52,7 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
     let listen = server.local_addr();
     let record = json!({
         "listen": listen.to_string(), "nqn": a.nqn, "namespaces": a.namespaces, "private": a.private,
-        "allow_hosts": a.allow_hosts, "metrics": a.metrics.map(|m| m.to_string()),
+        "allow_hosts": a.allow_hosts, "metrics": a.metrics.map(|m| m.to_string()), "model": a.model,
     });
     if a.foreground {
         if let Some(m) = a.metrics {

@@ -59,6 +59,10 @@ pub struct TargetConfig {
     pub max_io_queues: u16,
     /// Worker threads per I/O queue, so commands on one queue run concurrently. Default 4.
     pub workers_per_queue: usize,
+    /// A device to emulate: each namespace's media is paced by its flash model, EXEC by its
+    /// compute budget, and data on the wire by its host link (each direction). Default none:
+    /// this machine's real speed.
+    pub model: Option<insitu_model::DeviceModel>,
 }
 
 impl Default for TargetConfig {
@@ -71,6 +75,7 @@ impl Default for TargetConfig {
             queue_depth: 128,
             max_io_queues: 8,
             workers_per_queue: 4,
+            model: None,
         }
     }
 }

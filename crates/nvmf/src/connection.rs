@@ -69,6 +69,8 @@ impl From<PduError> for End {
 #[derive(Clone)]
 pub(crate) struct Sink {
     stream: Arc<Mutex<TcpStream>>,
+    /// The modelled link towards the host, if any.
+    link: Option<Arc<insitu_model::Pacer>>,
     pub(crate) digests: Digests,
     pub(crate) hpda: u8,
     pub(crate) sqid: u16,
@@ -83,6 +85,10 @@ impl Sink {
             p.encode(self.digests, self.hpda, &mut bytes);
         }
         self.metrics.add_wire_out(bytes.len() as u64);
+        // A modelled link delivers the bytes only when it would have carried them.
+        if let Some(l) = &self.link {
+            l.link_transfer(bytes.len() as u64);
+        }
         self.stream.lock().unwrap_or_else(|e| e.into_inner()).write_all(&bytes)
     }
 
@@ -109,7 +115,8 @@ pub(crate) fn serve(shared: Arc<Shared>, stream: TcpStream) {
         Ok(w) => w,
         Err(e) => return log(&peer, &format!("cannot clone socket: {e}")),
     };
-    let sink = Sink { stream: Arc::new(Mutex::new(writer)), digests: Digests::default(), hpda: 0, sqid: 0, metrics: shared.metrics.clone() };
+    let link = shared.links.as_ref().map(|(to_host, _)| to_host.clone());
+    let sink = Sink { stream: Arc::new(Mutex::new(writer)), link, digests: Digests::default(), hpda: 0, sqid: 0, metrics: shared.metrics.clone() };
     let mut conn = Conn { shared, reader: stream, sink, state: State::AwaitIcReq, sqhd: 0, sqsize: 1, pending: HashMap::new(), next_ttag: 0, peer };
     let end = conn.run();
     match &conn.state {
@@ -160,6 +167,9 @@ impl Conn {
         let mut rest = vec![0u8; header.plen as usize - 8];
         self.reader.read_exact(&mut rest)?;
         self.shared.metrics.add_wire_in(u64::from(header.plen));
+        if let Some((_, to_target)) = &self.shared.links {
+            to_target.link_transfer(u64::from(header.plen));
+        }
         Ok(Pdu::decode(&header, &rest, self.sink.digests)?)
     }
 

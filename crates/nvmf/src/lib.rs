@@ -36,6 +36,8 @@ pub(crate) struct Shared {
     pub(crate) cfg: TargetConfig,
     pub(crate) subsystems: Vec<Arc<Subsystem>>,
     pub(crate) metrics: Arc<Metrics>,
+    /// Paced host link (to the host, to the target), when a device model has one.
+    pub(crate) links: Option<(Arc<insitu_model::Pacer>, Arc<insitu_model::Pacer>)>,
     stopping: AtomicBool,
     connections: Mutex<Vec<TcpStream>>,
     live: AtomicUsize,
@@ -76,8 +78,17 @@ impl Server {
                 return Err(invalid(format!("subsystem {} is configured twice", s.nqn)));
             }
             let mut target = Target::new();
+            let model_err = |e: insitu_model::ModelError| invalid(format!("device model: {e}"));
+            if let Some(budget) = cfg.model.as_ref().map(|m| m.compute_budget()).transpose().map_err(model_err)?.flatten() {
+                target = target.with_compute_budget(Arc::new(budget));
+            }
             for ns in &s.namespaces {
-                let nc = NamespaceConfig { lba_size: ns.lba_size, visibility: ns.visibility, ..NamespaceConfig::default() };
+                let mut nc = NamespaceConfig { lba_size: ns.lba_size, visibility: ns.visibility, ..NamespaceConfig::default() };
+                if let Some(m) = &cfg.model {
+                    let size = std::fs::metadata(&ns.path).map(|x| x.len()).unwrap_or(0);
+                    let flash_only = insitu_model::DeviceModel { link: None, engine_link: None, ..m.clone() };
+                    nc.pacing = Some(Arc::new(flash_only.pacer(size.max(1 << 20)).map_err(model_err)?));
+                }
                 target.add_namespace(&ns.path, nc).map_err(|e| invalid(format!("namespace {}: {e}", ns.path.display())))?;
             }
             subsystems.push(Arc::new(Subsystem::new(&s.nqn, Kind::Nvm(Arc::new(target)), s.allow_hosts.clone())));
@@ -85,7 +96,17 @@ impl Server {
         subsystems.push(Arc::new(Subsystem::new(DISCOVERY_NQN, Kind::Discovery, Vec::new())));
         let listener = TcpListener::bind(cfg.listen)?;
         cfg.listen = listener.local_addr()?;
-        let shared = Arc::new(Shared { cfg, subsystems, metrics: Arc::new(Metrics::default()), stopping: AtomicBool::new(false), connections: Mutex::new(Vec::new()), live: AtomicUsize::new(0) });
+        // The host link, one model per direction (links are full duplex).
+        let link = |m: &insitu_model::DeviceModel| m.link.clone().map(|l| insitu_model::Link::new(l).map(|l| Arc::new(insitu_model::Pacer::new(None, Some(l)))));
+        let links = match cfg.model.as_ref().and_then(link) {
+            Some(to_host) => {
+                let to_target = cfg.model.as_ref().and_then(link).expect("same model");
+                let err = |e: insitu_model::ModelError| invalid(format!("device model: {e}"));
+                Some((to_host.map_err(err)?, to_target.map_err(err)?))
+            }
+            None => None,
+        };
+        let shared = Arc::new(Shared { links, cfg, subsystems, metrics: Arc::new(Metrics::default()), stopping: AtomicBool::new(false), connections: Mutex::new(Vec::new()), live: AtomicUsize::new(0) });
         Ok(Server { listener, shared })
     }
 
