@@ -105,3 +105,23 @@ fn keep_alive_keeps_an_idle_session() {
     assert_eq!(s.identify_controller().unwrap().subnqn, NQN);
     assert_eq!(s.stats().reconnects, 0, "keep-alive should have kept the association");
 }
+
+/// A read-only EXEC whose connection dies in flight is resent on a new association and
+/// returns the right result; it is stateless, so running it twice is harmless.
+#[test]
+fn read_only_exec_in_flight_is_retried() {
+    use insitu_wire::{Descriptor, ExecResult, Extent, Value, VirtualObject};
+    let f = target(Vec::new());
+    let p = Proxy::start(&f.addr);
+    let s = Session::connect(opts(&p.addr)).unwrap();
+    let data = pattern(1 << 20, 9);
+    s.write(1, 0, &data).unwrap();
+    let mut d = Descriptor::new("crc32c", vec![VirtualObject { length: data.len() as u64, extents: vec![Extent::data(0, 2048)] }]);
+    d.result = Some(VirtualObject { length: 4096, extents: vec![Extent::data(8192, 8)] });
+    p.cut_next(); // the EXEC capsule is lost and its connection dies
+    let cqe = s.exec_idempotent(1, &d.encode()).unwrap();
+    assert_eq!(s.stats().reconnects, 1);
+    let result = s.read(1, 8192, 8).unwrap();
+    let r = ExecResult::decode(&result[..cqe.dw0 as usize]).unwrap();
+    assert_eq!(r.records[0][0].1, Value::Str(format!("{:08x}", crc32c::crc32c(&data))));
+}
