@@ -8,6 +8,7 @@
 
 mod bench;
 mod bench_fabric;
+mod bench_model;
 mod dataset;
 mod demo;
 mod image;
@@ -308,6 +309,18 @@ enum BenchCmd {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Emulated drives: checksum throughput of conventional vs offloaded scrubbing for
+    /// 1..N targets behind one link, and the network traffic saved (virtual-objects paper,
+    /// Figs. 3-4).
+    ScrubScaling(bench_model::ScrubArgs),
+    /// Emulated CSDs: host vs in-drive time of count, vector-add, array-merge and PageRank
+    /// for 1..N drives, the host/device compute ratio and CSDPLAN's break-even point.
+    BreakEven(bench_model::BreakEvenArgs),
+    /// Emulated drive: one grep query, conventional vs offloaded, split into compute,
+    /// media, link and protocol time.
+    Latency(bench_model::LatencyArgs),
+    /// Check that emulated drives and links deliver their configured rates (exit 1 if not).
+    ModelCheck(bench_model::ModelCheckArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -520,6 +533,10 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             return bench::scan(&off, &function, size::parse_size(&size)?, repeat.max(1), dir, json)
         }
         Cmd::Bench(BenchCmd::Fabric { size, repeat, dir }) => return bench_fabric::run(size::parse_size(&size)?, repeat.max(1), dir, json),
+        Cmd::Bench(BenchCmd::ScrubScaling(a)) => return bench_model::scrub_scaling(a, json),
+        Cmd::Bench(BenchCmd::BreakEven(a)) => return bench_model::break_even(a, json),
+        Cmd::Bench(BenchCmd::Latency(a)) => return bench_model::latency(a, json),
+        Cmd::Bench(BenchCmd::ModelCheck(a)) => return bench_model::model_check(a, json),
         Cmd::Nvme(NvmeCmd::Identify { url, hostnqn }) => return nvme_cmd::identify(&url, hostnqn, json),
         Cmd::Nvme(NvmeCmd::ListSubsys { url, hostnqn }) => return nvme_cmd::list_subsys(&url, hostnqn, json),
     }

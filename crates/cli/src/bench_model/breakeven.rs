@@ -1,0 +1,326 @@
+// SPDX-License-Identifier: Apache-2.0
+//! `insitu bench break-even`: CSDPLAN's question for Count, Vector Addition, Array Merge and
+//! PageRank — how many computational drives beat one host core pulling the data?
+//!
+//! Calibration, per kernel over the whole data set `D` in memory: its time on one host core,
+//! and under the drive model's CPU budget (their ratio is the measured host/device compute
+//! ratio). Then, for N = 1..=targets drives holding `D / N` each:
+//!
+//! * host: N threads pull every share over the one link (`Target::read`, paced by the
+//!   drives' flash models and the link model), then one host core runs the kernel on each
+//!   share (CSDPLAN's SSD(1): transfer, then compute);
+//! * offload: each drive runs EXEC on its share at once; records and output objects must
+//!   match the host's.
+//!
+//! The model ([`BreakEvenModel`]) takes the transfer terms from the drive and link models
+//! and the compute terms from the measurements (`T_csd(1)` is the one-drive EXEC); its
+//! break-even point is then checked against the measured N series.
+
+use super::emu::Network;
+use super::math::BreakEvenModel;
+use super::meter::{run_in_memory, Meter};
+use super::pull::{exec_remote, pull_all, PullStats};
+use super::rig::{read_object, write_object, Drive, Placer, Work};
+use super::workload::{generate, paper_slowdown, place, Placed, Share, KERNELS};
+use super::{command, cores, drive_name, emit, machine, median, models_json, with_utilization, ModelFlags, Models, BUSY};
+use crate::size::{human, parse_size};
+use crate::Failure;
+use insitu_offload::Record;
+use insitu_wire::ExecResult;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Flags of `insitu bench break-even`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct BreakEvenArgs {
+    /// Drive and link models (default: --drive newport --link 40gbe).
+    #[command(flatten)]
+    pub(crate) model: ModelFlags,
+    /// Largest number of drives measured (every count from 1 up to it).
+    #[arg(long, default_value_t = 8)]
+    pub(crate) targets: usize,
+    /// Data per kernel for count, vector-add and array-merge, split over the drives.
+    #[arg(long, default_value = "256M")]
+    pub(crate) size: String,
+    /// Edge data of the PageRank graph (8 bytes per edge, 8 edges per node).
+    #[arg(long, default_value = "32M")]
+    pub(crate) graph_size: String,
+    /// Kernels to run, comma-separated.
+    #[arg(long, default_value = "count,vector-add,array-merge,pagerank")]
+    pub(crate) kernels: String,
+    /// Measurements of each kind (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub(crate) repeat: usize,
+    /// Work directory for the images (default: a new directory in /dev/shm, removed
+    /// afterwards).
+    #[arg(long)]
+    pub(crate) dir: Option<PathBuf>,
+}
+
+fn seed(kernel: &str, n: usize, t: usize) -> u64 {
+    kernel.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01B3)) ^ ((n as u64) << 32) ^ t as u64
+}
+
+fn ins(share: &Share) -> Vec<&[u8]> {
+    share.inputs.iter().map(|v| v.as_slice()).collect()
+}
+
+/// Kernel times over the whole data set in memory, the fastest of `repeat` (this machine is
+/// shared; the fastest run is the least disturbed): host wall and CPU seconds, and wall
+/// seconds under the drive model's CPU budget.
+struct Calibration {
+    host_s: f64,
+    host_cpu_s: f64,
+    device_s: f64,
+    /// CPU time the kernel used under the budget, in the fastest device run.
+    device_cpu_s: f64,
+}
+
+fn calibrate(kernel: &str, bytes: u64, models: &Models, repeat: usize) -> Result<Calibration, Failure> {
+    let share = generate(kernel, bytes, seed(kernel, 1, 0))?;
+    let mut c = Calibration { host_s: f64::INFINITY, host_cpu_s: f64::INFINITY, device_s: f64::INFINITY, device_cpu_s: f64::NAN };
+    for _ in 0..repeat {
+        let (t, cpu) = (Instant::now(), insitu_model::thread_cpu_ns());
+        run_in_memory(kernel, &share.args, &ins(&share), &Meter::new(None)?)?;
+        c.host_s = c.host_s.min(t.elapsed().as_secs_f64());
+        c.host_cpu_s = c.host_cpu_s.min((insitu_model::thread_cpu_ns() - cpu) as f64 * 1e-9);
+        let budget = Meter::new(models.drive.as_ref().and_then(|d| d.compute.as_ref()))?;
+        let t = Instant::now();
+        run_in_memory(kernel, &share.args, &ins(&share), &budget)?;
+        let secs = t.elapsed().as_secs_f64();
+        if secs < c.device_s {
+            (c.device_s, c.device_cpu_s) = (secs, budget.read().cpu_ns as f64 * 1e-9);
+        }
+    }
+    Ok(c)
+}
+
+/// N drives holding one share each, with where the shares are.
+struct Array {
+    drives: Vec<Drive>,
+    placed: Vec<Placed>,
+    args: Vec<Vec<(String, insitu_wire::Value)>>,
+}
+
+fn build(work: &mut Work, kernel: &str, bytes: u64, n: usize, models: &Models) -> Result<Array, Failure> {
+    let (mut drives, mut placed, mut args) = (Vec::new(), Vec::new(), Vec::new());
+    for t in 0..n {
+        let share = generate(kernel, bytes / n as u64, seed(kernel, n, t))?;
+        let mut placer = Placer::default();
+        let p = place(kernel, &share, &mut placer);
+        let path = work.file(&format!("{kernel}-n{n}-t{t}.img"));
+        let f = std::fs::File::create(&path).map_err(|e| format!("cannot create the image {}: {e}", path.display()))?;
+        f.set_len(placer.used() + (1 << 20)).map_err(|e| format!("{}: {e}", path.display()))?;
+        for (obj, data) in p.inputs.iter().zip(&share.inputs) {
+            write_object(&path, obj, data)?;
+        }
+        drives.push(Drive::open(&path, models.drive.as_ref())?);
+        placed.push(p);
+        args.push(share.args);
+    }
+    Ok(Array { drives, placed, args })
+}
+
+/// What a kernel returned for one share: its records and its output bytes.
+type Outcome = (Vec<Record>, Vec<u8>);
+
+/// The host pass: pull every share, then compute each on this core. Returns (pull s,
+/// compute s, outcome per share).
+fn host_pass(a: &Array, kernel: &str, models: &Models) -> Result<(f64, f64, Vec<Outcome>), Failure> {
+    let net = Network::new(models.link.clone())?;
+    let t = Instant::now();
+    let data = std::thread::scope(|s| {
+        let hs: Vec<_> = a.drives.iter().zip(&a.placed).map(|(d, p)| s.spawn(|| pull_all(d, &net, &p.inputs, &PullStats::default()))).collect();
+        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("a pull thread panicked")))).collect::<Result<Vec<_>, _>>()
+    })
+    .map_err(|e| format!("pulling {kernel} data: {e}"))?;
+    let pull_s = t.elapsed().as_secs_f64();
+    let meter = Meter::new(None)?;
+    let t = Instant::now();
+    let mut results = Vec::new();
+    for (share, args) in data.iter().zip(&a.args) {
+        let inputs: Vec<&[u8]> = share.iter().map(|v| v.as_slice()).collect();
+        results.push(run_in_memory(kernel, args, &inputs, &meter)?);
+    }
+    Ok((pull_s, t.elapsed().as_secs_f64(), results))
+}
+
+/// The offload pass: EXEC on every drive at once. Returns seconds and records per share.
+fn offload_pass(a: &Array, models: &Models) -> Result<(f64, Vec<Vec<Record>>), Failure> {
+    let net = Network::new(models.link.clone())?;
+    let t = Instant::now();
+    let out = std::thread::scope(|s| {
+        let hs: Vec<_> = a.drives.iter().zip(&a.placed).map(|(d, p)| s.spawn(|| exec_remote(d, &net, &p.descriptor))).collect();
+        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("an EXEC thread panicked".into()))).collect::<Result<Vec<_>, String>>()
+    })?;
+    let secs = t.elapsed().as_secs_f64();
+    let records = out.iter().map(|o| ExecResult::decode(&o.result).map(|r| r.records).map_err(|e| format!("EXEC result: {e}"))).collect::<Result<_, _>>()?;
+    Ok((secs, records))
+}
+
+/// The records and output objects of the offload pass equal the host's.
+fn check(a: &Array, kernel: &str, host: &[Outcome], dev: &[Vec<Record>]) -> Result<(), Failure> {
+    for (t, ((hr, hout), dr)) in host.iter().zip(dev).enumerate() {
+        if hr != dr {
+            return Err(format!("{kernel}: drive {t} returned {dr:?} but the host computed {hr:?}").into());
+        }
+        if let Some(obj) = &a.placed[t].output {
+            if read_object(&a.drives[t].image, obj, hout.len() as u64)? != *hout {
+                return Err(format!("{kernel}: drive {t}'s output object differs from the host's result").into());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn kernel_result(kernel: &str, k: usize, bytes: u64, a: &BreakEvenArgs, models: &Models, work: &mut Work, json_out: bool) -> Result<Value, Failure> {
+    let repeat = a.repeat.max(1);
+    let cal = calibrate(kernel, bytes, models, repeat)?;
+    let host_compute = cal.host_s;
+    let mut series = Vec::new();
+    for n in 1..=a.targets {
+        let array = build(work, kernel, bytes, n, models)?;
+        let (mut pulls, mut comps, mut offs, mut busy) = (Vec::new(), Vec::new(), Vec::new(), 0.0f64);
+        for _ in 0..repeat {
+            let (p, c, host) = host_pass(&array, kernel, models)?;
+            let (r, b) = with_utilization(|| offload_pass(&array, models));
+            let (o, dev) = r?;
+            check(&array, kernel, &host, &dev)?;
+            pulls.push(p);
+            comps.push(c);
+            offs.push(o);
+            busy = busy.max(b);
+        }
+        let (p, c, o) = (median(&mut pulls), median(&mut comps), median(&mut offs));
+        let rate = models.drive.as_ref().and_then(|d| d.compute.as_ref()).map_or(1.0, |c| c.rate());
+        series.push(json!({
+            "drives": n, "host_s": p + c, "host_pull_s": p, "host_compute_s": c, "offload_s": o,
+            "engine_cores_demanded": n as f64 * rate, "offload_cpu_busy": busy,
+            // The engines' budgets plus their reads outgrew this machine's cores.
+            "machine_limited": busy >= BUSY,
+        }));
+        if !json_out {
+            eprintln!("  {kernel}, {n} drive(s): host {:.3} s (pull {p:.3} + compute {c:.3}), offload {o:.3} s", p + c);
+        }
+        drop(array);
+        for t in 0..n {
+            let _ = std::fs::remove_file(work.root().join(format!("{kernel}-n{n}-t{t}.img")));
+        }
+    }
+    let csd_one = series[0]["offload_s"].as_f64().unwrap_or(f64::NAN);
+    let mb = |r: Option<f64>| r.map_or(0.0, |r| bytes as f64 / (r * 1e6));
+    // CSDPLAN's inputs as measured here: one drive's pull, the host's compute, one CSD.
+    let model = BreakEvenModel {
+        transfer_one_s: series[0]["host_pull_s"].as_f64().unwrap_or(f64::NAN),
+        transfer_link_s: mb(models.link.as_ref().map(|l| l.mb_s)),
+        host_compute_s: host_compute,
+        csd_one_s: csd_one,
+    };
+    // The same with the transfer as the drive's specification says.
+    let spec = BreakEvenModel { transfer_one_s: mb(models.drive.as_ref().and_then(|d| d.host_read_mb_s())), ..model };
+    for p in &mut series {
+        let n = p["drives"].as_u64().unwrap_or(1) as u32;
+        p["model_host_s"] = json!(model.host_s(n));
+        p["model_csd_s"] = json!(model.csd_s(n));
+    }
+    let measured_be = series.iter().find(|p| p["offload_s"].as_f64() < p["host_s"].as_f64()).map(|p| p["drives"].clone());
+    let paper = models.drive.as_ref().and_then(|d| paper_slowdown(&d.name)).map(|s| s[k]);
+    Ok(json!({
+        "kernel": kernel, "data_bytes": bytes,
+        "host_compute_s": host_compute, "host_compute_cpu_s": cal.host_cpu_s, "device_compute_s": cal.device_s, "device_compute_cpu_s": cal.device_cpu_s,
+        "device_wall_per_cpu": cal.device_s / cal.device_cpu_s,
+        // The budget's own terms: device wall time per host CPU second.
+        "device_to_host_compute_ratio": cal.device_s / cal.host_cpu_s, "device_to_host_wall_ratio": cal.device_s / host_compute,
+        "model_device_to_host_ratio": models.drive.as_ref().and_then(|d| d.compute.as_ref()).map(|c| 1.0 / c.rate()),
+        "paper_device_to_host_ratio": paper,
+        "csd_one_s": csd_one,
+        "model": {
+            "transfer_one_s": model.transfer_one_s, "transfer_link_s": model.transfer_link_s, "link_bound_from_drives": model.link_bound_from(),
+            "host_compute_s": model.host_compute_s, "csd_one_s": model.csd_one_s,
+            "spec_transfer_one_s": spec.transfer_one_s,
+        },
+        "break_even_model": model.break_even(), "break_even_spec": spec.break_even(), "break_even_measured": measured_be,
+        "series": series,
+    }))
+}
+
+/// Runs the break-even benchmark.
+pub(crate) fn run(a: BreakEvenArgs, json_out: bool) -> Result<i32, Failure> {
+    let models = a.model.resolve("newport", "40gbe")?;
+    let (size, graph) = (parse_size(&a.size)?, parse_size(&a.graph_size)?);
+    let kernels: Vec<&str> = a.kernels.split(',').map(str::trim).filter(|k| !k.is_empty()).collect();
+    if let Some(bad) = kernels.iter().find(|k| !KERNELS.contains(k)) {
+        return Err(format!("--kernels: unknown kernel {bad:?}; choose from {}", KERNELS.join(", ")).into());
+    }
+    if a.targets == 0 || size < 64 || graph < 64 {
+        return Err("--targets must be at least 1 and --size and --graph-size at least 64 bytes".to_string().into());
+    }
+    // The largest kernel (array-merge) needs its inputs and an equally large output.
+    let mut work = Work::new(a.dir.clone(), "break-even", 2 * size.max(graph) + (64 << 20))?;
+    let mut results = Vec::new();
+    for kernel in &kernels {
+        let k = KERNELS.iter().position(|x| x == kernel).unwrap_or(0);
+        let bytes = if *kernel == "pagerank" { graph } else { size };
+        results.push(kernel_result(kernel, k, bytes, &a, &models, &mut work, json_out)?);
+    }
+    let out = json!({
+        "benchmark": "break-even",
+        "command": command(),
+        "models": models_json(&models),
+        "data": {"size_bytes": size, "graph_bytes": graph, "max_drives": a.targets, "work_dir": work.root().display().to_string()},
+        "method": {
+            "host": "N threads pull every share over the shared link (flash and link paced), then one host core runs the kernel on each share",
+            "offload": "every drive runs EXEC on its share at once under its own CPU budget; results and output objects are checked against the host's",
+            "model": "CSDPLAN: T_host(M) = max(T_tx/M, T_link) + T_host_compute; T_csd(M) = T_csd(1)/M, with T_tx the measured one-drive pull, T_link = data / link rate, T_host_compute the host kernel in memory (fastest of the repeats), T_csd(1) the one-drive EXEC (median); break_even_spec takes T_tx from the drive's host read rate instead",
+            "machine_limited": "the offload pass kept at least 85 % of the cores busy",
+        },
+        "repeat": a.repeat.max(1),
+        "kernels": results,
+        "machine": machine(),
+    });
+    emit(json_out, &out, || {
+        println!("break-even, drive {}, link {}, {} of data ({} graph), {} cores:", drive_name(&models.drive), models.link_name, human(size), human(graph), cores());
+        println!("{:<12} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9}", "kernel", "host s", "csd(1) s", "ratio", "paper", "BEP model", "BEP spec", "BEP meas.");
+        for r in out["kernels"].as_array().into_iter().flatten() {
+            let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+            let be = |k: &str| r[k].as_u64().map_or("-".to_string(), |v| v.to_string());
+            println!(
+                "{:<12} {:>9.3} {:>9.3} {:>7.2} {:>7} {:>9} {:>9} {:>9}",
+                r["kernel"].as_str().unwrap_or(""),
+                f("host_compute_s"),
+                f("csd_one_s"),
+                f("device_to_host_compute_ratio"),
+                r["paper_device_to_host_ratio"].as_f64().map_or("-".into(), |p| format!("{p:.1}")),
+                be("break_even_model"),
+                be("break_even_spec"),
+                be("break_even_measured"),
+            );
+        }
+    });
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_unpaced_run_gets_the_hosts_results_from_every_drive() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = BreakEvenArgs {
+            model: ModelFlags { drive: Some("none".into()), link: Some("none".into()), ..Default::default() },
+            targets: 2,
+            size: "1M".into(),
+            graph_size: "256K".into(),
+            kernels: "count,vector-add,array-merge,pagerank".into(),
+            repeat: 1,
+            dir: Some(dir.path().to_path_buf()),
+        };
+        // Every record and output object is compared with the host's inside.
+        assert_eq!(run(a, true).map_err(|f| f.message).unwrap(), 0);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "images are removed");
+        let bad = BreakEvenArgs { kernels: "count,sort".into(), ..BreakEvenArgs { model: ModelFlags::default(), targets: 1, size: "1M".into(), graph_size: "1M".into(), kernels: String::new(), repeat: 1, dir: None } };
+        assert!(run(bad, true).unwrap_err().message.contains("sort"));
+    }
+}

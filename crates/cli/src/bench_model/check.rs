@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+//! `insitu bench model-check`: do the emulated devices deliver what they are configured for?
+//!
+//! * drives: a large sequential offloaded scan (EXEC crc32c over one contiguous object) on a
+//!   drive whose model promises X MB/s internal read must run within the tolerance of X;
+//! * links: conventional reads of the same object from an unpaced drive through a link
+//!   configured for Y MB/s must run within the tolerance of Y;
+//! * no model: with neither, nothing may sleep.
+//!
+//! "As long as this machine can go that fast": each kind is first measured with no model; a
+//! check whose rate is above 90 % of that ceiling and misses is reported as limited by the
+//! machine, not failed. Exits 1 if any check fails.
+
+use super::emu::Network;
+use super::pull::{exec_remote, pull, PullStats};
+use super::rig::{random_fill, write_image, Drive, Placer, Work};
+use super::{command, emit, gbps, machine, median, parse_drive, parse_link};
+use crate::size::{human, parse_size};
+use crate::Failure;
+use insitu_offload::InputStream;
+use insitu_wire::{Descriptor, VirtualObject};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Flags of `insitu bench model-check`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ModelCheckArgs {
+    /// Drive models to check, comma-separated (presets, PRESET@MB_S or custom:MB_S).
+    #[arg(long, default_value = "custom:500,custom:1000,custom:2000,newport,smartssd,intel-p4600")]
+    pub(crate) drives: String,
+    /// Links to check, comma-separated (names or MB/s).
+    #[arg(long, default_value = "10gbe,25gbe,40gbe")]
+    pub(crate) links: String,
+    /// Bytes scanned per measurement.
+    #[arg(long, default_value = "1G")]
+    pub(crate) size: String,
+    /// Largest accepted deviation from the configured rate, as a fraction.
+    #[arg(long, default_value_t = 0.10)]
+    pub(crate) tolerance: f64,
+    /// Measurements per check (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub(crate) repeat: usize,
+    /// Work directory for the image (default: a new directory in /dev/shm, removed
+    /// afterwards).
+    #[arg(long)]
+    pub(crate) dir: Option<PathBuf>,
+}
+
+/// Seconds for an offloaded crc32c over `obj`.
+fn scan(drive: &Drive, obj: &VirtualObject) -> Result<f64, Failure> {
+    let net = Network::new(None)?;
+    let desc = Descriptor::new("crc32c", vec![obj.clone()]).encode();
+    let t = Instant::now();
+    exec_remote(drive, &net, &desc)?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Seconds for conventional reads of `obj` through `net`; also returns the time callers
+/// slept on the link.
+fn read(drive: &Drive, net: &Network, obj: &VirtualObject) -> Result<f64, Failure> {
+    let stats = PullStats::default();
+    let t = Instant::now();
+    pull(drive, net, std::slice::from_ref(obj), &stats, |p| -> Result<(), String> {
+        let mut s = p.next_object(obj.length);
+        while let Some(c) = s.next_chunk().map_err(|e| format!("conventional read: {e}"))? {
+            std::hint::black_box(c);
+        }
+        Ok(())
+    })?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn status(got: f64, want: f64, ceiling: f64, tol: f64) -> &'static str {
+    if (got - want).abs() <= tol * want {
+        "pass"
+    } else if want > 0.9 * ceiling {
+        "machine-limited"
+    } else {
+        "fail"
+    }
+}
+
+fn measure(repeat: usize, mut f: impl FnMut() -> Result<f64, Failure>) -> Result<f64, Failure> {
+    let mut v = Vec::new();
+    for _ in 0..repeat {
+        v.push(f()?);
+    }
+    Ok(median(&mut v))
+}
+
+/// Runs the model checks.
+pub(crate) fn run(a: ModelCheckArgs, json_out: bool) -> Result<i32, Failure> {
+    let size = parse_size(&a.size)?;
+    if size < (16 << 20) {
+        return Err(format!("--size {}: give at least 16M so the scan is long enough to time", a.size).into());
+    }
+    let repeat = a.repeat.max(1);
+    let mut placer = Placer::default();
+    let obj = placer.place(size, 1, 0);
+    let mut work = Work::new(a.dir.clone(), "model-check", placer.used() + (1 << 20))?;
+    let path = work.file("check.img");
+    write_image(&path, placer.used() + (1 << 20), random_fill(5))?;
+    let free = Drive::open(&path, None)?;
+    let scan_ceiling = gbps(size, measure(repeat, || scan(&free, &obj))?);
+    let read_ceiling = gbps(size, measure(repeat, || read(&free, &Network::new(None)?, &obj))?);
+    let mut checks = Vec::new();
+    let unpaced_net = Network::new(None)?;
+    read(&free, &unpaced_net, &obj)?;
+    let slept = free.media_waited_ns() + unpaced_net.waited_ns() + free.meter.read().stall_ns;
+    checks.push(json!({"kind": "no model", "name": "none", "slept_ns": slept, "status": if slept == 0 { "pass" } else { "fail" }}));
+    for spec in a.drives.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let model = parse_drive(spec)?.ok_or_else(|| format!("--drives: {spec} is not a model to check"))?;
+        let want = model.internal_read_mb_s().ok_or_else(|| format!("--drives: {spec} has no flash model to check"))? / 1000.0;
+        // Only the media is checked: the engine's CPU budget would make this a compute test.
+        let media_only = insitu_model::DeviceModel { compute: None, ..model.clone() };
+        let drive = Drive::open(&path, Some(&media_only))?;
+        let got = gbps(size, measure(repeat, || scan(&drive, &obj))?);
+        let st = status(got, want, scan_ceiling, a.tolerance);
+        checks.push(json!({"kind": "drive internal read", "name": model.name, "configured_gbps": want, "measured_gbps": got, "ratio": got / want, "ceiling_gbps": scan_ceiling, "status": st}));
+        if !json_out {
+            eprintln!("  drive {:<16} configured {want:.3} GB/s, measured {got:.3} GB/s ({:+.1}%): {st}", model.name, 100.0 * (got / want - 1.0));
+        }
+    }
+    for spec in a.links.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let link = parse_link(spec)?.ok_or_else(|| format!("--links: {spec} is not a link to check"))?;
+        let want = link.mb_s / 1000.0;
+        let got = gbps(size, measure(repeat, || read(&free, &Network::new(Some(link.clone()))?, &obj))?);
+        let st = status(got, want, read_ceiling, a.tolerance);
+        checks.push(json!({"kind": "link", "name": spec, "configured_gbps": want, "measured_gbps": got, "ratio": got / want, "ceiling_gbps": read_ceiling, "status": st}));
+        if !json_out {
+            eprintln!("  link  {spec:<16} configured {want:.3} GB/s, measured {got:.3} GB/s ({:+.1}%): {st}", 100.0 * (got / want - 1.0));
+        }
+    }
+    let failed = checks.iter().filter(|c| c["status"] == "fail").count();
+    let out = json!({
+        "benchmark": "model-check",
+        "command": command(),
+        "size_bytes": size,
+        "repeat": repeat,
+        "tolerance": a.tolerance,
+        "work_dir": work.root().display().to_string(),
+        "ceilings": {"offload_scan_gbps": scan_ceiling, "conventional_read_gbps": read_ceiling},
+        "method": {
+            "drive": "EXEC crc32c over one contiguous object on a drive paced by the model (its CPU budget off); rate = bytes / wall time",
+            "link": "conventional reads (Target::read, 1 MiB, 4 outstanding) of the object from an unpaced drive through the link model",
+            "limit": "a check above 90 % of this machine's unpaced rate that misses is machine-limited, not failed",
+        },
+        "checks": checks,
+        "failed": failed,
+        "machine": machine(),
+    });
+    emit(json_out, &out, || {
+        println!("model check over {} (tolerance ±{:.0}%), ceilings: scan {scan_ceiling:.3} GB/s, reads {read_ceiling:.3} GB/s", human(size), 100.0 * a.tolerance);
+        for c in out["checks"].as_array().into_iter().flatten() {
+            let f = |k: &str| c[k].as_f64().map_or("-".to_string(), |v| format!("{v:.3}"));
+            println!("  {:<20} {:<16} configured {:>7} GB/s measured {:>7} GB/s  {}", c["kind"].as_str().unwrap_or(""), c["name"].as_str().unwrap_or(""), f("configured_gbps"), f("measured_gbps"), c["status"].as_str().unwrap_or(""));
+        }
+    });
+    Ok(if failed > 0 { 1 } else { 0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_allow_the_tolerance_and_excuse_a_slow_machine() {
+        assert_eq!(status(0.95, 1.0, 5.0, 0.1), "pass");
+        assert_eq!(status(1.09, 1.0, 5.0, 0.1), "pass");
+        assert_eq!(status(0.85, 1.0, 5.0, 0.1), "fail");
+        assert_eq!(status(0.85, 1.0, 1.05, 0.1), "machine-limited");
+    }
+
+    #[test]
+    fn a_small_check_of_a_slow_drive_and_link_passes() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = ModelCheckArgs { drives: "custom:200".into(), links: "150".into(), size: "16M".into(), tolerance: 0.15, repeat: 1, dir: Some(dir.path().to_path_buf()) };
+        assert_eq!(run(a, true).map_err(|f| f.message).unwrap(), 0);
+    }
+}
+
