@@ -7,6 +7,10 @@ Usage:
   bench/model.py all                     # the standard set (about 10 minutes on 2 cores)
   bench/model.py BENCH [--name NAME] [-- INSITU-ARGS...]
       e.g. bench/model.py scrub-scaling --name scrub-scaling-p4600-40gbe -- --drive intel-p4600 --link 40gbe
+  bench/model.py scrub-scaling --name scrub-scaling-16m -- --file-size 16M
+      # the paper's full size, 100 x 16 MiB per target: 12.5 GiB of images in /dev/shm
+
+The standard set scales the scrub data down to 100 x 4 MiB per target (3.2 GiB of images).
 
 $INSITU overrides the insitu command (default: .venv/bin/insitu). The Markdown names the
 drive model and link, the data sizes, the machine and the exact command.

@@ -160,12 +160,15 @@ pub(crate) fn run(a: LatencyArgs, json_out: bool) -> Result<i32, Failure> {
     if c.records != o.records {
         return Err(format!("grep disagrees: host {:?}, offloaded {:?}", c.records.first().map(|r| &r[0]), o.records.first().map(|r| &r[0])).into());
     }
-    let count = o.records.first().and_then(|r| r.iter().find(|(k, _)| k == "count")).map(|(_, v)| v.clone());
+    let count = o.records.first().and_then(|r| r.iter().find(|(k, _)| k == "count")).and_then(|(_, v)| match v {
+        Value::U64(n) => Some(*n),
+        _ => None,
+    });
     let out = json!({
         "benchmark": "latency",
         "command": command(),
         "models": models_json(&models),
-        "query": {"function": "grep", "pattern": a.pattern, "file_bytes": size, "matches": format!("{count:?}"), "work_dir": work.root().display().to_string()},
+        "query": {"function": "grep", "pattern": a.pattern, "file_bytes": size, "matches": count, "work_dir": work.root().display().to_string()},
         "repeat": a.repeat.max(1),
         "conventional": c.json(),
         "offload": o.json(),
