@@ -41,7 +41,7 @@ def main() -> int:
     with open(base + ".md", "w") as f:
         f.write("# Fabric: NVMe/TCP on loopback vs local access\n\n")
         f.write(f"`{r['command']}` on {r['machine']['cpus']} CPUs, kernel {r['machine']['kernel']}; ")
-        f.write(f"{r['size_bytes'] >> 20} MiB file, direct I/O {'on' if r['machine']['direct_io'] else 'off'}, ")
+        f.write(f"{r['size_bytes'] >> 20} MiB file, direct I/O {'on' if r['direct_io'] else 'off'}, ")
         f.write(f"median of {r['repeat']}, cold caches. {r['transport']}. Device model: {r['model']}.\n\n")
         f.write("| path | GB/s | ratio |\n|---|---:|---:|\n")
         f.write(f"| raw direct read, {q['raw_read_bytes'] >> 10} KiB requests, QD{q['raw_queue_depth']} | {r['raw_read_gbps']:.3f} | |\n")

@@ -101,9 +101,8 @@ pub(crate) fn scan(off: &Offloader, function: &str, size: u64, repeat: usize, di
     }
     let gbps = |s: f64| size as f64 / 1e9 / s;
     let (r, o, c) = (gbps(median(&mut raw)), gbps(median(&mut offl)), gbps(median(&mut conv)));
-    let uname = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let out = json!({
-        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "command": crate::bench_model::command(),
         "function": function,
         "size_bytes": size,
         "repeat": repeat,
@@ -113,7 +112,8 @@ pub(crate) fn scan(off: &Offloader, function: &str, size: u64, repeat: usize, di
         "offload_to_raw_ratio": o / r,
         "extents": obj.extents.len(),
         "seconds": {"raw": raw, "offload": offl, "conventional": conv},
-        "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), "kernel": uname.trim(), "direct_io": backing.is_direct()},
+        "machine": crate::bench_model::machine(),
+        "direct_io": backing.is_direct(),
         "model": "none (real speed of this machine)",
     });
     if json_out {

@@ -249,9 +249,8 @@ pub(crate) fn run(size: u64, repeat: usize, dir: Option<PathBuf>, json_out: bool
 
     let gbps = |s: f64| size as f64 / 1e9 / s;
     let (r, fr, e, fe) = (gbps(median(&mut raw.clone())), gbps(median(&mut fread.clone())), gbps(median(&mut emb.clone())), gbps(median(&mut fexec.clone())));
-    let uname = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let out = json!({
-        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "command": crate::bench_model::command(),
         "size_bytes": size,
         "repeat": repeat,
         "raw_read_gbps": r,
@@ -269,7 +268,8 @@ pub(crate) fn run(size: u64, repeat: usize, dir: Option<PathBuf>, json_out: bool
         },
         "session_wire_bytes": {"sent": stats.bytes_sent, "received": stats.bytes_received, "reconnects": stats.reconnects},
         "seconds": {"raw": raw, "fabric_read": fread, "embedded_exec": emb, "fabric_exec": fexec},
-        "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), "kernel": uname.trim(), "direct_io": backing.is_direct()},
+        "machine": crate::bench_model::machine(),
+        "direct_io": backing.is_direct(),
         "transport": "NVMe/TCP over loopback to an in-process insitu target, no digests",
         "model": "none (real speed of this machine)",
     });
