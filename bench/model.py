@@ -135,13 +135,17 @@ def scrub(r, base):
         for x in pts:
             if x["machine_limited"]["offload"]:
                 ax.plot(x["targets"], x["offload_gbps"], "x", color="black", ms=9)
-        top = max(max(x["offload_gbps"] for x in pts), max(x["conventional_gbps"] for x in pts)) * 1.3
+        seen = [x[k] for x in pts for k in ("offload_gbps", "conventional_gbps", "ceiling_offload_gbps") if x.get(k) is not None]
+        top = max(seen) * 1.25
         ax.set_ylim(0, top)
+        model_top = pts[-1].get("expected_offload_gbps")
+        if model_top is not None and model_top > top:
+            ax.annotate(f"model offload: {model_top:.1f} GB/s at {pts[-1]['targets']} (off scale)", xy=(0.98, 0.97), xycoords="axes fraction", ha="right", va="top", fontsize=8, color="#2a7ab9")
         ax.set_xticks(n)
         ax.set_xlabel("targets behind one link")
         ax.set_ylabel("checksum throughput, GB/s")
         ax.set_title(f"Scrub, drive {r['models']['drive']['name'] if r['models']['drive'] else 'none'}, link {r['models']['link']['name']} (x = machine-limited)", fontsize=10)
-        ax.legend(fontsize=8, loc="upper left")
+        ax.legend(fontsize=8, loc="best")
         ax.grid(alpha=0.3)
         fig.tight_layout()
         fig.savefig(base + ".png", dpi=120)
@@ -173,11 +177,13 @@ def breakeven(r, base):
         "not its per-kernel spread. BEP model: CSDPLAN's break-even with the measured one-drive pull; BEP spec: with the "
         "drive's specified host read rate; BEP measured: the first N at which the drives beat the host in the series below.\n"
     )
-    s += "\nMeasured series (seconds; * = machine-limited: the offload pass kept at least 85 % of the cores busy):\n\n"
+    s += "\nMeasured series (seconds; * = machine-limited: the host's pull or the offload pass kept at least 85 % of the cores busy):\n\n"
     s += "| kernel | " + " | ".join(f"N={p['drives']} host / offload" for p in ks[0]["series"]) + " |\n"
     s += "|---|" + "---:|" * len(ks[0]["series"]) + "\n"
     for k in ks:
-        s += f"| {k['kernel']} | " + " | ".join(f"{p['host_s']:.3f} / {p['offload_s']:.3f}{'*' if p['machine_limited'] else ''}" for p in k["series"]) + " |\n"
+        s += f"| {k['kernel']} | " + " | ".join(
+            f"{p['host_s']:.3f}{'*' if p.get('host_machine_limited') else ''} / {p['offload_s']:.3f}{'*' if p['machine_limited'] else ''}" for p in k["series"]
+        ) + " |\n"
     p = plt()
     if p:
         fig, axes = p.subplots(1, len(ks), figsize=(3.4 * len(ks), 3.6), squeeze=False)
@@ -190,6 +196,8 @@ def breakeven(r, base):
             for x in k["series"]:
                 if x["machine_limited"]:
                     ax.plot(x["drives"], x["offload_s"], "x", color="black", ms=8)
+                if x.get("host_machine_limited"):
+                    ax.plot(x["drives"], x["host_s"], "x", color="black", ms=8)
             if k["break_even_model"] is not None and k["break_even_model"] <= n[-1]:
                 ax.axvline(k["break_even_model"], color="#555555", ls="--", lw=0.8)
             ax.set_title(f"{k['kernel']} (BEP {k['break_even_model']})", fontsize=10)

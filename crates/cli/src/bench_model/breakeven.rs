@@ -125,16 +125,24 @@ fn build(work: &mut Work, kernel: &str, bytes: u64, n: usize, models: &Models) -
 /// What a kernel returned for one share: its records and its output bytes.
 type Outcome = (Vec<Record>, Vec<u8>);
 
-/// The host pass: pull every share, then compute each on this core. Returns (pull s,
-/// compute s, outcome per share).
-fn host_pass(a: &Array, kernel: &str, models: &Models) -> Result<(f64, f64, Vec<Outcome>), Failure> {
+/// What the host pass measured.
+struct HostPass {
+    pull_s: f64,
+    /// Share of the cores busy while pulling.
+    pull_busy: f64,
+    compute_s: f64,
+    outcomes: Vec<Outcome>,
+}
+
+/// The host pass: pull every share, then compute each on this core.
+fn host_pass(a: &Array, kernel: &str, models: &Models) -> Result<HostPass, Failure> {
     let net = Network::new(models.link.clone())?;
     let t = Instant::now();
-    let data = std::thread::scope(|s| {
+    let (data, pull_busy) = with_utilization(|| std::thread::scope(|s| {
         let hs: Vec<_> = a.drives.iter().zip(&a.placed).map(|(d, p)| s.spawn(|| pull_all(d, &net, &p.inputs, &PullStats::default()))).collect();
         hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("a pull thread panicked")))).collect::<Result<Vec<_>, _>>()
-    })
-    .map_err(|e| format!("pulling {kernel} data: {e}"))?;
+    }));
+    let data = data.map_err(|e| format!("pulling {kernel} data: {e}"))?;
     let pull_s = t.elapsed().as_secs_f64();
     let meter = Meter::new(None)?;
     let t = Instant::now();
@@ -143,7 +151,7 @@ fn host_pass(a: &Array, kernel: &str, models: &Models) -> Result<(f64, f64, Vec<
         let inputs: Vec<&[u8]> = share.iter().map(|v| v.as_slice()).collect();
         results.push(run_in_memory(kernel, args, &inputs, &meter)?);
     }
-    Ok((pull_s, t.elapsed().as_secs_f64(), results))
+    Ok(HostPass { pull_s, pull_busy, compute_s: t.elapsed().as_secs_f64(), outcomes: results })
 }
 
 /// The offload pass: EXEC on every drive at once. Returns seconds and records per share.
@@ -181,24 +189,27 @@ fn kernel_result(kernel: &str, k: usize, bytes: u64, a: &BreakEvenArgs, models: 
     let mut series = Vec::new();
     for n in 1..=a.targets {
         let array = build(work, kernel, bytes, n, models)?;
-        let (mut pulls, mut comps, mut offs, mut busy) = (Vec::new(), Vec::new(), Vec::new(), 0.0f64);
+        let (mut pulls, mut comps, mut offs, mut busy, mut pull_busy) = (Vec::new(), Vec::new(), Vec::new(), 0.0f64, 0.0f64);
         for _ in 0..repeat {
-            let (p, c, host) = host_pass(&array, kernel, models)?;
+            let host = host_pass(&array, kernel, models)?;
             let (r, b) = with_utilization(|| offload_pass(&array, models));
             let (o, dev) = r?;
-            check(&array, kernel, &host, &dev)?;
-            pulls.push(p);
-            comps.push(c);
+            check(&array, kernel, &host.outcomes, &dev)?;
+            pulls.push(host.pull_s);
+            comps.push(host.compute_s);
             offs.push(o);
             busy = busy.max(b);
+            pull_busy = pull_busy.max(host.pull_busy);
         }
         let (p, c, o) = (median(&mut pulls), median(&mut comps), median(&mut offs));
         let rate = models.drive.as_ref().and_then(|d| d.compute.as_ref()).map_or(1.0, |c| c.rate());
         series.push(json!({
             "drives": n, "host_s": p + c, "host_pull_s": p, "host_compute_s": c, "offload_s": o,
-            "engine_cores_demanded": n as f64 * rate, "offload_cpu_busy": busy,
-            // The engines' budgets plus their reads outgrew this machine's cores.
+            "engine_cores_demanded": n as f64 * rate, "offload_cpu_busy": busy, "host_pull_cpu_busy": pull_busy,
+            // The engines' budgets plus their reads (or the host's copies) outgrew this
+            // machine's cores.
             "machine_limited": busy >= BUSY,
+            "host_machine_limited": pull_busy >= BUSY,
         }));
         if !json_out {
             eprintln!("  {kernel}, {n} drive(s): host {:.3} s (pull {p:.3} + compute {c:.3}), offload {o:.3} s", p + c);
@@ -273,7 +284,7 @@ pub(crate) fn run(a: BreakEvenArgs, json_out: bool) -> Result<i32, Failure> {
             "host": "N threads pull every share over the shared link (flash and link paced), then one host core runs the kernel on each share",
             "offload": "every drive runs EXEC on its share at once under its own CPU budget; results and output objects are checked against the host's",
             "model": "CSDPLAN: T_host(M) = max(T_tx/M, T_link) + T_host_compute; T_csd(M) = T_csd(1)/M, with T_tx the measured one-drive pull, T_link = data / link rate, T_host_compute the host kernel in memory (fastest of the repeats), T_csd(1) the one-drive EXEC (median); break_even_spec takes T_tx from the drive's host read rate instead",
-            "machine_limited": "the offload pass kept at least 85 % of the cores busy",
+            "machine_limited": "the offload pass (machine_limited) or the host's pull (host_machine_limited) kept at least 85 % of the cores busy",
         },
         "repeat": a.repeat.max(1),
         "kernels": results,
