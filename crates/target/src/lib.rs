@@ -247,13 +247,18 @@ impl Target {
         let records = std::thread::scope(|s| {
             s.spawn(|| stream::produce(ns, &plans, tx, rrx, &media_read));
             let feed = stream::Feed::new(rx, rtx);
+            let meter = self.compute.clone().map(stream::Meter::start);
             let mut inputs: Vec<stream::ObjectInput> =
-                d.inputs.iter().enumerate().map(|(i, o)| stream::ObjectInput::new(i, o.length, feed.clone(), self.compute.clone())).collect();
+                d.inputs.iter().enumerate().map(|(i, o)| stream::ObjectInput::new(i, o.length, feed.clone(), meter.clone())).collect();
             let mut outputs: Vec<stream::ObjectOutput<'_>> =
                 d.outputs.iter().enumerate().map(|(i, o)| stream::ObjectOutput::new(ns, i, o)).collect();
             let mut in_refs: Vec<&mut dyn InputStream> = inputs.iter_mut().map(|i| i as &mut dyn InputStream).collect();
             let mut out_refs: Vec<&mut dyn OutputSink> = outputs.iter_mut().map(|o| o as &mut dyn OutputSink).collect();
             let result = job.run(&mut in_refs, &mut out_refs);
+            // What the kernel computed after its last read (a merge, PageRank's iterations).
+            if let Some(m) = &meter {
+                m.charge();
+            }
             // Dropping the streams hangs up the feed, which stops the reader if the kernel
             // ended early.
             drop(in_refs);

@@ -134,14 +134,34 @@ pub(crate) struct ObjectInput {
     feed: Rc<RefCell<Feed>>,
     current: Option<(AlignedBuf, usize, usize)>,
     done: bool,
-    /// The CPU budget, and the thread CPU time when the kernel last asked for data: the
-    /// time between two requests is the kernel computing.
-    compute: Option<(Arc<dyn ComputeBudget>, u64)>,
+    /// The CPU budget, and the kernel thread's CPU time when it was last charged (shared by
+    /// every input of the command): the time between two requests is the kernel computing.
+    compute: Option<Meter>,
+}
+
+/// Charges a kernel's thread CPU time to a budget, from one stamp per command.
+#[derive(Clone)]
+pub(crate) struct Meter {
+    budget: Arc<dyn ComputeBudget>,
+    stamp: Rc<std::cell::Cell<u64>>,
+}
+
+impl Meter {
+    /// Starts metering the calling thread.
+    pub(crate) fn start(budget: Arc<dyn ComputeBudget>) -> Meter {
+        Meter { budget, stamp: Rc::new(std::cell::Cell::new(crate::thread_cpu_ns())) }
+    }
+
+    /// Charges what the thread computed since the last charge. The stall is not compute.
+    pub(crate) fn charge(&self) {
+        let now = crate::thread_cpu_ns();
+        self.budget.charge(now.saturating_sub(self.stamp.get()));
+        self.stamp.set(crate::thread_cpu_ns());
+    }
 }
 
 impl ObjectInput {
-    pub(crate) fn new(index: usize, len: u64, feed: Rc<RefCell<Feed>>, compute: Option<Arc<dyn ComputeBudget>>) -> Self {
-        let compute = compute.map(|c| (c, crate::thread_cpu_ns()));
+    pub(crate) fn new(index: usize, len: u64, feed: Rc<RefCell<Feed>>, compute: Option<Meter>) -> Self {
         ObjectInput { index, len, feed, current: None, done: false, compute }
     }
 }
@@ -152,11 +172,8 @@ impl InputStream for ObjectInput {
     }
 
     fn next_chunk(&mut self) -> io::Result<Option<&[u8]>> {
-        if let Some((budget, last)) = &mut self.compute {
-            let now = crate::thread_cpu_ns();
-            budget.charge(now.saturating_sub(*last));
-            // The stall itself is not compute.
-            *last = crate::thread_cpu_ns();
+        if let Some(meter) = &self.compute {
+            meter.charge();
         }
         let mut feed = self.feed.borrow_mut();
         if let Some((buf, _, _)) = self.current.take() {

@@ -207,4 +207,16 @@ fn a_compute_budget_is_charged_with_the_kernels_cpu_time() {
     // sha256 over 6 MiB takes milliseconds of CPU, charged chunk by chunk.
     assert!(tally.1.load(Ordering::Relaxed) >= 3, "charged {} times", tally.1.load(Ordering::Relaxed));
     assert!(tally.0.load(Ordering::Relaxed) > 1_000_000, "charged {} ns", tally.0.load(Ordering::Relaxed));
+    // Two inputs share one meter: nothing is charged twice, so the total cannot exceed the
+    // CPU the calling thread (which runs the kernel) really used.
+    tally.0.store(0, Ordering::Relaxed);
+    let half = VirtualObject { length: 3 << 20, extents: vec![Extent::data(0, 6 * 1024)] };
+    let other = VirtualObject { length: 3 << 20, extents: vec![Extent::data(6 * 1024, 6 * 1024)] };
+    let mut d = Descriptor::new("vector-add", vec![half, other]);
+    d.outputs.push(VirtualObject { length: 3 << 20, extents: vec![Extent::data(12 * 1024, 6 * 1024)] });
+    let before = thread_cpu_ns();
+    t.exec(1, &d.encode()).unwrap();
+    let used = thread_cpu_ns() - before;
+    let charged = tally.0.load(Ordering::Relaxed);
+    assert!(charged > 0 && charged <= used, "charged {charged} ns of {used} ns used");
 }
