@@ -210,10 +210,10 @@ fn a_compute_budget_is_charged_with_the_kernels_cpu_time() {
     // Two inputs share one meter: nothing is charged twice, so the total cannot exceed the
     // CPU the calling thread (which runs the kernel) really used.
     tally.0.store(0, Ordering::Relaxed);
-    let half = VirtualObject { length: 3 << 20, extents: vec![Extent::data(0, 6 * 1024)] };
-    let other = VirtualObject { length: 3 << 20, extents: vec![Extent::data(6 * 1024, 6 * 1024)] };
+    let half = VirtualObject { length: 2 << 20, extents: vec![Extent::data(0, 4096)] };
+    let other = VirtualObject { length: 2 << 20, extents: vec![Extent::data(4096, 4096)] };
     let mut d = Descriptor::new("vector-add", vec![half, other]);
-    d.outputs.push(VirtualObject { length: 3 << 20, extents: vec![Extent::data(12 * 1024, 6 * 1024)] });
+    d.outputs.push(VirtualObject { length: 2 << 20, extents: vec![Extent::data(8192, 4096)] });
     let before = thread_cpu_ns();
     t.exec(1, &d.encode()).unwrap();
     let used = thread_cpu_ns() - before;
