@@ -13,7 +13,6 @@ use insitu_target::CHUNK;
 use insitu_wire::{ExtentKind, SECTOR};
 use serde_json::json;
 use std::fs::File;
-use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Instant;
@@ -66,15 +65,7 @@ pub(crate) fn scan(off: &Offloader, function: &str, size: u64, repeat: usize, di
     let path = scratch.mnt.join("scan.bin");
     {
         let mut f = File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut rng = Rng::new(42);
-        let mut buf = vec![0u8; 1 << 20];
-        let mut left = size;
-        while left > 0 {
-            let n = left.min(buf.len() as u64) as usize;
-            rng.fill(&mut buf[..n]);
-            f.write_all(&buf[..n]).map_err(|e| format!("{}: {e}", path.display()))?;
-            left -= n as u64;
-        }
+        Rng::new(42).write_to(&mut f, size).map_err(|e| format!("{}: {e}", path.display()))?;
         f.sync_all().map_err(|e| format!("{}: {e}", path.display()))?;
     }
     let file = File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;

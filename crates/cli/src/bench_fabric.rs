@@ -21,7 +21,6 @@ use insitu_target::{NamespaceConfig, Target};
 use insitu_wire::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
 use serde_json::json;
 use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -60,15 +59,7 @@ impl Work {
         let w = Work { file: root.join("fabric.img"), root, remove_root };
         let err = |e: std::io::Error| format!("cannot write the benchmark file {}: {e} (is there {} free?)", w.file.display(), human(size + RESULT_AREA));
         let mut f = File::create(&w.file).map_err(err)?;
-        let mut rng = Rng::new(42);
-        let mut buf = vec![0u8; 1 << 20];
-        let mut left = size;
-        while left > 0 {
-            let n = left.min(buf.len() as u64) as usize;
-            rng.fill(&mut buf[..n]);
-            f.write_all(&buf[..n]).map_err(err)?;
-            left -= n as u64;
-        }
+        Rng::new(42).write_to(&mut f, size).map_err(err)?;
         f.set_len(size + RESULT_AREA).map_err(err)?;
         f.sync_all().map_err(err)?;
         Ok(w)

@@ -30,6 +30,19 @@ impl Rng {
         self.next() % n.max(1)
     }
 
+    /// Writes `bytes` random bytes to `w`, a MiB at a time.
+    pub fn write_to(&mut self, w: &mut impl Write, bytes: u64) -> io::Result<()> {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            self.fill(&mut buf[..n]);
+            w.write_all(&buf[..n])?;
+            left -= n as u64;
+        }
+        Ok(())
+    }
+
     /// Fills `buf` with random bytes.
     pub fn fill(&mut self, buf: &mut [u8]) {
         for chunk in buf.chunks_mut(8) {
@@ -176,13 +189,7 @@ pub fn generate(dir: &Path, total: u64) -> io::Result<Dataset> {
     for i in 0..3 {
         let p = dir.join(format!("bin/blob-{i}.bin"));
         let mut f = BufWriter::new(File::create(&p)?);
-        let mut left = blob_bytes + 4097 * i;
-        while left > 0 {
-            let n = left.min(buf.len());
-            rng.fill(&mut buf[..n]);
-            f.write_all(&buf[..n])?;
-            left -= n;
-        }
+        rng.write_to(&mut f, (blob_bytes + 4097 * i) as u64)?;
         f.flush()?;
         ds.blobs.push(p);
     }
