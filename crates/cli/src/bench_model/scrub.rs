@@ -81,63 +81,53 @@ fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T, String>>) -> Result<T,
     h.join().unwrap_or_else(|_| Err("a benchmark thread panicked".into()))
 }
 
+/// Runs `per_drive` on every drive at once, each on its own thread, behind one network
+/// link, and times the whole pass.
+fn pass(drives: &[Drive], link: &Models, per_drive: impl Fn(&Drive, &Network) -> Result<Vec<String>, String> + Sync) -> Result<Pass, Failure> {
+    let net = Network::new(link.link.clone())?;
+    let started = Instant::now();
+    let (digests, busy) = with_utilization(|| {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = drives.iter().map(|d| s.spawn(|| per_drive(d, &net))).collect();
+            handles.into_iter().map(join).collect::<Result<Vec<_>, String>>()
+        })
+    });
+    Ok(Pass { secs: started.elapsed().as_secs_f64(), digests: digests?, link_bytes: net.bytes(), busy })
+}
+
 /// Conventional: each target's files pulled over the link and checksummed on the host.
 fn conventional(drives: &[Drive], link: &Models, files: &[VirtualObject], function: &str) -> Result<Pass, Failure> {
-    let net = Network::new(link.link.clone())?;
     let registry = Registry::standard();
     let kernel = registry.get(function).ok_or_else(|| format!("no function {function:?}: use a checksum such as crc32c, xxh3, sha256, blake3"))?;
-    let started = Instant::now();
-    let (digests, busy) = with_utilization(|| std::thread::scope(|s| {
-        let handles: Vec<_> = drives
-            .iter()
-            .map(|d| {
-                let net = &net;
-                s.spawn(move || -> Result<Vec<String>, String> {
-                    let stats = PullStats::default();
-                    pull(d, net, files, &stats, |p| {
-                        files
-                            .iter()
-                            .enumerate()
-                            .map(|(i, f)| {
-                                let mut input = p.next_object(f.length);
-                                let job = kernel.prepare(&Args::new(&[])).map_err(|e| e.to_string())?;
-                                let records = job.run(&mut [&mut input], &mut []).map_err(|e| format!("host {function} of file {i} on {}: {e}", d.image.display()))?;
-                                digest_of(&records, "host checksum")
-                            })
-                            .collect()
-                    })
+    pass(drives, link, |d, net| {
+        let stats = PullStats::default();
+        pull(d, net, files, &stats, |p| {
+            files
+                .iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    let mut input = p.next_object(f.length);
+                    let job = kernel.prepare(&Args::new(&[])).map_err(|e| e.to_string())?;
+                    let records = job.run(&mut [&mut input], &mut []).map_err(|e| format!("host {function} of file {i} on {}: {e}", d.image.display()))?;
+                    digest_of(&records, "host checksum")
                 })
-            })
-            .collect();
-        handles.into_iter().map(join).collect::<Result<Vec<_>, String>>()
-    }));
-    Ok(Pass { secs: started.elapsed().as_secs_f64(), digests: digests?, link_bytes: net.bytes(), busy })
+                .collect()
+        })
+    })
 }
 
 /// Offloaded: one EXEC per file on every target at once; only digests come back.
 fn offloaded(drives: &[Drive], link: &Models, descriptors: &[Vec<u8>]) -> Result<Pass, Failure> {
-    let net = Network::new(link.link.clone())?;
-    let started = Instant::now();
-    let (digests, busy) = with_utilization(|| std::thread::scope(|s| {
-        let handles: Vec<_> = drives
+    pass(drives, link, |d, net| {
+        descriptors
             .iter()
-            .map(|d| {
-                let net = &net;
-                s.spawn(move || -> Result<Vec<String>, String> {
-                    descriptors
-                        .iter()
-                        .map(|desc| {
-                            let out = exec_remote(d, net, desc)?;
-                            let r = ExecResult::decode(&out.result).map_err(|e| format!("EXEC result: {e}"))?;
-                            digest_of(&r.records, "EXEC")
-                        })
-                        .collect()
-                })
+            .map(|desc| {
+                let out = exec_remote(d, net, desc)?;
+                let r = ExecResult::decode(&out.result).map_err(|e| format!("EXEC result: {e}"))?;
+                digest_of(&r.records, "EXEC")
             })
-            .collect();
-        handles.into_iter().map(join).collect::<Result<Vec<_>, String>>()
-    }));
-    Ok(Pass { secs: started.elapsed().as_secs_f64(), digests: digests?, link_bytes: net.bytes(), busy })
+            .collect()
+    })
 }
 
 fn agree(a: &Pass, b: &Pass, what: &str) -> Result<(), Failure> {
