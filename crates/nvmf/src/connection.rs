@@ -65,10 +65,29 @@ impl From<PduError> for End {
     }
 }
 
+/// The receiving side of what a connection runs over: a TCP socket in service, bytes in
+/// memory under a fuzzer. The sending side is any `Write`.
+pub(crate) trait Transport: Read + Send {
+    /// Bounds how long one read may wait (`None`: forever).
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()>;
+    /// Ends the connection in both directions.
+    fn shutdown(&self);
+}
+
+impl Transport for TcpStream {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        TcpStream::set_read_timeout(self, timeout)
+    }
+
+    fn shutdown(&self) {
+        let _ = TcpStream::shutdown(self, std::net::Shutdown::Both);
+    }
+}
+
 /// The sending side, shared by the reader and the queue's workers.
 #[derive(Clone)]
 pub(crate) struct Sink {
-    stream: Arc<Mutex<TcpStream>>,
+    stream: Arc<Mutex<Box<dyn Write + Send>>>,
     /// The modelled link towards the host, if any.
     link: Option<Arc<insitu_model::Pacer>>,
     pub(crate) digests: Digests,
@@ -104,20 +123,25 @@ impl Sink {
     }
 }
 
-/// Serves one connection until it ends.
+/// Serves one TCP connection until it ends.
 pub(crate) fn serve(shared: Arc<Shared>, stream: TcpStream) {
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let _ = stream.set_nodelay(true);
-    // A peer must finish ICReq and Connect promptly; a silent or half-sent PDU must not hold
-    // a thread forever. Connect replaces this (KATO on the admin queue, none on I/O queues).
-    let _ = stream.set_read_timeout(Some(SETUP_TIMEOUT));
     let writer = match stream.try_clone() {
         Ok(w) => w,
         Err(e) => return log(&peer, &format!("cannot clone socket: {e}")),
     };
+    serve_on(shared, Box::new(stream), Box::new(writer), peer);
+}
+
+/// Serves one connection over any transport until it ends.
+pub(crate) fn serve_on(shared: Arc<Shared>, reader: Box<dyn Transport>, writer: Box<dyn Write + Send>, peer: String) {
+    // A peer must finish ICReq and Connect promptly; a silent or half-sent PDU must not hold
+    // a thread forever. Connect replaces this (KATO on the admin queue, none on I/O queues).
+    let _ = reader.set_read_timeout(Some(SETUP_TIMEOUT));
     let link = shared.links.as_ref().map(|(to_host, _)| to_host.clone());
     let sink = Sink { stream: Arc::new(Mutex::new(writer)), link, digests: Digests::default(), hpda: 0, sqid: 0, metrics: shared.metrics.clone() };
-    let mut conn = Conn { shared, reader: stream, sink, state: State::AwaitIcReq, sqhd: 0, sqsize: 1, pending: HashMap::new(), next_ttag: 0, peer };
+    let mut conn = Conn { shared, reader, sink, state: State::AwaitIcReq, sqhd: 0, sqsize: 1, pending: HashMap::new(), next_ttag: 0, peer };
     let end = conn.run();
     match &conn.state {
         State::Admin(ctrl) => ctrl.subsys.remove_controller(ctrl.cntlid),
@@ -133,7 +157,7 @@ pub(crate) fn serve(shared: Arc<Shared>, stream: TcpStream) {
             let _ = conn.sink.send(&[Pdu::TermReq { from_host: false, fes, fei: 0, data: Vec::new() }]);
         }
     }
-    let _ = conn.reader.shutdown(std::net::Shutdown::Both);
+    conn.reader.shutdown();
 }
 
 fn log(peer: &str, msg: &str) {
@@ -142,7 +166,7 @@ fn log(peer: &str, msg: &str) {
 
 struct Conn {
     shared: Arc<Shared>,
-    reader: TcpStream,
+    reader: Box<dyn Transport>,
     sink: Sink,
     state: State,
     sqhd: u16,
