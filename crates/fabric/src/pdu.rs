@@ -283,50 +283,102 @@ fn has_data(ty: u8) -> bool {
     matches!(ty, pdu_type::CAPSULE_CMD | pdu_type::H2C_DATA | pdu_type::C2H_DATA)
 }
 
+/// Where the parts of a PDU lie after its 8-byte common header, in the order a receiver
+/// reads them: `head` bytes (specific header, header digest, padding up to the data offset),
+/// then `data` bytes, then `digest` bytes (4 with a data digest, else 0). A receiver that
+/// places data itself (straight into the destination buffer) reads the head, decodes it with
+/// [`Pdu::decode_head`], reads the data where it belongs and checks it with
+/// [`check_data_digest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// Bytes from the end of the common header to the data (or to the end of the PDU).
+    pub head: usize,
+    /// Data bytes.
+    pub data: usize,
+    /// Data digest bytes after the data: 0 or 4.
+    pub digest: usize,
+    /// A header digest ends the head's specific header.
+    pub header_digest: bool,
+}
+
+impl CommonHeader {
+    /// Splits the PDU into head, data and digest, checking the digest flags against what
+    /// was negotiated and the data offset against the lengths.
+    pub fn layout(&self, digests: Digests) -> Result<Layout, PduError> {
+        let (plen, hlen) = (self.plen as usize, usize::from(self.hlen));
+        let digestible = digestible(self.ty);
+        let hdgst = digestible && self.flags & FLAG_HDGST != 0;
+        let ddgst = digestible && self.flags & FLAG_DDGST != 0;
+        if digestible && (hdgst != digests.header || (ddgst && !digests.data)) {
+            return Err(PduError::DigestFlags { flags: self.flags, negotiated: digests });
+        }
+        let after_header = hlen + if hdgst { 4 } else { 0 };
+        if after_header > plen {
+            return Err(PduError::BadLength { plen: self.plen, min: after_header as u32, max: after_header as u32 });
+        }
+        let bad_offset = || PduError::BadDataOffset { pdo: self.pdo, hlen: self.hlen, plen: self.plen };
+        let is_term = matches!(self.ty, pdu_type::H2C_TERM_REQ | pdu_type::C2H_TERM_REQ);
+        // Data: from PDO to the end, less the data digest.
+        let data_end = plen - if ddgst { 4 } else { 0 };
+        if has_data(self.ty) && plen > after_header {
+            let pdo = usize::from(self.pdo);
+            if pdo < after_header || pdo > data_end || (ddgst && pdo == data_end) {
+                return Err(bad_offset());
+            }
+            return Ok(Layout { head: pdo - 8, data: data_end - pdo, digest: plen - data_end, header_digest: hdgst });
+        }
+        if ddgst || (plen > after_header && !is_term) {
+            return Err(bad_offset());
+        }
+        // A terminate request's data (the offending header) follows its header directly.
+        Ok(Layout { head: after_header - 8, data: plen - after_header, digest: 0, header_digest: hdgst })
+    }
+}
+
+/// Checks `data` against the data digest that followed it.
+pub fn check_data_digest(data: &[u8], digest: &[u8]) -> Result<(), PduError> {
+    if crc(data) == digest {
+        Ok(())
+    } else {
+        Err(PduError::DataDigest)
+    }
+}
+
 impl Pdu {
     /// Decodes a PDU from its common header and the `plen - 8` bytes after it, checking
     /// digests against what was negotiated.
     pub fn decode(ch: &CommonHeader, rest: &[u8], digests: Digests) -> Result<Pdu, PduError> {
-        let plen = ch.plen as usize;
-        if rest.len() + 8 != plen {
+        if rest.len() + 8 != ch.plen as usize {
             return Err(PduError::BadLength { plen: ch.plen, min: (rest.len() + 8) as u32, max: (rest.len() + 8) as u32 });
         }
+        let layout = ch.layout(digests)?;
+        let mut pdu = Pdu::decode_head(ch, &rest[..layout.head], &layout)?;
+        let data = &rest[layout.head..layout.head + layout.data];
+        if layout.digest > 0 {
+            check_data_digest(data, &rest[layout.head + layout.data..])?;
+        }
+        if let Some(d) = pdu.data_mut() {
+            d.extend_from_slice(data);
+        }
+        Ok(pdu)
+    }
+
+    /// Decodes a PDU from its head (the `layout.head` bytes after the common header); its
+    /// data, if any, is left empty for the caller to read where it belongs. Checks the header
+    /// digest and, for H2CData and C2HData, that DATAL equals `layout.data`.
+    pub fn decode_head(ch: &CommonHeader, head: &[u8], layout: &Layout) -> Result<Pdu, PduError> {
         let hlen = usize::from(ch.hlen);
-        let hdgst = digestible(ch.ty) && ch.flags & FLAG_HDGST != 0;
-        let ddgst = digestible(ch.ty) && ch.flags & FLAG_DDGST != 0;
-        if digestible(ch.ty) && (hdgst != digests.header || (ddgst && !digests.data)) {
-            return Err(PduError::DigestFlags { flags: ch.flags, negotiated: digests });
+        if head.len() != layout.head || head.len() + 8 < hlen {
+            return Err(PduError::BadLength { plen: ch.plen, min: hlen as u32, max: hlen as u32 });
         }
-        let after_header = hlen + if hdgst { 4 } else { 0 };
-        if after_header > plen {
-            return Err(PduError::BadLength { plen: ch.plen, min: after_header as u32, max: after_header as u32 });
-        }
-        if hdgst {
+        if layout.header_digest {
             let mut h = ch.to_bytes().to_vec();
-            h.extend_from_slice(&rest[..hlen - 8]);
-            if crc(&h) != rest[hlen - 8..hlen - 4] {
+            h.extend_from_slice(&head[..hlen - 8]);
+            if crc(&h) != head[hlen - 8..hlen - 4] {
                 return Err(PduError::HeaderDigest);
             }
         }
-        // Data: from PDO to the end, less the data digest.
-        let data_end = plen - if ddgst { 4 } else { 0 };
-        let data: &[u8] = if has_data(ch.ty) && plen > after_header {
-            let pdo = usize::from(ch.pdo);
-            if pdo < after_header || pdo > data_end || (ddgst && pdo == data_end) {
-                return Err(PduError::BadDataOffset { pdo: ch.pdo, hlen: ch.hlen, plen: ch.plen });
-            }
-            let d = &rest[pdo - 8..data_end - 8];
-            if ddgst && crc(d) != rest[data_end - 8..] {
-                return Err(PduError::DataDigest);
-            }
-            d
-        } else {
-            if ddgst || (plen > after_header && !matches!(ch.ty, pdu_type::H2C_TERM_REQ | pdu_type::C2H_TERM_REQ)) {
-                return Err(PduError::BadDataOffset { pdo: ch.pdo, hlen: ch.hlen, plen: ch.plen });
-            }
-            &[]
-        };
-        let h = &rest[..hlen - 8]; // specific header, offsets below are from byte 8
+        let h = &head[..hlen - 8]; // specific header, offsets below are from byte 8
         use pdu_type::*;
         Ok(match ch.ty {
             IC_REQ | IC_RESP => {
@@ -347,12 +399,12 @@ impl Pdu {
                 }
             }
             H2C_TERM_REQ | C2H_TERM_REQ => {
-                Pdu::TermReq { from_host: ch.ty == H2C_TERM_REQ, fes: u16_at(h, 0), fei: u32_at(h, 2), data: rest[hlen - 8..].to_vec() }
+                Pdu::TermReq { from_host: ch.ty == H2C_TERM_REQ, fes: u16_at(h, 0), fei: u32_at(h, 2), data: Vec::new() }
             }
             CAPSULE_CMD => {
                 let mut sqe = [0u8; 64];
                 sqe.copy_from_slice(&h[..64]);
-                Pdu::CapsuleCmd { sqe: Command(sqe), data: data.to_vec() }
+                Pdu::CapsuleCmd { sqe: Command(sqe), data: Vec::new() }
             }
             CAPSULE_RESP => {
                 let mut cqe = [0u8; 16];
@@ -361,18 +413,18 @@ impl Pdu {
             }
             H2C_DATA | C2H_DATA => {
                 let datal = u32_at(h, 8) as usize;
-                if datal != data.len() {
-                    return Err(PduError::BadField { field: "DATAL", detail: format!("says {datal} bytes, the PDU carries {}", data.len()) });
+                if datal != layout.data {
+                    return Err(PduError::BadField { field: "DATAL", detail: format!("says {datal} bytes, the PDU carries {}", layout.data) });
                 }
                 if ch.ty == H2C_DATA {
-                    Pdu::H2CData { cccid: u16_at(h, 0), ttag: u16_at(h, 2), datao: u32_at(h, 4), last: ch.flags & FLAG_LAST_PDU != 0, data: data.to_vec() }
+                    Pdu::H2CData { cccid: u16_at(h, 0), ttag: u16_at(h, 2), datao: u32_at(h, 4), last: ch.flags & FLAG_LAST_PDU != 0, data: Vec::new() }
                 } else {
                     Pdu::C2HData {
                         cccid: u16_at(h, 0),
                         datao: u32_at(h, 4),
                         last: ch.flags & FLAG_LAST_PDU != 0,
                         success: ch.flags & FLAG_SUCCESS != 0,
-                        data: data.to_vec(),
+                        data: Vec::new(),
                     }
                 }
             }
@@ -381,25 +433,53 @@ impl Pdu {
         })
     }
 
+    /// The data a PDU carries (empty for those that carry none).
+    pub fn data(&self) -> &[u8] {
+        match self {
+            Pdu::TermReq { data, .. } | Pdu::CapsuleCmd { data, .. } | Pdu::H2CData { data, .. } | Pdu::C2HData { data, .. } => data,
+            _ => &[],
+        }
+    }
+
+    fn data_mut(&mut self) -> Option<&mut Vec<u8>> {
+        match self {
+            Pdu::TermReq { data, .. } | Pdu::CapsuleCmd { data, .. } | Pdu::H2CData { data, .. } | Pdu::C2HData { data, .. } => Some(data),
+            _ => None,
+        }
+    }
+
     /// Appends the encoded PDU to `out`, with the negotiated digests and data aligned to
     /// `pda` (the peer's PDU data alignment: 0 means none, n means (n+1) dwords).
     pub fn encode(&self, digests: Digests, pda: u8, out: &mut Vec<u8>) {
+        let data = self.data();
+        if self.encode_head(data.len(), digests, pda, out) {
+            out.extend_from_slice(data);
+            out.extend_from_slice(&crc(data));
+        } else {
+            out.extend_from_slice(data);
+        }
+    }
+
+    /// Appends everything of the encoded PDU that precedes its data, for a PDU that will
+    /// carry `data_len` bytes of data sent separately (a vectored write from where the data
+    /// lies); the PDU's own `data` field is ignored. Returns whether a data digest
+    /// ([`data_digest`] of the data) must follow the data.
+    pub fn encode_head(&self, data_len: usize, digests: Digests, pda: u8, out: &mut Vec<u8>) -> bool {
         use pdu_type::*;
-        let (ty, mut flags, data): (u8, u8, &[u8]) = match self {
-            Pdu::IcReq { .. } => (IC_REQ, 0, &[]),
-            Pdu::IcResp { .. } => (IC_RESP, 0, &[]),
-            Pdu::TermReq { from_host, data, .. } => (if *from_host { H2C_TERM_REQ } else { C2H_TERM_REQ }, 0, data),
-            Pdu::CapsuleCmd { data, .. } => (CAPSULE_CMD, 0, data),
-            Pdu::CapsuleResp { .. } => (CAPSULE_RESP, 0, &[]),
-            Pdu::H2CData { last, data, .. } => (H2C_DATA, if *last { FLAG_LAST_PDU } else { 0 }, data),
-            Pdu::C2HData { last, success, data, .. } => {
-                (C2H_DATA, if *last { FLAG_LAST_PDU } else { 0 } | if *success { FLAG_SUCCESS } else { 0 }, data)
-            }
-            Pdu::R2T { .. } => (R2T, 0, &[]),
+        let (ty, mut flags): (u8, u8) = match self {
+            Pdu::IcReq { .. } => (IC_REQ, 0),
+            Pdu::IcResp { .. } => (IC_RESP, 0),
+            Pdu::TermReq { from_host, .. } => (if *from_host { H2C_TERM_REQ } else { C2H_TERM_REQ }, 0),
+            Pdu::CapsuleCmd { .. } => (CAPSULE_CMD, 0),
+            Pdu::CapsuleResp { .. } => (CAPSULE_RESP, 0),
+            Pdu::H2CData { last, .. } => (H2C_DATA, if *last { FLAG_LAST_PDU } else { 0 }),
+            Pdu::C2HData { last, success, .. } => (C2H_DATA, if *last { FLAG_LAST_PDU } else { 0 } | if *success { FLAG_SUCCESS } else { 0 }),
+            Pdu::R2T { .. } => (R2T, 0),
         };
+        let data_len = if has_data(ty) || matches!(ty, H2C_TERM_REQ | C2H_TERM_REQ) { data_len } else { 0 };
         let hlen = header_len(ty).expect("known type");
         let hdgst = digests.header && digestible(ty);
-        let ddgst = digests.data && digestible(ty) && has_data(ty) && !data.is_empty();
+        let ddgst = digests.data && digestible(ty) && has_data(ty) && data_len > 0;
         if hdgst {
             flags |= FLAG_HDGST;
         }
@@ -408,22 +488,23 @@ impl Pdu {
         }
         let after_header = usize::from(hlen) + if hdgst { 4 } else { 0 };
         let is_term = matches!(ty, H2C_TERM_REQ | C2H_TERM_REQ);
-        let pdo = if data.is_empty() || is_term {
+        let pdo = if data_len == 0 || is_term {
             0
         } else {
             let align = if pda == 0 { 1 } else { (usize::from(pda) + 1) * 4 };
             after_header.next_multiple_of(align)
         };
-        let plen = if data.is_empty() {
+        let plen = if data_len == 0 {
             after_header
         } else if is_term {
-            after_header + data.len()
+            after_header + data_len
         } else {
-            pdo + data.len() + if ddgst { 4 } else { 0 }
+            pdo + data_len + if ddgst { 4 } else { 0 }
         };
         let start = out.len();
         out.extend_from_slice(&CommonHeader { ty, flags, hlen, pdo: pdo as u8, plen: plen as u32 }.to_bytes());
-        let mut h = vec![0u8; usize::from(hlen) - 8];
+        let mut h = [0u8; 120];
+        let h = &mut h[..usize::from(hlen) - 8];
         match self {
             Pdu::IcReq { pfv, hpda, digests, maxr2t } => {
                 h[0..2].copy_from_slice(&pfv.to_le_bytes());
@@ -443,16 +524,16 @@ impl Pdu {
             }
             Pdu::CapsuleCmd { sqe, .. } => h[..64].copy_from_slice(&sqe.0),
             Pdu::CapsuleResp { cqe } => h[..16].copy_from_slice(&cqe.to_bytes()),
-            Pdu::H2CData { cccid, ttag, datao, data, .. } => {
+            Pdu::H2CData { cccid, ttag, datao, .. } => {
                 h[0..2].copy_from_slice(&cccid.to_le_bytes());
                 h[2..4].copy_from_slice(&ttag.to_le_bytes());
                 h[4..8].copy_from_slice(&datao.to_le_bytes());
-                h[8..12].copy_from_slice(&(data.len() as u32).to_le_bytes());
+                h[8..12].copy_from_slice(&(data_len as u32).to_le_bytes());
             }
-            Pdu::C2HData { cccid, datao, data, .. } => {
+            Pdu::C2HData { cccid, datao, .. } => {
                 h[0..2].copy_from_slice(&cccid.to_le_bytes());
                 h[4..8].copy_from_slice(&datao.to_le_bytes());
-                h[8..12].copy_from_slice(&(data.len() as u32).to_le_bytes());
+                h[8..12].copy_from_slice(&(data_len as u32).to_le_bytes());
             }
             Pdu::R2T { cccid, ttag, r2to, r2tl } => {
                 h[0..2].copy_from_slice(&cccid.to_le_bytes());
@@ -461,18 +542,47 @@ impl Pdu {
                 h[8..12].copy_from_slice(&r2tl.to_le_bytes());
             }
         }
-        out.extend_from_slice(&h);
+        out.extend_from_slice(h);
         if hdgst {
             let d = crc(&out[start..start + usize::from(hlen)]);
             out.extend_from_slice(&d);
         }
-        if !data.is_empty() {
+        if data_len > 0 {
             out.resize(start + if is_term { after_header } else { pdo }, 0);
-            out.extend_from_slice(data);
-            if ddgst {
-                out.extend_from_slice(&crc(data));
-            }
         }
-        debug_assert_eq!(out.len() - start, plen);
+        debug_assert_eq!(out.len() - start + data_len + if ddgst { 4 } else { 0 }, plen);
+        ddgst
+    }
+}
+
+/// The data digest (CRC32C, little-endian) that follows `data` in a PDU.
+pub fn data_digest(data: &[u8]) -> [u8; 4] {
+    crc(data)
+}
+
+/// `write_all` for a list of slices: one `writev` per attempt, resumed where it stopped.
+pub fn write_all_vectored(w: &mut dyn std::io::Write, mut slices: &mut [std::io::IoSlice<'_>]) -> std::io::Result<()> {
+    std::io::IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        match w.write_vectored(slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => std::io::IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+impl Pdu {
+    /// Writes the PDU carrying `data` (its own `data` field ignored) with one vectored
+    /// write: header, then `data` from where it lies, then its digest. Returns the bytes
+    /// written.
+    pub fn write_with_data(&self, data: &[u8], digests: Digests, pda: u8, w: &mut dyn std::io::Write) -> std::io::Result<usize> {
+        let mut head = Vec::with_capacity(128);
+        let digest = self.encode_head(data.len(), digests, pda, &mut head).then(|| crc(data));
+        let mut slices = [std::io::IoSlice::new(&head), std::io::IoSlice::new(data), std::io::IoSlice::new(digest.as_ref().map_or(&[][..], |d| &d[..]))];
+        write_all_vectored(w, &mut slices)?;
+        Ok(head.len() + data.len() + if digest.is_some() { 4 } else { 0 })
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::cmd::{self, property, DISCOVERY_NQN};
 use crate::info::ControllerInfo;
-use crate::queue::{Counters, QError, Queue};
+use crate::queue::{Counters, QError, Queue, Ticket};
 use crate::{ConnectOptions, InitiatorError};
 use insitu_fabric::{Command, Completion};
 use std::collections::VecDeque;
@@ -44,14 +44,15 @@ fn setup_err(command: &'static str, e: QError, timeout: Duration) -> InitiatorEr
 
 /// Runs one command on `q` and returns its completion (whatever the status) and data.
 pub(crate) fn run_one(q: &Queue, c: Command, out: &[u8], data_in: usize, force_inline: bool) -> Result<(Completion, Vec<u8>, usize), QError> {
-    let t = q.start(c, out, data_in, force_inline, true)?.expect("a blocking start always returns a ticket");
     let mut buf = vec![0u8; data_in];
-    let (cqe, n) = t.wait(&mut buf)?;
+    let cid = q.reserve(true)?.expect("a blocking reserve always returns an identifier");
+    let t = q.start(cid, c, out, &mut buf, force_inline)?;
+    let (cqe, n) = t.wait()?;
     Ok((cqe, buf, n))
 }
 
 /// One command of a [`pipeline`]: the command, its data out, and the range of the input
-/// buffer its data in fills.
+/// buffer its data in fills (pieces' ranges ascend and do not overlap).
 pub(crate) struct Piece<'a> {
     pub cmd: Command,
     pub out: &'a [u8],
@@ -63,31 +64,36 @@ pub(crate) struct Piece<'a> {
 /// for a CID while holding one, so concurrent pipelines cannot deadlock). Returns each
 /// completion and its received byte count, in order. A queue failure after a command was
 /// sent is reported as [`QError::Lost`].
-pub(crate) fn pipeline<'a>(q: &'a Queue, pieces: Vec<Piece<'a>>, inbuf: &mut [u8]) -> Result<Vec<(Completion, usize)>, QError> {
-    let mut inflight = VecDeque::new();
+pub(crate) fn pipeline<'a>(q: &'a Queue, pieces: Vec<Piece<'a>>, inbuf: &'a mut [u8]) -> Result<Vec<(Completion, usize)>, QError> {
+    let mut inflight: VecDeque<Ticket<'a>> = VecDeque::new();
     let mut done = Vec::with_capacity(pieces.len());
     let mut started = false;
     let lost = |e: QError, started: bool| match e {
         QError::NotSent(d) if started => QError::Lost(d),
         e => e,
     };
+    // Each command gets its own part of the input buffer, lent to the queue while it runs.
+    let (mut rest, mut rest_at) = (inbuf, 0);
     for p in pieces {
-        loop {
-            match q.start(p.cmd, p.out, p.in_len, false, inflight.is_empty()).map_err(|e| lost(e, started))? {
-                Some(t) => {
-                    inflight.push_back((t, p.in_at, p.in_len));
-                    started = true;
-                    break;
-                }
-                None => {
-                    let (t, at, len) = inflight.pop_front().expect("non-blocking start only with commands in flight");
-                    done.push(t.wait(&mut inbuf[at..at + len])?);
-                }
-            }
+        let mut part: &'a mut [u8] = &mut [];
+        if p.in_len > 0 {
+            let tail = std::mem::take(&mut rest);
+            let (_, tail) = tail.split_at_mut(p.in_at - rest_at);
+            let (mine, tail) = tail.split_at_mut(p.in_len);
+            (part, rest, rest_at) = (mine, tail, p.in_at + p.in_len);
         }
+        // Never wait for an identifier while holding one: finish the oldest command instead.
+        let cid = loop {
+            match q.reserve(inflight.is_empty()).map_err(|e| lost(e, started))? {
+                Some(cid) => break cid,
+                None => done.push(inflight.pop_front().expect("non-blocking reserve only with commands in flight").wait()?),
+            }
+        };
+        inflight.push_back(q.start(cid, p.cmd, p.out, part, false).map_err(|e| lost(e, started))?);
+        started = true;
     }
-    while let Some((t, at, len)) = inflight.pop_front() {
-        done.push(t.wait(&mut inbuf[at..at + len])?);
+    while let Some(t) = inflight.pop_front() {
+        done.push(t.wait()?);
     }
     Ok(done)
 }

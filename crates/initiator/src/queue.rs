@@ -2,16 +2,19 @@
 //! One NVMe/TCP queue: a TCP connection, a reader thread that routes PDUs to waiting
 //! commands by CID, a shared writer, and a pool of command identifiers.
 //!
-//! A command is started with [`Queue::start`], which returns a [`Ticket`]; the caller's
-//! thread then waits on the ticket, copying C2HData into its buffer and answering R2Ts from
-//! its data with H2CData PDUs. The reader thread never writes, so a full socket in one
-//! direction cannot stall the other. Any decode error, unexpected PDU or C2HTermReq closes
-//! the queue and fails every outstanding command.
+//! A command is started with [`Queue::start`], which lends the caller's buffers to the
+//! queue for the command's life and returns a [`Ticket`]; the caller's thread then waits on
+//! the ticket. The reader thread reads C2HData straight into the caller's buffer, and a
+//! sender thread answers R2Ts with H2CData sent straight from the caller's data, so every
+//! command of a pipeline gets its data as soon as the controller asks. The reader thread
+//! never writes, so a full socket in one direction cannot stall the other. Any decode
+//! error, unexpected PDU or C2HTermReq closes the queue and fails every outstanding command.
 
 use crate::cid::CidPool;
 use crate::InitiatorError;
-use insitu_fabric::{CommonHeader, Command, Completion, Digests, Pdu, SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK};
+use insitu_fabric::{check_data_digest, CommonHeader, Command, Completion, Digests, Pdu, SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK};
 use std::io::{BufReader, Read, Write};
+use std::marker::PhantomData;
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -37,17 +40,76 @@ pub(crate) enum QError {
     Timeout,
 }
 
+/// Receive buffer: large enough to take several small PDUs in one system call, small
+/// enough that data is read mostly straight into the caller's buffer (reads at least this
+/// long bypass it).
+const RECV_BUFFER: usize = 4096;
+
 enum Event {
-    Data { datao: usize, data: Vec<u8> },
-    R2T { ttag: u16, offset: usize, len: usize },
+    /// This many data bytes were placed in the command's buffer.
+    Data(usize),
     Done(Completion),
     Failed(String),
 }
 
+/// A caller's buffer lent to the queue's threads for one command: the reader thread fills
+/// an input buffer from C2HData, the sender thread sends an output buffer's data in
+/// H2CData. The [`Ticket`] that lent it calls [`Lease::revoke`] before it lets its caller
+/// have the buffer back; revoking waits for a thread that is using it.
+struct Lease {
+    region: Mutex<Option<Region>>,
+}
+
+#[derive(Clone, Copy)]
+struct Region {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a Region is only dereferenced under its Lease's lock, while the Ticket that
+// borrows the memory for its lifetime has not revoked it (see `Lease`).
+unsafe impl Send for Region {}
+
+impl Lease {
+    fn new(ptr: *mut u8, len: usize) -> Arc<Lease> {
+        Arc::new(Lease { region: Mutex::new((len > 0).then_some(Region { ptr, len })) })
+    }
+
+    /// Runs `f` on `len` bytes at `offset` of the buffer, or on `None` once revoked.
+    fn with<R>(&self, offset: usize, len: usize, f: impl FnOnce(Option<&mut [u8]>) -> R) -> R {
+        let guard = lock(&self.region);
+        match *guard {
+            Some(r) if offset.checked_add(len).is_some_and(|end| end <= r.len) => {
+                // SAFETY: the region is the live buffer of a ticket that has not revoked it
+                // (revoking takes this lock), the range is inside it, and only the thread
+                // holding the lock touches it.
+                let bytes = unsafe { std::slice::from_raw_parts_mut(r.ptr.add(offset), len) };
+                f(Some(bytes))
+            }
+            _ => f(None),
+        }
+    }
+
+    fn revoke(&self) {
+        *lock(&self.region) = None;
+    }
+}
+
+/// An R2T for the sender thread to answer.
+struct R2tJob {
+    cid: u16,
+    ttag: u16,
+    offset: usize,
+    len: usize,
+    data: Arc<Lease>,
+}
+
 struct Slot {
     tx: Sender<Event>,
-    data_in: usize,
-    data_out: usize,
+    data_in: Arc<Lease>,
+    in_len: usize,
+    data_out: Arc<Lease>,
+    out_len: usize,
 }
 
 struct Slots {
@@ -72,11 +134,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn send(&self, pdu: &Pdu, pda: u8) -> std::io::Result<()> {
-        let mut buf = Vec::new();
-        pdu.encode(self.digests, pda, &mut buf);
-        lock(&self.writer).write_all(&buf)?;
-        self.stats.sent.fetch_add(buf.len() as u64, Ordering::Relaxed);
+    /// Sends `pdu` carrying `data` (vectored: the data goes out from where it lies).
+    fn send(&self, pdu: &Pdu, data: &[u8], pda: u8) -> std::io::Result<()> {
+        let n = pdu.write_with_data(data, self.digests, pda, &mut *lock(&self.writer))?;
+        self.stats.sent.fetch_add(n as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -93,8 +154,37 @@ impl Shared {
         let _ = self.sock.shutdown(Shutdown::Both);
     }
 
-    /// Routes one PDU from the controller; an error is fatal to the queue.
-    fn dispatch(&self, pdu: Pdu) -> Result<(), String> {
+    /// Checks a C2HData header against its command and returns the buffer its data goes to.
+    fn c2h_target(&self, cccid: u16, datao: usize, len: usize, last: bool, success: bool) -> Result<Arc<Lease>, String> {
+        let guard = lock(&self.slots);
+        let Some(Some(s)) = guard.map.get(usize::from(cccid)) else {
+            return Err(format!("C2HData for CID {cccid}, which has no command outstanding"));
+        };
+        if datao + len > s.in_len {
+            return Err(format!("C2HData for CID {cccid} at offset {datao} with {len} bytes overruns the command's {}-byte transfer", s.in_len));
+        }
+        if success && !last {
+            return Err(format!("C2HData for CID {cccid} has SUCCESS without LAST_PDU"));
+        }
+        Ok(s.data_in.clone())
+    }
+
+    /// `len` bytes of C2HData have been placed; with SUCCESS the command is complete.
+    fn c2h_placed(&self, cccid: u16, len: usize, success: bool) {
+        let mut guard = lock(&self.slots);
+        let Some(e) = guard.map.get_mut(usize::from(cccid)) else { return };
+        if let Some(s) = e.as_ref() {
+            let _ = s.tx.send(Event::Data(len));
+        }
+        if success {
+            if let Some(s) = e.take() {
+                let _ = s.tx.send(Event::Done(Completion { cid: cccid, sqid: self.qid, ..Completion::default() }));
+            }
+        }
+    }
+
+    /// Routes one PDU without data from the controller; an error is fatal to the queue.
+    fn dispatch(&self, pdu: Pdu, r2t: &Sender<R2tJob>) -> Result<(), String> {
         fn slot<'a>(map: &'a mut [Option<Slot>], cid: u16, what: &str) -> Result<&'a mut Option<Slot>, String> {
             match map.get_mut(usize::from(cid)) {
                 Some(e @ Some(_)) => Ok(e),
@@ -108,29 +198,13 @@ impl Shared {
                 let e = slot(map, cqe.cid, "response capsule")?.take().expect("checked");
                 let _ = e.tx.send(Event::Done(cqe));
             }
-            Pdu::C2HData { cccid, datao, last, success, data } => {
-                let e = slot(map, cccid, "C2HData")?;
-                let s = e.as_ref().expect("checked");
-                let end = datao as usize + data.len();
-                if end > s.data_in {
-                    return Err(format!("C2HData for CID {cccid} at offset {datao} with {} bytes overruns the command's {}-byte transfer", data.len(), s.data_in));
-                }
-                if success && !last {
-                    return Err(format!("C2HData for CID {cccid} has SUCCESS without LAST_PDU"));
-                }
-                let _ = s.tx.send(Event::Data { datao: datao as usize, data });
-                if success {
-                    let s = e.take().expect("checked");
-                    let _ = s.tx.send(Event::Done(Completion { cid: cccid, sqid: self.qid, ..Completion::default() }));
-                }
-            }
             Pdu::R2T { cccid, ttag, r2to, r2tl } => {
                 let s = slot(map, cccid, "R2T")?.as_ref().expect("checked");
                 let (offset, len) = (r2to as usize, r2tl as usize);
-                if len == 0 || offset + len > s.data_out {
-                    return Err(format!("R2T for CID {cccid} asks for {len} bytes at offset {offset} of a {}-byte transfer", s.data_out));
+                if len == 0 || offset + len > s.out_len {
+                    return Err(format!("R2T for CID {cccid} asks for {len} bytes at offset {offset} of a {}-byte transfer", s.out_len));
                 }
-                let _ = s.tx.send(Event::R2T { ttag, offset, len });
+                let _ = r2t.send(R2tJob { cid: cccid, ttag, offset, len, data: s.data_out.clone() });
             }
             Pdu::TermReq { fes, fei, .. } => {
                 return Err(format!("the target terminated the connection (C2HTermReq: {}, FEI {fei:#x})", fes_name(fes)));
@@ -155,30 +229,81 @@ pub(crate) fn fes_name(fes: u16) -> String {
     format!("FES {fes:#x} {name}")
 }
 
-fn reader_loop(shared: Arc<Shared>, mut rd: BufReader<TcpStream>) {
+fn reader_loop(shared: Arc<Shared>, mut rd: BufReader<TcpStream>, r2t: Sender<R2tJob>) {
+    let mut head = Vec::new();
     let reason = loop {
-        let mut h = [0u8; 8];
-        if let Err(e) = rd.read_exact(&mut h) {
-            break if e.kind() == std::io::ErrorKind::UnexpectedEof { "the target closed the connection".to_string() } else { format!("receive failed: {e}") };
-        }
-        let ch = match CommonHeader::parse(&h, shared.max_plen.load(Ordering::Relaxed)) {
-            Ok(ch) => ch,
-            Err(e) => break format!("invalid PDU header from the controller: {e}"),
-        };
-        let mut rest = vec![0u8; ch.plen as usize - 8];
-        if let Err(e) = rd.read_exact(&mut rest) {
-            break format!("receive failed in the middle of a PDU: {e}");
-        }
-        shared.stats.received.fetch_add(u64::from(ch.plen), Ordering::Relaxed);
-        let pdu = match Pdu::decode(&ch, &rest, shared.digests) {
-            Ok(p) => p,
-            Err(e) => break format!("invalid PDU from the controller: {e}"),
-        };
-        if let Err(reason) = shared.dispatch(pdu) {
-            break reason;
+        match receive(&shared, &mut rd, &mut head, &r2t) {
+            Ok(()) => {}
+            Err(reason) => break reason,
         }
     };
     shared.close(&reason);
+}
+
+/// Receives one PDU: C2HData straight into its command's buffer, anything else to
+/// [`Shared::dispatch`].
+fn receive(shared: &Shared, rd: &mut BufReader<TcpStream>, head: &mut Vec<u8>, r2t: &Sender<R2tJob>) -> Result<(), String> {
+    let recv_err = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            "the target closed the connection".to_string()
+        } else {
+            format!("receive failed: {e}")
+        }
+    };
+    let mut h = [0u8; 8];
+    rd.read_exact(&mut h).map_err(recv_err)?;
+    let ch = CommonHeader::parse(&h, shared.max_plen.load(Ordering::Relaxed)).map_err(|e| format!("invalid PDU header from the controller: {e}"))?;
+    let layout = ch.layout(shared.digests).map_err(|e| format!("invalid PDU from the controller: {e}"))?;
+    head.resize(layout.head, 0);
+    rd.read_exact(head).map_err(|e| format!("receive failed in the middle of a PDU: {e}"))?;
+    let pdu = Pdu::decode_head(&ch, head, &layout).map_err(|e| format!("invalid PDU from the controller: {e}"))?;
+    shared.stats.received.fetch_add(u64::from(ch.plen), Ordering::Relaxed);
+    let mut digest = [0u8; 4];
+    let digest = &mut digest[..layout.digest];
+    let mid = |e: std::io::Error| format!("receive failed in the middle of a PDU: {e}");
+    let bad_digest = |e: insitu_fabric::PduError| format!("invalid PDU from the controller: {e}");
+    if let Pdu::C2HData { cccid, datao, last, success, .. } = pdu {
+        let dest = shared.c2h_target(cccid, datao as usize, layout.data, last, success)?;
+        dest.with(datao as usize, layout.data, |buf| -> Result<(), String> {
+            match buf {
+                Some(buf) => {
+                    rd.read_exact(buf).map_err(mid)?;
+                    rd.read_exact(digest).map_err(mid)?;
+                    if !digest.is_empty() {
+                        check_data_digest(buf, digest).map_err(bad_digest)?;
+                    }
+                }
+                // The command was given up (timeout, queue closing): skip its data.
+                None => {
+                    std::io::copy(&mut rd.by_ref().take((layout.data + layout.digest) as u64), &mut std::io::sink()).map_err(mid)?;
+                }
+            }
+            Ok(())
+        })?;
+        shared.c2h_placed(cccid, layout.data, success);
+        return Ok(());
+    }
+    // Only a terminate request carries data besides C2HData; it is read and dropped.
+    std::io::copy(&mut rd.by_ref().take((layout.data + layout.digest) as u64), &mut std::io::sink()).map_err(mid)?;
+    shared.dispatch(pdu, r2t)
+}
+
+/// Answers R2Ts until the reader stops: sends the requested range of the command's data in
+/// H2CData PDUs of at most `maxh2cdata` bytes, straight from the caller's buffer.
+fn sender_loop(shared: Arc<Shared>, jobs: Receiver<R2tJob>, maxh2cdata: usize, cpda: u8) {
+    for job in jobs {
+        let sent = job.data.with(job.offset, job.len, |data| -> std::io::Result<()> {
+            let Some(data) = data else { return Ok(()) }; // given up: nothing to send
+            for (o, l) in crate::cmd::split_bytes(job.len, maxh2cdata) {
+                let pdu = Pdu::H2CData { cccid: job.cid, ttag: job.ttag, datao: (job.offset + o) as u32, last: o + l == job.len, data: Vec::new() };
+                shared.send(&pdu, &data[o..o + l], cpda)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = sent {
+            shared.close(&format!("send failed: {e}"));
+        }
+    }
 }
 
 /// An open queue.
@@ -189,9 +314,8 @@ pub(crate) struct Queue {
     pub digests: Digests,
     shared: Arc<Shared>,
     cids: CidPool,
-    reader: Mutex<Option<JoinHandle<()>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
     cpda: u8,
-    maxh2cdata: usize,
     in_capsule: AtomicUsize,
     timeout: Duration,
 }
@@ -243,7 +367,7 @@ impl Queue {
         }
         sock.set_read_timeout(None).map_err(io)?;
         let writer = sock.try_clone().map_err(io)?;
-        let rd = BufReader::with_capacity(256 << 10, sock.try_clone().map_err(io)?);
+        let rd = BufReader::with_capacity(RECV_BUFFER, sock.try_clone().map_err(io)?);
         let shared = Arc::new(Shared {
             qid,
             sock,
@@ -254,16 +378,26 @@ impl Queue {
             max_plen: AtomicU32::new(1 << 20),
             closed: AtomicBool::new(false),
         });
+        // The reader owns the R2T channel: when it stops, the sender thread stops too.
+        let (r2t_tx, r2t_rx) = mpsc::channel();
         let s2 = shared.clone();
-        let reader = std::thread::Builder::new().name(format!("nvmf-q{qid}-rx")).spawn(move || reader_loop(s2, rd)).map_err(io)?;
+        let reader = std::thread::Builder::new().name(format!("nvmf-q{qid}-rx")).spawn(move || reader_loop(s2, rd, r2t_tx)).map_err(io)?;
+        let s3 = shared.clone();
+        let sender = std::thread::Builder::new().name(format!("nvmf-q{qid}-tx")).spawn(move || sender_loop(s3, r2t_rx, maxh2cdata as usize, cpda));
+        let sender = match sender {
+            Ok(t) => t,
+            Err(e) => {
+                shared.close("cannot start the queue's sender thread");
+                return Err(io(e));
+            }
+        };
         Ok(Queue {
             qid,
             digests,
             shared,
             cids: CidPool::new(depth),
-            reader: Mutex::new(Some(reader)),
+            threads: Mutex::new(vec![reader, sender]),
             cpda,
-            maxh2cdata: maxh2cdata as usize,
             in_capsule: AtomicUsize::new(0),
             timeout,
         })
@@ -289,19 +423,24 @@ impl Queue {
         self.shared.close(reason);
     }
 
-    /// Sends `cmd` with `data_out` (in-capsule when it fits or `force_inline`, else by
-    /// R2T) or expecting `data_in` bytes. With `block` false, returns `Ok(None)` when no
-    /// command identifier is free instead of waiting for one.
-    pub fn start<'a>(&'a self, mut cmd: Command, data_out: &'a [u8], data_in: usize, force_inline: bool, block: bool) -> Result<Option<Ticket<'a>>, QError> {
-        let cid = if block {
-            self.cids.acquire(self.timeout).ok_or(QError::Timeout)?
-        } else {
-            match self.cids.try_acquire() {
-                Some(c) => c,
-                None => return Ok(None),
-            }
-        };
+    /// Takes a free command identifier for [`Queue::start`]. With `block` false, returns
+    /// `Ok(None)` when none is free instead of waiting for one.
+    pub fn reserve(&self, block: bool) -> Result<Option<Reserved>, QError> {
+        let cid = if block { Some(self.cids.acquire(self.timeout).ok_or(QError::Timeout)?) } else { self.cids.try_acquire() };
+        Ok(cid.map(Reserved))
+    }
+
+    /// Sends `cmd` under the reserved identifier with `data_out` (in-capsule when it fits
+    /// or `force_inline`, else by R2T) or receiving into `data_in`. Both buffers are lent
+    /// to the queue until the ticket completes.
+    pub fn start<'a>(&'a self, reserved: Reserved, mut cmd: Command, data_out: &'a [u8], data_in: &'a mut [u8], force_inline: bool) -> Result<Ticket<'a>, QError> {
+        let cid = reserved.0;
         let (tx, rx) = mpsc::channel();
+        let inline = !data_out.is_empty() && (force_inline || data_out.len() <= self.in_capsule.load(Ordering::Relaxed));
+        // The sender thread only reads through the output lease.
+        let lent_out = Lease::new(data_out.as_ptr().cast_mut(), if inline { 0 } else { data_out.len() });
+        let lent_in = Lease::new(data_in.as_mut_ptr(), data_in.len());
+        let in_len = data_in.len();
         {
             let mut s = lock(&self.shared.slots);
             if let Some(r) = &s.dead {
@@ -310,55 +449,60 @@ impl Queue {
                 self.cids.release(cid);
                 return Err(QError::NotSent(r));
             }
-            s.map[usize::from(cid)] = Some(Slot { tx, data_in, data_out: data_out.len() });
+            s.map[usize::from(cid)] = Some(Slot { tx, data_in: lent_in.clone(), in_len, data_out: lent_out.clone(), out_len: data_out.len() });
         }
         cmd.set_cid(cid);
-        let inline = !data_out.is_empty() && (force_inline || data_out.len() <= self.in_capsule.load(Ordering::Relaxed));
-        let data = if inline {
+        let capsule_data: &[u8] = if inline {
             cmd.set_sgl(0, data_out.len() as u32, SGL_DATA_BLOCK_OFFSET);
-            data_out.to_vec()
+            data_out
         } else {
-            cmd.set_sgl(0, data_out.len().max(data_in) as u32, SGL_TRANSPORT_DATA_BLOCK);
-            Vec::new()
+            cmd.set_sgl(0, data_out.len().max(in_len) as u32, SGL_TRANSPORT_DATA_BLOCK);
+            &[]
         };
-        let ticket = Ticket { q: self, cid, rx, data_out, finished: false, deadline: Instant::now() + self.timeout, received: 0 };
-        if let Err(e) = self.shared.send(&Pdu::CapsuleCmd { sqe: cmd, data }, self.cpda) {
+        let ticket = Ticket { q: self, cid, rx, leases: [lent_in, lent_out], finished: false, deadline: Instant::now() + self.timeout, received: 0, _buffers: PhantomData };
+        if let Err(e) = self.shared.send(&Pdu::CapsuleCmd { sqe: cmd, data: Vec::new() }, capsule_data, self.cpda) {
             // The command fails through its slot when the queue closes.
             self.close(&format!("send failed: {e}"));
         }
-        Ok(Some(ticket))
+        Ok(ticket)
     }
 }
 
 impl Drop for Queue {
     fn drop(&mut self) {
         self.close("the queue was closed by the host");
-        if let Some(h) = lock(&self.reader).take() {
+        for h in lock(&self.threads).drain(..) {
             let _ = h.join();
         }
     }
 }
 
-/// A command in flight.
+/// A command identifier taken by [`Queue::reserve`], to be used by [`Queue::start`].
+pub(crate) struct Reserved(u16);
+
+/// A command in flight. It holds the buffers lent in [`Queue::start`] for as long as it
+/// lives and revokes the queue's access to them before it ends; it must not be leaked
+/// (`mem::forget`), which nothing in this crate does.
 pub(crate) struct Ticket<'a> {
     q: &'a Queue,
     cid: u16,
     rx: Receiver<Event>,
-    data_out: &'a [u8],
+    /// The input and output buffers the queue's threads may use until revoked.
+    leases: [Arc<Lease>; 2],
     finished: bool,
     deadline: Instant,
     received: usize,
+    _buffers: PhantomData<(&'a mut [u8], &'a [u8])>,
 }
 
 impl Ticket<'_> {
-    /// Waits for the completion, copying controller data into `buf` (whose length is the
-    /// command's transfer length) and answering R2Ts. Returns the completion and the number
-    /// of data bytes received.
-    pub fn wait(mut self, buf: &mut [u8]) -> Result<(Completion, usize), QError> {
-        self.drive(buf)
+    /// Waits for the completion. Returns it and the number of data bytes received into
+    /// the input buffer.
+    pub fn wait(mut self) -> Result<(Completion, usize), QError> {
+        self.drive()
     }
 
-    fn drive(&mut self, buf: &mut [u8]) -> Result<(Completion, usize), QError> {
+    fn drive(&mut self) -> Result<(Completion, usize), QError> {
         let result = loop {
             let ev = match self.rx.recv_timeout(self.deadline.saturating_duration_since(Instant::now())) {
                 Ok(ev) => ev,
@@ -369,32 +513,18 @@ impl Ticket<'_> {
                 Err(RecvTimeoutError::Disconnected) => break Err(QError::Lost("the queue's reader stopped".into())),
             };
             match ev {
-                Event::Data { datao, data } => {
-                    if let Some(dst) = buf.get_mut(datao..datao + data.len()) {
-                        dst.copy_from_slice(&data);
-                    }
-                    self.received += data.len();
-                }
-                Event::R2T { ttag, offset, len } => self.answer_r2t(ttag, offset, len),
+                Event::Data(n) => self.received += n,
                 Event::Done(cqe) => break Ok((cqe, self.received)),
                 Event::Failed(reason) => break Err(QError::Lost(reason)),
             }
         };
+        // Wait out any thread still using the buffers, and keep them away from now on.
+        for lease in &self.leases {
+            lease.revoke();
+        }
         self.finished = true;
         self.q.cids.release(self.cid);
         result
-    }
-
-    /// Sends `data_out[offset..offset+len]` in H2CData PDUs of at most MAXH2CDATA bytes.
-    fn answer_r2t(&self, ttag: u16, offset: usize, len: usize) {
-        for (o, l) in crate::cmd::split_bytes(len, self.q.maxh2cdata) {
-            let data = self.data_out[offset + o..offset + o + l].to_vec();
-            let pdu = Pdu::H2CData { cccid: self.cid, ttag, datao: (offset + o) as u32, last: o + l == len, data };
-            if let Err(e) = self.q.shared.send(&pdu, self.q.cpda) {
-                self.q.close(&format!("send failed: {e}"));
-                return;
-            }
-        }
     }
 }
 
@@ -403,7 +533,7 @@ impl Drop for Ticket<'_> {
         if !self.finished {
             // Abandoned (the caller failed on an earlier command): let it complete so that
             // its CID is not reused while the controller still owns it.
-            let _ = self.drive(&mut []);
+            let _ = self.drive();
         }
     }
 }

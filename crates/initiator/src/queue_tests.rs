@@ -45,6 +45,12 @@ fn fake(maxh2cdata: u32, script: impl FnOnce(&mut TcpStream) + Send + 'static) -
     (q, t)
 }
 
+/// Runs one command: reserves an identifier, starts, waits.
+fn run(q: &Queue, c: Command, out: &[u8], buf: &mut [u8]) -> Result<(Completion, usize), QError> {
+    let cid = q.reserve(true)?.expect("blocking");
+    q.start(cid, c, out, buf, false)?.wait()
+}
+
 fn ok(cid: u16) -> Pdu {
     Pdu::CapsuleResp { cqe: Completion { cid, sqid: 1, ..Completion::default() } }
 }
@@ -68,11 +74,11 @@ fn c2h_data_lands_by_offset() {
         send(s, Pdu::C2HData { cccid: sqe.cid(), datao: 0, last: true, success: true, data: vec![3; 512] });
     });
     let mut buf = vec![0u8; 8192];
-    let (cqe, n) = q.start(read_cmd(), &[], 8192, false, true).unwrap().unwrap().wait(&mut buf).unwrap();
+    let (cqe, n) = run(&q, read_cmd(), &[], &mut buf).unwrap();
     assert_eq!((cqe.status, n), (0, 8192));
     assert!(buf[..4096].iter().all(|&b| b == 1) && buf[4096..].iter().all(|&b| b == 2));
     let mut buf = vec![0u8; 512];
-    let (cqe, n) = q.start(read_cmd(), &[], 512, false, true).unwrap().unwrap().wait(&mut buf).unwrap();
+    let (cqe, n) = run(&q, read_cmd(), &[], &mut buf).unwrap();
     assert_eq!((cqe.status, n), (0, 512));
     assert_eq!(buf, vec![3; 512]);
     t.join().unwrap();
@@ -102,7 +108,7 @@ fn r2t_is_answered_in_maxh2cdata_pieces() {
     });
     let mut c = Command::zeroed();
     c.set_opcode(opcode::WRITE);
-    let (cqe, _) = q.start(c, &data, 0, false, true).unwrap().unwrap().wait(&mut []).unwrap();
+    let (cqe, _) = run(&q, c, &data, &mut []).unwrap();
     assert_eq!(cqe.status, 0);
     t.join().unwrap();
 }
@@ -118,7 +124,7 @@ fn small_writes_travel_in_capsule() {
     q.set_in_capsule(8192);
     let mut c = Command::zeroed();
     c.set_opcode(opcode::WRITE);
-    q.start(c, &[9; 100], 0, false, true).unwrap().unwrap().wait(&mut []).unwrap();
+    run(&q, c, &[9; 100], &mut []).unwrap();
     t.join().unwrap();
 }
 
@@ -129,11 +135,11 @@ fn fails_with(script: impl FnOnce(&mut TcpStream, u16) + Send + 'static, want: &
         let _ = s.read(&mut [0u8; 1]); // until the host closes
     });
     let mut buf = vec![0u8; 4096];
-    let e = q.start(read_cmd(), &[], 4096, false, true).unwrap().unwrap().wait(&mut buf).unwrap_err();
+    let e = run(&q, read_cmd(), &[], &mut buf).unwrap_err();
     let QError::Lost(reason) = e else { panic!("{e:?}") };
     assert!(reason.contains(want), "{reason:?} should mention {want:?}");
     assert!(q.is_closed());
-    assert!(matches!(q.start(read_cmd(), &[], 4096, false, true), Err(QError::NotSent(_))));
+    assert!(matches!(run(&q, read_cmd(), &[], &mut buf), Err(QError::NotSent(_))));
     drop(q);
     t.join().unwrap();
 }
@@ -166,4 +172,35 @@ fn host_pdus_from_the_controller_close_the_queue() {
 #[test]
 fn a_closed_connection_fails_the_command() {
     fails_with(|s, _| s.shutdown(std::net::Shutdown::Both).unwrap(), "closed the connection");
+}
+
+#[test]
+fn r2ts_are_answered_in_the_order_the_controller_asks() {
+    // Two writes in flight; the controller asks for the second one's data first and
+    // completes nothing until both have arrived. Answering only the command the caller
+    // waits on (the first) would stall here.
+    let (q, t) = fake(4096, |s| {
+        let (a, _) = capsule(s);
+        let (b, _) = capsule(s);
+        send(s, Pdu::R2T { cccid: b.cid(), ttag: 2, r2to: 0, r2tl: 5000 });
+        send(s, Pdu::R2T { cccid: a.cid(), ttag: 1, r2to: 0, r2tl: 5000 });
+        let mut got = std::collections::HashMap::<u16, Vec<u8>>::new();
+        while got.values().map(Vec::len).sum::<usize>() < 10_000 {
+            match read_pdu(s) {
+                Pdu::H2CData { cccid, data, .. } => got.entry(cccid).or_default().extend(data),
+                other => panic!("expected H2CData, got {other:?}"),
+            }
+        }
+        assert_eq!((got[&a.cid()].clone(), got[&b.cid()].clone()), (vec![1; 5000], vec![2; 5000]));
+        send(s, ok(b.cid()));
+        send(s, ok(a.cid()));
+    });
+    let mut c = Command::zeroed();
+    c.set_opcode(opcode::WRITE);
+    let (one, two) = (vec![1u8; 5000], vec![2u8; 5000]);
+    let ta = q.start(q.reserve(true).unwrap().unwrap(), c, &one, &mut [], false).unwrap();
+    let tb = q.start(q.reserve(true).unwrap().unwrap(), c, &two, &mut [], false).unwrap();
+    assert_eq!(ta.wait().unwrap().0.status, 0);
+    assert_eq!(tb.wait().unwrap().0.status, 0);
+    t.join().unwrap();
 }

@@ -21,8 +21,10 @@
 #![deny(missing_docs)]
 
 mod aligned;
+mod pool;
 
 pub use aligned::{AlignedBuf, DIRECT_ALIGN};
+pub use pool::{BufferPool, PoolStats, PooledBuf};
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};

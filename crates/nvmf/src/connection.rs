@@ -10,9 +10,9 @@ use crate::controller::{self, Controller, Reply, Subsystem, CONNECT_INVALID_HOST
 use crate::io;
 use crate::Shared;
 use crossbeam_channel::{unbounded, Sender};
-use insitu_fabric::{fabrics, opcode, CommonHeader, Command, Completion, Digests, Pdu, PduError, SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK};
+use insitu_fabric::{check_data_digest, data_digest, write_all_vectored, fabrics, opcode, pdu_type, CommonHeader, Command, Completion, Digests, Pdu, PduError, SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK};
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::{BufReader, IoSlice, Read, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,6 +22,11 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Largest C2HData payload sent in one PDU.
 const C2H_CHUNK: usize = 256 << 10;
+
+/// Receive buffer: large enough to take several small PDUs in one system call, small
+/// enough that data PDUs are read mostly straight into their destination (reads at least
+/// this long bypass it).
+const RECV_BUFFER: usize = 4096;
 
 /// The queue's protocol state.
 enum State {
@@ -103,23 +108,45 @@ impl Sink {
         for p in pdus {
             p.encode(self.digests, self.hpda, &mut bytes);
         }
-        self.metrics.add_wire_out(bytes.len() as u64);
-        // A modelled link delivers the bytes only when it would have carried them.
-        if let Some(l) = &self.link {
-            l.link_transfer(bytes.len() as u64);
-        }
-        self.stream.lock().unwrap_or_else(|e| e.into_inner()).write_all(&bytes)
+        self.write(&mut [IoSlice::new(&bytes)])
     }
 
-    /// Sends a command's data (if any) and its response capsule.
+    /// Writes the slices in order, as one message on the wire.
+    fn write(&self, slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+        let total: usize = slices.iter().map(|s| s.len()).sum();
+        self.metrics.add_wire_out(total as u64);
+        // A modelled link delivers the bytes only when it would have carried them.
+        if let Some(l) = &self.link {
+            l.link_transfer(total as u64);
+        }
+        write_all_vectored(&mut **self.stream.lock().unwrap_or_else(|e| e.into_inner()), slices)
+    }
+
+    /// Sends a command's data (if any) and its response capsule in one vectored write: the
+    /// C2HData headers and digests are built aside and the data goes out from where it lies.
     pub(crate) fn complete(&self, cid: u16, sqhd: u16, status: u16, dw0: u32, dw1: u32, data: &[u8]) -> std::io::Result<()> {
-        let mut pdus: Vec<Pdu> = data
-            .chunks(C2H_CHUNK)
-            .enumerate()
-            .map(|(i, c)| Pdu::C2HData { cccid: cid, datao: (i * C2H_CHUNK) as u32, last: (i + 1) * C2H_CHUNK >= data.len(), success: false, data: c.to_vec() })
-            .collect();
-        pdus.push(Pdu::CapsuleResp { cqe: Completion { dw0, dw1, sqhd, sqid: self.sqid, cid, status } });
-        self.send(&pdus)
+        let chunks = data.len().div_ceil(C2H_CHUNK);
+        let mut heads = Vec::with_capacity(chunks * 32 + 32);
+        let mut marks = Vec::with_capacity(chunks); // (end of this head in `heads`, digest)
+        for (i, c) in data.chunks(C2H_CHUNK).enumerate() {
+            let pdu = Pdu::C2HData { cccid: cid, datao: (i * C2H_CHUNK) as u32, last: i + 1 == chunks, success: false, data: Vec::new() };
+            let digest = pdu.encode_head(c.len(), self.digests, self.hpda, &mut heads).then(|| data_digest(c));
+            marks.push((heads.len(), digest));
+        }
+        let resp_at = heads.len();
+        Pdu::CapsuleResp { cqe: Completion { dw0, dw1, sqhd, sqid: self.sqid, cid, status } }.encode(self.digests, self.hpda, &mut heads);
+        let mut slices = Vec::with_capacity(chunks * 3 + 1);
+        let mut at = 0;
+        for ((end, digest), c) in marks.iter().zip(data.chunks(C2H_CHUNK)) {
+            slices.push(IoSlice::new(&heads[at..*end]));
+            slices.push(IoSlice::new(c));
+            if let Some(d) = digest {
+                slices.push(IoSlice::new(d));
+            }
+            at = *end;
+        }
+        slices.push(IoSlice::new(&heads[resp_at..]));
+        self.write(&mut slices)
     }
 }
 
@@ -141,7 +168,8 @@ pub(crate) fn serve_on(shared: Arc<Shared>, reader: Box<dyn Transport>, writer: 
     let _ = reader.set_read_timeout(Some(SETUP_TIMEOUT));
     let link = shared.links.as_ref().map(|(to_host, _)| to_host.clone());
     let sink = Sink { stream: Arc::new(Mutex::new(writer)), link, digests: Digests::default(), hpda: 0, sqid: 0, metrics: shared.metrics.clone() };
-    let mut conn = Conn { shared, reader, sink, state: State::AwaitIcReq, sqhd: 0, sqsize: 1, pending: HashMap::new(), next_ttag: 0, peer };
+    let reader = BufReader::with_capacity(RECV_BUFFER, reader);
+    let mut conn = Conn { shared, reader, head: Vec::new(), sink, state: State::AwaitIcReq, sqhd: 0, sqsize: 1, pending: HashMap::new(), next_ttag: 0, peer };
     let end = conn.run();
     match &conn.state {
         State::Admin(ctrl) => ctrl.subsys.remove_controller(ctrl.cntlid),
@@ -157,7 +185,7 @@ pub(crate) fn serve_on(shared: Arc<Shared>, reader: Box<dyn Transport>, writer: 
             let _ = conn.sink.send(&[Pdu::TermReq { from_host: false, fes, fei: 0, data: Vec::new() }]);
         }
     }
-    conn.reader.shutdown();
+    conn.reader.get_ref().shutdown();
 }
 
 fn log(peer: &str, msg: &str) {
@@ -166,7 +194,9 @@ fn log(peer: &str, msg: &str) {
 
 struct Conn {
     shared: Arc<Shared>,
-    reader: Box<dyn Transport>,
+    reader: BufReader<Box<dyn Transport>>,
+    /// The head of the PDU being received (reused).
+    head: Vec<u8>,
     sink: Sink,
     state: State,
     sqhd: u16,
@@ -184,17 +214,44 @@ impl Conn {
         (cfg.max_transfer() as u32).max(cfg.inline_data) + 256
     }
 
-    fn read_pdu(&mut self) -> Result<Pdu, End> {
+    /// Receives one PDU. H2CData is read straight into the buffer of the command waiting
+    /// for it and handled here (`None`); every other PDU is returned with its data.
+    fn read_pdu(&mut self) -> Result<Option<Pdu>, End> {
         let mut ch = [0u8; 8];
         self.reader.read_exact(&mut ch)?;
         let header = CommonHeader::parse(&ch, self.max_plen())?;
-        let mut rest = vec![0u8; header.plen as usize - 8];
-        self.reader.read_exact(&mut rest)?;
+        let layout = header.layout(self.sink.digests)?;
+        self.head.resize(layout.head, 0);
+        self.reader.read_exact(&mut self.head)?;
         self.shared.metrics.add_wire_in(u64::from(header.plen));
         if let Some((_, to_target)) = &self.shared.links {
             to_target.link_transfer(u64::from(header.plen));
         }
-        Ok(Pdu::decode(&header, &rest, self.sink.digests)?)
+        let mut pdu = Pdu::decode_head(&header, &self.head, &layout)?;
+        let mut digest = [0u8; 4];
+        let digest = &mut digest[..layout.digest];
+        if header.ty == pdu_type::H2C_DATA && !matches!(self.state, State::AwaitIcReq) {
+            let Pdu::H2CData { cccid, ttag, datao, last, .. } = pdu else { unreachable!("decoded from an H2CData header") };
+            let dst = Self::h2c_destination(&mut self.pending, cccid, ttag, datao, layout.data)?;
+            self.reader.read_exact(dst)?;
+            self.reader.read_exact(digest)?;
+            if !digest.is_empty() {
+                check_data_digest(dst, digest)?;
+            }
+            self.h2c_received(cccid, layout.data, last)?;
+            return Ok(None);
+        }
+        let mut data = vec![0u8; layout.data];
+        self.reader.read_exact(&mut data)?;
+        self.reader.read_exact(digest)?;
+        if !digest.is_empty() {
+            check_data_digest(&data, digest)?;
+        }
+        match &mut pdu {
+            Pdu::CapsuleCmd { data: d, .. } | Pdu::TermReq { data: d, .. } | Pdu::H2CData { data: d, .. } | Pdu::C2HData { data: d, .. } => *d = data,
+            _ => {}
+        }
+        Ok(Some(pdu))
     }
 
     fn run(&mut self) -> End {
@@ -203,7 +260,8 @@ impl Conn {
                 return End::Closed(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "target stopping"));
             }
             let pdu = match self.read_pdu() {
-                Ok(p) => p,
+                Ok(Some(p)) => p,
+                Ok(None) => continue,
                 Err(e) => return e,
             };
             if let Err(e) = self.step(pdu) {
@@ -227,8 +285,6 @@ impl Conn {
             (State::AwaitIcReq, other) => Err(sequence(&other, "expected ICReq first")),
             // The host ends the connection.
             (_, Pdu::TermReq { fes, .. }) => Err(End::Closed(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("host terminated (FES {fes:#x})")))),
-            // Data for a write-direction command waiting on an R2T.
-            (_, Pdu::H2CData { cccid, ttag, datao, last, data }) => self.h2c_data(cccid, ttag, datao, last, data),
             (_, Pdu::CapsuleCmd { sqe, data }) => {
                 self.sqhd = (self.sqhd + 1) % self.sqsize.max(1);
                 self.command(sqe, data)
@@ -307,19 +363,23 @@ impl Conn {
         }
     }
 
-    fn h2c_data(&mut self, cccid: u16, ttag: u16, datao: u32, last: bool, data: Vec<u8>) -> Result<(), End> {
-        let Some(p) = self.pending.get_mut(&cccid) else {
+    /// Where the data of an H2CData PDU goes: the next bytes of the command waiting for it.
+    fn h2c_destination(pending: &mut HashMap<u16, Pending>, cccid: u16, ttag: u16, datao: u32, len: usize) -> Result<&mut [u8], End> {
+        let Some(p) = pending.get_mut(&cccid) else {
             return Err(End::Fatal { fes: 0x02, reason: format!("H2CData for command {cccid}, which awaits no data") });
         };
         let off = datao as usize;
-        if p.ttag != ttag || off != p.received || off + data.len() > p.buf.len() {
-            return Err(End::Fatal {
-                fes: 0x04,
-                reason: format!("H2CData for command {cccid}: tag {ttag}, offset {off} + {} outside the {} bytes requested", data.len(), p.buf.len()),
-            });
+        if p.ttag != ttag || off != p.received || off + len > p.buf.len() {
+            return Err(End::Fatal { fes: 0x04, reason: format!("H2CData for command {cccid}: tag {ttag}, offset {off} + {len} outside the {} bytes requested", p.buf.len()) });
         }
-        p.buf[off..off + data.len()].copy_from_slice(&data);
-        p.received += data.len();
+        Ok(&mut p.buf[off..off + len])
+    }
+
+    /// Accounts `len` bytes that arrived for command `cccid`; the last of them sends it to
+    /// the queue's workers.
+    fn h2c_received(&mut self, cccid: u16, len: usize, last: bool) -> Result<(), End> {
+        let p = self.pending.get_mut(&cccid).expect("checked by h2c_destination");
+        p.received += len;
         if p.received == p.buf.len() {
             if !last {
                 return Err(End::Fatal { fes: 0x02, reason: format!("H2CData for command {cccid} completed the transfer without LAST_PDU") });
@@ -404,7 +464,7 @@ impl Conn {
             let Some(ctrl) = subsys.add_controller(&hostnqn, hostid, kato) else { return Reply::err(CONTROLLER_BUSY) };
             // Keep Alive Timeout: the host must send a command at least this often.
             let timeout = (kato > 0).then(|| Duration::from_millis(u64::from(kato) * 2));
-            let _ = self.reader.set_read_timeout(timeout);
+            let _ = self.reader.get_ref().set_read_timeout(timeout);
             let id = ctrl.cntlid;
             self.state = State::Admin(ctrl);
             return Reply::ok(u32::from(id));
@@ -416,7 +476,7 @@ impl Conn {
             return invalid(false, 42);
         }
         // The queue is ours now: no read timeout (I/O queues may idle), see `serve`.
-        let _ = self.reader.set_read_timeout(None);
+        let _ = self.reader.get_ref().set_read_timeout(None);
         self.sink.sqid = qid;
         let jobs = spawn_workers(&self.shared, &subsys, &ctrl, &self.sink);
         self.state = State::Io { ctrl, jobs };

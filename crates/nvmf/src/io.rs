@@ -7,7 +7,7 @@ use crate::controller::{status, Controller, INVALID_FIELD, INVALID_OPCODE};
 use crate::metrics::CommandCost;
 use crate::Shared;
 use insitu_fabric::{opcode, Command};
-use insitu_target::Target;
+use insitu_target::{BlockRead, Target};
 use insitu_wire::{CommandError, FLAG_RESULT_OBJECT};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -26,14 +26,15 @@ struct Done {
     status: u16,
     dw0: u32,
     dw1: u32,
-    data: Vec<u8>,
+    /// Blocks a Read returns, sent from the pooled buffer they were read into.
+    data: Option<BlockRead>,
     /// Bytes read from or written to the media.
     media: u64,
 }
 
 impl Done {
     fn ok() -> Done {
-        Done { status: 0, dw0: 0, dw1: 0, data: Vec::new(), media: 0 }
+        Done { status: 0, dw0: 0, dw1: 0, data: None, media: 0 }
     }
 
     fn status(status: u16) -> Done {
@@ -52,9 +53,10 @@ pub(crate) fn run(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Si
     let function = if cmd.opcode() == opcode::EXEC { function_name(&job.data) } else { String::new() };
     let link_in = job.data.len() as u64;
     let done = execute(shared, target, ctrl, cmd, job.data);
-    let cost = CommandCost { function, status: done.status, took: started.elapsed(), link_bytes: link_in + done.data.len() as u64, media_bytes: done.media };
+    let data = done.data.as_deref().unwrap_or_default();
+    let cost = CommandCost { function, status: done.status, took: started.elapsed(), link_bytes: link_in + data.len() as u64, media_bytes: done.media };
     shared.metrics.record(cmd.opcode(), cmd.nsid(), &cost);
-    let _ = sink.complete(cmd.cid(), job.sqhd, done.status, done.dw0, done.dw1, &done.data);
+    let _ = sink.complete(cmd.cid(), job.sqhd, done.status, done.dw0, done.dw1, data);
 }
 
 fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, data: Vec<u8>) -> Done {
@@ -72,10 +74,9 @@ fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, d
             if (cmd.sgl().1 as usize) < bytes {
                 return Done::status(SGL_LENGTH_INVALID);
             }
-            let mut buf = vec![0u8; bytes];
             ctrl.read_cmds.fetch_add(1, Ordering::Relaxed);
-            match target.read(nsid, slba, &mut buf) {
-                Ok(()) => Done { media: buf.len() as u64, data: buf, ..Done::ok() },
+            match target.read_blocks(nsid, slba, bytes) {
+                Ok(blocks) => Done { media: bytes as u64, data: Some(blocks), ..Done::ok() },
                 Err(e) => failed(e),
             }
         }

@@ -32,10 +32,11 @@
 mod namespace;
 mod stream;
 
+pub use insitu_media::PoolStats;
 pub use namespace::{Namespace, NamespaceConfig, Visibility};
 pub use stream::CHUNK;
 
-use insitu_media::Backing;
+use insitu_media::{Backing, PooledBuf};
 use insitu_offload::{Args, InputStream, KernelError, OutputSink, Registry};
 use insitu_wire::{CommandError, Descriptor, ExecResult, ExtentError, Limits, Status};
 use std::path::Path;
@@ -76,6 +77,22 @@ pub struct ExecOutcome {
     /// The result was also written to the descriptor's result object (fabric transports
     /// then return only its length).
     pub result_in_object: bool,
+}
+
+/// Blocks read by [`Target::read_blocks`], in a pooled buffer that returns to its pool when
+/// this is dropped.
+pub struct BlockRead {
+    buf: PooledBuf,
+    skip: usize,
+    len: usize,
+}
+
+impl std::ops::Deref for BlockRead {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.buf.as_slice()[self.skip..self.skip + self.len]
+    }
 }
 
 /// A computational-storage target.
@@ -181,9 +198,34 @@ impl Target {
 
     /// Reads whole logical blocks starting at `slba` into `buf`.
     pub fn read(&self, nsid: Nsid, slba: u64, buf: &mut [u8]) -> Result<(), CommandError> {
+        buf.copy_from_slice(&self.read_blocks(nsid, slba, buf.len())?);
+        Ok(())
+    }
+
+    /// Reads `bytes` (whole logical blocks) starting at `slba` into a buffer of the
+    /// namespace's pool, and returns the data where it landed: a transport sends it from
+    /// there, without a copy.
+    pub fn read_blocks(&self, nsid: Nsid, slba: u64, bytes: usize) -> Result<BlockRead, CommandError> {
         let ns = self.host_ns(nsid)?;
-        let off = Self::lba_range(ns, nsid, slba, buf.len())?;
-        ns.media.read_at(buf, off).map_err(|e| CommandError::new(Status::DATA_TRANSFER_ERROR, format!("namespace {nsid}: {e}")))
+        let off = Self::lba_range(ns, nsid, slba, bytes)?;
+        let mut buf = ns.pool.take_at_least(bytes + 2 * insitu_media::DIRECT_ALIGN);
+        let window = ns.media.read_window(&mut buf, off, bytes).map_err(|e| CommandError::new(Status::DATA_TRANSFER_ERROR, format!("namespace {nsid}: {e}")))?;
+        let skip = window.as_ptr() as usize - buf.as_slice().as_ptr() as usize;
+        Ok(BlockRead { buf, skip, len: bytes })
+    }
+
+    /// The buffer pools of every namespace, summed.
+    pub fn buffer_stats(&self) -> PoolStats {
+        let zero = PoolStats { buffer_bytes: 0, allocations: 0, reuses: 0, in_use: 0, idle: 0, peak_buffers: 0, max_idle: 0 };
+        self.namespaces.iter().map(|ns| ns.pool.stats()).fold(zero, |a, b| PoolStats {
+            buffer_bytes: a.buffer_bytes.max(b.buffer_bytes),
+            allocations: a.allocations + b.allocations,
+            reuses: a.reuses + b.reuses,
+            in_use: a.in_use + b.in_use,
+            idle: a.idle + b.idle,
+            peak_buffers: a.peak_buffers + b.peak_buffers,
+            max_idle: a.max_idle + b.max_idle,
+        })
     }
 
     /// Writes whole logical blocks starting at `slba`.

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Namespaces: byte ranges of a backing store with a logical block size and a visibility.
 
-use insitu_media::{Backing, Pacing};
+use insitu_media::{Backing, BufferPool, Pacing, DIRECT_ALIGN};
 use std::sync::Arc;
 
 /// Who may address a namespace.
@@ -55,7 +55,13 @@ pub struct Namespace {
     pub(crate) size: u64,
     pub(crate) lba_size: u32,
     pub(crate) visibility: Visibility,
+    /// Buffers for EXEC streams and block reads, reused from command to command.
+    pub(crate) pool: BufferPool,
 }
+
+/// Buffers the pool keeps between commands (each [`crate::CHUNK`] plus alignment slack):
+/// enough for a few concurrent EXECs to find theirs ready, about 32 MiB.
+const IDLE_BUFFERS: usize = 16;
 
 impl Namespace {
     pub(crate) fn new(media: Arc<Backing>, cfg: &NamespaceConfig) -> Result<Namespace, String> {
@@ -78,7 +84,9 @@ impl Namespace {
         if size == 0 {
             return Err(format!("{} is too small for one {lba}-byte block", media.path().display()));
         }
-        Ok(Namespace { media, offset: cfg.offset, size, lba_size: cfg.lba_size, visibility: cfg.visibility })
+        // A window read needs up to one alignment unit of slack at each end.
+        let pool = BufferPool::new(crate::CHUNK + 2 * DIRECT_ALIGN, IDLE_BUFFERS);
+        Ok(Namespace { media, offset: cfg.offset, size, lba_size: cfg.lba_size, visibility: cfg.visibility, pool })
     }
 
     /// Size in bytes.
@@ -99,5 +107,10 @@ impl Namespace {
     /// The backing store.
     pub fn media(&self) -> &Backing {
         &self.media
+    }
+
+    /// The namespace's buffer pool (EXEC streams and block reads take their buffers there).
+    pub fn buffer_pool(&self) -> &BufferPool {
+        &self.pool
     }
 }

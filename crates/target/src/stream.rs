@@ -9,7 +9,7 @@
 
 use crate::namespace::Namespace;
 use crossbeam_channel::{bounded, Receiver, Sender};
-use insitu_media::{media_cost, AlignedBuf, DIRECT_ALIGN};
+use insitu_media::{media_cost, PooledBuf};
 use insitu_offload::{InputStream, KernelError, OutputSink};
 use insitu_wire::{ExtentKind, VirtualObject, SECTOR};
 use std::cell::RefCell;
@@ -57,7 +57,7 @@ pub(crate) fn segments(ns: &Namespace, obj: &VirtualObject) -> Vec<Segment> {
 }
 
 pub(crate) enum Msg {
-    Chunk { input: usize, buf: AlignedBuf, skip: usize, len: usize },
+    Chunk { input: usize, buf: PooledBuf, skip: usize, len: usize },
     End { input: usize },
     Failed { input: usize, error: io::Error },
 }
@@ -65,12 +65,14 @@ pub(crate) enum Msg {
 /// Runs the I/O side: reads every input in order and sends chunks; stops early when the
 /// consumer hangs up.
 /// Adds the bytes read from the media to `media_bytes`.
-pub(crate) fn produce(ns: &Namespace, inputs: &[Vec<Segment>], tx: Sender<Msg>, recycle: Receiver<AlignedBuf>, media_bytes: &AtomicU64) {
+pub(crate) fn produce(ns: &Namespace, inputs: &[Vec<Segment>], tx: Sender<Msg>, recycle: Receiver<PooledBuf>, media_bytes: &AtomicU64) {
+    // The first DEPTH + 1 buffers come from the namespace's pool; then the consumer's
+    // returns keep the command at that many, whatever the object size.
     let mut fresh = DEPTH + 1;
-    let mut take_buf = || -> Option<AlignedBuf> {
+    let mut take_buf = || -> Option<PooledBuf> {
         if fresh > 0 {
             fresh -= 1;
-            return Some(AlignedBuf::new(CHUNK + 2 * DIRECT_ALIGN));
+            return Some(ns.pool.take());
         }
         recycle.recv().ok()
     };
@@ -110,18 +112,18 @@ pub(crate) fn produce(ns: &Namespace, inputs: &[Vec<Segment>], tx: Sender<Msg>, 
 /// The consumer side shared by all input streams of one command.
 pub(crate) struct Feed {
     rx: Receiver<Msg>,
-    recycle: Sender<AlignedBuf>,
+    recycle: Sender<PooledBuf>,
     pending: Option<Msg>,
 }
 
 impl Feed {
-    pub(crate) fn new(rx: Receiver<Msg>, recycle: Sender<AlignedBuf>) -> Rc<RefCell<Feed>> {
+    pub(crate) fn new(rx: Receiver<Msg>, recycle: Sender<PooledBuf>) -> Rc<RefCell<Feed>> {
         Rc::new(RefCell::new(Feed { rx, recycle, pending: None }))
     }
 }
 
 /// Creates the channels between [`produce`] and the [`Feed`].
-pub(crate) fn channels() -> (Sender<Msg>, Receiver<Msg>, Sender<AlignedBuf>, Receiver<AlignedBuf>) {
+pub(crate) fn channels() -> (Sender<Msg>, Receiver<Msg>, Sender<PooledBuf>, Receiver<PooledBuf>) {
     let (tx, rx) = bounded(DEPTH);
     let (rtx, rrx) = bounded(DEPTH + 1);
     (tx, rx, rtx, rrx)
@@ -132,7 +134,7 @@ pub(crate) struct ObjectInput {
     index: usize,
     len: u64,
     feed: Rc<RefCell<Feed>>,
-    current: Option<(AlignedBuf, usize, usize)>,
+    current: Option<(PooledBuf, usize, usize)>,
     done: bool,
     /// The CPU budget, and the kernel thread's CPU time when it was last charged (shared by
     /// every input of the command): the time between two requests is the kernel computing.
@@ -221,7 +223,7 @@ pub(crate) struct ObjectOutput<'n> {
     index: usize,
     segments: Vec<Segment>,
     capacity: u64,
-    buf: AlignedBuf,
+    buf: PooledBuf,
     filled: usize,
     written: u64,
     seg: usize,
@@ -237,7 +239,7 @@ impl<'n> ObjectOutput<'n> {
             index,
             segments: segments(ns, obj),
             capacity: obj.length,
-            buf: AlignedBuf::new(CHUNK),
+            buf: ns.pool.take(),
             filled: 0,
             written: 0,
             seg: 0,
