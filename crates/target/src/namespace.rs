@@ -28,6 +28,10 @@ pub struct NamespaceConfig {
     /// A device timing model the media obeys (a flash model, say). Default none: the
     /// machine's real speed.
     pub pacing: Option<Arc<dyn Pacing>>,
+    /// Buffers (each [`crate::CHUNK`] plus alignment slack) the namespace's pool keeps
+    /// between commands; 0 frees each buffer after use, as if there were no pool. Default
+    /// 16, about 32 MiB: enough for a few concurrent EXECs to find theirs ready.
+    pub idle_buffers: usize,
 }
 
 impl std::fmt::Debug for NamespaceConfig {
@@ -38,13 +42,14 @@ impl std::fmt::Debug for NamespaceConfig {
             .field("size", &self.size)
             .field("visibility", &self.visibility)
             .field("paced", &self.pacing.is_some())
+            .field("idle_buffers", &self.idle_buffers)
             .finish()
     }
 }
 
 impl Default for NamespaceConfig {
     fn default() -> Self {
-        NamespaceConfig { lba_size: 512, offset: 0, size: None, visibility: Visibility::Sharable, pacing: None }
+        NamespaceConfig { lba_size: 512, offset: 0, size: None, visibility: Visibility::Sharable, pacing: None, idle_buffers: 16 }
     }
 }
 
@@ -58,10 +63,6 @@ pub struct Namespace {
     /// Buffers for EXEC streams and block reads, reused from command to command.
     pub(crate) pool: BufferPool,
 }
-
-/// Buffers the pool keeps between commands (each [`crate::CHUNK`] plus alignment slack):
-/// enough for a few concurrent EXECs to find theirs ready, about 32 MiB.
-const IDLE_BUFFERS: usize = 16;
 
 impl Namespace {
     pub(crate) fn new(media: Arc<Backing>, cfg: &NamespaceConfig) -> Result<Namespace, String> {
@@ -85,7 +86,7 @@ impl Namespace {
             return Err(format!("{} is too small for one {lba}-byte block", media.path().display()));
         }
         // A window read needs up to one alignment unit of slack at each end.
-        let pool = BufferPool::new(crate::CHUNK + 2 * DIRECT_ALIGN, IDLE_BUFFERS);
+        let pool = BufferPool::new(crate::CHUNK + 2 * DIRECT_ALIGN, cfg.idle_buffers);
         Ok(Namespace { media, offset: cfg.offset, size, lba_size: cfg.lba_size, visibility: cfg.visibility, pool })
     }
 
