@@ -46,9 +46,8 @@ pub(crate) enum QError {
 const RECV_BUFFER: usize = 4096;
 
 enum Event {
-    /// This many data bytes were placed in the command's buffer.
-    Data(usize),
-    Done(Completion),
+    /// The completion, and the data bytes placed in the command's buffer.
+    Done(Completion, usize),
     Failed(String),
 }
 
@@ -106,6 +105,9 @@ struct R2tJob {
 
 struct Slot {
     tx: Sender<Event>,
+    /// Data bytes placed so far; reported with the completion, so that the waiting thread
+    /// is woken once per command.
+    received: usize,
     data_in: Arc<Lease>,
     in_len: usize,
     data_out: Arc<Lease>,
@@ -173,12 +175,12 @@ impl Shared {
     fn c2h_placed(&self, cccid: u16, len: usize, success: bool) {
         let mut guard = lock(&self.slots);
         let Some(e) = guard.map.get_mut(usize::from(cccid)) else { return };
-        if let Some(s) = e.as_ref() {
-            let _ = s.tx.send(Event::Data(len));
+        if let Some(s) = e.as_mut() {
+            s.received += len;
         }
         if success {
             if let Some(s) = e.take() {
-                let _ = s.tx.send(Event::Done(Completion { cid: cccid, sqid: self.qid, ..Completion::default() }));
+                let _ = s.tx.send(Event::Done(Completion { cid: cccid, sqid: self.qid, ..Completion::default() }, s.received));
             }
         }
     }
@@ -196,7 +198,7 @@ impl Shared {
         match pdu {
             Pdu::CapsuleResp { cqe } => {
                 let e = slot(map, cqe.cid, "response capsule")?.take().expect("checked");
-                let _ = e.tx.send(Event::Done(cqe));
+                let _ = e.tx.send(Event::Done(cqe, e.received));
             }
             Pdu::R2T { cccid, ttag, r2to, r2tl } => {
                 let s = slot(map, cccid, "R2T")?.as_ref().expect("checked");
@@ -449,7 +451,7 @@ impl Queue {
                 self.cids.release(cid);
                 return Err(QError::NotSent(r));
             }
-            s.map[usize::from(cid)] = Some(Slot { tx, data_in: lent_in.clone(), in_len, data_out: lent_out.clone(), out_len: data_out.len() });
+            s.map[usize::from(cid)] = Some(Slot { tx, received: 0, data_in: lent_in.clone(), in_len, data_out: lent_out.clone(), out_len: data_out.len() });
         }
         cmd.set_cid(cid);
         let capsule_data: &[u8] = if inline {
@@ -459,7 +461,7 @@ impl Queue {
             cmd.set_sgl(0, data_out.len().max(in_len) as u32, SGL_TRANSPORT_DATA_BLOCK);
             &[]
         };
-        let ticket = Ticket { q: self, cid, rx, leases: [lent_in, lent_out], finished: false, deadline: Instant::now() + self.timeout, received: 0, _buffers: PhantomData };
+        let ticket = Ticket { q: self, cid, rx, leases: [lent_in, lent_out], finished: false, deadline: Instant::now() + self.timeout, _buffers: PhantomData };
         if let Err(e) = self.shared.send(&Pdu::CapsuleCmd { sqe: cmd, data: Vec::new() }, capsule_data, self.cpda) {
             // The command fails through its slot when the queue closes.
             self.close(&format!("send failed: {e}"));
@@ -491,7 +493,6 @@ pub(crate) struct Ticket<'a> {
     leases: [Arc<Lease>; 2],
     finished: bool,
     deadline: Instant,
-    received: usize,
     _buffers: PhantomData<(&'a mut [u8], &'a [u8])>,
 }
 
@@ -513,8 +514,7 @@ impl Ticket<'_> {
                 Err(RecvTimeoutError::Disconnected) => break Err(QError::Lost("the queue's reader stopped".into())),
             };
             match ev {
-                Event::Data(n) => self.received += n,
-                Event::Done(cqe) => break Ok((cqe, self.received)),
+                Event::Done(cqe, received) => break Ok((cqe, received)),
                 Event::Failed(reason) => break Err(QError::Lost(reason)),
             }
         };
