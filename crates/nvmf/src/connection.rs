@@ -45,7 +45,7 @@ struct Pending {
     cmd: Command,
     sqhd: u16,
     ttag: u16,
-    buf: Vec<u8>,
+    buf: io::HostData,
     received: usize,
 }
 
@@ -319,7 +319,7 @@ impl Conn {
                 let jobs = jobs.clone();
                 // Opcode bits 1:0 = 01: data flows host to controller.
                 if cmd.opcode() & 3 != 1 {
-                    let _ = jobs.send(io::Job { cmd, data: Vec::new(), sqhd });
+                    let _ = jobs.send(io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd });
                     return Ok(());
                 }
                 self.write_direction(cmd, data, sqhd, jobs)
@@ -340,11 +340,11 @@ impl Conn {
                 if addr > data.len() as u64 || start + len > data.len() {
                     return Err(End::Fatal { fes: 0x04, reason: format!("in-capsule data: SGL offset {addr} + {len} exceeds {} bytes", data.len()) });
                 }
-                let _ = jobs.send(io::Job { cmd, data: data[start..start + len].to_vec(), sqhd });
+                let _ = jobs.send(io::Job { cmd, data: io::HostData::Owned(data[start..start + len].to_vec()), sqhd });
                 Ok(())
             }
             SGL_TRANSPORT_DATA_BLOCK if len == 0 => {
-                let _ = jobs.send(io::Job { cmd, data: Vec::new(), sqhd });
+                let _ = jobs.send(io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd });
                 Ok(())
             }
             SGL_TRANSPORT_DATA_BLOCK => {
@@ -354,7 +354,12 @@ impl Conn {
                 let ttag = self.next_ttag;
                 self.next_ttag = self.next_ttag.wrapping_add(1);
                 self.sink.send(&[Pdu::R2T { cccid: cmd.cid(), ttag, r2to: 0, r2tl: len as u32 }])?;
-                self.pending.insert(cmd.cid(), Pending { cmd, sqhd, ttag, buf: vec![0; len], received: 0 });
+                let target = match &self.state {
+                    State::Io { ctrl, .. } => ctrl.subsys.target().cloned(),
+                    _ => None,
+                };
+                let buf = io::HostData::for_transfer(target.as_deref(), cmd.nsid(), len);
+                self.pending.insert(cmd.cid(), Pending { cmd, sqhd, ttag, buf, received: 0 });
                 Ok(())
             }
             other => Ok(self.sink.complete(cmd.cid(), sqhd, controller::status(0, 0x11), 0, 0, &[]).map(|_| {

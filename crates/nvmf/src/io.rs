@@ -7,6 +7,7 @@ use crate::controller::{status, Controller, INVALID_FIELD, INVALID_OPCODE};
 use crate::metrics::CommandCost;
 use crate::Shared;
 use insitu_fabric::{opcode, Command};
+use insitu_media::PooledBuf;
 use insitu_target::{BlockRead, Target};
 use insitu_wire::{CommandError, FLAG_RESULT_OBJECT};
 use std::sync::atomic::Ordering;
@@ -15,8 +16,47 @@ use std::time::Instant;
 /// A command ready to run, with any data the host sent.
 pub(crate) struct Job {
     pub(crate) cmd: Command,
-    pub(crate) data: Vec<u8>,
+    pub(crate) data: HostData,
     pub(crate) sqhd: u16,
+}
+
+/// Data a command brought from the host: in-capsule data, or a transfer received into an
+/// aligned buffer of the namespace's pool, which the media writes without another copy.
+pub(crate) enum HostData {
+    Owned(Vec<u8>),
+    Pooled { buf: PooledBuf, len: usize },
+}
+
+impl HostData {
+    /// A buffer for `len` bytes of a transfer to namespace `nsid`: pooled when the
+    /// namespace exists and its buffers are large enough. Its contents are unspecified
+    /// until the transfer has filled it.
+    pub(crate) fn for_transfer(target: Option<&Target>, nsid: u32, len: usize) -> HostData {
+        match target.and_then(|t| t.namespace(nsid)).map(|ns| ns.buffer_pool()) {
+            Some(pool) if len <= pool.buffer_len() => HostData::Pooled { buf: pool.take(), len },
+            _ => HostData::Owned(vec![0; len]),
+        }
+    }
+}
+
+impl std::ops::Deref for HostData {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            HostData::Owned(v) => v,
+            HostData::Pooled { buf, len } => &buf.as_slice()[..*len],
+        }
+    }
+}
+
+impl std::ops::DerefMut for HostData {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            HostData::Owned(v) => v,
+            HostData::Pooled { buf, len } => &mut buf.as_mut_slice()[..*len],
+        }
+    }
 }
 
 /// Data SGL Length Invalid.
@@ -59,7 +99,7 @@ pub(crate) fn run(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Si
     let _ = sink.complete(cmd.cid(), job.sqhd, done.status, done.dw0, done.dw1, data);
 }
 
-fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, data: Vec<u8>) -> Done {
+fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, data: HostData) -> Done {
     let nsid = cmd.nsid();
     let slba = u64::from(cmd.cdw(10)) | (u64::from(cmd.cdw(11)) << 32);
     let nlb = u64::from(cmd.cdw(12) & 0xFFFF) + 1;
