@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! A deterministic, realistic data set for the demo and benchmarks: web-server logs, CSV
+//! A deterministic, realistic data set for the demo and the benchmarks: web-server logs, CSV
 //! order tables, binary blobs, a sparse file and an empty one. The same seed always gives
 //! the same bytes.
 
