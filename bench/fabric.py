@@ -5,20 +5,48 @@
 Runs `insitu bench fabric` (raw direct reads vs 128 KiB reads at queue depth 32 over
 NVMe/TCP on loopback; embedded EXEC crc32c vs the same EXEC over the fabric; all measured
 in one run, cold caches, medians) and writes bench/results/fabric.{json,md,png}.
-Usage: bench/fabric.py [--size 1G] [--repeat 3] [--dir DIR]; $INSITU overrides the insitu
-command (default: .venv/bin/insitu).
+Usage: bench/fabric.py [--size 1G] [--repeat 3] [--dir DIR] [--out DIR]; bench/fabric.py
+--from-json FILE re-renders a result. $INSITU overrides the insitu command (default:
+.venv/bin/insitu).
 """
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-# The insitu command: the virtual environment's, unless $INSITU names another build.
-INSITU = os.environ.get("INSITU", os.path.join(ROOT, ".venv", "bin", "insitu"))
+import report
+
+
+def markdown(r: dict) -> str:
+    q = r["requests"]
+    s = "# Fabric: NVMe/TCP on loopback vs local access\n\n"
+    s += f"`{r['command']}` on {r['machine']['cpus']} CPUs, kernel {r['machine']['kernel']}; "
+    s += f"{r['size_bytes'] >> 20} MiB file, direct I/O {'on' if r['direct_io'] else 'off'}, "
+    s += f"median of {r['repeat']}, cold caches. {r['transport']}. Device model: {r['model']}.\n\n"
+    s += "| path | GB/s | ratio |\n|---|---:|---:|\n"
+    s += f"| raw direct read, {q['raw_read_bytes'] >> 10} KiB requests, QD{q['raw_queue_depth']} | {r['raw_read_gbps']:.3f} | |\n"
+    s += (
+        f"| fabric read, {q['fabric_read_bytes'] >> 10} KiB requests, QD{q['fabric_queue_depth']} on {q['io_queues']} queues "
+        f"| {r['fabric_read_gbps']:.3f} | {r['fabric_read_to_raw']:.1%} of raw |\n"
+    )
+    s += f"| embedded EXEC crc32c | {r['embedded_exec_gbps']:.3f} | |\n"
+    s += f"| fabric EXEC crc32c + result read | {r['fabric_exec_gbps']:.3f} | {r['fabric_exec_to_embedded']:.1%} of embedded |\n\n"
+    s += f"Bytes on the wire for one fabric EXEC over {r['size_bytes'] >> 20} MiB: {r['fabric_exec_wire_bytes']} "
+    s += f"(descriptor, completion, result read and PDU headers; {r['fabric_exec_wire_bytes'] / r['size_bytes']:.2e} of the data).\n"
+    return s
+
+
+def plot(r: dict, plt):
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    labels = ["raw read", "fabric read QD32", "embedded EXEC", "fabric EXEC"]
+    vals = [r["raw_read_gbps"], r["fabric_read_gbps"], r["embedded_exec_gbps"], r["fabric_exec_gbps"]]
+    ax.barh(labels, vals, color=["#888888", "#b0b0b0", "#2a7ab9", "#6aa8d8"])
+    for i, v in enumerate(vals):
+        ax.text(v, i, f" {v:.2f}", va="center")
+    ax.set_xlim(0, max(vals) * 1.15)
+    ax.invert_yaxis()
+    ax.set_xlabel("GB/s (median, cold cache)")
+    ax.set_title(f"{r['size_bytes'] >> 20} MiB over NVMe/TCP loopback — real speed")
+    return fig
 
 
 def main() -> int:
@@ -26,54 +54,16 @@ def main() -> int:
     ap.add_argument("--size", default="1G")
     ap.add_argument("--repeat", default="3")
     ap.add_argument("--dir", default=None)
+    report.add_options(ap)
     a = ap.parse_args()
-    cmd = [INSITU, "bench", "fabric", "--size", a.size, "--repeat", a.repeat, "--json"]
+    if a.from_json:
+        report.rerender(a.from_json, markdown, plot, a.out)
+        return 0
+    args = ["bench", "fabric", "--size", a.size, "--repeat", a.repeat]
     if a.dir:
-        cmd += ["--dir", a.dir]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    r = json.loads(out)
-    r["command"] = " ".join(["insitu"] + cmd[1:])
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    base = os.path.join(HERE, "results", "fabric")
-    with open(base + ".json", "w") as f:
-        json.dump(r, f, indent=2)
-    q = r["requests"]
-    with open(base + ".md", "w") as f:
-        f.write("# Fabric: NVMe/TCP on loopback vs local access\n\n")
-        f.write(f"`{r['command']}` on {r['machine']['cpus']} CPUs, kernel {r['machine']['kernel']}; ")
-        f.write(f"{r['size_bytes'] >> 20} MiB file, direct I/O {'on' if r['direct_io'] else 'off'}, ")
-        f.write(f"median of {r['repeat']}, cold caches. {r['transport']}. Device model: {r['model']}.\n\n")
-        f.write("| path | GB/s | ratio |\n|---|---:|---:|\n")
-        f.write(f"| raw direct read, {q['raw_read_bytes'] >> 10} KiB requests, QD{q['raw_queue_depth']} | {r['raw_read_gbps']:.3f} | |\n")
-        f.write(
-            f"| fabric read, {q['fabric_read_bytes'] >> 10} KiB requests, QD{q['fabric_queue_depth']} on {q['io_queues']} queues "
-            f"| {r['fabric_read_gbps']:.3f} | {r['fabric_read_to_raw']:.1%} of raw |\n"
-        )
-        f.write(f"| embedded EXEC crc32c | {r['embedded_exec_gbps']:.3f} | |\n")
-        f.write(f"| fabric EXEC crc32c + result read | {r['fabric_exec_gbps']:.3f} | {r['fabric_exec_to_embedded']:.1%} of embedded |\n\n")
-        f.write(f"Bytes on the wire for one fabric EXEC over {r['size_bytes'] >> 20} MiB: {r['fabric_exec_wire_bytes']} ")
-        f.write(f"(descriptor, completion, result read and PDU headers; {r['fabric_exec_wire_bytes'] / r['size_bytes']:.2e} of the data).\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6.4, 3.4))
-        labels = ["raw read", "fabric read QD32", "embedded EXEC", "fabric EXEC"]
-        vals = [r["raw_read_gbps"], r["fabric_read_gbps"], r["embedded_exec_gbps"], r["fabric_exec_gbps"]]
-        ax.barh(labels, vals, color=["#888888", "#b0b0b0", "#2a7ab9", "#6aa8d8"])
-        for i, v in enumerate(vals):
-            ax.text(v, i, f" {v:.2f}", va="center")
-        ax.set_xlim(0, max(vals) * 1.15)
-        ax.invert_yaxis()
-        ax.set_xlabel("GB/s (median, cold cache)")
-        ax.set_title(f"{r['size_bytes'] >> 20} MiB over NVMe/TCP loopback — real speed")
-        fig.tight_layout()
-        fig.savefig(base + ".png", dpi=120)
-    except ImportError:
-        print("matplotlib not installed: skipped the PNG", file=sys.stderr)
-    print(open(base + ".md").read())
+        args += ["--dir", a.dir]
+    r, _ = report.run(args)
+    report.write(r, "fabric", markdown, plot, a.out)
     return 0
 
 

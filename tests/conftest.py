@@ -8,7 +8,10 @@ directory under /var/tmp and loop-mounted with `insitu image mount`, for the who
 * `xfs_fs`: xfs;
 * `any_fs`: parametrized over the three.
 
-Everything is unmounted and removed at the end of the session, also when tests fail.
+And NVMe/TCP target daemons: `start_target` starts `insitu target start` on 127.0.0.1 with
+a free port over a new sparse namespace image, for the module.
+
+Everything is unmounted, stopped and removed at the end, also when tests fail.
 """
 
 from __future__ import annotations
@@ -22,13 +25,13 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import INSITU, cli_json, run_cli  # noqa: E402
+from helpers import INSITU, cli_json, free_port, run_cli  # noqa: E402
 
 FILESYSTEMS = {
     # name: (fs, size, block size)
@@ -149,3 +152,50 @@ def rootfs_dir(workdir) -> Path:
     d = workdir / "on-root-fs"
     d.mkdir(exist_ok=True)
     return d
+
+
+@dataclasses.dataclass
+class TargetDaemon:
+    """An `insitu target start` daemon on loopback serving one sparse image."""
+
+    listen: str
+    nqn: str
+    image: Path
+    dir: Path
+    doc: dict  # the `target start --json` document
+
+    @property
+    def url(self) -> str:
+        """nvme-tcp://HOST:PORT/NQN (namespace 1 when used as is)."""
+        return f"nvme-tcp://{self.listen}/{self.nqn}"
+
+
+@pytest.fixture(scope="module")
+def start_target() -> Callable[..., TargetDaemon]:
+    """A function that starts a target daemon and returns its `TargetDaemon`:
+    `start_target(nqn, size, private=False)` makes a sparse image of `size` bytes in a new
+    directory under /var/tmp and serves it as namespace 1 (and, with `private`, also as a
+    private namespace) on 127.0.0.1 at a free port. Every daemon started is stopped and its
+    directory removed at the end of the module, also when tests fail."""
+    started: List[TargetDaemon] = []
+
+    def start(nqn: str, size: int, private: bool = False) -> TargetDaemon:
+        d = Path(tempfile.mkdtemp(prefix="insitu-target-", dir="/var/tmp"))
+        image = d / "ns.img"
+        with open(image, "wb") as f:
+            f.truncate(size)
+        listen = f"127.0.0.1:{free_port()}"
+        args = ["target", "start", "--listen", listen, "--nqn", nqn, "--namespace", image]
+        if private:
+            args += ["--private", image]
+        t = TargetDaemon(listen, nqn, image, d, {})
+        started.append(t)
+        t.doc = cli_json(*args)
+        return t
+
+    try:
+        yield start
+    finally:
+        for t in reversed(started):
+            run_cli("target", "stop", "--listen", t.listen)
+            shutil.rmtree(t.dir, ignore_errors=True)

@@ -15,6 +15,7 @@ import json
 import os
 import random
 import re
+import socket
 import struct
 import subprocess
 from pathlib import Path
@@ -98,6 +99,13 @@ def exec_json(function: str, paths: Sequence[object], args: Dict[str, object] = 
 def both_modes(function: str, paths: Sequence[object], args: Dict[str, object] = None) -> Tuple[dict, dict]:
     """The same request offloaded and conventionally."""
     return exec_json(function, paths, args), exec_json(function, paths, args, conventional=True)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- references

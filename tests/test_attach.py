@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import crc32c
@@ -20,36 +18,22 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import C_ENV, cli_json, run_cli  # noqa: E402
+from helpers import C_ENV, cli_json, free_port, run_cli  # noqa: E402
 
 NQN = "nqn.2024-01.io.insitu:attach-test"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def remote():
+def remote(start_target):
     """A target serving a 1.5 GiB sparse image, attached with a fresh ext4 at a mount point."""
-    work = Path(tempfile.mkdtemp(prefix="insitu-attach-", dir="/var/tmp"))
-    image = work / "ns.img"
-    with open(image, "wb") as f:
-        f.truncate(1536 << 20)
-    port = free_port()
-    listen = f"127.0.0.1:{port}"
-    cli_json("target", "start", "--listen", listen, "--nqn", NQN, "--namespace", image)
-    mnt = work / "mnt"
+    target = start_target(NQN, 1536 << 20)
+    mnt = target.dir / "mnt"
     try:
-        att = cli_json("attach", f"nvme-tcp://{listen}/{NQN}/1", mnt, "--format", "ext4", timeout=120)
+        att = cli_json("attach", f"{target.url}/1", mnt, "--format", "ext4", timeout=120)
         assert Path(att["dir"]) == mnt.resolve()
         yield mnt
     finally:
         run_cli("detach", mnt)
-        run_cli("target", "stop", "--listen", listen)
-        subprocess.run(["rm", "-rf", str(work)], check=False)
 
 
 def write_text(path: Path, lines: int) -> None:

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import crc32c
@@ -20,27 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import insitu  # noqa: E402
 from insitu import _native  # noqa: E402
 
-from helpers import cli_json, run_cli  # noqa: E402
 
 NQN = "nqn.2024-01.io.insitu:session-test"
 
 
 @pytest.fixture(scope="module")
-def url():
-    work = Path(tempfile.mkdtemp(prefix="insitu-session-", dir="/var/tmp"))
-    image = work / "ns.img"
-    with open(image, "wb") as f:
-        f.truncate(64 << 20)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    listen = f"127.0.0.1:{port}"
-    cli_json("target", "start", "--listen", listen, "--nqn", NQN, "--namespace", image, "--private", image)
-    try:
-        yield f"nvme-tcp://{listen}/{NQN}"
-    finally:
-        run_cli("target", "stop", "--listen", listen)
-        subprocess.run(["rm", "-rf", str(work)], check=False)
+def url(start_target):
+    return start_target(NQN, 64 << 20, private=True).url
 
 
 def test_identify_and_block_io(url: str):

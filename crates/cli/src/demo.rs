@@ -2,50 +2,12 @@
 //! `insitu demo`: an image with a realistic data set, every function run offloaded and on
 //! the host, results compared and data movement tabulated.
 
-use crate::dataset;
-use crate::image::{self, Fs};
-use crate::size::human;
 use crate::Failure;
+use insitu_bench::{generate_dataset, human, Dataset, Fs, Scratch};
 use insitu_host::{Mode, Offloader, Report, Request};
 use insitu_wire::Value;
 use serde_json::json;
 use std::path::{Path, PathBuf};
-
-/// A scratch directory holding an image mounted at `mnt`; unmounted and removed on drop.
-pub(crate) struct Scratch {
-    pub(crate) root: PathBuf,
-    pub(crate) image: PathBuf,
-    pub(crate) mnt: PathBuf,
-    remove_root: bool,
-    mounted: bool,
-}
-
-impl Scratch {
-    /// Creates and mounts an image of `size` bytes under `dir` (or a new /var/tmp dir).
-    pub(crate) fn new(dir: Option<PathBuf>, tag: &str, size: u64, fs: Fs) -> Result<Scratch, Failure> {
-        let remove_root = dir.is_none();
-        let root = dir.unwrap_or_else(|| PathBuf::from(format!("/var/tmp/insitu-{tag}-{}", std::process::id())));
-        std::fs::create_dir_all(&root).map_err(|e| format!("{}: {e}", root.display()))?;
-        let mut s = Scratch { image: root.join(format!("{tag}.img")), mnt: root.join("mnt"), root, remove_root, mounted: false };
-        image::create(&s.image, size, fs, None, true)?;
-        image::mount(&s.image, &s.mnt)?;
-        s.mounted = true;
-        Ok(s)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if self.mounted {
-            let _ = image::umount(&self.mnt);
-        }
-        let _ = std::fs::remove_file(&self.image);
-        let _ = std::fs::remove_dir(&self.mnt);
-        if self.remove_root {
-            let _ = std::fs::remove_dir_all(&self.root);
-        }
-    }
-}
 
 struct Case {
     label: &'static str,
@@ -56,7 +18,7 @@ struct Case {
     small_result: bool,
 }
 
-fn cases(ds: &dataset::Dataset) -> Vec<Case> {
+fn cases(ds: &Dataset) -> Vec<Case> {
     let all = ds.all();
     let text: Vec<PathBuf> = ds.logs.iter().chain(&ds.tables).cloned().collect();
     let s = |k: &str, v: &str| (k.to_string(), Value::Str(v.to_string()));
@@ -124,7 +86,7 @@ pub(crate) fn run(off: &Offloader, size: u64, fs: Fs, dir: Option<PathBuf>, json
     if !json_out {
         eprintln!("insitu demo: {} {:?} image at {}, generating data...", human(size), fs, scratch.image.display());
     }
-    let ds = dataset::generate(&data, size * 55 / 100).map_err(|e| format!("generating the data set: {e}"))?;
+    let ds = generate_dataset(&data, size * 55 / 100).map_err(|e| format!("generating the data set: {e}"))?;
     let mut rows = Vec::new();
     let mut all_agree = true;
     for c in cases(&ds) {

@@ -6,19 +6,15 @@
 //! script both call it.
 #![deny(missing_docs)]
 
-mod bench;
-mod bench_fabric;
-mod bench_model;
-mod dataset;
+mod bench_cmd;
 mod demo;
-mod image;
 mod nvme_cmd;
 mod model_cmd;
 mod pool_cmd;
-mod size;
 mod target_cmd;
 
 use clap::{Parser, Subcommand};
+use insitu_bench::{create_image, human, mount_image, parse_size, umount_image};
 use insitu_host::{parse_args, scrub, Mode, OasError, Offloader, Report, Request};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -123,7 +119,7 @@ enum Cmd {
         size: String,
         /// File system of the image.
         #[arg(long, value_enum, default_value = "ext4")]
-        fs: image::Fs,
+        fs: Fs,
         /// Work directory (default: a new directory under /var/tmp, removed afterwards).
         #[arg(long)]
         dir: Option<PathBuf>,
@@ -148,7 +144,7 @@ enum Cmd {
         dir: PathBuf,
         /// Make a file system first (erases the namespace).
         #[arg(long, value_enum)]
-        format: Option<image::Fs>,
+        format: Option<Fs>,
         /// Host NQN to connect as (default: this host's stable NQN).
         #[arg(long)]
         hostnqn: Option<String>,
@@ -173,6 +169,24 @@ enum Cmd {
         /// The pool config file.
         config: PathBuf,
     },
+}
+
+/// File systems `insitu image create` can make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Fs {
+    /// ext4 (mkfs.ext4 from e2fsprogs).
+    Ext4,
+    /// XFS (mkfs.xfs from xfsprogs; at least 300 MiB).
+    Xfs,
+}
+
+impl From<Fs> for insitu_bench::Fs {
+    fn from(f: Fs) -> Self {
+        match f {
+            Fs::Ext4 => insitu_bench::Fs::Ext4,
+            Fs::Xfs => insitu_bench::Fs::Xfs,
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -250,7 +264,7 @@ enum ImageCmd {
         size: String,
         /// File system.
         #[arg(long, value_enum, default_value = "ext4")]
-        fs: image::Fs,
+        fs: Fs,
         /// File-system block size in bytes (e.g. 1024 or 4096).
         #[arg(long)]
         block_size: Option<u32>,
@@ -312,15 +326,15 @@ enum BenchCmd {
     /// Emulated drives: checksum throughput of conventional vs offloaded scrubbing for
     /// 1..N targets behind one link, and the network traffic saved (virtual-objects paper,
     /// Figs. 3-4).
-    ScrubScaling(bench_model::ScrubArgs),
+    ScrubScaling(bench_cmd::ScrubArgs),
     /// Emulated CSDs: host vs in-drive time of count, vector-add, array-merge and PageRank
     /// for 1..N drives, the host/device compute ratio and CSDPLAN's break-even point.
-    BreakEven(bench_model::BreakEvenArgs),
+    BreakEven(bench_cmd::BreakEvenArgs),
     /// Emulated drive: one grep query, conventional vs offloaded, split into compute,
     /// media, link and protocol time.
-    Latency(bench_model::LatencyArgs),
+    Latency(bench_cmd::LatencyArgs),
     /// Check that emulated drives and links deliver their configured rates (exit 1 if not).
-    ModelCheck(bench_model::ModelCheckArgs),
+    ModelCheck(bench_cmd::ModelCheckArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -352,6 +366,12 @@ pub(crate) struct Failure {
 
 impl From<OasError> for Failure {
     fn from(e: OasError) -> Self {
+        Failure { code: 2, message: e.to_string() }
+    }
+}
+
+impl From<insitu_bench::Error> for Failure {
+    fn from(e: insitu_bench::Error) -> Self {
         Failure { code: 2, message: e.to_string() }
     }
 }
@@ -463,8 +483,8 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
                     report.checked,
                     report.corrupted.len(),
                     report.missing.len(),
-                    size::human(report.stats.bytes_to_host),
-                    size::human(report.stats.media_bytes),
+                    human(report.stats.bytes_to_host),
+                    human(report.stats.media_bytes),
                     report.stats.seconds
                 );
             }
@@ -477,7 +497,7 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
                     if let Some(m) = &model {
                         insitu_model::parse(m).map_err(|e| e.to_string())?;
                     }
-                    image::create(&path, size::parse_size(&size)?, fs, block_size, force)?;
+                    create_image(&path, parse_size(&size)?, fs.into(), block_size, force)?;
                     model_cmd::set_image_model(&path, model.as_deref())?;
                     done(json, &format!("created {} ({size}, {fs:?})", path.display()));
                 }
@@ -487,16 +507,16 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
                         Some(m) => model_cmd::set_image_model(&path, Some(m))?,
                         None => {}
                     }
-                    image::mount(&path, &dir)?;
+                    mount_image(&path, &dir)?;
                     done(json, &format!("mounted {} at {}", path.display(), dir.display()));
                 }
                 ImageCmd::Umount { dir } => {
-                    image::umount(&dir)?;
+                    umount_image(&dir)?;
                     done(json, &format!("unmounted {}", dir.display()));
                 }
             }
         }
-        Cmd::Demo { size, fs, dir } => return demo::run(&off, size::parse_size(&size)?, fs, dir, json),
+        Cmd::Demo { size, fs, dir } => return demo::run(&off, parse_size(&size)?, fs.into(), dir, json),
         Cmd::Target(TargetCmd::Start { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground }) => {
             let a = target_cmd::StartArgs { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground };
             return target_cmd::start(a, json);
@@ -505,14 +525,14 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Cmd::Target(TargetCmd::Status) => return target_cmd::status(json),
         Cmd::Attach { url, dir, format, hostnqn } => {
             let format = format.map(|f| match f {
-                image::Fs::Ext4 => insitu_attach::Format::Ext4,
-                image::Fs::Xfs => insitu_attach::Format::Xfs,
+                Fs::Ext4 => insitu_attach::Format::Ext4,
+                Fs::Xfs => insitu_attach::Format::Xfs,
             });
             let a = insitu_attach::attach(&url, &dir, format, hostnqn).map_err(|e| e.to_string())?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&a).unwrap_or_default());
             } else {
-                println!("attached {} at {} ({}, {} via {})", a.url, a.dir.display(), size::human(a.size), a.loop_device, a.disk.display());
+                println!("attached {} at {} ({}, {} via {})", a.url, a.dir.display(), human(a.size), a.loop_device, a.disk.display());
             }
         }
         Cmd::Model(ModelCmd::List) => return model_cmd::list(json),
@@ -529,14 +549,12 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             let a = insitu_attach::detach(&dir).map_err(|e| e.to_string())?;
             done(json, &format!("detached {} from {}", a.url, a.dir.display()));
         }
-        Cmd::Bench(BenchCmd::Scan { function, size, repeat, dir }) => {
-            return bench::scan(&off, &function, size::parse_size(&size)?, repeat.max(1), dir, json)
-        }
-        Cmd::Bench(BenchCmd::Fabric { size, repeat, dir }) => return bench_fabric::run(size::parse_size(&size)?, repeat.max(1), dir, json),
-        Cmd::Bench(BenchCmd::ScrubScaling(a)) => return bench_model::scrub_scaling(a, json),
-        Cmd::Bench(BenchCmd::BreakEven(a)) => return bench_model::break_even(a, json),
-        Cmd::Bench(BenchCmd::Latency(a)) => return bench_model::latency(a, json),
-        Cmd::Bench(BenchCmd::ModelCheck(a)) => return bench_model::model_check(a, json),
+        Cmd::Bench(BenchCmd::Scan { function, size, repeat, dir }) => return bench_cmd::scan(function, &size, repeat, dir, json),
+        Cmd::Bench(BenchCmd::Fabric { size, repeat, dir }) => return bench_cmd::fabric(&size, repeat, dir, json),
+        Cmd::Bench(BenchCmd::ScrubScaling(a)) => return bench_cmd::scrub_scaling(a, json),
+        Cmd::Bench(BenchCmd::BreakEven(a)) => return bench_cmd::break_even(a, json),
+        Cmd::Bench(BenchCmd::Latency(a)) => return bench_cmd::latency(a, json),
+        Cmd::Bench(BenchCmd::ModelCheck(a)) => return bench_cmd::model_check(a, json),
         Cmd::Nvme(NvmeCmd::Identify { url, hostnqn }) => return nvme_cmd::identify(&url, hostnqn, json),
         Cmd::Nvme(NvmeCmd::ListSubsys { url, hostnqn }) => return nvme_cmd::list_subsys(&url, hostnqn, json),
     }
@@ -569,9 +587,9 @@ fn print_stats(report: &Report) {
         "{} ({}): {} to host, {} from host, target read {}, {:.3}s",
         report.function,
         report.mode,
-        size::human(s.bytes_to_host),
-        size::human(s.bytes_from_host),
-        size::human(s.media_bytes),
+        human(s.bytes_to_host),
+        human(s.bytes_from_host),
+        human(s.media_bytes),
         s.seconds
     );
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `insitu bench latency`: where the time of one scan query goes — grep over one file on an
+//! The latency benchmark: where the time of one scan query goes — grep over one file on an
 //! emulated drive, conventional vs offloaded, split into compute, media, link and protocol.
 //!
 //! * compute: CPU time of the thread running the kernel (the host's, or the drive's plus
@@ -15,11 +15,11 @@
 use super::emu::Network;
 use super::meter::{self, Meter};
 use super::pull::{exec_remote, pull, PullStats};
-use super::rig::{write_image, write_object, Drive, Placer, Work};
-use super::{command, drive_name, emit, machine, median, models_json, ModelFlags, Models};
+use super::rig::{write_image, write_object, Drive, Placer};
+use super::{models_json, ModelChoice, Models};
+use crate::common::{command, machine, median, Work};
 use crate::dataset::Rng;
-use crate::size::{human, parse_size};
-use crate::Failure;
+use crate::Error;
 use insitu_offload::{Args, Record};
 use insitu_wire::{Descriptor, ExecResult, Value, VirtualObject};
 use serde_json::{json, Value as Json};
@@ -27,25 +27,28 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
-/// Flags of `insitu bench latency`.
-#[derive(clap::Args, Debug)]
-pub(crate) struct LatencyArgs {
-    /// Drive and link models (default: --drive newport --link 10gbe).
-    #[command(flatten)]
-    pub(crate) model: ModelFlags,
-    /// Size of the scanned file.
-    #[arg(long, default_value = "64M")]
-    pub(crate) size: String,
+/// What [`latency`](crate::latency) measures.
+#[derive(Debug, Clone)]
+pub struct LatencyOptions {
+    /// Drive and link models. Default: `newport` behind `10gbe`.
+    pub model: ModelChoice,
+    /// Size of the scanned file in bytes. Default 64 MiB.
+    pub size: u64,
     /// Literal text to grep for (about 1 % of the generated log lines contain ERROR).
-    #[arg(long, default_value = "ERROR")]
-    pub(crate) pattern: String,
-    /// Queries of each kind (the one with the median total is reported).
-    #[arg(long, default_value_t = 5)]
-    pub(crate) repeat: usize,
-    /// Work directory for the image (default: a new directory in /dev/shm, removed
-    /// afterwards).
-    #[arg(long)]
-    pub(crate) dir: Option<PathBuf>,
+    /// Default `ERROR`.
+    pub pattern: String,
+    /// Queries of each kind; the one with the median total is reported. Default 5 (0
+    /// counts as 1).
+    pub repeat: usize,
+    /// Work directory for the image. Default `None`: a new directory in /dev/shm, removed
+    /// afterwards.
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for LatencyOptions {
+    fn default() -> Self {
+        LatencyOptions { model: ModelChoice::default(), size: 64 << 20, pattern: "ERROR".into(), repeat: 5, dir: None }
+    }
 }
 
 /// A web-server-like log of `len` bytes; about 1 % of lines are errors.
@@ -84,7 +87,7 @@ impl Query {
 
 const NS: f64 = 1e-9;
 
-fn conventional(drive: &Drive, models: &Models, file: &VirtualObject, args: &[(String, Value)]) -> Result<Query, Failure> {
+fn conventional(drive: &Drive, models: &Models, file: &VirtualObject, args: &[(String, Value)]) -> Result<Query, Error> {
     let net = Network::new(models.link.clone())?;
     let meter = Meter::new(None)?;
     let stats = PullStats::default();
@@ -108,7 +111,7 @@ fn conventional(drive: &Drive, models: &Models, file: &VirtualObject, args: &[(S
     })
 }
 
-fn offloaded(drive: &Drive, models: &Models, file: &VirtualObject, args: &[(String, Value)]) -> Result<Query, Failure> {
+fn offloaded(drive: &Drive, models: &Models, file: &VirtualObject, args: &[(String, Value)]) -> Result<Query, Error> {
     let net = Network::new(models.link.clone())?;
     let before = drive.meter.read();
     let t = Instant::now();
@@ -136,10 +139,15 @@ fn pick(mut qs: Vec<Query>) -> Query {
     qs.swap_remove(i)
 }
 
-/// Runs the latency benchmark.
-pub(crate) fn run(a: LatencyArgs, json_out: bool) -> Result<i32, Failure> {
+/// Runs the latency benchmark: one grep query over a generated log, conventional and
+/// offloaded, `repeat` times each; the results must agree.
+///
+/// The report has the `conventional` and `offload` queries split into `total_s`,
+/// `compute_s`, `media_s`, `link_s` and `protocol_s` (with `link_bytes`), the `speedup`
+/// and what the models alone need (`model_s`).
+pub fn run(a: &LatencyOptions) -> Result<Json, Error> {
     let models = a.model.resolve("newport", "10gbe")?;
-    let size = parse_size(&a.size)?;
+    let size = a.size;
     if size == 0 || a.pattern.is_empty() {
         return Err("--size must be at least 1 byte and --pattern not empty".to_string().into());
     }
@@ -188,15 +196,7 @@ pub(crate) fn run(a: LatencyArgs, json_out: bool) -> Result<i32, Failure> {
         },
         "machine": machine(),
     });
-    emit(json_out, &out, || {
-        println!("latency of grep {:?} over {}, drive {}, link {}:", a.pattern, human(size), drive_name(&models.drive), models.link_name);
-        println!("{:<13} {:>9} {:>9} {:>9} {:>9} {:>9}", "", "total ms", "compute", "media", "link", "protocol");
-        for (name, q) in [("conventional", &out["conventional"]), ("offload", &out["offload"])] {
-            let f = |k: &str| 1e3 * q[k].as_f64().unwrap_or(f64::NAN);
-            println!("{name:<13} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}", f("total_s"), f("compute_s"), f("media_s"), f("link_s"), f("protocol_s"));
-        }
-    });
-    Ok(0)
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -215,13 +215,14 @@ mod tests {
     #[test]
     fn a_small_query_agrees_on_both_paths() {
         let dir = tempfile::tempdir().unwrap();
-        let a = LatencyArgs {
-            model: ModelFlags { drive: Some("none".into()), link: Some("none".into()), ..Default::default() },
-            size: "2M".into(),
+        let a = LatencyOptions {
+            model: ModelChoice { drive: Some("none".into()), link: Some("none".into()), ..Default::default() },
+            size: 2 << 20,
             pattern: "ERROR".into(),
             repeat: 2,
             dir: Some(dir.path().to_path_buf()),
         };
-        assert_eq!(run(a, true).map_err(|f| f.message).unwrap(), 0);
+        let out = run(&a).unwrap();
+        assert_eq!(out["query"]["file_bytes"], 2 << 20);
     }
 }

@@ -7,7 +7,7 @@ use super::emu::{DriveCore, DriveView};
 use super::meter::{self, Meter};
 use crate::dataset::Rng;
 use crate::size::human;
-use crate::Failure;
+use crate::Error;
 use insitu_media::Pacing;
 use insitu_model::DeviceModel;
 use insitu_target::{NamespaceConfig, Nsid, Target};
@@ -23,70 +23,6 @@ pub(crate) const HOST_NS: Nsid = 1;
 pub(crate) const ENGINE_NS: Nsid = 2;
 /// Objects start on 4 KiB boundaries, as a file system would place them.
 const ALIGN: u64 = 4096;
-
-/// A directory for images: under /dev/shm unless `--dir` names one; the images are removed
-/// on drop, and the directory too when it was made here.
-pub(crate) struct Work {
-    root: PathBuf,
-    remove_root: bool,
-    files: Vec<PathBuf>,
-}
-
-impl Work {
-    /// Makes the work directory and checks it has room for `need` bytes.
-    pub(crate) fn new(dir: Option<PathBuf>, tag: &str, need: u64) -> Result<Work, Failure> {
-        let remove_root = dir.is_none();
-        let base = if Path::new("/dev/shm").is_dir() { "/dev/shm" } else { "/var/tmp" };
-        let root = dir.unwrap_or_else(|| PathBuf::from(format!("{base}/insitu-{tag}-{}", std::process::id())));
-        std::fs::create_dir_all(&root).map_err(|e| format!("cannot create the work directory {}: {e}", root.display()))?;
-        let work = Work { root, remove_root, files: Vec::new() };
-        if let Some(free) = free_bytes(&work.root) {
-            if free < need + need / 16 {
-                return Err(format!(
-                    "{} has {} free but the images need {}: give --dir on a larger file system, or smaller data (e.g. --file-size 4M)",
-                    work.root.display(),
-                    human(free),
-                    human(need)
-                )
-                .into());
-            }
-        }
-        Ok(work)
-    }
-
-    /// A path for a new image in the directory, removed on drop.
-    pub(crate) fn file(&mut self, name: &str) -> PathBuf {
-        let p = self.root.join(name);
-        self.files.push(p.clone());
-        p
-    }
-
-    /// The directory.
-    pub(crate) fn root(&self) -> &Path {
-        &self.root
-    }
-}
-
-impl Drop for Work {
-    fn drop(&mut self) {
-        for f in &self.files {
-            let _ = std::fs::remove_file(f);
-        }
-        if self.remove_root {
-            let _ = std::fs::remove_dir_all(&self.root);
-        }
-    }
-}
-
-fn free_bytes(path: &Path) -> Option<u64> {
-    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: statvfs writes one struct statvfs, which lives on this stack frame; the path
-    // is a valid NUL-terminated string.
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut s) };
-    (rc == 0).then(|| s.f_bavail as u64 * s.f_frsize as u64)
-}
 
 /// Places objects one after another in an image, each in `extents` runs with `gap` bytes of
 /// other data between them.
@@ -130,7 +66,7 @@ impl Placer {
 
 /// Writes an image of `len` bytes at `path`, its bytes given by `fill(offset, buf)` for
 /// consecutive pieces.
-pub(crate) fn write_image(path: &Path, len: u64, mut fill: impl FnMut(u64, &mut [u8])) -> Result<(), Failure> {
+pub(crate) fn write_image(path: &Path, len: u64, mut fill: impl FnMut(u64, &mut [u8])) -> Result<(), Error> {
     let err = |e: std::io::Error| format!("cannot write the image {}: {e} (is there {} free?)", path.display(), human(len));
     let f = File::create(path).map_err(err)?;
     f.set_len(len).map_err(err)?;
@@ -146,7 +82,7 @@ pub(crate) fn write_image(path: &Path, len: u64, mut fill: impl FnMut(u64, &mut 
 }
 
 /// Writes `bytes` into the image at the object's extents.
-pub(crate) fn write_object(path: &Path, obj: &VirtualObject, bytes: &[u8]) -> Result<(), Failure> {
+pub(crate) fn write_object(path: &Path, obj: &VirtualObject, bytes: &[u8]) -> Result<(), Error> {
     let f = std::fs::OpenOptions::new().write(true).open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut at = 0usize;
     for e in &obj.extents {
@@ -161,7 +97,7 @@ pub(crate) fn write_object(path: &Path, obj: &VirtualObject, bytes: &[u8]) -> Re
 }
 
 /// Reads an object's bytes straight from the image (for checking results; not paced).
-pub(crate) fn read_object(path: &Path, obj: &VirtualObject, len: u64) -> Result<Vec<u8>, Failure> {
+pub(crate) fn read_object(path: &Path, obj: &VirtualObject, len: u64) -> Result<Vec<u8>, Error> {
     let f = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut out = vec![0u8; len as usize];
     let mut at = 0usize;
@@ -201,7 +137,7 @@ pub(crate) struct Drive {
 
 impl Drive {
     /// A target over `image`, emulating `model` (none: real speed).
-    pub(crate) fn open(image: &Path, model: Option<&DeviceModel>) -> Result<Drive, Failure> {
+    pub(crate) fn open(image: &Path, model: Option<&DeviceModel>) -> Result<Drive, Error> {
         let bytes = std::fs::metadata(image).map_err(|e| format!("{}: {e}", image.display()))?.len();
         let core = match model {
             Some(m) => DriveCore::new(m, bytes)?,

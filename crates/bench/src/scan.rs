@@ -1,36 +1,45 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `insitu bench scan`: how close an offloaded checksum comes to the raw read speed of the
+//! The scan benchmark: how close an offloaded checksum comes to the raw read speed of the
 //! same blocks, with the conventional host path beside them. Every measurement starts from
 //! cold caches; kinds alternate so drift affects them alike; medians are reported.
 
+use crate::common::{command, drop_caches, gbps, machine, median};
 use crate::dataset::Rng;
-use crate::demo::Scratch;
-use crate::image::Fs;
-use crate::Failure;
-use insitu_host::{device, pool::drop_cached_pages, virtual_object, Mode, Offloader, Request};
+use crate::image::{Fs, Scratch};
+use crate::Error;
+use insitu_host::{device, virtual_object, Mode, Offloader, Request};
 use insitu_media::{AlignedBuf, Backing, DIRECT_ALIGN};
 use insitu_target::CHUNK;
 use insitu_wire::{ExtentKind, SECTOR};
-use serde_json::json;
+use serde_json::{json, Value};
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::PathBuf;
 use std::time::Instant;
 
-/// Evicts every clean page cache page on the machine (needs root; best effort otherwise)
-/// and the image's own pages.
-pub(crate) fn drop_caches(image: &Path) {
-    // SAFETY: sync(2) takes no arguments and cannot fail.
-    unsafe { libc::sync() };
-    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
-    if let Ok(f) = File::open(image) {
-        let _ = drop_cached_pages(&f);
+/// What [`scan`] measures.
+#[derive(Debug, Clone)]
+pub struct ScanOptions {
+    /// Checksum function to offload; it must return its result inline. Default `crc32c`.
+    pub function: String,
+    /// Size of the scanned file in bytes. Default 512 MiB.
+    pub size: u64,
+    /// Measurements of each kind; the median is reported. Default 3 (0 counts as 1).
+    pub repeat: usize,
+    /// Work directory for the image. Default `None`: a new directory under /var/tmp,
+    /// removed afterwards.
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for ScanOptions {
+    fn default() -> Self {
+        ScanOptions { function: "crc32c".into(), size: 512 << 20, repeat: 3, dir: None }
     }
 }
 
 /// Reads the data extents of `obj` from `backing` with direct I/O, in the target's chunk
 /// size, one request at a time; returns seconds.
-fn raw_read(backing: &Backing, obj: &insitu_wire::VirtualObject) -> Result<f64, Failure> {
+fn raw_read(backing: &Backing, obj: &insitu_wire::VirtualObject) -> Result<f64, Error> {
     let mut buf = AlignedBuf::new(CHUNK + 2 * DIRECT_ALIGN);
     let started = Instant::now();
     let mut left = obj.length;
@@ -51,17 +60,20 @@ fn raw_read(backing: &Backing, obj: &insitu_wire::VirtualObject) -> Result<f64, 
     Ok(started.elapsed().as_secs_f64())
 }
 
-pub(crate) fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// Runs the scan benchmark.
-pub(crate) fn scan(off: &Offloader, function: &str, size: u64, repeat: usize, dir: Option<std::path::PathBuf>, json_out: bool) -> Result<i32, Failure> {
+/// Runs the scan benchmark: makes and mounts an ext4 image holding one file of random
+/// bytes, then alternates raw direct reads of its extents, the offloaded checksum and the
+/// conventional one, each from cold caches (best with root: caches are dropped machine-wide).
+///
+/// The report has `raw_read_gbps`, `offload_gbps`, `conventional_gbps` (medians),
+/// `offload_to_raw_ratio` and the seconds of every measurement. Fails if the function is
+/// unknown or returns a result file, or if the two checksums disagree.
+pub fn scan(opts: &ScanOptions) -> Result<Value, Error> {
+    let (function, size, repeat) = (opts.function.as_str(), opts.size, opts.repeat.max(1));
+    let off = Offloader::new();
     if off.registry().get(function).is_none_or(|k| k.output_count() != 0) {
         return Err(format!("{function:?} cannot be benchmarked by scan: choose a function that returns its result inline, e.g. crc32c").into());
     }
-    let scratch = Scratch::new(dir, "bench", size + size / 8 + (64 << 20), Fs::Ext4)?;
+    let scratch = Scratch::new(opts.dir.clone(), "bench", size + size / 8 + (64 << 20), Fs::Ext4)?;
     let path = scratch.mnt.join("scan.bin");
     {
         let mut f = File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -90,10 +102,9 @@ pub(crate) fn scan(off: &Offloader, function: &str, size: u64, repeat: usize, di
     if digests.windows(2).any(|w| w[0] != w[1]) {
         return Err(format!("offloaded and conventional {function} disagree: {digests:?}").into());
     }
-    let gbps = |s: f64| size as f64 / 1e9 / s;
-    let (r, o, c) = (gbps(median(&mut raw)), gbps(median(&mut offl)), gbps(median(&mut conv)));
+    let (r, o, c) = (gbps(size, median(&mut raw)), gbps(size, median(&mut offl)), gbps(size, median(&mut conv)));
     let out = json!({
-        "command": crate::bench_model::command(),
+        "command": command(),
         "function": function,
         "size_bytes": size,
         "repeat": repeat,
@@ -103,17 +114,9 @@ pub(crate) fn scan(off: &Offloader, function: &str, size: u64, repeat: usize, di
         "offload_to_raw_ratio": o / r,
         "extents": obj.extents.len(),
         "seconds": {"raw": raw, "offload": offl, "conventional": conv},
-        "machine": crate::bench_model::machine(),
+        "machine": machine(),
         "direct_io": backing.is_direct(),
         "model": "none (real speed of this machine)",
     });
-    if json_out {
-        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
-    } else {
-        println!("scan of {} MiB, {function}, median of {repeat}:", size >> 20);
-        println!("  raw direct read   {r:>7.3} GB/s");
-        println!("  offloaded {function:<7} {o:>7.3} GB/s  ({:.1}% of raw)", 100.0 * o / r);
-        println!("  conventional      {c:>7.3} GB/s");
-    }
-    Ok(0)
+    Ok(out)
 }

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `insitu bench break-even`: CSDPLAN's question for Count, Vector Addition, Array Merge and
+//! The break-even benchmark: CSDPLAN's question for Count, Vector Addition, Array Merge and
 //! PageRank — how many computational drives beat one host core pulling the data?
 //!
 //! Calibration, per kernel over the whole data set `D` in memory: its time on one host core,
@@ -20,42 +20,44 @@ use super::emu::Network;
 use super::math::BreakEvenModel;
 use super::meter::{run_in_memory, Meter};
 use super::pull::{exec_remote, pull_all, PullStats};
-use super::rig::{read_object, write_object, Drive, Placer, Work};
+use super::rig::{read_object, write_object, Drive, Placer};
 use super::workload::{generate, paper_slowdown, place, Placed, Share, KERNELS};
-use super::{command, cores, drive_name, emit, machine, median, models_json, with_utilization, ModelFlags, Models, BUSY};
-use crate::size::{human, parse_size};
-use crate::Failure;
+use super::{models_json, ModelChoice, Models};
+use crate::common::{command, machine, median, with_utilization, Work, BUSY};
+use crate::Error;
 use insitu_offload::Record;
 use insitu_wire::ExecResult;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// Flags of `insitu bench break-even`.
-#[derive(clap::Args, Debug)]
-pub(crate) struct BreakEvenArgs {
-    /// Drive and link models (default: --drive newport --link 40gbe).
-    #[command(flatten)]
-    pub(crate) model: ModelFlags,
-    /// Largest number of drives measured (every count from 1 up to it).
-    #[arg(long, default_value_t = 8)]
-    pub(crate) targets: usize,
-    /// Data per kernel for count, vector-add and array-merge, split over the drives.
-    #[arg(long, default_value = "256M")]
-    pub(crate) size: String,
-    /// Edge data of the PageRank graph (8 bytes per edge, 8 edges per node).
-    #[arg(long, default_value = "32M")]
-    pub(crate) graph_size: String,
-    /// Kernels to run, comma-separated.
-    #[arg(long, default_value = "count,vector-add,array-merge,pagerank")]
-    pub(crate) kernels: String,
-    /// Measurements of each kind (the median is reported).
-    #[arg(long, default_value_t = 3)]
-    pub(crate) repeat: usize,
-    /// Work directory for the images (default: a new directory in /dev/shm, removed
-    /// afterwards).
-    #[arg(long)]
-    pub(crate) dir: Option<PathBuf>,
+/// What [`break_even`](crate::break_even) measures.
+#[derive(Debug, Clone)]
+pub struct BreakEvenOptions {
+    /// Drive and link models. Default: `newport` behind `40gbe`.
+    pub model: ModelChoice,
+    /// Largest number of drives measured (every count from 1 up to it). Default 8.
+    pub targets: usize,
+    /// Data per kernel in bytes for count, vector-add and array-merge, split over the
+    /// drives. Default 256 MiB.
+    pub size: u64,
+    /// Edge data of the PageRank graph in bytes (8 bytes per edge, 8 edges per node).
+    /// Default 32 MiB.
+    pub graph_size: u64,
+    /// Kernels to run, comma-separated, from count, vector-add, array-merge and pagerank.
+    /// Default all four.
+    pub kernels: String,
+    /// Measurements of each kind; the median is reported. Default 3 (0 counts as 1).
+    pub repeat: usize,
+    /// Work directory for the images. Default `None`: a new directory in /dev/shm, removed
+    /// afterwards.
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for BreakEvenOptions {
+    fn default() -> Self {
+        BreakEvenOptions { model: ModelChoice::default(), targets: 8, size: 256 << 20, graph_size: 32 << 20, kernels: KERNELS.join(","), repeat: 3, dir: None }
+    }
 }
 
 fn seed(kernel: &str, n: usize, t: usize) -> u64 {
@@ -77,7 +79,7 @@ struct Calibration {
     device_cpu_s: f64,
 }
 
-fn calibrate(kernel: &str, bytes: u64, models: &Models, repeat: usize) -> Result<Calibration, Failure> {
+fn calibrate(kernel: &str, bytes: u64, models: &Models, repeat: usize) -> Result<Calibration, Error> {
     let share = generate(kernel, bytes, seed(kernel, 1, 0))?;
     let mut c = Calibration { host_s: f64::INFINITY, host_cpu_s: f64::INFINITY, device_s: f64::INFINITY, device_cpu_s: f64::NAN };
     for _ in 0..repeat {
@@ -103,7 +105,7 @@ struct Array {
     args: Vec<Vec<(String, insitu_wire::Value)>>,
 }
 
-fn build(work: &mut Work, kernel: &str, bytes: u64, n: usize, models: &Models) -> Result<Array, Failure> {
+fn build(work: &mut Work, kernel: &str, bytes: u64, n: usize, models: &Models) -> Result<Array, Error> {
     let (mut drives, mut placed, mut args) = (Vec::new(), Vec::new(), Vec::new());
     for t in 0..n {
         let share = generate(kernel, bytes / n as u64, seed(kernel, n, t))?;
@@ -135,7 +137,7 @@ struct HostPass {
 }
 
 /// The host pass: pull every share, then compute each on this core.
-fn host_pass(a: &Array, kernel: &str, models: &Models) -> Result<HostPass, Failure> {
+fn host_pass(a: &Array, kernel: &str, models: &Models) -> Result<HostPass, Error> {
     let net = Network::new(models.link.clone())?;
     let t = Instant::now();
     let (data, pull_busy) = with_utilization(|| std::thread::scope(|s| {
@@ -155,7 +157,7 @@ fn host_pass(a: &Array, kernel: &str, models: &Models) -> Result<HostPass, Failu
 }
 
 /// The offload pass: EXEC on every drive at once. Returns seconds and records per share.
-fn offload_pass(a: &Array, models: &Models) -> Result<(f64, Vec<Vec<Record>>), Failure> {
+fn offload_pass(a: &Array, models: &Models) -> Result<(f64, Vec<Vec<Record>>), Error> {
     let net = Network::new(models.link.clone())?;
     let t = Instant::now();
     let out = std::thread::scope(|s| {
@@ -168,7 +170,7 @@ fn offload_pass(a: &Array, models: &Models) -> Result<(f64, Vec<Vec<Record>>), F
 }
 
 /// The records and output objects of the offload pass equal the host's.
-fn check(a: &Array, kernel: &str, host: &[Outcome], dev: &[Vec<Record>]) -> Result<(), Failure> {
+fn check(a: &Array, kernel: &str, host: &[Outcome], dev: &[Vec<Record>]) -> Result<(), Error> {
     for (t, ((hr, hout), dr)) in host.iter().zip(dev).enumerate() {
         if hr != dr {
             return Err(format!("{kernel}: drive {t} returned {dr:?} but the host computed {hr:?}").into());
@@ -182,7 +184,7 @@ fn check(a: &Array, kernel: &str, host: &[Outcome], dev: &[Vec<Record>]) -> Resu
     Ok(())
 }
 
-fn kernel_result(kernel: &str, k: usize, bytes: u64, a: &BreakEvenArgs, models: &Models, work: &mut Work, json_out: bool) -> Result<Value, Failure> {
+fn kernel_result(kernel: &str, k: usize, bytes: u64, a: &BreakEvenOptions, models: &Models, work: &mut Work, progress: &mut dyn FnMut(&str)) -> Result<Value, Error> {
     let repeat = a.repeat.max(1);
     let cal = calibrate(kernel, bytes, models, repeat)?;
     let host_compute = cal.host_s;
@@ -211,9 +213,7 @@ fn kernel_result(kernel: &str, k: usize, bytes: u64, a: &BreakEvenArgs, models: 
             "machine_limited": busy >= BUSY,
             "host_machine_limited": pull_busy >= BUSY,
         }));
-        if !json_out {
-            eprintln!("  {kernel}, {n} drive(s): host {:.3} s (pull {p:.3} + compute {c:.3}), offload {o:.3} s", p + c);
-        }
+        progress(&format!("  {kernel}, {n} drive(s): host {:.3} s (pull {p:.3} + compute {c:.3}), offload {o:.3} s", p + c));
         drop(array);
         for t in 0..n {
             let _ = std::fs::remove_file(work.root().join(format!("{kernel}-n{n}-t{t}.img")));
@@ -256,10 +256,16 @@ fn kernel_result(kernel: &str, k: usize, bytes: u64, a: &BreakEvenArgs, models: 
     }))
 }
 
-/// Runs the break-even benchmark.
-pub(crate) fn run(a: BreakEvenArgs, json_out: bool) -> Result<i32, Failure> {
+/// Runs the break-even benchmark: calibrates every kernel in memory, then measures host and
+/// offload for 1..=`targets` drives, checking every offloaded result against the host's,
+/// and calls `progress` with a line per kernel and drive count.
+///
+/// The report has one entry in `kernels` per kernel: the compute ratios, CSDPLAN's model
+/// terms, `break_even_model`, `break_even_spec`, `break_even_measured` and the measured
+/// `series`.
+pub fn run(a: &BreakEvenOptions, progress: &mut dyn FnMut(&str)) -> Result<Value, Error> {
     let models = a.model.resolve("newport", "40gbe")?;
-    let (size, graph) = (parse_size(&a.size)?, parse_size(&a.graph_size)?);
+    let (size, graph) = (a.size, a.graph_size);
     let kernels: Vec<&str> = a.kernels.split(',').map(str::trim).filter(|k| !k.is_empty()).collect();
     if let Some(bad) = kernels.iter().find(|k| !KERNELS.contains(k)) {
         return Err(format!("--kernels: unknown kernel {bad:?}; choose from {}", KERNELS.join(", ")).into());
@@ -273,7 +279,7 @@ pub(crate) fn run(a: BreakEvenArgs, json_out: bool) -> Result<i32, Failure> {
     for kernel in &kernels {
         let k = KERNELS.iter().position(|x| x == kernel).unwrap_or(0);
         let bytes = if *kernel == "pagerank" { graph } else { size };
-        results.push(kernel_result(kernel, k, bytes, &a, &models, &mut work, json_out)?);
+        results.push(kernel_result(kernel, k, bytes, a, &models, &mut work, progress)?);
     }
     let out = json!({
         "benchmark": "break-even",
@@ -290,26 +296,7 @@ pub(crate) fn run(a: BreakEvenArgs, json_out: bool) -> Result<i32, Failure> {
         "kernels": results,
         "machine": machine(),
     });
-    emit(json_out, &out, || {
-        println!("break-even, drive {}, link {}, {} of data ({} graph), {} cores:", drive_name(&models.drive), models.link_name, human(size), human(graph), cores());
-        println!("{:<12} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9}", "kernel", "host s", "csd(1) s", "ratio", "paper", "BEP model", "BEP spec", "BEP meas.");
-        for r in out["kernels"].as_array().into_iter().flatten() {
-            let f = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
-            let be = |k: &str| r[k].as_u64().map_or("-".to_string(), |v| v.to_string());
-            println!(
-                "{:<12} {:>9.3} {:>9.3} {:>7.2} {:>7} {:>9} {:>9} {:>9}",
-                r["kernel"].as_str().unwrap_or(""),
-                f("host_compute_s"),
-                f("csd_one_s"),
-                f("device_to_host_compute_ratio"),
-                r["paper_device_to_host_ratio"].as_f64().map_or("-".into(), |p| format!("{p:.1}")),
-                be("break_even_model"),
-                be("break_even_spec"),
-                be("break_even_measured"),
-            );
-        }
-    });
-    Ok(0)
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -319,19 +306,20 @@ mod tests {
     #[test]
     fn a_small_unpaced_run_gets_the_hosts_results_from_every_drive() {
         let dir = tempfile::tempdir().unwrap();
-        let a = BreakEvenArgs {
-            model: ModelFlags { drive: Some("none".into()), link: Some("none".into()), ..Default::default() },
+        let a = BreakEvenOptions {
+            model: ModelChoice { drive: Some("none".into()), link: Some("none".into()), ..Default::default() },
             targets: 2,
-            size: "1M".into(),
-            graph_size: "256K".into(),
+            size: 1 << 20,
+            graph_size: 256 << 10,
             kernels: "count,vector-add,array-merge,pagerank".into(),
             repeat: 1,
             dir: Some(dir.path().to_path_buf()),
         };
         // Every record and output object is compared with the host's inside.
-        assert_eq!(run(a, true).map_err(|f| f.message).unwrap(), 0);
+        let out = run(&a, &mut |_| {}).unwrap();
+        assert_eq!(out["kernels"].as_array().unwrap().len(), 4);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "images are removed");
-        let bad = BreakEvenArgs { kernels: "count,sort".into(), ..BreakEvenArgs { model: ModelFlags::default(), targets: 1, size: "1M".into(), graph_size: "1M".into(), kernels: String::new(), repeat: 1, dir: None } };
-        assert!(run(bad, true).unwrap_err().message.contains("sort"));
+        let bad = BreakEvenOptions { kernels: "count,sort".into(), targets: 1, size: 1 << 20, graph_size: 1 << 20, repeat: 1, ..Default::default() };
+        assert!(run(&bad, &mut |_| {}).unwrap_err().to_string().contains("sort"));
     }
 }

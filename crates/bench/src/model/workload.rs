@@ -44,12 +44,12 @@ pub(crate) fn generate(kernel: &str, bytes: u64, seed: u64) -> Result<Share, Str
     let mut rng = Rng::new(seed);
     let share = match kernel {
         "count" => Share {
-            inputs: vec![u64s(bytes / 8, || rng.next())],
+            inputs: vec![u64s(bytes / 8, || rng.next_u64())],
             args: vec![("min".into(), Value::U64(0)), ("max".into(), Value::U64(1 << 63))],
         },
         "vector-add" => {
             let n = bytes / 16;
-            Share { inputs: vec![u64s(n, || rng.next()), u64s(n, || rng.next())], args: vec![] }
+            Share { inputs: vec![u64s(n, || rng.next_u64()), u64s(n, || rng.next_u64())], args: vec![] }
         }
         "array-merge" => {
             let n = bytes / 16;
@@ -99,7 +99,7 @@ pub(crate) fn place(kernel: &str, share: &Share, placer: &mut Placer) -> Placed 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench_model::meter::{run_in_memory, Meter};
+    use crate::model::meter::{run_in_memory, Meter};
 
     #[test]
     fn every_workload_runs_and_merges_stay_sorted() {

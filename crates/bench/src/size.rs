@@ -2,7 +2,7 @@
 //! Human sizes: `512`, `64K`, `256M`, `1G`, `2T` (binary units; a trailing `iB` or `B` is allowed).
 
 /// Parses a size such as `256M` into bytes.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, crate::Error> {
     let t = s.trim();
     let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
     let (num, shift) = match t.chars().last() {
@@ -13,7 +13,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         _ => (t, 0),
     };
     let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size: use a number with an optional K, M, G or T suffix, e.g. 256M"))?;
-    n.checked_mul(1 << shift).ok_or_else(|| format!("{s:?} is too large"))
+    Ok(n.checked_mul(1 << shift).ok_or_else(|| format!("{s:?} is too large"))?)
 }
 
 /// Formats bytes with a binary unit, e.g. `1.5 MiB`.

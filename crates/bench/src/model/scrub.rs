@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `insitu bench scrub-scaling`: the virtual-objects paper's scrub experiment (Figs. 3–4) on
+//! Scrub scaling: the virtual-objects paper's scrub experiment (Figs. 3–4) on
 //! emulated drives. For 1..=N targets behind one link, every file on every target is
 //! checksummed twice:
 //!
@@ -14,10 +14,10 @@
 use super::emu::Network;
 use super::math::traffic_reduction;
 use super::pull::{exec_remote, pull, PullStats, IO_BYTES, QUEUE_DEPTH};
-use super::rig::{random_fill, write_image, Drive, Placer, Work};
-use super::{command, cores, drive_name, emit, gbps, machine, median, models_json, with_utilization, ModelFlags, Models, BUSY};
-use crate::size::{human, parse_size};
-use crate::Failure;
+use super::rig::{random_fill, write_image, Drive, Placer};
+use super::{models_json, ModelChoice, Models};
+use crate::common::{command, gbps, machine, median, with_utilization, Work, BUSY};
+use crate::Error;
 use insitu_offload::{Args, Registry};
 use insitu_wire::{Descriptor, ExecResult, Value, VirtualObject};
 use serde_json::json;
@@ -27,38 +27,36 @@ use std::time::Instant;
 /// Bytes of other data between the extents of a fragmented file.
 const GAP: u64 = 64 << 10;
 
-/// Flags of `insitu bench scrub-scaling`.
-#[derive(clap::Args, Debug)]
-pub(crate) struct ScrubArgs {
-    /// Drive and link models (default: --drive-mb-s 500 --link 10gbe).
-    #[command(flatten)]
-    pub(crate) model: ModelFlags,
-    /// Largest number of targets; every count from 1 up to it is measured.
-    #[arg(long, default_value_t = 8)]
-    pub(crate) targets: usize,
-    /// Files per target.
-    #[arg(long, default_value_t = 100)]
-    pub(crate) files: usize,
-    /// Size of each file.
-    #[arg(long, default_value = "16M")]
-    pub(crate) file_size: String,
+/// What [`scrub_scaling`](crate::scrub_scaling) measures.
+#[derive(Debug, Clone)]
+pub struct ScrubScalingOptions {
+    /// Drive and link models. Default: a generic drive reading 500 MB/s internally
+    /// (`custom:500`) behind `10gbe`.
+    pub model: ModelChoice,
+    /// Largest number of targets; every count from 1 up to it is measured. Default 8.
+    pub targets: usize,
+    /// Files per target. Default 100.
+    pub files: usize,
+    /// Size of each file in bytes. Default 16 MiB.
+    pub file_size: u64,
     /// Extents per file: 1 is contiguous; more is lightly fragmented (64 KiB of other data
-    /// between extents).
-    #[arg(long, default_value_t = 1)]
-    pub(crate) extents: u32,
-    /// Checksum function.
-    #[arg(long, default_value = "crc32c")]
-    pub(crate) function: String,
-    /// Measurements per point (the median is reported).
-    #[arg(long, default_value_t = 1)]
-    pub(crate) repeat: usize,
-    /// Also measure every point with no models: this machine's own ceiling.
-    #[arg(long)]
-    pub(crate) ceiling: bool,
-    /// Work directory for the images (default: a new directory in /dev/shm, removed
-    /// afterwards).
-    #[arg(long)]
-    pub(crate) dir: Option<PathBuf>,
+    /// between extents). Default 1.
+    pub extents: u32,
+    /// Checksum function; it must return its digest inline. Default `crc32c`.
+    pub function: String,
+    /// Measurements per point; the median is reported. Default 1 (0 counts as 1).
+    pub repeat: usize,
+    /// Also measure every point with no models: this machine's own ceiling. Default false.
+    pub ceiling: bool,
+    /// Work directory for the images. Default `None`: a new directory in /dev/shm,
+    /// removed afterwards.
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for ScrubScalingOptions {
+    fn default() -> Self {
+        ScrubScalingOptions { model: ModelChoice::default(), targets: 8, files: 100, file_size: 16 << 20, extents: 1, function: "crc32c".into(), repeat: 1, ceiling: false, dir: None }
+    }
 }
 
 /// One pass over `n` targets: seconds, digests per target and file, link bytes.
@@ -83,7 +81,7 @@ fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T, String>>) -> Result<T,
 
 /// Runs `per_drive` on every drive at once, each on its own thread, behind one network
 /// link, and times the whole pass.
-fn pass(drives: &[Drive], link: &Models, per_drive: impl Fn(&Drive, &Network) -> Result<Vec<String>, String> + Sync) -> Result<Pass, Failure> {
+fn pass(drives: &[Drive], link: &Models, per_drive: impl Fn(&Drive, &Network) -> Result<Vec<String>, String> + Sync) -> Result<Pass, Error> {
     let net = Network::new(link.link.clone())?;
     let started = Instant::now();
     let (digests, busy) = with_utilization(|| {
@@ -96,7 +94,7 @@ fn pass(drives: &[Drive], link: &Models, per_drive: impl Fn(&Drive, &Network) ->
 }
 
 /// Conventional: each target's files pulled over the link and checksummed on the host.
-fn conventional(drives: &[Drive], link: &Models, files: &[VirtualObject], function: &str) -> Result<Pass, Failure> {
+fn conventional(drives: &[Drive], link: &Models, files: &[VirtualObject], function: &str) -> Result<Pass, Error> {
     let registry = Registry::standard();
     let kernel = registry.get(function).ok_or_else(|| format!("no function {function:?}: use a checksum such as crc32c, xxh3, sha256, blake3"))?;
     pass(drives, link, |d, net| {
@@ -117,7 +115,7 @@ fn conventional(drives: &[Drive], link: &Models, files: &[VirtualObject], functi
 }
 
 /// Offloaded: one EXEC per file on every target at once; only digests come back.
-fn offloaded(drives: &[Drive], link: &Models, descriptors: &[Vec<u8>]) -> Result<Pass, Failure> {
+fn offloaded(drives: &[Drive], link: &Models, descriptors: &[Vec<u8>]) -> Result<Pass, Error> {
     pass(drives, link, |d, net| {
         descriptors
             .iter()
@@ -130,7 +128,7 @@ fn offloaded(drives: &[Drive], link: &Models, descriptors: &[Vec<u8>]) -> Result
     })
 }
 
-fn agree(a: &Pass, b: &Pass, what: &str) -> Result<(), Failure> {
+fn agree(a: &Pass, b: &Pass, what: &str) -> Result<(), Error> {
     for (t, (x, y)) in a.digests.iter().zip(&b.digests).enumerate() {
         if let Some(i) = x.iter().zip(y).position(|(p, q)| p != q) {
             return Err(format!("{what}: target {t} file {i}: conventional {} but offloaded {}: the data path corrupts data", x[i], y[i]).into());
@@ -140,7 +138,7 @@ fn agree(a: &Pass, b: &Pass, what: &str) -> Result<(), Failure> {
 }
 
 /// Median seconds and the passes' link bytes for one point (conventional, offloaded).
-fn measure(drives: &[Drive], models: &Models, files: &[VirtualObject], descs: &[Vec<u8>], function: &str, repeat: usize) -> Result<serde_json::Value, Failure> {
+fn measure(drives: &[Drive], models: &Models, files: &[VirtualObject], descs: &[Vec<u8>], function: &str, repeat: usize) -> Result<serde_json::Value, Error> {
     let (mut conv, mut off, mut cb, mut ob, mut busy) = (Vec::new(), Vec::new(), 0, 0, (0.0f64, 0.0f64));
     for _ in 0..repeat {
         let c = conventional(drives, models, files, function)?;
@@ -161,32 +159,16 @@ fn measure(drives: &[Drive], models: &Models, files: &[VirtualObject], descs: &[
     }))
 }
 
-/// Runs the scrub-scaling benchmark.
-pub(crate) fn run(a: ScrubArgs, json_out: bool) -> Result<i32, Failure> {
-    let (out, models, file_size) = bench(&a, !json_out)?;
-    emit(json_out, &out, || {
-        println!(
-            "scrub scaling, {} x {} files of {} per target, drive {}, link {}, {} cores:",
-            a.targets,
-            a.files,
-            human(file_size),
-            drive_name(&models.drive),
-            models.link_name,
-            cores()
-        );
-        println!("{:>7} {:>12} {:>12} {:>7} {:>10}", "targets", "conv GB/s", "offload GB/s", "ratio", "traffic -%");
-        for p in out["points"].as_array().into_iter().flatten() {
-            let f = |k: &str| p[k].as_f64().unwrap_or(f64::NAN);
-            println!("{:>7} {:>12.3} {:>12.3} {:>7.2} {:>10.4}", p["targets"].as_u64().unwrap_or(0), f("conventional_gbps"), f("offload_gbps"), f("offload_to_conventional"), 100.0 * f("traffic_reduction"));
-        }
-    });
-    Ok(0)
-}
-
-/// Measures every point; returns the results, the models and the file size.
-fn bench(a: &ScrubArgs, progress: bool) -> Result<(serde_json::Value, Models, u64), Failure> {
+/// Runs the scrub-scaling benchmark: for 1..=`targets` emulated drives behind one link,
+/// checksums every file conventionally and offloaded, checks the digests agree, and calls
+/// `progress` with a line per point.
+///
+/// The report has one entry in `points` per target count (`conventional_gbps`,
+/// `offload_gbps`, `offload_to_conventional`, link bytes, `traffic_reduction`, what the
+/// models predict and whether the machine limited the pass) and a `summary`.
+pub fn run(a: &ScrubScalingOptions, progress: &mut dyn FnMut(&str)) -> Result<serde_json::Value, Error> {
     let models = a.model.resolve("custom:500", "10gbe")?;
-    let file_size = parse_size(&a.file_size)?;
+    let file_size = a.file_size;
     if a.targets == 0 || a.files == 0 || file_size == 0 {
         return Err("--targets, --files and --file-size must be at least 1".to_string().into());
     }
@@ -236,15 +218,13 @@ fn bench(a: &ScrubArgs, progress: bool) -> Result<(serde_json::Value, Models, u6
             off_limited |= above(&p["expected_offload_gbps"], &c["offload_gbps"]);
         }
         p["machine_limited"] = json!({"conventional": conv_limited, "offload": off_limited});
-        if progress {
-            eprintln!(
-                "  {n} target(s): conventional {:.3} GB/s, offload {:.3} GB/s ({:.2}x), traffic reduced {:.4}%",
-                p["conventional_gbps"].as_f64().unwrap_or(0.0),
-                p["offload_gbps"].as_f64().unwrap_or(0.0),
-                p["offload_to_conventional"].as_f64().unwrap_or(0.0),
-                100.0 * p["traffic_reduction"].as_f64().unwrap_or(0.0)
-            );
-        }
+        progress(&format!(
+            "  {n} target(s): conventional {:.3} GB/s, offload {:.3} GB/s ({:.2}x), traffic reduced {:.4}%",
+            p["conventional_gbps"].as_f64().unwrap_or(0.0),
+            p["offload_gbps"].as_f64().unwrap_or(0.0),
+            p["offload_to_conventional"].as_f64().unwrap_or(0.0),
+            100.0 * p["traffic_reduction"].as_f64().unwrap_or(0.0)
+        ));
         points.push(p);
     }
     let last = points.last().cloned().unwrap_or_default();
@@ -274,7 +254,7 @@ fn bench(a: &ScrubArgs, progress: bool) -> Result<(serde_json::Value, Models, u6
         },
         "machine": machine(),
     });
-    Ok((out, models, file_size))
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -284,18 +264,18 @@ mod tests {
     #[test]
     fn a_small_scrub_agrees_and_reduces_traffic() {
         let dir = tempfile::tempdir().unwrap();
-        let a = ScrubArgs {
-            model: ModelFlags { drive: Some("none".into()), link: Some("none".into()), ..Default::default() },
+        let a = ScrubScalingOptions {
+            model: ModelChoice { drive: Some("none".into()), link: Some("none".into()), ..Default::default() },
             targets: 2,
             files: 3,
-            file_size: "1M".into(),
+            file_size: 1 << 20,
             extents: 2,
             function: "crc32c".into(),
             repeat: 1,
             ceiling: false,
             dir: Some(dir.path().to_path_buf()),
         };
-        let (out, _, _) = bench(&a, false).map_err(|f| f.message).unwrap();
+        let out = run(&a, &mut |_| {}).unwrap();
         let points = out["points"].as_array().unwrap();
         assert_eq!(points.len(), 2);
         for p in points {

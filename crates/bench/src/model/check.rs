@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `insitu bench model-check`: do the emulated devices deliver what they are configured for?
+//! The model check: do the emulated devices deliver what they are configured for?
 //!
 //! * drives: a large sequential offloaded scan (EXEC crc32c over one contiguous object) on a
 //!   drive whose model promises X MB/s internal read must run within the tolerance of X;
@@ -13,42 +13,51 @@
 
 use super::emu::Network;
 use super::pull::{exec_remote, pull, PullStats};
-use super::rig::{random_fill, write_image, Drive, Placer, Work};
-use super::{command, emit, gbps, machine, median, parse_drive, parse_link};
-use crate::size::{human, parse_size};
-use crate::Failure;
+use super::rig::{random_fill, write_image, Drive, Placer};
+use super::{parse_drive, parse_link};
+use crate::common::{command, gbps, machine, median, Work};
+use crate::size::human;
+use crate::Error;
 use insitu_offload::InputStream;
 use insitu_wire::{Descriptor, VirtualObject};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// Flags of `insitu bench model-check`.
-#[derive(clap::Args, Debug)]
-pub(crate) struct ModelCheckArgs {
+/// What [`model_check`](crate::model_check) checks.
+#[derive(Debug, Clone)]
+pub struct ModelCheckOptions {
     /// Drive models to check, comma-separated (presets, PRESET@MB_S or custom:MB_S).
-    #[arg(long, default_value = "custom:500,custom:1000,custom:2000,newport,smartssd,intel-p4600")]
-    pub(crate) drives: String,
-    /// Links to check, comma-separated (names or MB/s).
-    #[arg(long, default_value = "10gbe,25gbe,40gbe")]
-    pub(crate) links: String,
-    /// Bytes scanned per measurement.
-    #[arg(long, default_value = "1G")]
-    pub(crate) size: String,
-    /// Largest accepted deviation from the configured rate, as a fraction.
-    #[arg(long, default_value_t = 0.10)]
-    pub(crate) tolerance: f64,
-    /// Measurements per check (the median is reported).
-    #[arg(long, default_value_t = 3)]
-    pub(crate) repeat: usize,
-    /// Work directory for the image (default: a new directory in /dev/shm, removed
-    /// afterwards).
-    #[arg(long)]
-    pub(crate) dir: Option<PathBuf>,
+    /// Default `custom:500,custom:1000,custom:2000,newport,smartssd,intel-p4600`.
+    pub drives: String,
+    /// Links to check, comma-separated (names or MB/s). Default `10gbe,25gbe,40gbe`.
+    pub links: String,
+    /// Bytes scanned per measurement, at least 16 MiB. Default 1 GiB.
+    pub size: u64,
+    /// Largest accepted deviation from the configured rate, as a fraction. Default 0.10.
+    pub tolerance: f64,
+    /// Measurements per check; the median is reported. Default 3 (0 counts as 1).
+    pub repeat: usize,
+    /// Work directory for the image. Default `None`: a new directory in /dev/shm, removed
+    /// afterwards.
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for ModelCheckOptions {
+    fn default() -> Self {
+        ModelCheckOptions {
+            drives: "custom:500,custom:1000,custom:2000,newport,smartssd,intel-p4600".into(),
+            links: "10gbe,25gbe,40gbe".into(),
+            size: 1 << 30,
+            tolerance: 0.10,
+            repeat: 3,
+            dir: None,
+        }
+    }
 }
 
 /// Seconds for an offloaded crc32c over `obj`.
-fn scan(drive: &Drive, obj: &VirtualObject) -> Result<f64, Failure> {
+fn scan(drive: &Drive, obj: &VirtualObject) -> Result<f64, Error> {
     let net = Network::new(None)?;
     let desc = Descriptor::new("crc32c", vec![obj.clone()]).encode();
     let t = Instant::now();
@@ -58,7 +67,7 @@ fn scan(drive: &Drive, obj: &VirtualObject) -> Result<f64, Failure> {
 
 /// Seconds for conventional reads of `obj` through `net`; also returns the time callers
 /// slept on the link.
-fn read(drive: &Drive, net: &Network, obj: &VirtualObject) -> Result<f64, Failure> {
+fn read(drive: &Drive, net: &Network, obj: &VirtualObject) -> Result<f64, Error> {
     let stats = PullStats::default();
     let t = Instant::now();
     pull(drive, net, std::slice::from_ref(obj), &stats, |p| -> Result<(), String> {
@@ -81,7 +90,7 @@ fn status(got: f64, want: f64, ceiling: f64, tol: f64) -> &'static str {
     }
 }
 
-fn measure(repeat: usize, mut f: impl FnMut() -> Result<f64, Failure>) -> Result<f64, Failure> {
+fn measure(repeat: usize, mut f: impl FnMut() -> Result<f64, Error>) -> Result<f64, Error> {
     let mut v = Vec::new();
     for _ in 0..repeat {
         v.push(f()?);
@@ -89,11 +98,15 @@ fn measure(repeat: usize, mut f: impl FnMut() -> Result<f64, Failure>) -> Result
     Ok(median(&mut v))
 }
 
-/// Runs the model checks.
-pub(crate) fn run(a: ModelCheckArgs, json_out: bool) -> Result<i32, Failure> {
-    let size = parse_size(&a.size)?;
+/// Runs the model checks, calling `progress` with a line per drive and link checked.
+///
+/// The report lists every check in `checks` (`configured_gbps`, `measured_gbps`, `ratio`,
+/// `status`: pass, fail or machine-limited) and counts the failed ones in `failed`; a
+/// failed check is a result, not an [`Error`].
+pub fn run(a: &ModelCheckOptions, progress: &mut dyn FnMut(&str)) -> Result<serde_json::Value, Error> {
+    let size = a.size;
     if size < (16 << 20) {
-        return Err(format!("--size {}: give at least 16M so the scan is long enough to time", a.size).into());
+        return Err(format!("--size {}: give at least 16M so the scan is long enough to time", human(size)).into());
     }
     let repeat = a.repeat.max(1);
     let mut placer = Placer::default();
@@ -118,9 +131,7 @@ pub(crate) fn run(a: ModelCheckArgs, json_out: bool) -> Result<i32, Failure> {
         let got = gbps(size, measure(repeat, || scan(&drive, &obj))?);
         let st = status(got, want, scan_ceiling, a.tolerance);
         checks.push(json!({"kind": "drive internal read", "name": model.name, "configured_gbps": want, "measured_gbps": got, "ratio": got / want, "ceiling_gbps": scan_ceiling, "status": st}));
-        if !json_out {
-            eprintln!("  drive {:<16} configured {want:.3} GB/s, measured {got:.3} GB/s ({:+.1}%): {st}", model.name, 100.0 * (got / want - 1.0));
-        }
+        progress(&format!("  drive {:<16} configured {want:.3} GB/s, measured {got:.3} GB/s ({:+.1}%): {st}", model.name, 100.0 * (got / want - 1.0)));
     }
     for spec in a.links.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let link = parse_link(spec)?.ok_or_else(|| format!("--links: {spec} is not a link to check"))?;
@@ -128,9 +139,7 @@ pub(crate) fn run(a: ModelCheckArgs, json_out: bool) -> Result<i32, Failure> {
         let got = gbps(size, measure(repeat, || read(&free, &Network::new(Some(link.clone()))?, &obj))?);
         let st = status(got, want, read_ceiling, a.tolerance);
         checks.push(json!({"kind": "link", "name": spec, "configured_gbps": want, "measured_gbps": got, "ratio": got / want, "ceiling_gbps": read_ceiling, "status": st}));
-        if !json_out {
-            eprintln!("  link  {spec:<16} configured {want:.3} GB/s, measured {got:.3} GB/s ({:+.1}%): {st}", 100.0 * (got / want - 1.0));
-        }
+        progress(&format!("  link  {spec:<16} configured {want:.3} GB/s, measured {got:.3} GB/s ({:+.1}%): {st}", 100.0 * (got / want - 1.0)));
     }
     let failed = checks.iter().filter(|c| c["status"] == "fail").count();
     let out = json!({
@@ -150,14 +159,7 @@ pub(crate) fn run(a: ModelCheckArgs, json_out: bool) -> Result<i32, Failure> {
         "failed": failed,
         "machine": machine(),
     });
-    emit(json_out, &out, || {
-        println!("model check over {} (tolerance ±{:.0}%), ceilings: scan {scan_ceiling:.3} GB/s, reads {read_ceiling:.3} GB/s", human(size), 100.0 * a.tolerance);
-        for c in out["checks"].as_array().into_iter().flatten() {
-            let f = |k: &str| c[k].as_f64().map_or("-".to_string(), |v| format!("{v:.3}"));
-            println!("  {:<20} {:<16} configured {:>7} GB/s measured {:>7} GB/s  {}", c["kind"].as_str().unwrap_or(""), c["name"].as_str().unwrap_or(""), f("configured_gbps"), f("measured_gbps"), c["status"].as_str().unwrap_or(""));
-        }
-    });
-    Ok(if failed > 0 { 1 } else { 0 })
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -177,8 +179,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // End to end only: how close the rates come is the benchmark's business, and tests
         // run beside each other on a loaded machine.
-        let a = ModelCheckArgs { drives: "custom:200".into(), links: "150".into(), size: "16M".into(), tolerance: 0.9, repeat: 1, dir: Some(dir.path().to_path_buf()) };
-        assert_eq!(run(a, true).map_err(|f| f.message).unwrap(), 0);
+        let a = ModelCheckOptions { drives: "custom:200".into(), links: "150".into(), size: 16 << 20, tolerance: 0.9, repeat: 1, dir: Some(dir.path().to_path_buf()) };
+        let out = run(&a, &mut |_| {}).unwrap();
+        assert_eq!(out["failed"], 0, "{out}");
     }
 }
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! A deterministic, realistic data set for the demo and benchmarks: web-server logs, CSV
+//! A deterministic, realistic data set for the demo and the benchmarks: web-server logs, CSV
 //! order tables, binary blobs, a sparse file and an empty one. The same seed always gives
 //! the same bytes.
 
@@ -17,7 +17,7 @@ impl Rng {
     }
 
     /// Next 64 random bits.
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -27,7 +27,7 @@ impl Rng {
 
     /// Uniform in `0..n`.
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.next_u64() % n.max(1)
     }
 
     /// Writes `bytes` random bytes to `w`, a MiB at a time.
@@ -46,7 +46,7 @@ impl Rng {
     /// Fills `buf` with random bytes.
     pub fn fill(&mut self, buf: &mut [u8]) {
         for chunk in buf.chunks_mut(8) {
-            let v = self.next().to_le_bytes();
+            let v = self.next_u64().to_le_bytes();
             chunk.copy_from_slice(&v[..chunk.len()]);
         }
     }

@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The insitu benchmark rig: measurements that compare offloaded and conventional work side
+//! by side, in one run, and return their results as JSON-serialisable reports.
+//!
+//! Benchmarks on this machine's real hardware:
+//!
+//! * [`scan`] ([`ScanOptions`]): raw direct reads of a file's blocks vs an offloaded checksum
+//!   over them vs the conventional host path, with cold caches;
+//! * [`fabric`] ([`FabricOptions`]): what NVMe/TCP on loopback costs next to local access,
+//!   for reads and for EXEC.
+//!
+//! Benchmarks on emulated drives (embedded targets paced by `insitu-model` device and link
+//! models; see [`ModelChoice`]):
+//!
+//! * [`scrub_scaling`] ([`ScrubScalingOptions`]): conventional vs offloaded scrubbing for
+//!   1..N targets behind one link;
+//! * [`break_even`] ([`BreakEvenOptions`]): host vs in-drive kernels and CSDPLAN's
+//!   break-even number of drives;
+//! * [`latency`] ([`LatencyOptions`]): one grep query split into compute, media, link and
+//!   protocol time;
+//! * [`model_check`] ([`ModelCheckOptions`]): do the emulated devices deliver their rates?
+//!
+//! Every benchmark takes an option struct whose [`Default`] is the standard run and returns
+//! a [`serde_json::Value`] report: the command line, the parameters, the models, the
+//! measurements and the machine ([`machine`]). Long benchmarks also take a `progress`
+//! callback that receives one line of text per finished step. Failures are [`Error`]s whose
+//! message names the object and the fix.
+//!
+//! The crate also holds the helpers the benchmarks share with the `insitu demo`: the
+//! deterministic data generator ([`Rng`], [`generate_dataset`]), disk images
+//! ([`create_image`], [`mount_image`], [`Scratch`]) and human sizes ([`parse_size`],
+//! [`human`]).
+//!
+//! ```no_run
+//! use insitu_bench::{scrub_scaling, ModelChoice, ScrubScalingOptions};
+//!
+//! // Four intel-p4600 drives behind one 40GbE link, 20 files of 4 MiB each.
+//! let opts = ScrubScalingOptions {
+//!     model: ModelChoice { drive: Some("intel-p4600".into()), link: Some("40gbe".into()), ..Default::default() },
+//!     targets: 4,
+//!     files: 20,
+//!     file_size: 4 << 20,
+//!     ..Default::default()
+//! };
+//! let report = scrub_scaling(&opts, &mut |line| eprintln!("{line}"))?;
+//! println!("offload / conventional at 4 targets: {}", report["summary"]["offload_to_conventional_at_max"]);
+//! # Ok::<(), insitu_bench::Error>(())
+//! ```
+#![deny(missing_docs)]
+
+mod common;
+mod dataset;
+mod fabric;
+mod image;
+mod model;
+mod scan;
+mod size;
+
+pub use common::{command, machine};
+pub use dataset::{generate as generate_dataset, Dataset, Rng};
+pub use fabric::{fabric, fabric_wire_check, FabricOptions};
+pub use image::{create as create_image, mount as mount_image, umount as umount_image, Fs, Scratch};
+pub use model::{break_even, latency, model_check, scrub_scaling, BreakEvenOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScrubScalingOptions};
+pub use scan::{scan, ScanOptions};
+pub use size::{human, parse_size};
+
+/// A benchmark that could not run, or whose two paths disagree. The message says what
+/// failed, on which object, and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Error(String);
+
+impl From<String> for Error {
+    fn from(message: String) -> Self {
+        Error(message)
+    }
+}
+
+impl From<&str> for Error {
+    fn from(message: &str) -> Self {
+        Error(message.to_string())
+    }
+}
+
+impl From<insitu_host::OasError> for Error {
+    fn from(e: insitu_host::OasError) -> Self {
+        Error(e.to_string())
+    }
+}

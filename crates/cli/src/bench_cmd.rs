@@ -1,0 +1,290 @@
+// SPDX-License-Identifier: Apache-2.0
+//! `insitu bench`: the flags of every benchmark, turned into `insitu_bench` options, and
+//! the reports printed as text or JSON.
+
+use crate::Failure;
+use insitu_bench::{human, parse_size, BreakEvenOptions, FabricOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScanOptions, ScrubScalingOptions};
+use serde_json::Value;
+use std::path::PathBuf;
+
+/// The drive and link flags every emulated-drive benchmark takes.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct ModelFlags {
+    /// Drive model: a preset (samsung-980pro, intel-p4600, daisyplus-openssd, newport,
+    /// smartssd), PRESET@MB_S (re-timed to that internal read rate), custom:MB_S, or none
+    /// (real speed). See `insitu model list`.
+    #[arg(long, value_name = "SPEC", conflicts_with = "drive_mb_s")]
+    drive: Option<String>,
+    /// A generic drive whose offload engine reads sequentially at MB_S (= --drive custom:MB_S).
+    #[arg(long, value_name = "MB_S")]
+    drive_mb_s: Option<f64>,
+    /// The one link between the targets and the host: 10gbe, 25gbe, 40gbe, 100gbe,
+    /// pcie-gen3-x4, pcie-gen4-x4, a payload rate in MB/s, or none (not paced).
+    #[arg(long, value_name = "LINK")]
+    link: Option<String>,
+}
+
+impl From<ModelFlags> for ModelChoice {
+    fn from(f: ModelFlags) -> Self {
+        ModelChoice { drive: f.drive, drive_mb_s: f.drive_mb_s, link: f.link }
+    }
+}
+
+/// Flags of `insitu bench scrub-scaling`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ScrubArgs {
+    /// Drive and link models (default: --drive-mb-s 500 --link 10gbe).
+    #[command(flatten)]
+    model: ModelFlags,
+    /// Largest number of targets; every count from 1 up to it is measured.
+    #[arg(long, default_value_t = 8)]
+    targets: usize,
+    /// Files per target.
+    #[arg(long, default_value_t = 100)]
+    files: usize,
+    /// Size of each file.
+    #[arg(long, default_value = "16M")]
+    file_size: String,
+    /// Extents per file: 1 is contiguous; more is lightly fragmented (64 KiB of other data
+    /// between extents).
+    #[arg(long, default_value_t = 1)]
+    extents: u32,
+    /// Checksum function.
+    #[arg(long, default_value = "crc32c")]
+    function: String,
+    /// Measurements per point (the median is reported).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Also measure every point with no models: this machine's own ceiling.
+    #[arg(long)]
+    ceiling: bool,
+    /// Work directory for the images (default: a new directory in /dev/shm, removed
+    /// afterwards).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+/// Flags of `insitu bench break-even`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct BreakEvenArgs {
+    /// Drive and link models (default: --drive newport --link 40gbe).
+    #[command(flatten)]
+    model: ModelFlags,
+    /// Largest number of drives measured (every count from 1 up to it).
+    #[arg(long, default_value_t = 8)]
+    targets: usize,
+    /// Data per kernel for count, vector-add and array-merge, split over the drives.
+    #[arg(long, default_value = "256M")]
+    size: String,
+    /// Edge data of the PageRank graph (8 bytes per edge, 8 edges per node).
+    #[arg(long, default_value = "32M")]
+    graph_size: String,
+    /// Kernels to run, comma-separated.
+    #[arg(long, default_value = "count,vector-add,array-merge,pagerank")]
+    kernels: String,
+    /// Measurements of each kind (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Work directory for the images (default: a new directory in /dev/shm, removed
+    /// afterwards).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+/// Flags of `insitu bench latency`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct LatencyArgs {
+    /// Drive and link models (default: --drive newport --link 10gbe).
+    #[command(flatten)]
+    model: ModelFlags,
+    /// Size of the scanned file.
+    #[arg(long, default_value = "64M")]
+    size: String,
+    /// Literal text to grep for (about 1 % of the generated log lines contain ERROR).
+    #[arg(long, default_value = "ERROR")]
+    pattern: String,
+    /// Queries of each kind (the one with the median total is reported).
+    #[arg(long, default_value_t = 5)]
+    repeat: usize,
+    /// Work directory for the image (default: a new directory in /dev/shm, removed
+    /// afterwards).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+/// Flags of `insitu bench model-check`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ModelCheckArgs {
+    /// Drive models to check, comma-separated (presets, PRESET@MB_S or custom:MB_S).
+    #[arg(long, default_value = "custom:500,custom:1000,custom:2000,newport,smartssd,intel-p4600")]
+    drives: String,
+    /// Links to check, comma-separated (names or MB/s).
+    #[arg(long, default_value = "10gbe,25gbe,40gbe")]
+    links: String,
+    /// Bytes scanned per measurement.
+    #[arg(long, default_value = "1G")]
+    size: String,
+    /// Largest accepted deviation from the configured rate, as a fraction.
+    #[arg(long, default_value_t = 0.10)]
+    tolerance: f64,
+    /// Measurements per check (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Work directory for the image (default: a new directory in /dev/shm, removed
+    /// afterwards).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+/// Prints `out` as JSON, or `text` otherwise.
+fn emit(json_out: bool, out: &Value, text: impl FnOnce()) {
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(out).unwrap_or_default());
+    } else {
+        text();
+    }
+}
+
+/// Progress lines go to stderr, and only with text output.
+fn progress(json_out: bool) -> impl FnMut(&str) {
+    move |line| {
+        if !json_out {
+            eprintln!("{line}");
+        }
+    }
+}
+
+/// The drive model's name in a report, for summaries.
+fn drive_name(out: &Value) -> String {
+    out["models"]["drive"]["name"].as_str().map_or_else(|| "none (real speed)".into(), str::to_string)
+}
+
+/// A float of a report, NaN when missing.
+fn num(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or(f64::NAN)
+}
+
+/// `insitu bench scan`.
+pub(crate) fn scan(function: String, size: &str, repeat: usize, dir: Option<PathBuf>, json_out: bool) -> Result<i32, Failure> {
+    let out = insitu_bench::scan(&ScanOptions { function, size: parse_size(size)?, repeat, dir })?;
+    emit(json_out, &out, || {
+        let (function, repeat) = (out["function"].as_str().unwrap_or(""), &out["repeat"]);
+        let (r, o, c) = (num(&out, "raw_read_gbps"), num(&out, "offload_gbps"), num(&out, "conventional_gbps"));
+        println!("scan of {} MiB, {function}, median of {repeat}:", out["size_bytes"].as_u64().unwrap_or(0) >> 20);
+        println!("  raw direct read   {r:>7.3} GB/s");
+        println!("  offloaded {function:<7} {o:>7.3} GB/s  ({:.1}% of raw)", 100.0 * o / r);
+        println!("  conventional      {c:>7.3} GB/s");
+    });
+    Ok(0)
+}
+
+/// `insitu bench fabric`.
+pub(crate) fn fabric(size: &str, repeat: usize, dir: Option<PathBuf>, json_out: bool) -> Result<i32, Failure> {
+    let out = insitu_bench::fabric(&FabricOptions { size: parse_size(size)?, repeat, dir })?;
+    emit(json_out, &out, || {
+        let (size, repeat, q) = (human(out["size_bytes"].as_u64().unwrap_or(0)), &out["repeat"], &out["requests"]);
+        let (r, fr, e, fe) = (num(&out, "raw_read_gbps"), num(&out, "fabric_read_gbps"), num(&out, "embedded_exec_gbps"), num(&out, "fabric_exec_gbps"));
+        let (qd, queues, wire) = (&q["fabric_queue_depth"], &q["io_queues"], out["fabric_exec_wire_bytes"].as_u64().unwrap_or(0));
+        println!("fabric benchmark over {size}, median of {repeat}, cold caches, NVMe/TCP on loopback:");
+        println!("  raw direct read, 1 MiB requests           {r:>7.3} GB/s");
+        println!("  fabric read, 128 KiB at QD{qd}, {queues} queues    {fr:>7.3} GB/s  ({:.1}% of raw)", 100.0 * fr / r);
+        println!("  embedded EXEC crc32c                      {e:>7.3} GB/s");
+        println!("  fabric EXEC crc32c + result read          {fe:>7.3} GB/s  ({:.1}% of embedded)", 100.0 * fe / e);
+        println!("  fabric EXEC bytes on the wire             {wire:>7} B     (for {size} of data)");
+    });
+    insitu_bench::fabric_wire_check(&out)?;
+    Ok(0)
+}
+
+/// `insitu bench scrub-scaling`.
+pub(crate) fn scrub_scaling(a: ScrubArgs, json_out: bool) -> Result<i32, Failure> {
+    let file_size = parse_size(&a.file_size)?;
+    let opts = ScrubScalingOptions {
+        model: a.model.into(),
+        targets: a.targets,
+        files: a.files,
+        file_size,
+        extents: a.extents,
+        function: a.function,
+        repeat: a.repeat,
+        ceiling: a.ceiling,
+        dir: a.dir,
+    };
+    let out = insitu_bench::scrub_scaling(&opts, &mut progress(json_out))?;
+    emit(json_out, &out, || {
+        println!(
+            "scrub scaling, {} x {} files of {} per target, drive {}, link {}, {} cores:",
+            opts.targets,
+            opts.files,
+            human(file_size),
+            drive_name(&out),
+            out["models"]["link"]["name"].as_str().unwrap_or(""),
+            out["machine"]["cpus"]
+        );
+        println!("{:>7} {:>12} {:>12} {:>7} {:>10}", "targets", "conv GB/s", "offload GB/s", "ratio", "traffic -%");
+        for p in out["points"].as_array().into_iter().flatten() {
+            let f = |k: &str| num(p, k);
+            println!("{:>7} {:>12.3} {:>12.3} {:>7.2} {:>10.4}", p["targets"].as_u64().unwrap_or(0), f("conventional_gbps"), f("offload_gbps"), f("offload_to_conventional"), 100.0 * f("traffic_reduction"));
+        }
+    });
+    Ok(0)
+}
+
+/// `insitu bench break-even`.
+pub(crate) fn break_even(a: BreakEvenArgs, json_out: bool) -> Result<i32, Failure> {
+    let (size, graph) = (parse_size(&a.size)?, parse_size(&a.graph_size)?);
+    let opts = BreakEvenOptions { model: a.model.into(), targets: a.targets, size, graph_size: graph, kernels: a.kernels, repeat: a.repeat, dir: a.dir };
+    let out = insitu_bench::break_even(&opts, &mut progress(json_out))?;
+    emit(json_out, &out, || {
+        let link = out["models"]["link"]["name"].as_str().unwrap_or("");
+        println!("break-even, drive {}, link {link}, {} of data ({} graph), {} cores:", drive_name(&out), human(size), human(graph), out["machine"]["cpus"]);
+        println!("{:<12} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9}", "kernel", "host s", "csd(1) s", "ratio", "paper", "BEP model", "BEP spec", "BEP meas.");
+        for r in out["kernels"].as_array().into_iter().flatten() {
+            let f = |k: &str| num(r, k);
+            let be = |k: &str| r[k].as_u64().map_or("-".to_string(), |v| v.to_string());
+            println!(
+                "{:<12} {:>9.3} {:>9.3} {:>7.2} {:>7} {:>9} {:>9} {:>9}",
+                r["kernel"].as_str().unwrap_or(""),
+                f("host_compute_s"),
+                f("csd_one_s"),
+                f("device_to_host_compute_ratio"),
+                r["paper_device_to_host_ratio"].as_f64().map_or("-".into(), |p| format!("{p:.1}")),
+                be("break_even_model"),
+                be("break_even_spec"),
+                be("break_even_measured"),
+            );
+        }
+    });
+    Ok(0)
+}
+
+/// `insitu bench latency`.
+pub(crate) fn latency(a: LatencyArgs, json_out: bool) -> Result<i32, Failure> {
+    let size = parse_size(&a.size)?;
+    let out = insitu_bench::latency(&LatencyOptions { model: a.model.into(), size, pattern: a.pattern.clone(), repeat: a.repeat, dir: a.dir })?;
+    emit(json_out, &out, || {
+        println!("latency of grep {:?} over {}, drive {}, link {}:", a.pattern, human(size), drive_name(&out), out["models"]["link"]["name"].as_str().unwrap_or(""));
+        println!("{:<13} {:>9} {:>9} {:>9} {:>9} {:>9}", "", "total ms", "compute", "media", "link", "protocol");
+        for (name, q) in [("conventional", &out["conventional"]), ("offload", &out["offload"])] {
+            let f = |k: &str| 1e3 * num(q, k);
+            println!("{name:<13} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}", f("total_s"), f("compute_s"), f("media_s"), f("link_s"), f("protocol_s"));
+        }
+    });
+    Ok(0)
+}
+
+/// `insitu bench model-check`; exits 1 if a check failed.
+pub(crate) fn model_check(a: ModelCheckArgs, json_out: bool) -> Result<i32, Failure> {
+    let opts = ModelCheckOptions { drives: a.drives, links: a.links, size: parse_size(&a.size)?, tolerance: a.tolerance, repeat: a.repeat, dir: a.dir };
+    let out = insitu_bench::model_check(&opts, &mut progress(json_out))?;
+    emit(json_out, &out, || {
+        let c = &out["ceilings"];
+        let (scan, reads) = (num(c, "offload_scan_gbps"), num(c, "conventional_read_gbps"));
+        println!("model check over {} (tolerance ±{:.0}%), ceilings: scan {scan:.3} GB/s, reads {reads:.3} GB/s", human(opts.size), 100.0 * opts.tolerance);
+        for c in out["checks"].as_array().into_iter().flatten() {
+            let f = |k: &str| c[k].as_f64().map_or("-".to_string(), |v| format!("{v:.3}"));
+            println!("  {:<20} {:<16} configured {:>7} GB/s measured {:>7} GB/s  {}", c["kind"].as_str().unwrap_or(""), c["name"].as_str().unwrap_or(""), f("configured_gbps"), f("measured_gbps"), c["status"].as_str().unwrap_or(""));
+        }
+    });
+    Ok(if out["failed"].as_u64().unwrap_or(0) > 0 { 1 } else { 0 })
+}
