@@ -6,9 +6,11 @@
 //! * 128 KiB reads at queue depth 32 over NVMe/TCP on loopback, from an in-process target;
 //! * EXEC crc32c over the data on an embedded [`Target`];
 //! * the same EXEC over the fabric, its result written to a result object at the end of
-//!   the namespace and read back with Read; the bytes on the wire are counted.
+//!   the namespace and read back with Read; the bytes on the wire are counted;
+//! * the ceiling the fabric reads are held to: plain TCP on loopback with the same request
+//!   size, connections and requests outstanding, and no NVMe framing ([`crate::tcp`]).
 //!
-//! Medians are reported, with the ratios fabric/raw and fabric/embedded.
+//! Medians are reported, with the ratios fabric/raw, fabric/TCP and fabric/embedded.
 //!
 //! Adding a measurement: a function that takes the [`Rig`] and returns seconds, a series in
 //! [`Samples`], a line in [`Samples::round`] and its keys in [`report`].
@@ -16,6 +18,7 @@
 use crate::common::{command, drop_caches, gbps, machine, median, Work};
 use crate::dataset::Rng;
 use crate::size::human;
+use crate::tcp::{tcp_loopback, TcpLoad};
 use crate::Error;
 use insitu_initiator::{ConnectOptions, Session};
 use insitu_media::{AlignedBuf, Backing, DIRECT_ALIGN};
@@ -239,6 +242,8 @@ struct Samples {
     fabric_read: Vec<f64>,
     embedded_exec: Vec<f64>,
     fabric_exec: Vec<f64>,
+    /// Plain TCP on loopback, moving as many bytes as a fabric read.
+    tcp: Vec<f64>,
     /// Bytes on the wire of each fabric EXEC.
     wire: Vec<u64>,
     /// EXEC results (embedded, fabric, embedded, ...): they must all agree.
@@ -252,6 +257,8 @@ impl Samples {
         self.raw.push(raw_read(&rig.backing, rig.size)?);
         rig.cold();
         self.fabric_read.push(fabric_read(&rig.session, rig.size)?);
+        let load = TcpLoad { request: READ_IO, connections: usize::from(IO_QUEUES), depth: QUEUE_DEPTH };
+        self.tcp.push(tcp_loopback(rig.size, load).map_err(|e| format!("loopback TCP ceiling: {e}"))?);
         rig.cold();
         let (secs, r) = embedded_exec(&rig.embedded, &rig.inline_desc)?;
         self.embedded_exec.push(secs);
@@ -269,7 +276,7 @@ impl Samples {
 fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
     let size = rig.size;
     let rate = |v: &[f64]| gbps(size, median(&mut v.to_vec()));
-    let (r, fr, e, fe) = (rate(&s.raw), rate(&s.fabric_read), rate(&s.embedded_exec), rate(&s.fabric_exec));
+    let (r, fr, e, fe, tcp) = (rate(&s.raw), rate(&s.fabric_read), rate(&s.embedded_exec), rate(&s.fabric_exec), rate(&s.tcp));
     let stats = rig.session.stats();
     json!({
         "command": command(),
@@ -279,7 +286,9 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
         "fabric_read_gbps": fr,
         "embedded_exec_gbps": e,
         "fabric_exec_gbps": fe,
+        "tcp_loopback_gbps": tcp,
         "fabric_read_to_raw": fr / r,
+        "fabric_read_to_tcp": fr / tcp,
         "fabric_exec_to_embedded": fe / e,
         "fabric_exec_wire_bytes": s.wire.iter().copied().max().unwrap_or(0),
         "digest": s.digests.first().map(digest).unwrap_or_default(),
@@ -289,7 +298,7 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
             "exec_extents": EXTENTS, "max_transfer_bytes": rig.session.max_transfer(),
         },
         "session_wire_bytes": {"sent": stats.bytes_sent, "received": stats.bytes_received, "reconnects": stats.reconnects},
-        "seconds": {"raw": s.raw, "fabric_read": s.fabric_read, "embedded_exec": s.embedded_exec, "fabric_exec": s.fabric_exec},
+        "seconds": {"raw": s.raw, "fabric_read": s.fabric_read, "tcp_loopback": s.tcp, "embedded_exec": s.embedded_exec, "fabric_exec": s.fabric_exec},
         "machine": machine(),
         "direct_io": rig.backing.is_direct(),
         "transport": "NVMe/TCP over loopback to an in-process insitu target, no digests",
@@ -302,8 +311,8 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
 /// every kind `repeat` times, alternating, from cold caches.
 ///
 /// The report has `raw_read_gbps`, `fabric_read_gbps`, `embedded_exec_gbps`,
-/// `fabric_exec_gbps` (medians), the ratios `fabric_read_to_raw` and
-/// `fabric_exec_to_embedded`, `fabric_exec_wire_bytes` and the seconds of every
+/// `fabric_exec_gbps`, `tcp_loopback_gbps` (medians), the ratios `fabric_read_to_raw`,
+/// `fabric_read_to_tcp` and `fabric_exec_to_embedded`, `fabric_exec_wire_bytes` and the seconds of every
 /// measurement. Fails if the fabric returns other bytes than the file or the EXEC results
 /// disagree; [`fabric_wire_check`] then tells whether the EXEC kept the data off the wire.
 pub fn fabric(opts: &FabricOptions) -> Result<Json, Error> {

@@ -6,8 +6,10 @@
 //!
 //! * [`scan`] ([`ScanOptions`]): raw direct reads of a file's blocks vs an offloaded checksum
 //!   over them vs the conventional host path, with cold caches;
-//! * [`fabric`] ([`FabricOptions`]): what NVMe/TCP on loopback costs next to local access,
-//!   for reads and for EXEC.
+//! * [`fabric`] ([`FabricOptions`]): what NVMe/TCP on loopback costs next to local access
+//!   and to plain TCP ([`tcp_loopback`]), for reads and for EXEC;
+//! * [`exec_scaling`] ([`ExecScalingOptions`]): 1, 2, 4, 8 concurrent EXECs on one
+//!   namespace, with its buffer pool and without, and the pool's memory.
 //!
 //! Benchmarks on emulated drives (embedded targets paced by `insitu-model` device and link
 //! models; see [`ModelChoice`]):
@@ -50,19 +52,23 @@
 
 mod common;
 mod dataset;
+mod exec_scaling;
 mod fabric;
 mod image;
 mod model;
 mod scan;
 mod size;
+mod tcp;
 
 pub use common::{command, machine};
 pub use dataset::{generate as generate_dataset, Dataset, Rng};
+pub use exec_scaling::{exec_scaling, ExecScalingOptions};
 pub use fabric::{fabric, fabric_wire_check, FabricOptions};
 pub use image::{create as create_image, mount as mount_image, umount as umount_image, Fs, Scratch};
 pub use model::{break_even, latency, model_check, scrub_scaling, BreakEvenOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScrubScalingOptions};
 pub use scan::{scan, ScanOptions};
 pub use size::{human, parse_size};
+pub use tcp::{tcp_loopback, TcpLoad};
 
 /// A benchmark that could not run, or whose two paths disagree. The message says what
 /// failed, on which object, and what to do.

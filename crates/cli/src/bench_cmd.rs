@@ -3,7 +3,7 @@
 //! the reports printed as text or JSON.
 
 use crate::Failure;
-use insitu_bench::{human, parse_size, BreakEvenOptions, FabricOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScanOptions, ScrubScalingOptions};
+use insitu_bench::{human, parse_size, BreakEvenOptions, ExecScalingOptions, FabricOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScanOptions, ScrubScalingOptions};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -187,12 +187,64 @@ pub(crate) fn fabric(size: &str, repeat: usize, dir: Option<PathBuf>, json_out: 
         let (qd, queues, wire) = (&q["fabric_queue_depth"], &q["io_queues"], out["fabric_exec_wire_bytes"].as_u64().unwrap_or(0));
         println!("fabric benchmark over {size}, median of {repeat}, cold caches, NVMe/TCP on loopback:");
         println!("  raw direct read, 1 MiB requests           {r:>7.3} GB/s");
-        println!("  fabric read, 128 KiB at QD{qd}, {queues} queues    {fr:>7.3} GB/s  ({:.1}% of raw)", 100.0 * fr / r);
+        let tcp = num(&out, "tcp_loopback_gbps");
+        println!("  fabric read, 128 KiB at QD{qd}, {queues} queues    {fr:>7.3} GB/s  ({:.1}% of raw, {:.1}% of TCP)", 100.0 * fr / r, 100.0 * fr / tcp);
+        println!("  plain TCP on loopback, same requests      {tcp:>7.3} GB/s");
         println!("  embedded EXEC crc32c                      {e:>7.3} GB/s");
         println!("  fabric EXEC crc32c + result read          {fe:>7.3} GB/s  ({:.1}% of embedded)", 100.0 * fe / e);
         println!("  fabric EXEC bytes on the wire             {wire:>7} B     (for {size} of data)");
     });
     insitu_bench::fabric_wire_check(&out)?;
+    Ok(0)
+}
+
+/// Flags of `insitu bench exec-scaling`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ExecScalingArgs {
+    /// Bytes per EXEC (one object each).
+    #[arg(long, default_value = "4M")]
+    object_size: String,
+    /// Objects in the file.
+    #[arg(long, default_value_t = 64)]
+    objects: usize,
+    /// Passes over all objects per measurement.
+    #[arg(long, default_value_t = 4)]
+    rounds: usize,
+    /// Numbers of concurrent EXECs to measure, comma-separated.
+    #[arg(long, default_value = "1,2,4,8", value_delimiter = ',')]
+    streams: Vec<usize>,
+    /// Measurements of each configuration (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Work directory (default: a new directory in /dev/shm, removed afterwards).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+/// `insitu bench exec-scaling`.
+pub(crate) fn exec_scaling(a: ExecScalingArgs, json_out: bool) -> Result<i32, Failure> {
+    let opts = ExecScalingOptions { object_size: parse_size(&a.object_size)?, objects: a.objects, rounds: a.rounds, streams: a.streams, repeat: a.repeat, dir: a.dir };
+    let out = insitu_bench::exec_scaling(&opts)?;
+    emit(json_out, &out, || {
+        println!("concurrent EXECs, crc32c over {} objects, median of {}:", human(out["object_size_bytes"].as_u64().unwrap_or(0)), out["repeat"]);
+        println!("  EXECs at once   pooled GB/s   no pool GB/s   pool peak");
+        let rows = out["results"].as_array().cloned().unwrap_or_default();
+        for n in out["streams"].as_array().cloned().unwrap_or_default() {
+            let row = |pooled: bool| rows.iter().find(|r| r["streams"] == n && r["pooled"] == pooled).cloned().unwrap_or_default();
+            let (p, u) = (row(true), row(false));
+            println!("  {:>13}   {:>11.3}   {:>12.3}   {:>9}", n, num(&p, "gbps"), num(&u, "gbps"), human(p["pool_peak_bytes"].as_u64().unwrap_or(0)));
+        }
+        let s = &out["scaling"];
+        println!(
+            "  {} EXECs vs {}: {:.2}x with the pool, {:.2}x without; the pool is {:.2}x as fast at {}",
+            s["to_streams"],
+            s["from_streams"],
+            num(s, "pooled_max_to_one"),
+            num(s, "unpooled_max_to_one"),
+            num(s, "pooled_to_unpooled_at_max"),
+            s["to_streams"]
+        );
+    });
     Ok(0)
 }
 

@@ -311,7 +311,8 @@ enum BenchCmd {
         dir: Option<PathBuf>,
     },
     /// NVMe/TCP on loopback vs local: raw direct reads vs 128 KiB reads at queue depth 32
-    /// over the fabric, and an embedded crc32c EXEC vs the same EXEC over the fabric.
+    /// over the fabric vs plain TCP on loopback with the same requests, and an embedded
+    /// crc32c EXEC vs the same EXEC over the fabric.
     Fabric {
         /// Size of the data region.
         #[arg(long, default_value = "1G")]
@@ -323,6 +324,9 @@ enum BenchCmd {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Concurrent EXECs on one memory-backed namespace: crc32c throughput with 1, 2, 4, 8
+    /// EXECs at once, with the namespace's buffer pool and without, and the pool's memory.
+    ExecScaling(bench_cmd::ExecScalingArgs),
     /// Emulated drives: checksum throughput of conventional vs offloaded scrubbing for
     /// 1..N targets behind one link, and the network traffic saved (virtual-objects paper,
     /// Figs. 3-4).
@@ -551,6 +555,7 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         }
         Cmd::Bench(BenchCmd::Scan { function, size, repeat, dir }) => return bench_cmd::scan(function, &size, repeat, dir, json),
         Cmd::Bench(BenchCmd::Fabric { size, repeat, dir }) => return bench_cmd::fabric(&size, repeat, dir, json),
+        Cmd::Bench(BenchCmd::ExecScaling(a)) => return bench_cmd::exec_scaling(a, json),
         Cmd::Bench(BenchCmd::ScrubScaling(a)) => return bench_cmd::scrub_scaling(a, json),
         Cmd::Bench(BenchCmd::BreakEven(a)) => return bench_cmd::break_even(a, json),
         Cmd::Bench(BenchCmd::Latency(a)) => return bench_cmd::latency(a, json),

@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The concurrent-EXEC benchmark: how offload throughput on one memory-backed namespace
+//! grows with the number of EXECs running at once, with the namespace's buffer pool and
+//! without it (every buffer allocated fresh and freed, as targets did before the pool), and
+//! how much memory the pool held.
+//!
+//! Each of `n` threads runs crc32c EXECs on an embedded target, one after another, each over
+//! the next object of a file of equal objects, until `rounds` passes are done; every digest
+//! is checked against the host's. Configurations alternate within each repetition so drift
+//! affects them alike; medians are reported.
+
+use crate::common::{command, gbps, machine, median, Work};
+use crate::dataset::Rng;
+use crate::Error;
+use insitu_target::{NamespaceConfig, PoolStats, Target};
+use insitu_wire::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
+use serde_json::{json, Value as Json};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// What [`exec_scaling`] measures.
+#[derive(Debug, Clone)]
+pub struct ExecScalingOptions {
+    /// Bytes per EXEC (one object each): a multiple of 512. Default 4 MiB.
+    pub object_size: u64,
+    /// Objects in the file. Default 64 (with the default size, a 256 MiB file).
+    pub objects: usize,
+    /// Passes over all objects per measurement. Default 4.
+    pub rounds: usize,
+    /// Numbers of concurrent EXECs to measure. Default 1, 2, 4, 8.
+    pub streams: Vec<usize>,
+    /// Measurements of each configuration; the median is reported. Default 3.
+    pub repeat: usize,
+    /// Work directory for the file. Default `None`: a new directory in memory (/dev/shm),
+    /// removed afterwards.
+    pub dir: Option<PathBuf>,
+}
+
+impl Default for ExecScalingOptions {
+    fn default() -> Self {
+        ExecScalingOptions { object_size: 4 << 20, objects: 64, rounds: 4, streams: vec![1, 2, 4, 8], repeat: 3, dir: None }
+    }
+}
+
+/// Runs the benchmark. The report has `results` (one row per number of streams and pool
+/// setting: `streams`, `pooled`, `gbps`, `execs_per_s`, `seconds`, and the pool's
+/// `pool_peak_bytes`, `pool_allocations`, `pool_reuses`), and `scaling`: for each setting,
+/// the throughput at the most streams over that at one (`pooled_max_to_one`,
+/// `unpooled_max_to_one`).
+pub fn exec_scaling(opts: &ExecScalingOptions) -> Result<Json, Error> {
+    let size = opts.object_size;
+    if size == 0 || !size.is_multiple_of(SECTOR) || size > u64::from(u32::MAX) * SECTOR || opts.objects == 0 || opts.streams.is_empty() {
+        return Err(format!("object size {size}: give a positive multiple of {SECTOR}, at least one object and one stream count (e.g. --object-size 4M --streams 1,2,4,8)").into());
+    }
+    let mut work = Work::new(opts.dir.clone(), "exec-scaling", size * opts.objects as u64)?;
+    let path = work.file("objects.img");
+    let expect = write_objects(&path, size, opts.objects)?;
+    let descriptors: Vec<Vec<u8>> = (0..opts.objects as u64)
+        .map(|i| {
+            let sectors = size / SECTOR;
+            Descriptor::new("crc32c", vec![VirtualObject { length: size, extents: vec![Extent::data(i * sectors, sectors as u32)] }]).encode()
+        })
+        .collect();
+    let target = |idle_buffers: usize| -> Result<Target, Error> {
+        let mut t = Target::new();
+        t.add_namespace(&path, NamespaceConfig { idle_buffers, ..NamespaceConfig::default() }).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(t)
+    };
+    // Pooled first, then without a pool (0 idle buffers: each is freed after use).
+    let targets = [target(NamespaceConfig::default().idle_buffers)?, target(0)?];
+    let rounds = opts.rounds.max(1);
+    let mut secs = vec![Vec::new(); opts.streams.len() * targets.len()];
+    for _ in 0..opts.repeat.max(1) {
+        for (si, &n) in opts.streams.iter().enumerate() {
+            for (ti, t) in targets.iter().enumerate() {
+                secs[si * targets.len() + ti].push(run(t, &descriptors, &expect, n.max(1), rounds)?);
+            }
+        }
+    }
+    let bytes = size * (opts.objects * rounds) as u64;
+    let execs = (opts.objects * rounds) as f64;
+    let mut results = Vec::new();
+    for (si, &n) in opts.streams.iter().enumerate() {
+        for (ti, t) in targets.iter().enumerate() {
+            let s = &secs[si * targets.len() + ti];
+            let m = median(&mut s.clone());
+            let pool: PoolStats = t.buffer_stats();
+            results.push(json!({
+                "streams": n,
+                "pooled": ti == 0,
+                "gbps": gbps(bytes, m),
+                "execs_per_s": execs / m,
+                "seconds": s,
+                "pool_peak_bytes": pool.peak_bytes(),
+                "pool_allocations": pool.allocations,
+                "pool_reuses": pool.reuses,
+            }));
+        }
+    }
+    let rate = |pooled: bool, n: usize| results.iter().find(|r| r["pooled"] == pooled && r["streams"] == n).and_then(|r| r["gbps"].as_f64()).unwrap_or(f64::NAN);
+    let (least, most) = (opts.streams.iter().copied().min().unwrap_or(1), opts.streams.iter().copied().max().unwrap_or(1));
+    let pool = targets[0].buffer_stats();
+    Ok(json!({
+        "command": command(),
+        "object_size_bytes": size,
+        "objects": opts.objects,
+        "rounds": rounds,
+        "repeat": opts.repeat.max(1),
+        "streams": opts.streams,
+        "function": "crc32c",
+        "results": results,
+        "scaling": {
+            "from_streams": least,
+            "to_streams": most,
+            "pooled_max_to_one": rate(true, most) / rate(true, least),
+            "unpooled_max_to_one": rate(false, most) / rate(false, least),
+            "pooled_to_unpooled_at_max": rate(true, most) / rate(false, most),
+        },
+        "pool": {"buffer_bytes": pool.buffer_bytes, "max_idle": pool.max_idle, "peak_bytes": pool.peak_bytes(), "allocations": pool.allocations, "reuses": pool.reuses},
+        "work_dir": work.root().display().to_string(),
+        "machine": machine(),
+        "model": "none (real speed of this machine)",
+    }))
+}
+
+/// Writes `objects` objects of random bytes; returns the host's crc32c of each, as the
+/// kernel reports it.
+fn write_objects(path: &Path, size: u64, objects: usize) -> Result<Vec<String>, Error> {
+    let err = |e: std::io::Error| format!("cannot write the benchmark file {}: {e}", path.display());
+    let mut f = std::fs::File::create(path).map_err(err)?;
+    let mut rng = Rng::new(7);
+    let mut buf = vec![0u8; size as usize];
+    let mut digests = Vec::with_capacity(objects);
+    for _ in 0..objects {
+        rng.fill(&mut buf);
+        std::io::Write::write_all(&mut f, &buf).map_err(err)?;
+        digests.push(format!("{:08x}", crc32c::crc32c(&buf)));
+    }
+    f.sync_all().map_err(err)?;
+    Ok(digests)
+}
+
+/// `streams` threads take the next EXEC until `rounds` passes are done; returns seconds.
+fn run(t: &Target, descriptors: &[Vec<u8>], expect: &[String], streams: usize, rounds: usize) -> Result<f64, Error> {
+    let next = AtomicUsize::new(0);
+    let total = descriptors.len() * rounds;
+    let error = Mutex::new(None);
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..streams {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    return;
+                }
+                let obj = i % descriptors.len();
+                if let Err(e) = check(t, &descriptors[obj], &expect[obj], obj) {
+                    *error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                    next.store(total, Ordering::Relaxed);
+                    return;
+                }
+            });
+        }
+    });
+    let secs = started.elapsed().as_secs_f64();
+    match error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e.into()),
+        None => Ok(secs),
+    }
+}
+
+/// Runs one EXEC and compares its digest with the host's.
+fn check(t: &Target, descriptor: &[u8], expect: &str, obj: usize) -> Result<(), String> {
+    let out = t.exec(1, descriptor).map_err(|e| format!("EXEC on object {obj}: {e}"))?;
+    let r = ExecResult::decode(&out.result).map_err(|e| format!("EXEC result of object {obj}: {e}"))?;
+    match r.records.first().and_then(|rec| rec.iter().find(|(k, _)| k == "digest")) {
+        Some((_, Value::Str(d))) if d == expect => Ok(()),
+        other => Err(format!("object {obj}: the offloaded crc32c is {other:?}, the host's {expect}: the target read other bytes than the file holds")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_configuration_is_measured_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = ExecScalingOptions { object_size: 1 << 20, objects: 4, rounds: 1, streams: vec![1, 2], repeat: 1, dir: Some(dir.path().to_path_buf()) };
+        let r = exec_scaling(&opts).unwrap();
+        let rows = r["results"].as_array().unwrap();
+        assert_eq!(rows.len(), 4);
+        assert!(rows.iter().all(|row| row["gbps"].as_f64().unwrap() > 0.0));
+        // Without a pool nothing is kept; with one, buffers are reused across EXECs.
+        let unpooled = rows.iter().find(|row| row["pooled"] == false && row["streams"] == 2).unwrap();
+        assert_eq!(unpooled["pool_reuses"], 0);
+        assert!(r["pool"]["reuses"].as_u64().unwrap() > 0);
+        assert!(r["pool"]["peak_bytes"].as_u64().unwrap() > 0);
+        assert!(!dir.path().join("objects.img").exists(), "the work file is removed");
+    }
+
+    #[test]
+    fn bad_sizes_are_refused_before_any_work() {
+        let opts = ExecScalingOptions { object_size: 1000, ..ExecScalingOptions::default() };
+        assert!(exec_scaling(&opts).unwrap_err().to_string().contains("multiple of 512"));
+    }
+}
