@@ -43,6 +43,7 @@ bench: build
 	$(PY) -m pip install -q matplotlib
 	$(PY) bench/scan.py
 	$(PY) bench/fabric.py
+	$(PY) bench/exec_scaling.py
 
 clean:
 	cargo clean

@@ -3,8 +3,8 @@
 """Fabric benchmark: what NVMe/TCP costs next to local access to the same file.
 
 Runs `insitu bench fabric` (raw direct reads vs 128 KiB reads at queue depth 32 over
-NVMe/TCP on loopback; embedded EXEC crc32c vs the same EXEC over the fabric; all measured
-in one run, cold caches, medians) and writes bench/results/fabric.{json,md,png}.
+NVMe/TCP on loopback vs plain TCP on loopback with the same requests; embedded EXEC crc32c
+vs the same EXEC over the fabric; all measured in one run, cold caches, medians) and writes bench/results/fabric.{json,md,png}.
 Usage: bench/fabric.py [--size 1G] [--repeat 3] [--dir DIR] [--out DIR]; bench/fabric.py
 --from-json FILE re-renders a result. $INSITU overrides the insitu command (default:
 .venv/bin/insitu).
@@ -28,6 +28,9 @@ def markdown(r: dict) -> str:
         f"| fabric read, {q['fabric_read_bytes'] >> 10} KiB requests, QD{q['fabric_queue_depth']} on {q['io_queues']} queues "
         f"| {r['fabric_read_gbps']:.3f} | {r['fabric_read_to_raw']:.1%} of raw |\n"
     )
+    if "tcp_loopback_gbps" in r:
+        s += f"| plain TCP on loopback, the same requests and connections, no NVMe framing | {r['tcp_loopback_gbps']:.3f} | "
+        s += f"fabric read {r['fabric_read_to_tcp']:.1%} of it |\n"
     s += f"| embedded EXEC crc32c | {r['embedded_exec_gbps']:.3f} | |\n"
     s += f"| fabric EXEC crc32c + result read | {r['fabric_exec_gbps']:.3f} | {r['fabric_exec_to_embedded']:.1%} of embedded |\n\n"
     s += f"Bytes on the wire for one fabric EXEC over {r['size_bytes'] >> 20} MiB: {r['fabric_exec_wire_bytes']} "
@@ -39,7 +42,12 @@ def plot(r: dict, plt):
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     labels = ["raw read", "fabric read QD32", "embedded EXEC", "fabric EXEC"]
     vals = [r["raw_read_gbps"], r["fabric_read_gbps"], r["embedded_exec_gbps"], r["fabric_exec_gbps"]]
-    ax.barh(labels, vals, color=["#888888", "#b0b0b0", "#2a7ab9", "#6aa8d8"])
+    colors = ["#888888", "#b0b0b0", "#2a7ab9", "#6aa8d8"]
+    if "tcp_loopback_gbps" in r:
+        labels.insert(2, "TCP loopback")
+        vals.insert(2, r["tcp_loopback_gbps"])
+        colors.insert(2, "#d9d9d9")
+    ax.barh(labels, vals, color=colors)
     for i, v in enumerate(vals):
         ax.text(v, i, f" {v:.2f}", va="center")
     ax.set_xlim(0, max(vals) * 1.15)
