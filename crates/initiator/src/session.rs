@@ -212,20 +212,17 @@ impl Session {
         }
     }
 
-    fn io_queue<'a>(&self, a: &'a Association, command: &'static str) -> Result<&'a Queue, InitiatorError> {
-        if a.io.is_empty() {
-            let why = if self.inner.opts.subnqn == DISCOVERY_NQN { "a discovery session has no I/O queues" } else { "the session has no I/O queues (ConnectOptions::io_queues is 0)" };
-            return Err(InitiatorError::InvalidArgument { command, detail: why.to_string() });
-        }
-        Ok(&a.io[self.inner.rr.fetch_add(1, Ordering::Relaxed) % a.io.len()])
-    }
-
     /// Checks that this session has I/O queues before a `run` (so that `run`'s closure can
     /// pick one without failing).
     pub(crate) fn require_io(&self, command: &'static str) -> Result<(), InitiatorError> {
-        self.io_queue(&self.inner.current(), command).map(drop)
+        if self.inner.current().io.is_empty() {
+            let why = if self.inner.opts.subnqn == DISCOVERY_NQN { "a discovery session has no I/O queues" } else { "the session has no I/O queues (ConnectOptions::io_queues is 0)" };
+            return Err(InitiatorError::InvalidArgument { command, detail: why.to_string() });
+        }
+        Ok(())
     }
 
+    /// The next I/O queue in turn: commands rotate over every queue.
     pub(crate) fn pick<'a>(&self, a: &'a Association) -> &'a Queue {
         &a.io[self.inner.rr.fetch_add(1, Ordering::Relaxed) % a.io.len().max(1)]
     }

@@ -204,3 +204,20 @@ fn oversized_log_page_requests_are_refused() {
     assert_eq!(smart.len(), 512);
     assert_eq!(s.read(1, 0, 1).unwrap().len(), 512);
 }
+
+#[test]
+fn commands_rotate_over_every_io_queue() {
+    let f = common::target(vec![]);
+    let proxy = common::Proxy::start(&f.addr);
+    let s = Session::connect(ConnectOptions { io_queues: 4, ..common::opts(&proxy.addr) }).unwrap();
+    assert_eq!(s.io_queue_count(), 4);
+    let before = proxy.bytes_to_host();
+    let mut buf = vec![0u8; 65536];
+    for i in 0..8u64 {
+        s.read_into(1, i * 128, &mut buf).unwrap(); // one at a time
+    }
+    let after = proxy.bytes_to_host();
+    let io: Vec<u64> = after.iter().zip(before.iter().chain(std::iter::repeat(&0))).skip(1).map(|(a, b)| a - b).collect();
+    assert_eq!(io.len(), 4, "an admin connection and four I/O connections: {after:?}");
+    assert!(io.iter().all(|&b| b >= 2 * 65536), "every I/O queue carried two of the eight reads: {io:?}");
+}

@@ -512,12 +512,14 @@ fn spawn_workers(shared: &Arc<Shared>, subsys: &Arc<Subsystem>, ctrl: &Arc<Contr
     let (tx, rx) = unbounded::<io::Job>();
     for _ in 0..shared.cfg.workers_per_queue.max(1) {
         let (rx, sink, ctrl, subsys, shared) = (rx.clone(), sink.clone(), ctrl.clone(), subsys.clone(), shared.clone());
-        std::thread::spawn(move || {
+        let name = format!("nvmf-q{}-work", sink.sqid);
+        let work = move || {
             let target = subsys.target().expect("I/O queues exist only on NVM subsystems").clone();
             for job in rx {
                 io::run(&shared, &target, &ctrl, &sink, job);
             }
-        });
+        };
+        std::thread::Builder::new().name(name).spawn(work).expect("cannot start an I/O queue worker thread");
     }
     tx
 }

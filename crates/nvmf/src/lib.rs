@@ -139,7 +139,7 @@ impl Server {
                 conns.push(c);
             }
             let shared = self.shared.clone();
-            std::thread::spawn(move || {
+            let _ = std::thread::Builder::new().name("nvmf-queue".into()).spawn(move || {
                 connection::serve(shared.clone(), stream);
                 shared.live.fetch_sub(1, Ordering::Relaxed);
             });

@@ -59,6 +59,8 @@ pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
 pub struct Proxy {
     pub addr: String,
     cut: Arc<AtomicBool>,
+    /// Bytes sent to the host on each connection, in the order they were accepted.
+    to_host: Arc<std::sync::Mutex<Vec<Arc<std::sync::atomic::AtomicU64>>>>,
 }
 
 impl Proxy {
@@ -66,7 +68,8 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let cut = Arc::new(AtomicBool::new(false));
-        let (up, cut2) = (upstream.to_string(), cut.clone());
+        let to_host = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (up, cut2, counters) = (upstream.to_string(), cut.clone(), to_host.clone());
         std::thread::spawn(move || {
             for host in listener.incoming() {
                 let Ok(host) = host else { continue };
@@ -75,10 +78,18 @@ impl Proxy {
                 let up_pair = (clone(&host), clone(&target), Some(cut2.clone()), (clone(&host), clone(&target)));
                 std::thread::spawn(move || pump(up_pair.0, up_pair.1, up_pair.2, up_pair.3));
                 let both = (clone(&host), clone(&target));
-                std::thread::spawn(move || pump(target, host, None, both));
+                let counter = Arc::new(std::sync::atomic::AtomicU64::new(0));
+                counters.lock().unwrap().push(counter.clone());
+                std::thread::spawn(move || pump_counted(target, host, None, both, Some(counter)));
             }
         });
-        Proxy { addr, cut }
+        Proxy { addr, cut, to_host }
+    }
+
+    /// Bytes the target has sent to the host on each connection so far, in the order the
+    /// connections were made (the admin queue first).
+    pub fn bytes_to_host(&self) -> Vec<u64> {
+        self.to_host.lock().unwrap().iter().map(|c| c.load(Ordering::SeqCst)).collect()
     }
 
     /// The next bytes the host sends on any connection are dropped and that connection is
@@ -88,7 +99,11 @@ impl Proxy {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, cut: Option<Arc<AtomicBool>>, both: (TcpStream, TcpStream)) {
+fn pump(from: TcpStream, to: TcpStream, cut: Option<Arc<AtomicBool>>, both: (TcpStream, TcpStream)) {
+    pump_counted(from, to, cut, both, None)
+}
+
+fn pump_counted(mut from: TcpStream, mut to: TcpStream, cut: Option<Arc<AtomicBool>>, both: (TcpStream, TcpStream), count: Option<Arc<std::sync::atomic::AtomicU64>>) {
     let mut buf = vec![0u8; 1 << 16];
     loop {
         let n = match from.read(&mut buf) {
@@ -100,6 +115,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream, cut: Option<Arc<AtomicBool>>, bo
         }
         if to.write_all(&buf[..n]).is_err() {
             break;
+        }
+        if let Some(c) = &count {
+            c.fetch_add(n as u64, Ordering::SeqCst);
         }
     }
     let _ = both.0.shutdown(Shutdown::Both);
