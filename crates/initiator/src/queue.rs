@@ -504,19 +504,14 @@ impl Ticket<'_> {
     }
 
     fn drive(&mut self) -> Result<(Completion, usize), QError> {
-        let result = loop {
-            let ev = match self.rx.recv_timeout(self.deadline.saturating_duration_since(Instant::now())) {
-                Ok(ev) => ev,
-                Err(RecvTimeoutError::Timeout) => {
-                    self.q.close(&format!("command {} on queue {} timed out after {:?}", self.cid, self.q.qid, self.q.timeout));
-                    break Err(QError::Timeout);
-                }
-                Err(RecvTimeoutError::Disconnected) => break Err(QError::Lost("the queue's reader stopped".into())),
-            };
-            match ev {
-                Event::Done(cqe, received) => break Ok((cqe, received)),
-                Event::Failed(reason) => break Err(QError::Lost(reason)),
+        let result = match self.rx.recv_timeout(self.deadline.saturating_duration_since(Instant::now())) {
+            Ok(Event::Done(cqe, received)) => Ok((cqe, received)),
+            Ok(Event::Failed(reason)) => Err(QError::Lost(reason)),
+            Err(RecvTimeoutError::Timeout) => {
+                self.q.close(&format!("command {} on queue {} timed out after {:?}", self.cid, self.q.qid, self.q.timeout));
+                Err(QError::Timeout)
             }
+            Err(RecvTimeoutError::Disconnected) => Err(QError::Lost("the queue's reader stopped".into())),
         };
         // Wait out any thread still using the buffers, and keep them away from now on.
         for lease in &self.leases {

@@ -71,6 +71,8 @@ pub struct Backing {
     /// Used for transfers that are not aligned.
     buffered: File,
     is_direct: bool,
+    /// The file lives in memory (tmpfs, ramfs): reading it is a copy, with no device behind.
+    in_memory: bool,
     len: u64,
     counters: MediaCounters,
     pacing: Option<Arc<dyn Pacing>>,
@@ -95,7 +97,8 @@ impl Backing {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (buffered.try_clone()?, false),
             Err(e) => return Err(with_path(e, path, "open with O_DIRECT")),
         };
-        Ok(Backing { path: path.to_owned(), direct, buffered, is_direct, len, counters: MediaCounters::default(), pacing: None })
+        let in_memory = in_memory(&buffered);
+        Ok(Backing { path: path.to_owned(), direct, buffered, is_direct, in_memory, len, counters: MediaCounters::default(), pacing: None })
     }
 
     /// Makes every transfer obey `pacing` (see [`Pacing`]).
@@ -117,6 +120,17 @@ impl Backing {
     /// True for an empty store.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Whether the store lives in memory (a file on tmpfs or ramfs), so that a read is a
+    /// copy with no device latency to hide.
+    pub fn is_in_memory(&self) -> bool {
+        self.in_memory
+    }
+
+    /// Whether a timing model paces transfers (see [`Backing::with_pacing`]).
+    pub fn is_paced(&self) -> bool {
+        self.pacing.is_some()
     }
 
     /// Whether transfers bypass the page cache.
@@ -236,6 +250,19 @@ pub fn aligned_span(offset: u64, end: u64) -> (u64, u64) {
 pub fn media_cost(offset: u64, len: u64, store_len: u64) -> u64 {
     let (start, stop) = aligned_span(offset, offset.saturating_add(len));
     store_len.min(stop).saturating_sub(start)
+}
+
+/// Whether `file` is on a memory file system (tmpfs or ramfs).
+fn in_memory(file: &File) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    // SAFETY: fstatfs writes one struct statfs, which lives on this stack frame.
+    let mut s: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, on an open fd.
+    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut s) };
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
+    let ty = s.f_type as i64;
+    rc == 0 && (ty == TMPFS_MAGIC || ty == RAMFS_MAGIC)
 }
 
 fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {

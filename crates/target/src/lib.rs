@@ -285,10 +285,20 @@ impl Target {
         let media_read = AtomicU64::new(0);
         let mut media_written = 0;
         let plans: Vec<_> = d.inputs.iter().map(|o| stream::segments(ns, o)).collect();
-        let (tx, rx, rtx, rrx) = stream::channels();
+        // A reader thread reads ahead while the kernel computes, to hide the device's
+        // latency and its model's. With media in memory there is nothing to hide: a read is
+        // a copy, and the kernel makes it itself, in smaller chunks that stay in its core's
+        // cache, without a hand-off between threads.
+        let inline = ns.media.is_in_memory() && !ns.media.is_paced() && self.compute.is_none();
         let records = std::thread::scope(|s| {
-            s.spawn(|| stream::produce(ns, &plans, tx, rrx, &media_read));
-            let feed = stream::Feed::new(rx, rtx);
+            let feed = if inline {
+                stream::Feed::inline(stream::Reader::new(ns, &plans, stream::INLINE_CHUNK, &media_read))
+            } else {
+                let (tx, rx, rtx, rrx) = stream::channels();
+                let reader = stream::Reader::new(ns, &plans, CHUNK, &media_read);
+                s.spawn(move || stream::produce(reader, tx, rrx));
+                stream::Feed::threaded(rx, rtx)
+            };
             let meter = self.compute.clone().map(stream::Meter::start);
             let mut inputs: Vec<stream::ObjectInput> =
                 d.inputs.iter().enumerate().map(|(i, o)| stream::ObjectInput::new(i, o.length, feed.clone(), meter.clone())).collect();

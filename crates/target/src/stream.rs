@@ -19,8 +19,11 @@ use crate::ComputeBudget;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Bytes per media read.
+/// Bytes per media read by a command's reader thread.
 pub const CHUNK: usize = 2 << 20;
+/// Bytes per read when the kernel reads page-cache media itself: small enough that a chunk
+/// is still in the core's cache when the kernel gets to it.
+pub(crate) const INLINE_CHUNK: usize = 256 << 10;
 /// Chunks in flight between the I/O thread and the kernel.
 const DEPTH: usize = 4;
 
@@ -62,67 +65,137 @@ pub(crate) enum Msg {
     Failed { input: usize, error: io::Error },
 }
 
-/// Runs the I/O side: reads every input in order and sends chunks; stops early when the
-/// consumer hangs up.
-/// Adds the bytes read from the media to `media_bytes`.
-pub(crate) fn produce(ns: &Namespace, inputs: &[Vec<Segment>], tx: Sender<Msg>, recycle: Receiver<PooledBuf>, media_bytes: &AtomicU64) {
+/// Reads every input in order, one chunk per call: the messages a kernel's inputs consume.
+pub(crate) struct Reader<'a> {
+    ns: &'a Namespace,
+    inputs: &'a [Vec<Segment>],
+    chunk: usize,
+    input: usize,
+    seg: usize,
+    pos: u64,
+    /// Set after a failed read: nothing more is read.
+    stopped: bool,
+    media_bytes: &'a AtomicU64,
+}
+
+impl<'a> Reader<'a> {
+    /// A reader of `inputs` in requests of at most `chunk` bytes; adds the bytes read from
+    /// the media to `media_bytes`.
+    pub(crate) fn new(ns: &'a Namespace, inputs: &'a [Vec<Segment>], chunk: usize, media_bytes: &'a AtomicU64) -> Self {
+        Reader { ns, inputs, chunk, input: 0, seg: 0, pos: 0, stopped: false, media_bytes }
+    }
+
+    /// The next message, read into a buffer from `take_buf` when it is a chunk; `None`
+    /// after the last input, after a failure, or when `take_buf` has none.
+    fn next(&mut self, take_buf: &mut dyn FnMut() -> Option<PooledBuf>) -> Option<Msg> {
+        while !self.stopped {
+            let segs = self.inputs.get(self.input)?;
+            let Some(seg) = segs.get(self.seg) else {
+                let input = self.input;
+                (self.input, self.seg, self.pos) = (input + 1, 0, 0);
+                return Some(Msg::End { input });
+            };
+            if self.pos >= seg.len {
+                (self.seg, self.pos) = (self.seg + 1, 0);
+                continue;
+            }
+            let (input, len) = (self.input, (seg.len - self.pos).min(self.chunk as u64) as usize);
+            let mut buf = take_buf()?;
+            let msg = match seg.media_offset {
+                Some(base) => match self.ns.media.read_window(&mut buf, base + self.pos, len) {
+                    Ok(slice) => {
+                        self.media_bytes.fetch_add(media_cost(base + self.pos, len as u64, self.ns.media.len()), Ordering::Relaxed);
+                        let skip = slice.as_ptr() as usize - buf.as_slice().as_ptr() as usize;
+                        Msg::Chunk { input, buf, skip, len }
+                    }
+                    Err(error) => {
+                        self.stopped = true;
+                        Msg::Failed { input, error }
+                    }
+                },
+                None => {
+                    buf.as_mut_slice()[..len].fill(0);
+                    Msg::Chunk { input, buf, skip: 0, len }
+                }
+            };
+            self.pos += len as u64;
+            return Some(msg);
+        }
+        None
+    }
+}
+
+/// Runs a reader on its own thread, sending chunks ahead of the kernel; stops early when
+/// the consumer hangs up.
+pub(crate) fn produce(mut reader: Reader<'_>, tx: Sender<Msg>, recycle: Receiver<PooledBuf>) {
     // The first DEPTH + 1 buffers come from the namespace's pool; then the consumer's
     // returns keep the command at that many, whatever the object size.
+    let pool = reader.ns.pool.clone();
     let mut fresh = DEPTH + 1;
     let mut take_buf = || -> Option<PooledBuf> {
         if fresh > 0 {
             fresh -= 1;
-            return Some(ns.pool.take());
+            return Some(pool.take());
         }
         recycle.recv().ok()
     };
-    for (input, segs) in inputs.iter().enumerate() {
-        for seg in segs {
-            let mut pos = 0u64;
-            while pos < seg.len {
-                let len = (seg.len - pos).min(CHUNK as u64) as usize;
-                let Some(mut buf) = take_buf() else { return };
-                let msg = match seg.media_offset {
-                    Some(base) => match ns.media.read_window(&mut buf, base + pos, len) {
-                        Ok(slice) => {
-                            media_bytes.fetch_add(media_cost(base + pos, len as u64, ns.media.len()), Ordering::Relaxed);
-                            let skip = slice.as_ptr() as usize - buf.as_slice().as_ptr() as usize;
-                            Msg::Chunk { input, buf, skip, len }
-                        }
-                        Err(error) => Msg::Failed { input, error },
-                    },
-                    None => {
-                        buf.as_mut_slice()[..len].fill(0);
-                        Msg::Chunk { input, buf, skip: 0, len }
-                    }
-                };
-                let failed = matches!(msg, Msg::Failed { .. });
-                if tx.send(msg).is_err() || failed {
-                    return;
-                }
-                pos += len as u64;
-            }
-        }
-        if tx.send(Msg::End { input }).is_err() {
+    while let Some(msg) = reader.next(&mut take_buf) {
+        let failed = matches!(msg, Msg::Failed { .. });
+        if tx.send(msg).is_err() || failed {
             return;
         }
     }
 }
 
+/// Where a command's chunks come from.
+enum Source<'a> {
+    /// A reader thread that reads ahead while the kernel computes ([`produce`]).
+    Thread { rx: Receiver<Msg>, recycle: Sender<PooledBuf> },
+    /// The kernel's own thread, when asked, reusing one buffer.
+    Inline { reader: Reader<'a>, spare: Option<PooledBuf> },
+}
+
 /// The consumer side shared by all input streams of one command.
-pub(crate) struct Feed {
-    rx: Receiver<Msg>,
-    recycle: Sender<PooledBuf>,
+pub(crate) struct Feed<'a> {
+    source: Source<'a>,
     pending: Option<Msg>,
 }
 
-impl Feed {
-    pub(crate) fn new(rx: Receiver<Msg>, recycle: Sender<PooledBuf>) -> Rc<RefCell<Feed>> {
-        Rc::new(RefCell::new(Feed { rx, recycle, pending: None }))
+impl<'a> Feed<'a> {
+    /// Chunks from a thread running [`produce`] on the other ends of these channels.
+    pub(crate) fn threaded(rx: Receiver<Msg>, recycle: Sender<PooledBuf>) -> Rc<RefCell<Feed<'a>>> {
+        Rc::new(RefCell::new(Feed { source: Source::Thread { rx, recycle }, pending: None }))
+    }
+
+    /// Chunks read on the kernel's thread when it asks for them.
+    pub(crate) fn inline(reader: Reader<'a>) -> Rc<RefCell<Feed<'a>>> {
+        Rc::new(RefCell::new(Feed { source: Source::Inline { reader, spare: None }, pending: None }))
+    }
+
+    fn recv(&mut self) -> Option<Msg> {
+        if let Some(m) = self.pending.take() {
+            return Some(m);
+        }
+        match &mut self.source {
+            Source::Thread { rx, .. } => rx.recv().ok(),
+            Source::Inline { reader, spare } => {
+                let pool = reader.ns.pool.clone();
+                reader.next(&mut || Some(spare.take().unwrap_or_else(|| pool.take())))
+            }
+        }
+    }
+
+    fn recycle(&mut self, buf: PooledBuf) {
+        match &mut self.source {
+            Source::Thread { recycle, .. } => {
+                let _ = recycle.send(buf);
+            }
+            Source::Inline { spare, .. } => *spare = Some(buf),
+        }
     }
 }
 
-/// Creates the channels between [`produce`] and the [`Feed`].
+/// Creates the channels between [`produce`] and a threaded [`Feed`].
 pub(crate) fn channels() -> (Sender<Msg>, Receiver<Msg>, Sender<PooledBuf>, Receiver<PooledBuf>) {
     let (tx, rx) = bounded(DEPTH);
     let (rtx, rrx) = bounded(DEPTH + 1);
@@ -130,10 +203,10 @@ pub(crate) fn channels() -> (Sender<Msg>, Receiver<Msg>, Sender<PooledBuf>, Rece
 }
 
 /// One input object as an [`InputStream`].
-pub(crate) struct ObjectInput {
+pub(crate) struct ObjectInput<'a> {
     index: usize,
     len: u64,
-    feed: Rc<RefCell<Feed>>,
+    feed: Rc<RefCell<Feed<'a>>>,
     current: Option<(PooledBuf, usize, usize)>,
     done: bool,
     /// The CPU budget, and the kernel thread's CPU time when it was last charged (shared by
@@ -162,13 +235,13 @@ impl Meter {
     }
 }
 
-impl ObjectInput {
-    pub(crate) fn new(index: usize, len: u64, feed: Rc<RefCell<Feed>>, compute: Option<Meter>) -> Self {
+impl<'a> ObjectInput<'a> {
+    pub(crate) fn new(index: usize, len: u64, feed: Rc<RefCell<Feed<'a>>>, compute: Option<Meter>) -> Self {
         ObjectInput { index, len, feed, current: None, done: false, compute }
     }
 }
 
-impl InputStream for ObjectInput {
+impl InputStream for ObjectInput<'_> {
     fn len(&self) -> u64 {
         self.len
     }
@@ -179,19 +252,15 @@ impl InputStream for ObjectInput {
         }
         let mut feed = self.feed.borrow_mut();
         if let Some((buf, _, _)) = self.current.take() {
-            let _ = feed.recycle.send(buf);
+            feed.recycle(buf);
         }
         while !self.done {
-            let msg = match feed.pending.take() {
-                Some(m) => m,
-                None => match feed.rx.recv() {
-                    Ok(m) => m,
-                    Err(_) => return Err(io::Error::other("media reader stopped")),
-                },
+            let Some(msg) = feed.recv() else {
+                return Err(io::Error::other("media reader stopped"));
             };
             match msg {
                 Msg::Chunk { input, buf, .. } if input < self.index => {
-                    let _ = feed.recycle.send(buf);
+                    feed.recycle(buf);
                 }
                 Msg::End { input } | Msg::Failed { input, .. } if input < self.index => {}
                 Msg::Chunk { input, buf, skip, len } if input == self.index => {
