@@ -7,7 +7,7 @@ APT_PACKAGES := e2fsprogs xfsprogs util-linux zstd b3sum coreutils grep tshark
 PY_PACKAGES := maturin>=1.5,<2 pytest crc32c xxhash
 export CARGO_TERM_COLOR := never
 
-.PHONY: all deps build demo test test-rust test-python bench clean
+.PHONY: all deps build demo test test-rust test-python bench fuzz clean
 
 all: build
 
@@ -35,6 +35,7 @@ test: build test-rust test-python
 
 test-rust: deps
 	cargo test --release --workspace --exclude insitu-python -q
+	cargo test --release -p insitu-nvmf --features fuzzing -q fuzzing
 
 test-python: build
 	$(VENV)/bin/pytest -q tests
@@ -44,6 +45,13 @@ bench: build
 	$(PY) bench/scan.py
 	$(PY) bench/fabric.py
 	$(PY) bench/exec_scaling.py
+
+# libFuzzer targets (nightly toolchain and cargo-fuzz): FUZZ_RUNS executions of each.
+FUZZ_RUNS ?= 10000000
+fuzz:
+	@command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+	@rustup toolchain list | grep -q nightly || rustup toolchain install nightly --profile minimal
+	bash fuzz/run.sh $(FUZZ_RUNS)
 
 clean:
 	cargo clean

@@ -16,6 +16,9 @@
 mod config;
 mod connection;
 mod controller;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod identify;
 mod io;
 mod metrics;
