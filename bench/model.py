@@ -235,7 +235,9 @@ def check_md(r):
     s = header(r, "Model check: do emulated drives and links deliver their configured rates?")
     c = r["ceilings"]
     s += (
-        f"{r['size_bytes'] / 2**20:.0f} MiB per measurement, median of {r['repeat']}, tolerance ±{100 * r['tolerance']:.0f} %. "
+        f"{r['size_bytes'] / 2**20:.0f} MiB per measurement, median of {r['repeat']}, tolerance ±{100 * r['tolerance']:.0f} %"
+        + (f" (±{100 * r['path_tolerance']:.0f} % for the image --model and target --model scans)" if "path_tolerance" in r else "")
+        + ". "
         f"This machine with no model: offloaded scan {c['offload_scan_gbps']:.3f} GB/s, conventional reads {c['conventional_read_gbps']:.3f} GB/s.\n\n"
     )
     s += "| check | model | configured GB/s | measured GB/s | measured / configured | status |\n|---|---|---:|---:|---:|---|\n"
@@ -244,7 +246,11 @@ def check_md(r):
             s += f"| {x['kind']} | {x['name']} | {x['configured_gbps']:.3f} | {x['measured_gbps']:.3f} | {x['ratio']:.3f} | {x['status']} |\n"
         else:
             s += f"| {x['kind']} | {x['name']} | - | - | slept {x['slept_ns']} ns | {x['status']} |\n"
-    s += f"\n{r['failed']} check(s) failed. Drive: {r['method']['drive']}. Link: {r['method']['link']}. {r['method']['limit'][:1].upper() + r['method']['limit'][1:]}.\n"
+    m = r["method"]
+    s += f"\n{r['failed']} check(s) failed. Drive: {m['drive']}. Link: {m['link']}. "
+    if "image" in m:
+        s += f"Image: {m['image']}. Target: {m['target']}. "
+    s += f"{m['limit'][:1].upper() + m['limit'][1:]}.\n"
     return s
 
 
@@ -255,10 +261,11 @@ def check_plot(r, plt):
     ax.bar(range(len(xs)), [x["ratio"] for x in xs], color=[colors[x["status"]] for x in xs])
     ax.axhspan(1 - r["tolerance"], 1 + r["tolerance"], color="#5aa469", alpha=0.12)
     ax.axhline(1, color="#555555", lw=0.8)
-    ax.set_xticks(range(len(xs)), [f"{x['name']}\n{x['configured_gbps']:.2f} GB/s" for x in xs], fontsize=7)
+    short = {"drive internal read": "", "image --model scan": "image ", "target --model scan": "target ", "link": ""}
+    ax.set_xticks(range(len(xs)), [f"{short.get(x['kind'], '')}{x['name']}\n{x['configured_gbps']:.2f} GB/s" for x in xs], fontsize=6, rotation=60)
     ax.set_ylabel("measured / configured")
     ax.set_ylim(0, 1.3)
-    ax.set_title("Emulated drives (internal read) and links (conventional reads); grey = machine-limited", fontsize=10)
+    ax.set_title("Drives (internal read; image and target paths), links; grey = machine-limited", fontsize=10)
     return fig
 
 

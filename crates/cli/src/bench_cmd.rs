@@ -127,6 +127,9 @@ pub(crate) struct ModelCheckArgs {
     /// Largest accepted deviation from the configured rate, as a fraction.
     #[arg(long, default_value_t = 0.10)]
     tolerance: f64,
+    /// The same for the scans through `image --model` and `target --model`.
+    #[arg(long, default_value_t = 0.03)]
+    path_tolerance: f64,
     /// Measurements per check (the median is reported).
     #[arg(long, default_value_t = 3)]
     repeat: usize,
@@ -327,12 +330,17 @@ pub(crate) fn latency(a: LatencyArgs, json_out: bool) -> Result<i32, Failure> {
 
 /// `insitu bench model-check`; exits 1 if a check failed.
 pub(crate) fn model_check(a: ModelCheckArgs, json_out: bool) -> Result<i32, Failure> {
-    let opts = ModelCheckOptions { drives: a.drives, links: a.links, size: parse_size(&a.size)?, tolerance: a.tolerance, repeat: a.repeat, dir: a.dir };
+    let opts = ModelCheckOptions { drives: a.drives, links: a.links, size: parse_size(&a.size)?, tolerance: a.tolerance, path_tolerance: a.path_tolerance, repeat: a.repeat, dir: a.dir };
     let out = insitu_bench::model_check(&opts, &mut progress(json_out))?;
     emit(json_out, &out, || {
         let c = &out["ceilings"];
         let (scan, reads) = (num(c, "offload_scan_gbps"), num(c, "conventional_read_gbps"));
-        println!("model check over {} (tolerance ±{:.0}%), ceilings: scan {scan:.3} GB/s, reads {reads:.3} GB/s", human(opts.size), 100.0 * opts.tolerance);
+        println!(
+            "model check over {} (tolerance ±{:.0}%, ±{:.0}% for image and target scans), ceilings: scan {scan:.3} GB/s, reads {reads:.3} GB/s",
+            human(opts.size),
+            100.0 * opts.tolerance,
+            100.0 * opts.path_tolerance
+        );
         for c in out["checks"].as_array().into_iter().flatten() {
             let f = |k: &str| c[k].as_f64().map_or("-".to_string(), |v| format!("{v:.3}"));
             println!("  {:<20} {:<16} configured {:>7} GB/s measured {:>7} GB/s  {}", c["kind"].as_str().unwrap_or(""), c["name"].as_str().unwrap_or(""), f("configured_gbps"), f("measured_gbps"), c["status"].as_str().unwrap_or(""));

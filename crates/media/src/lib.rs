@@ -35,13 +35,25 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Who a read is for. A computational drive's flash feeds two paths: its host interface
+/// (a host's Read command) and its own offload engine (EXEC), which may be narrower or
+/// wider; a timing model charges each read to its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadPurpose {
+    /// Data for the host (Read commands).
+    Host,
+    /// Data for the offload engine (EXEC inputs).
+    Offload,
+}
+
 /// A timing model the media obeys (a flash device, say). Told about every transfer before
 /// it happens, it answers when the modelled device would finish it; after doing the real
 /// transfer the media waits until then, so a transfer takes the longer of the real and the
 /// modelled time. With none set, transfers run at this machine's speed and nothing sleeps.
 pub trait Pacing: Send + Sync {
-    /// `len` bytes at `offset` are about to be read; when would the device be done?
-    fn on_read(&self, offset: u64, len: u64) -> Instant;
+    /// `len` bytes at `offset` are about to be read for `purpose`; when would the device
+    /// have delivered them there?
+    fn on_read(&self, offset: u64, len: u64, purpose: ReadPurpose) -> Instant;
     /// `len` bytes at `offset` are about to be written; when would the device be done?
     fn on_write(&self, offset: u64, len: u64) -> Instant;
     /// `len` bytes at `offset` no longer hold data (hole punched); free by default.
@@ -143,11 +155,17 @@ impl Backing {
         &self.counters
     }
 
-    /// Reads `len` bytes at `offset` and returns them as a slice of `buf`.
+    /// Reads `len` bytes at `offset` for the host and returns them as a slice of `buf`
+    /// (see [`Backing::read_window_for`]).
+    pub fn read_window<'b>(&self, buf: &'b mut AlignedBuf, offset: u64, len: usize) -> io::Result<&'b [u8]> {
+        self.read_window_for(buf, offset, len, ReadPurpose::Host)
+    }
+
+    /// Reads `len` bytes at `offset` for `purpose` and returns them as a slice of `buf`.
     ///
     /// The read covers the enclosing aligned range, so `buf` must hold `len` plus up to two
     /// alignment units; it is an error otherwise. Reading past the end is an error.
-    pub fn read_window<'b>(&self, buf: &'b mut AlignedBuf, offset: u64, len: usize) -> io::Result<&'b [u8]> {
+    pub fn read_window_for<'b>(&self, buf: &'b mut AlignedBuf, offset: u64, len: usize, purpose: ReadPurpose) -> io::Result<&'b [u8]> {
         let end = offset.checked_add(len as u64).filter(|e| *e <= self.len).ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidInput, format!("read of {len} bytes at {offset} is beyond the end ({})", self.len))
         })?;
@@ -159,7 +177,7 @@ impl Backing {
         // The aligned span may reach past the end of a store whose size is not a multiple
         // of the alignment; a short read there is expected.
         let want = (self.len.min(stop) - start) as usize;
-        let paced = self.pacing.as_ref().map(|p| (p, p.on_read(offset, len as u64)));
+        let paced = self.pacing.as_ref().map(|p| (p, p.on_read(offset, len as u64, purpose)));
         let got = read_full(&self.direct, &mut buf.as_mut_slice()[..span], start)?;
         if let Some((p, deadline)) = paced {
             p.wait_until(deadline);
@@ -341,7 +359,7 @@ mod tests {
     struct Recorder(std::sync::Mutex<Vec<(bool, u64, u64)>>);
 
     impl Pacing for Recorder {
-        fn on_read(&self, offset: u64, len: u64) -> Instant {
+        fn on_read(&self, offset: u64, len: u64, _: ReadPurpose) -> Instant {
             self.0.lock().unwrap().push((false, offset, len));
             Instant::now()
         }

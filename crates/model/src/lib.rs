@@ -52,6 +52,7 @@ mod ftl;
 mod link;
 mod pace;
 mod preset;
+mod stream;
 
 pub use compute::{thread_cpu_ns, ComputeBudget, ComputeConfig};
 pub use error::ModelError;
@@ -60,3 +61,4 @@ pub use flash_config::{FlashConfig, FlashStats};
 pub use link::{Link, LinkConfig, ETHERNET_TCP_EFFICIENCY, LINK_NAMES};
 pub use pace::{PaceStats, Pacer};
 pub use preset::{custom, parse, preset, presets, DeviceModel};
+pub use stream::{ReadStream, READAHEAD_WINDOW};

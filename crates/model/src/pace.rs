@@ -7,9 +7,11 @@
 //! modelled channels, dies and links exactly as concurrent requests would.
 //!
 //! [`Pacer::read`] and friends book and wait in one call, before the real transfer, so the
-//! real transfer's own time adds to the modelled time (this is what the
-//! [`insitu_media::Pacing`] hook does). To overlap the two instead, book first and wait
-//! after: `let d = pacer.reserve_read(off, len); do_the_io(); pacer.wait_until(d);`.
+//! real transfer's own time adds to the modelled time. To overlap the two instead, book first
+//! and wait after: `let d = pacer.reserve_read(off, len); do_the_io(); pacer.wait_until(d);`
+//! — this is what the [`insitu_media::Pacing`] hook does, with streamed booking: reads for
+//! the host and reads for the offload engine are two [`ReadStream`]s, so that a sequential
+//! scan gets the drive's sequential rate, and offload reads then cross the engine link.
 //!
 //! `std::thread::sleep` wakes late (typically 50–100 µs on Linux). The pacer measures that
 //! lateness and starts later sleeps earlier by its running average (at most 1 ms), so
@@ -21,7 +23,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{DeviceModel, Flash, FlashStats, Link, ModelError};
+use crate::{DeviceModel, Flash, FlashStats, Link, ModelError, ReadStream};
+use insitu_media::ReadPurpose;
 
 /// Largest oversleep compensation, ns.
 const MAX_COMPENSATION_NS: u64 = 1_000_000;
@@ -60,6 +63,8 @@ pub struct Pacer {
     engine: Option<Mutex<Link>>,
     compensation: AtomicU64,
     counters: Counters,
+    /// The streams of host reads and of offload reads (see [`Pacer::reserve_streamed_read`]).
+    streams: [Mutex<ReadStream>; 2],
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -77,6 +82,7 @@ impl Pacer {
             engine: None,
             compensation: AtomicU64::new(0),
             counters: Counters::default(),
+            streams: Default::default(),
         }
     }
 
@@ -115,6 +121,33 @@ impl Pacer {
         self.counters.reads.fetch_add(1, Relaxed);
         let done = lock(flash).read(now, offset, len);
         self.deadline(done)
+    }
+
+    /// Books a read for `purpose` as part of that purpose's stream (see [`ReadStream`]): a
+    /// read continuing the previous one is issued as a queue-depth-2 reader would have
+    /// issued it. An offload read then crosses the engine link, if the model has one (a
+    /// host read's link is paced by the transport, which sees the bytes on the wire).
+    /// Returns when the data is where it was asked for, without waiting.
+    pub fn reserve_streamed_read(&self, offset: u64, len: u64, purpose: ReadPurpose) -> Instant {
+        let now = self.now_ns();
+        let mut stream = lock(&self.streams[purpose as usize]);
+        let (issue, _) = stream.issue(now, offset);
+        let flash_done = match &self.flash {
+            Some(flash) => {
+                self.counters.reads.fetch_add(1, Relaxed);
+                lock(flash).read(issue, offset, len)
+            }
+            None => now,
+        };
+        let done = match (&self.engine, purpose) {
+            (Some(engine), ReadPurpose::Offload) => {
+                self.counters.engine.fetch_add(1, Relaxed);
+                lock(engine).transfer(flash_done, len)
+            }
+            _ => flash_done,
+        };
+        stream.record(offset, len, issue, done);
+        self.deadline(done.max(now))
     }
 
     /// Books a write on the flash model now (with any garbage collection it forces) and
@@ -217,11 +250,15 @@ impl Pacer {
 /// The media asks before each transfer and waits after it, so a transfer takes the longer
 /// of the real and the modelled time, not their sum.
 impl insitu_media::Pacing for Pacer {
-    fn on_read(&self, offset: u64, len: u64) -> Instant {
-        self.reserve_read(offset, len)
+    fn on_read(&self, offset: u64, len: u64, purpose: ReadPurpose) -> Instant {
+        self.reserve_streamed_read(offset, len, purpose)
     }
 
+    /// A write ends both read streams: the next read pays the full latency.
     fn on_write(&self, offset: u64, len: u64) -> Instant {
+        for s in &self.streams {
+            lock(s).interrupt();
+        }
         self.reserve_write(offset, len)
     }
 
@@ -274,7 +311,7 @@ mod tests {
         let p = Pacer::new(Some(slow_flash()), None);
         let t = Instant::now();
         p.read(0, 4096);
-        let deadline = p.on_read(4096, 4096);
+        let deadline = p.on_read(4096, 4096, ReadPurpose::Host); // the stream starts: full latency
         insitu_media::Pacing::wait_until(&p, deadline);
         let took = t.elapsed();
         assert!(took >= Duration::from_millis(21) && took < Duration::from_millis(300), "{took:?}");

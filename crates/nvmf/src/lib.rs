@@ -89,8 +89,9 @@ impl Server {
                 let mut nc = NamespaceConfig { lba_size: ns.lba_size, visibility: ns.visibility, ..NamespaceConfig::default() };
                 if let Some(m) = &cfg.model {
                     let size = std::fs::metadata(&ns.path).map(|x| x.len()).unwrap_or(0);
-                    let flash_only = insitu_model::DeviceModel { link: None, engine_link: None, ..m.clone() };
-                    nc.pacing = Some(Arc::new(flash_only.pacer(size.max(1 << 20)).map_err(model_err)?));
+                    // The host link is paced by the connections, on the bytes they carry.
+                    let drive = insitu_model::DeviceModel { link: None, ..m.clone() };
+                    nc.pacing = Some(Arc::new(drive.pacer(size.max(1 << 20)).map_err(model_err)?));
                 }
                 target.add_namespace(&ns.path, nc).map_err(|e| invalid(format!("namespace {}: {e}", ns.path.display())))?;
             }

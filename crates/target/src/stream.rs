@@ -9,7 +9,7 @@
 
 use crate::namespace::Namespace;
 use crossbeam_channel::{bounded, Receiver, Sender};
-use insitu_media::{media_cost, PooledBuf};
+use insitu_media::{media_cost, PooledBuf, ReadPurpose};
 use insitu_offload::{InputStream, KernelError, OutputSink};
 use insitu_wire::{ExtentKind, VirtualObject, SECTOR};
 use std::cell::RefCell;
@@ -102,7 +102,7 @@ impl<'a> Reader<'a> {
             let (input, len) = (self.input, (seg.len - self.pos).min(self.chunk as u64) as usize);
             let mut buf = take_buf()?;
             let msg = match seg.media_offset {
-                Some(base) => match self.ns.media.read_window(&mut buf, base + self.pos, len) {
+                Some(base) => match self.ns.media.read_window_for(&mut buf, base + self.pos, len, ReadPurpose::Offload) {
                     Ok(slice) => {
                         self.media_bytes.fetch_add(media_cost(base + self.pos, len as u64, self.ns.media.len()), Ordering::Relaxed);
                         let skip = slice.as_ptr() as usize - buf.as_slice().as_ptr() as usize;

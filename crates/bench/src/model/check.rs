@@ -5,7 +5,11 @@
 //!   drive whose model promises X MB/s internal read must run within the tolerance of X;
 //! * links: conventional reads of the same object from an unpaced drive through a link
 //!   configured for Y MB/s must run within the tolerance of Y;
-//! * no model: with neither, nothing may sleep.
+//! * no model: with neither, nothing may sleep;
+//! * the paths users take: the same scan through an embedded target whose namespace the
+//!   model's own [`insitu_model::Pacer`] paces (`insitu image create|mount --model`), and
+//!   through an NVMe/TCP target started with the model (`insitu target start --model`),
+//!   each within its own, tighter tolerance of the rate (default 3 %).
 //!
 //! "As long as this machine can go that fast": each kind is first measured with no model; a
 //! check whose rate is above 90 % of that ceiling and misses is reported as limited by the
@@ -18,11 +22,17 @@ use super::{parse_drive, parse_link};
 use crate::common::{command, gbps, machine, median, Work};
 use crate::size::human;
 use crate::Error;
+use insitu_initiator::{ConnectOptions, Session};
+use insitu_model::DeviceModel;
+use insitu_nvmf::{NamespaceSpec, Server, SubsystemConfig, TargetConfig};
 use insitu_offload::InputStream;
-use insitu_wire::{Descriptor, VirtualObject};
+use insitu_target::{NamespaceConfig, Target};
+use insitu_wire::{Descriptor, Extent, VirtualObject, SECTOR};
 use serde_json::json;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
+
 
 /// What [`model_check`](crate::model_check) checks.
 #[derive(Debug, Clone)]
@@ -36,6 +46,8 @@ pub struct ModelCheckOptions {
     pub size: u64,
     /// Largest accepted deviation from the configured rate, as a fraction. Default 0.10.
     pub tolerance: f64,
+    /// The same for the `image --model` and `target --model` scans. Default 0.03.
+    pub path_tolerance: f64,
     /// Measurements per check; the median is reported. Default 3 (0 counts as 1).
     pub repeat: usize,
     /// Work directory for the image. Default `None`: a new directory in /dev/shm, removed
@@ -50,6 +62,7 @@ impl Default for ModelCheckOptions {
             links: "10gbe,25gbe,40gbe".into(),
             size: 1 << 30,
             tolerance: 0.10,
+            path_tolerance: 0.03,
             repeat: 3,
             dir: None,
         }
@@ -63,6 +76,44 @@ fn scan(drive: &Drive, obj: &VirtualObject) -> Result<f64, Error> {
     let t = Instant::now();
     exec_remote(drive, &net, &desc)?;
     Ok(t.elapsed().as_secs_f64())
+}
+
+/// Seconds for EXEC crc32c over `obj` on an embedded target over `image` paced as
+/// `insitu image create|mount --model` paces it: the model's [`insitu_model::Pacer`] as the
+/// namespace's pacing, a new one (a fresh drive) per measurement.
+fn image_scan(image: &Path, model: &DeviceModel, obj: &VirtualObject) -> Result<f64, Error> {
+    let len = std::fs::metadata(image).map_err(|e| format!("{}: {e}", image.display()))?.len();
+    let pacer = model.pacer(len).map_err(|e| format!("model {}: {e}", model.name))?;
+    let mut t = Target::new();
+    t.add_namespace(image, NamespaceConfig { pacing: Some(Arc::new(pacer)), ..NamespaceConfig::default() }).map_err(|e| format!("{}: {e}", image.display()))?;
+    let desc = Descriptor::new("crc32c", vec![obj.clone()]).encode();
+    let started = Instant::now();
+    t.exec(1, &desc).map_err(|e| format!("EXEC on the image paced by {}: {e}", model.name))?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Seconds for the same EXEC sent over NVMe/TCP on loopback to an in-process target serving
+/// `image` with `model`, as `insitu target start --model` runs it (a new target per
+/// measurement); the result goes to a result object at `result_sector`.
+fn target_scan(image: &Path, model: &DeviceModel, obj: &VirtualObject, result_sector: u64) -> Result<f64, Error> {
+    const NQN: &str = "nqn.2024-01.io.insitu:model-check";
+    let cfg = TargetConfig {
+        listen: ([127, 0, 0, 1], 0).into(),
+        subsystems: vec![SubsystemConfig { nqn: NQN.into(), namespaces: vec![NamespaceSpec::sharable(image)], allow_hosts: vec![] }],
+        model: Some(model.clone()),
+        ..TargetConfig::default()
+    };
+    let server = Server::bind(cfg).map_err(|e| format!("cannot start a target with model {}: {e}", model.name))?.spawn();
+    let session = Session::connect(ConnectOptions::new(server.local_addr().to_string(), NQN)).map_err(|e| format!("cannot connect to the target at {}: {e}", server.local_addr()))?;
+    let mut d = Descriptor::new("crc32c", vec![obj.clone()]);
+    d.result = Some(VirtualObject { length: 4096, extents: vec![Extent::data(result_sector, (4096 / SECTOR) as u32)] });
+    let desc = d.encode();
+    let started = Instant::now();
+    session.exec(1, &desc).map_err(|e| format!("EXEC over NVMe/TCP with model {}: {e}", model.name))?;
+    let secs = started.elapsed().as_secs_f64();
+    let _ = session.disconnect();
+    server.shutdown();
+    Ok(secs)
 }
 
 /// Seconds for conventional reads of `obj` through `net`; also returns the time callers
@@ -132,6 +183,14 @@ pub fn run(a: &ModelCheckOptions, progress: &mut dyn FnMut(&str)) -> Result<serd
         let st = status(got, want, scan_ceiling, a.tolerance);
         checks.push(json!({"kind": "drive internal read", "name": model.name, "configured_gbps": want, "measured_gbps": got, "ratio": got / want, "ceiling_gbps": scan_ceiling, "status": st}));
         progress(&format!("  drive {:<16} configured {want:.3} GB/s, measured {got:.3} GB/s ({:+.1}%): {st}", model.name, 100.0 * (got / want - 1.0)));
+        let result_sector = placer.used().div_ceil(SECTOR);
+        for (kind, label) in [("image --model scan", "image"), ("target --model scan", "target")] {
+            let secs = measure(repeat, || if label == "image" { image_scan(&path, &media_only, &obj) } else { target_scan(&path, &media_only, &obj, result_sector) })?;
+            let got = gbps(size, secs);
+            let st = status(got, want, scan_ceiling, a.path_tolerance);
+            checks.push(json!({"kind": kind, "name": model.name, "configured_gbps": want, "measured_gbps": got, "ratio": got / want, "ceiling_gbps": scan_ceiling, "tolerance": a.path_tolerance, "status": st}));
+            progress(&format!("  {label:<6}{:<16} configured {want:.3} GB/s, measured {got:.3} GB/s ({:+.1}%): {st}", model.name, 100.0 * (got / want - 1.0)));
+        }
     }
     for spec in a.links.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let link = parse_link(spec)?.ok_or_else(|| format!("--links: {spec} is not a link to check"))?;
@@ -148,11 +207,14 @@ pub fn run(a: &ModelCheckOptions, progress: &mut dyn FnMut(&str)) -> Result<serd
         "size_bytes": size,
         "repeat": repeat,
         "tolerance": a.tolerance,
+        "path_tolerance": a.path_tolerance,
         "work_dir": work.root().display().to_string(),
         "ceilings": {"offload_scan_gbps": scan_ceiling, "conventional_read_gbps": read_ceiling},
         "method": {
             "drive": "EXEC crc32c over one contiguous object on a drive paced by the model (its CPU budget off); rate = bytes / wall time",
             "link": "conventional reads (Target::read, 1 MiB, 4 outstanding) of the object from an unpaced drive through the link model",
+            "image": "the drive check's EXEC on an embedded target whose namespace the model's Pacer paces (insitu image --model), its CPU budget off",
+            "target": "the same EXEC over NVMe/TCP on loopback to a target started with the model (insitu target --model), its CPU budget off; connection set-up not timed",
             "limit": "a check above 90 % of this machine's unpaced rate that misses is machine-limited, not failed",
         },
         "checks": checks,
@@ -179,9 +241,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // End to end only: how close the rates come is the benchmark's business, and tests
         // run beside each other on a loaded machine.
-        let a = ModelCheckOptions { drives: "custom:200".into(), links: "150".into(), size: 16 << 20, tolerance: 0.9, repeat: 1, dir: Some(dir.path().to_path_buf()) };
+        let a = ModelCheckOptions { drives: "custom:200".into(), links: "150".into(), size: 16 << 20, tolerance: 0.9, path_tolerance: 0.9, repeat: 1, dir: Some(dir.path().to_path_buf()) };
         let out = run(&a, &mut |_| {}).unwrap();
         assert_eq!(out["failed"], 0, "{out}");
+        let kinds: Vec<&str> = out["checks"].as_array().unwrap().iter().map(|c| c["kind"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["no model", "drive internal read", "image --model scan", "target --model scan", "link"]);
     }
 }
 

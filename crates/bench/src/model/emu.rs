@@ -3,27 +3,17 @@
 //! a drive's flash model as the media's [`Pacing`], and the one network link between the
 //! targets and the host.
 //!
-//! The model crate's [`Pacer`] books every request at the moment the media asks. A target
-//! that reads one chunk at a time then pays, per chunk, the flash's sense latency and the
-//! gap between its requests, and falls short of the drive's sequential bandwidth although
-//! it streams from a known extent list (an `intel-p4600` model gave an offloaded scan 2.46
-//! of its 3.2 GB/s); it also paces the flash only, not a CSD's narrower engine link.
-//! [`DriveView`] books a read that continues the previous one (within
-//! [`READAHEAD_WINDOW`]) as a reader at queue depth 2 would have issued it: once the
-//! request before the previous one completed, and not before the previous one was issued;
-//! then the view's link (the drive's PCIe link for the host, its engine link for EXEC).
-//! Data is never delivered before the model says it arrived; a read that does not continue
-//! the stream is booked when it is asked for and pays the full latency.
+//! [`DriveView`] is one path to a drive's flash (the host's, through the drive's PCIe link,
+//! or the offload engine's, through its engine link) with its own [`ReadStream`], the
+//! streamed booking the model crate's [`Pacer`] uses too; views of one drive share its flash
+//! ([`DriveCore`]), as the scrub and latency benchmarks need a host view and an offload view
+//! of the same drive.
 
-use insitu_media::Pacing;
-use insitu_model::{DeviceModel, Flash, Link, LinkConfig, Pacer};
+use insitu_media::{Pacing, ReadPurpose};
+use insitu_model::{DeviceModel, Flash, Link, LinkConfig, Pacer, ReadStream};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
-
-/// A read starting at most this far after the end of the previous one continues the stream
-/// (a lightly fragmented file keeps the drive streaming).
-pub(crate) const READAHEAD_WINDOW: u64 = 1 << 20;
 
 /// NVMe/TCP bytes on the wire per command, host to target: a command capsule PDU (8-byte
 /// header and 64-byte submission entry).
@@ -58,16 +48,6 @@ impl DriveCore {
     }
 }
 
-/// Where a view's stream stands: the previous request's end, issue and completion times and
-/// the completion of the one before it (ns on the drive's clock).
-#[derive(Default)]
-struct Stream {
-    prev_end: Option<u64>,
-    prev_issue: u64,
-    prev_done: u64,
-    done_before: u64,
-}
-
 /// Counters of a [`DriveView`].
 #[derive(Debug, Default)]
 pub(crate) struct ViewStats {
@@ -86,7 +66,7 @@ pub(crate) struct ViewStats {
 pub(crate) struct DriveView {
     core: Arc<DriveCore>,
     link: Option<Mutex<Link>>,
-    stream: Mutex<Stream>,
+    stream: Mutex<ReadStream>,
     pub(crate) stats: ViewStats,
 }
 
@@ -101,11 +81,10 @@ impl DriveView {
     fn book_read(&self, offset: u64, len: u64) -> u64 {
         let now = self.core.now_ns();
         let mut s = lock(&self.stream);
-        let continues = s.prev_end.is_some_and(|end| offset >= end && offset - end <= READAHEAD_WINDOW);
-        let issue = if continues { s.done_before.max(s.prev_issue).min(now) } else { now };
+        let (issue, continues) = s.issue(now, offset);
         let flash_done = lock(&self.core.flash).read(issue, offset, len);
         let done = self.link.as_ref().map_or(flash_done, |l| lock(l).transfer(flash_done, len));
-        *s = Stream { prev_end: Some(offset + len), prev_issue: issue, prev_done: done, done_before: s.prev_done };
+        s.record(offset, len, issue, done);
         self.stats.reads.fetch_add(1, Relaxed);
         self.stats.streamed.fetch_add(u64::from(continues), Relaxed);
         self.stats.bytes.fetch_add(len, Relaxed);
@@ -120,7 +99,8 @@ impl DriveView {
 /// The media books each transfer, does it, then waits for the deadline: a transfer takes
 /// the longer of the real and the modelled time.
 impl Pacing for DriveView {
-    fn on_read(&self, offset: u64, len: u64) -> Instant {
+    /// The view is one path already: the purpose the media names does not change it.
+    fn on_read(&self, offset: u64, len: u64, _: ReadPurpose) -> Instant {
         self.deadline(self.book_read(offset, len))
     }
 
@@ -128,7 +108,7 @@ impl Pacing for DriveView {
     /// is not charged for them, and they end the read stream.
     fn on_write(&self, offset: u64, len: u64) -> Instant {
         let done = lock(&self.core.flash).write(self.core.now_ns(), offset, len);
-        lock(&self.stream).prev_end = None;
+        lock(&self.stream).interrupt();
         self.deadline(done)
     }
 
@@ -247,7 +227,7 @@ mod tests {
         // 40 requests of 32 KiB (8 pages, 800 µs each on the channel) in sequence.
         let t = Instant::now();
         for i in 0..40u64 {
-            view.wait_until(view.on_read(i * 32768, 32768));
+            view.wait_until(view.on_read(i * 32768, 32768, ReadPurpose::Offload));
         }
         let secs = t.elapsed().as_secs_f64();
         let mb_s = 40.0 * 32768.0 / secs / 1e6;
@@ -257,7 +237,7 @@ mod tests {
         assert_eq!(view.stats.streamed.load(Relaxed), 39);
         // A jump elsewhere is cold: 50 µs sense + 800 µs.
         let t = Instant::now();
-        view.wait_until(view.on_read(32 << 20, 32768));
+        view.wait_until(view.on_read(32 << 20, 32768, ReadPurpose::Offload));
         assert!(t.elapsed() >= Duration::from_micros(800), "{:?}", t.elapsed());
         assert_eq!(view.stats.streamed.load(Relaxed), 39);
     }
