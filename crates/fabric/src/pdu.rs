@@ -441,7 +441,9 @@ impl Pdu {
         }
     }
 
-    fn data_mut(&mut self) -> Option<&mut Vec<u8>> {
+    /// The data of a PDU that carries data (for a receiver that reads it separately, after
+    /// [`Pdu::decode_head`]); `None` for the others.
+    pub fn data_mut(&mut self) -> Option<&mut Vec<u8>> {
         match self {
             Pdu::TermReq { data, .. } | Pdu::CapsuleCmd { data, .. } | Pdu::H2CData { data, .. } | Pdu::C2HData { data, .. } => Some(data),
             _ => None,

@@ -63,6 +63,8 @@ struct Lease {
 struct Region {
     ptr: *mut u8,
     len: usize,
+    /// Lent by `&mut` (an input buffer): it may be written.
+    writable: bool,
 }
 
 // SAFETY: a Region is only dereferenced under its Lease's lock, while the Ticket that
@@ -70,20 +72,43 @@ struct Region {
 unsafe impl Send for Region {}
 
 impl Lease {
-    fn new(ptr: *mut u8, len: usize) -> Arc<Lease> {
-        Arc::new(Lease { region: Mutex::new((len > 0).then_some(Region { ptr, len })) })
+    /// Lends a buffer the caller may write to the queue (C2HData lands in it).
+    fn writable(buf: &mut [u8]) -> Arc<Lease> {
+        Lease::new(Region { ptr: buf.as_mut_ptr(), len: buf.len(), writable: true })
+    }
+
+    /// Lends a buffer the queue only reads (H2CData is sent from it).
+    fn readable(buf: &[u8]) -> Arc<Lease> {
+        Lease::new(Region { ptr: buf.as_ptr().cast_mut(), len: buf.len(), writable: false })
+    }
+
+    fn new(r: Region) -> Arc<Lease> {
+        Arc::new(Lease { region: Mutex::new((r.len > 0).then_some(r)) })
+    }
+
+    /// Runs `f` on `len` bytes at `offset` of a writable buffer, or on `None` once revoked
+    /// (or for a read-only one).
+    fn fill<R>(&self, offset: usize, len: usize, f: impl FnOnce(Option<&mut [u8]>) -> R) -> R {
+        let guard = lock(&self.region);
+        match *guard {
+            Some(r) if r.writable && offset.checked_add(len).is_some_and(|end| end <= r.len) => {
+                // SAFETY: the region is the live buffer a ticket borrowed mutably and has not
+                // revoked (revoking takes this lock), the range is inside it, and only the
+                // thread holding the lock touches it.
+                f(Some(unsafe { std::slice::from_raw_parts_mut(r.ptr.add(offset), len) }))
+            }
+            _ => f(None),
+        }
     }
 
     /// Runs `f` on `len` bytes at `offset` of the buffer, or on `None` once revoked.
-    fn with<R>(&self, offset: usize, len: usize, f: impl FnOnce(Option<&mut [u8]>) -> R) -> R {
+    fn read<R>(&self, offset: usize, len: usize, f: impl FnOnce(Option<&[u8]>) -> R) -> R {
         let guard = lock(&self.region);
         match *guard {
             Some(r) if offset.checked_add(len).is_some_and(|end| end <= r.len) => {
                 // SAFETY: the region is the live buffer of a ticket that has not revoked it
-                // (revoking takes this lock), the range is inside it, and only the thread
-                // holding the lock touches it.
-                let bytes = unsafe { std::slice::from_raw_parts_mut(r.ptr.add(offset), len) };
-                f(Some(bytes))
+                // (revoking takes this lock) and the range is inside it; it is only read.
+                f(Some(unsafe { std::slice::from_raw_parts(r.ptr.add(offset).cast_const(), len) }))
             }
             _ => f(None),
         }
@@ -266,7 +291,7 @@ fn receive(shared: &Shared, rd: &mut BufReader<TcpStream>, head: &mut Vec<u8>, r
     let bad_digest = |e: insitu_fabric::PduError| format!("invalid PDU from the controller: {e}");
     if let Pdu::C2HData { cccid, datao, last, success, .. } = pdu {
         let dest = shared.c2h_target(cccid, datao as usize, layout.data, last, success)?;
-        dest.with(datao as usize, layout.data, |buf| -> Result<(), String> {
+        dest.fill(datao as usize, layout.data, |buf| -> Result<(), String> {
             match buf {
                 Some(buf) => {
                     rd.read_exact(buf).map_err(mid)?;
@@ -294,7 +319,7 @@ fn receive(shared: &Shared, rd: &mut BufReader<TcpStream>, head: &mut Vec<u8>, r
 /// H2CData PDUs of at most `maxh2cdata` bytes, straight from the caller's buffer.
 fn sender_loop(shared: Arc<Shared>, jobs: Receiver<R2tJob>, maxh2cdata: usize, cpda: u8) {
     for job in jobs {
-        let sent = job.data.with(job.offset, job.len, |data| -> std::io::Result<()> {
+        let sent = job.data.read(job.offset, job.len, |data| -> std::io::Result<()> {
             let Some(data) = data else { return Ok(()) }; // given up: nothing to send
             for (o, l) in crate::cmd::split_bytes(job.len, maxh2cdata) {
                 let pdu = Pdu::H2CData { cccid: job.cid, ttag: job.ttag, datao: (job.offset + o) as u32, last: o + l == job.len, data: Vec::new() };
@@ -439,9 +464,9 @@ impl Queue {
         let cid = reserved.0;
         let (tx, rx) = mpsc::channel();
         let inline = !data_out.is_empty() && (force_inline || data_out.len() <= self.in_capsule.load(Ordering::Relaxed));
-        // The sender thread only reads through the output lease.
-        let lent_out = Lease::new(data_out.as_ptr().cast_mut(), if inline { 0 } else { data_out.len() });
-        let lent_in = Lease::new(data_in.as_mut_ptr(), data_in.len());
+        // In-capsule data goes out now; only data sent by R2T is lent.
+        let lent_out = Lease::readable(if inline { &[] } else { data_out });
+        let lent_in = Lease::writable(data_in);
         let in_len = data_in.len();
         {
             let mut s = lock(&self.shared.slots);

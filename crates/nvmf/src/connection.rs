@@ -247,9 +247,8 @@ impl Conn {
         if !digest.is_empty() {
             check_data_digest(&data, digest)?;
         }
-        match &mut pdu {
-            Pdu::CapsuleCmd { data: d, .. } | Pdu::TermReq { data: d, .. } | Pdu::H2CData { data: d, .. } | Pdu::C2HData { data: d, .. } => *d = data,
-            _ => {}
+        if let Some(d) = pdu.data_mut() {
+            *d = data;
         }
         Ok(Some(pdu))
     }
