@@ -44,6 +44,7 @@ bench: build
 	$(PY) -m pip install -q matplotlib
 	$(PY) bench/scan.py
 	$(PY) bench/fabric.py
+	$(PY) bench/fabric.py --size 512M --dir /dev/shm/insitu-fabric --name fabric-memory && rmdir /dev/shm/insitu-fabric
 	$(PY) bench/exec_scaling.py
 
 # libFuzzer targets (nightly toolchain and cargo-fuzz): FUZZ_RUNS executions of each.

@@ -5,7 +5,7 @@
 Runs `insitu bench fabric` (raw direct reads vs 128 KiB reads at queue depth 32 over
 NVMe/TCP on loopback vs plain TCP on loopback with the same requests; embedded EXEC crc32c
 vs the same EXEC over the fabric; all measured in one run, cold caches, medians) and writes bench/results/fabric.{json,md,png}.
-Usage: bench/fabric.py [--size 1G] [--repeat 3] [--dir DIR] [--out DIR]; bench/fabric.py
+Usage: bench/fabric.py [--size 1G] [--repeat 3] [--dir DIR] [--name NAME] [--out DIR]; bench/fabric.py
 --from-json FILE re-renders a result. $INSITU overrides the insitu command (default:
 .venv/bin/insitu).
 """
@@ -62,6 +62,7 @@ def main() -> int:
     ap.add_argument("--size", default="1G")
     ap.add_argument("--repeat", default="3")
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--name", default="fabric", help="result name (default fabric), e.g. fabric-memory for a run with --dir /dev/shm/...")
     report.add_options(ap)
     a = ap.parse_args()
     if a.from_json:
@@ -71,7 +72,7 @@ def main() -> int:
     if a.dir:
         args += ["--dir", a.dir]
     r, _ = report.run(args)
-    report.write(r, "fabric", markdown, plot, a.out)
+    report.write(r, a.name, markdown, plot, a.out)
     return 0
 
 
