@@ -90,12 +90,12 @@ fn failed(e: CommandError) -> Done {
 pub(crate) fn run(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Sink, job: Job) {
     let started = Instant::now();
     let cmd = &job.cmd;
-    let function = if cmd.opcode() == opcode::EXEC { function_name(&job.data) } else { String::new() };
+    let (nsid, function) = metric_labels(target, cmd, &job.data);
     let link_in = job.data.len() as u64;
     let done = execute(shared, target, ctrl, cmd, job.data);
     let data = done.data.as_deref().unwrap_or_default();
     let cost = CommandCost { function, status: done.status, took: started.elapsed(), link_bytes: link_in + data.len() as u64, media_bytes: done.media };
-    shared.metrics.record(cmd.opcode(), cmd.nsid(), &cost);
+    shared.metrics.record(cmd.opcode(), nsid, &cost);
     let _ = sink.complete(cmd.cid(), job.sqhd, done.status, done.dw0, done.dw1, data);
 }
 
@@ -176,6 +176,23 @@ fn exec(target: &Target, nsid: u32, descriptor: &[u8]) -> Done {
     }
 }
 
+/// The namespace and function labels of a command's metrics. Both come from the host, so
+/// only namespaces and functions this target has get series of their own (any other
+/// namespace is 0, any other function `unknown`): a host cannot grow the metrics, and the
+/// target's memory, without bound.
+fn metric_labels(target: &Target, cmd: &Command, data: &[u8]) -> (u32, String) {
+    let nsid = cmd.nsid();
+    let nsid = if nsid == 0xFFFF_FFFF || target.namespace(nsid).is_some() { nsid } else { 0 };
+    let function = match cmd.opcode() {
+        opcode::EXEC => {
+            let f = function_name(data);
+            if target.registry().get(&f).is_some() { f } else { "unknown".to_string() }
+        }
+        _ => String::new(),
+    };
+    (nsid, function)
+}
+
 /// The function name of a descriptor, for metrics labels (empty when malformed): the
 /// length byte at offset 16, the name at offset 32, from the alphabet `a-z 0-9 _ -`.
 fn function_name(descriptor: &[u8]) -> String {
@@ -183,5 +200,33 @@ fn function_name(descriptor: &[u8]) -> String {
     match descriptor.get(32..32 + n) {
         Some(name) if name.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_' || *b == b'-') => String::from_utf8_lossy(name).into_owned(),
         _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use insitu_target::NamespaceConfig;
+
+    #[test]
+    fn metric_labels_are_bounded_by_what_the_target_has() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("ns.img");
+        std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
+        let mut t = Target::new();
+        t.add_namespace(&img, NamespaceConfig::default()).unwrap();
+        let exec = |nsid: u32| {
+            let mut c = Command::zeroed();
+            c.set_opcode(opcode::EXEC).set_nsid(nsid);
+            c
+        };
+        let desc = |f: &str| insitu_wire::Descriptor::new(f, vec![]).encode();
+        assert_eq!(metric_labels(&t, &exec(1), &desc("crc32c")), (1, "crc32c".to_string()));
+        assert_eq!(metric_labels(&t, &exec(7), &desc("crc32c")), (0, "crc32c".to_string()));
+        assert_eq!(metric_labels(&t, &exec(1), &desc("made-up-function")), (1, "unknown".to_string()));
+        assert_eq!(metric_labels(&t, &exec(1), b"garbage"), (1, "unknown".to_string()));
+        let mut flush = Command::zeroed();
+        flush.set_opcode(opcode::FLUSH).set_nsid(0xFFFF_FFFF);
+        assert_eq!(metric_labels(&t, &flush, &[]), (0xFFFF_FFFF, String::new()));
     }
 }
