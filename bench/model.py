@@ -256,7 +256,7 @@ def check_md(r):
 
 def check_plot(r, plt):
     xs = [x for x in r["checks"] if "ratio" in x]
-    fig, ax = plt.subplots(figsize=(7, 3.4))
+    fig, ax = plt.subplots(figsize=(max(7, 0.42 * len(xs)), 3.8))
     colors = {"pass": "#5aa469", "fail": "#c0392b", "machine-limited": "#999999"}
     ax.bar(range(len(xs)), [x["ratio"] for x in xs], color=[colors[x["status"]] for x in xs])
     ax.axhspan(1 - r["tolerance"], 1 + r["tolerance"], color="#5aa469", alpha=0.12)
