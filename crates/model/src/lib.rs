@@ -61,4 +61,4 @@ pub use flash_config::{FlashConfig, FlashStats};
 pub use link::{Link, LinkConfig, ETHERNET_TCP_EFFICIENCY, LINK_NAMES};
 pub use pace::{PaceStats, Pacer};
 pub use preset::{custom, parse, preset, presets, DeviceModel};
-pub use stream::{ReadStream, READAHEAD_WINDOW};
+pub use stream::{ReadStream, ReadStreams, StreamSlot, READAHEAD_WINDOW, STREAMS};

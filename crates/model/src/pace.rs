@@ -10,8 +10,9 @@
 //! real transfer's own time adds to the modelled time. To overlap the two instead, book first
 //! and wait after: `let d = pacer.reserve_read(off, len); do_the_io(); pacer.wait_until(d);`
 //! — this is what the [`insitu_media::Pacing`] hook does, with streamed booking: reads for
-//! the host and reads for the offload engine are two [`ReadStream`]s, so that a sequential
-//! scan gets the drive's sequential rate, and offload reads then cross the engine link.
+//! the host and reads for the offload engine are followed as [`ReadStreams`] of their own, so
+//! that sequential scans get the drive's sequential rate, and offload reads then cross the
+//! engine link.
 //!
 //! `std::thread::sleep` wakes late (typically 50–100 µs on Linux). The pacer measures that
 //! lateness and starts later sleeps earlier by its running average (at most 1 ms), so
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{DeviceModel, Flash, FlashStats, Link, ModelError, ReadStream};
+use crate::{DeviceModel, Flash, FlashStats, Link, ModelError, ReadStreams};
 use insitu_media::ReadPurpose;
 
 /// Largest oversleep compensation, ns.
@@ -64,7 +65,7 @@ pub struct Pacer {
     compensation: AtomicU64,
     counters: Counters,
     /// The streams of host reads and of offload reads (see [`Pacer::reserve_streamed_read`]).
-    streams: [Mutex<ReadStream>; 2],
+    streams: [Mutex<ReadStreams>; 2],
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -123,15 +124,15 @@ impl Pacer {
         self.deadline(done)
     }
 
-    /// Books a read for `purpose` as part of that purpose's stream (see [`ReadStream`]): a
+    /// Books a read for `purpose` as part of that purpose's streams (see [`ReadStreams`]): a
     /// read continuing the previous one is issued as a queue-depth-2 reader would have
     /// issued it. An offload read then crosses the engine link, if the model has one (a
     /// host read's link is paced by the transport, which sees the bytes on the wire).
     /// Returns when the data is where it was asked for, without waiting.
     pub fn reserve_streamed_read(&self, offset: u64, len: u64, purpose: ReadPurpose) -> Instant {
         let now = self.now_ns();
-        let mut stream = lock(&self.streams[purpose as usize]);
-        let (issue, _) = stream.issue(now, offset);
+        let mut streams = lock(&self.streams[purpose as usize]);
+        let (issue, continued, slot) = streams.issue(now, offset);
         let flash_done = match &self.flash {
             Some(flash) => {
                 self.counters.reads.fetch_add(1, Relaxed);
@@ -146,7 +147,7 @@ impl Pacer {
             }
             _ => flash_done,
         };
-        stream.record(offset, len, issue, done);
+        streams.record(slot, continued, offset, len, issue, done);
         self.deadline(done.max(now))
     }
 

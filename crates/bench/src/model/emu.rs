@@ -4,13 +4,13 @@
 //! targets and the host.
 //!
 //! [`DriveView`] is one path to a drive's flash (the host's, through the drive's PCIe link,
-//! or the offload engine's, through its engine link) with its own [`ReadStream`], the
+//! or the offload engine's, through its engine link) with its own [`ReadStreams`], the
 //! streamed booking the model crate's [`Pacer`] uses too; views of one drive share its flash
 //! ([`DriveCore`]), as the scrub and latency benchmarks need a host view and an offload view
 //! of the same drive.
 
 use insitu_media::{Pacing, ReadPurpose};
-use insitu_model::{DeviceModel, Flash, Link, LinkConfig, Pacer, ReadStream};
+use insitu_model::{DeviceModel, Flash, Link, LinkConfig, Pacer, ReadStreams};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -66,7 +66,7 @@ pub(crate) struct ViewStats {
 pub(crate) struct DriveView {
     core: Arc<DriveCore>,
     link: Option<Mutex<Link>>,
-    stream: Mutex<ReadStream>,
+    stream: Mutex<ReadStreams>,
     pub(crate) stats: ViewStats,
 }
 
@@ -81,10 +81,10 @@ impl DriveView {
     fn book_read(&self, offset: u64, len: u64) -> u64 {
         let now = self.core.now_ns();
         let mut s = lock(&self.stream);
-        let (issue, continues) = s.issue(now, offset);
+        let (issue, continues, slot) = s.issue(now, offset);
         let flash_done = lock(&self.core.flash).read(issue, offset, len);
         let done = self.link.as_ref().map_or(flash_done, |l| lock(l).transfer(flash_done, len));
-        s.record(offset, len, issue, done);
+        s.record(slot, continues, offset, len, issue, done);
         self.stats.reads.fetch_add(1, Relaxed);
         self.stats.streamed.fetch_add(u64::from(continues), Relaxed);
         self.stats.bytes.fetch_add(len, Relaxed);
