@@ -105,7 +105,7 @@ mod tests {
     #[test]
     fn concurrent_readers_keep_their_own_streams() {
         let mut s = ReadStreams::default();
-        let mut book = |s: &mut ReadStreams, now: u64, offset: u64| {
+        let book = |s: &mut ReadStreams, now: u64, offset: u64| {
             let (issue, continued, slot) = s.issue(now, offset);
             s.record(slot, continued, offset, 4096, issue, now + 100);
             continued
