@@ -301,9 +301,7 @@ fn receive(shared: &Shared, rd: &mut BufReader<TcpStream>, head: &mut Vec<u8>, r
                     }
                 }
                 // The command was given up (timeout, queue closing): skip its data.
-                None => {
-                    std::io::copy(&mut rd.by_ref().take((layout.data + layout.digest) as u64), &mut std::io::sink()).map_err(mid)?;
-                }
+                None => skip(rd, layout.data + layout.digest).map_err(mid)?,
             }
             Ok(())
         })?;
@@ -311,8 +309,17 @@ fn receive(shared: &Shared, rd: &mut BufReader<TcpStream>, head: &mut Vec<u8>, r
         return Ok(());
     }
     // Only a terminate request carries data besides C2HData; it is read and dropped.
-    std::io::copy(&mut rd.by_ref().take((layout.data + layout.digest) as u64), &mut std::io::sink()).map_err(mid)?;
+    skip(rd, layout.data + layout.digest).map_err(mid)?;
     shared.dispatch(pdu, r2t)
+}
+
+/// Reads and drops the next `n` bytes.
+fn skip(rd: &mut BufReader<TcpStream>, n: usize) -> std::io::Result<()> {
+    let got = std::io::copy(&mut rd.by_ref().take(n as u64), &mut std::io::sink())?;
+    if got < n as u64 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
 }
 
 /// Answers R2Ts until the reader stops: sends the requested range of the command's data in

@@ -32,7 +32,7 @@ struct Inner {
 }
 
 /// What a pool has done, for reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PoolStats {
     /// Size of each buffer in bytes.
     pub buffer_bytes: usize,

@@ -216,8 +216,7 @@ impl Target {
 
     /// The buffer pools of every namespace, summed.
     pub fn buffer_stats(&self) -> PoolStats {
-        let zero = PoolStats { buffer_bytes: 0, allocations: 0, reuses: 0, in_use: 0, idle: 0, peak_buffers: 0, max_idle: 0 };
-        self.namespaces.iter().map(|ns| ns.pool.stats()).fold(zero, |a, b| PoolStats {
+        self.namespaces.iter().map(|ns| ns.pool.stats()).fold(PoolStats::default(), |a, b| PoolStats {
             buffer_bytes: a.buffer_bytes.max(b.buffer_bytes),
             allocations: a.allocations + b.allocations,
             reuses: a.reuses + b.reuses,
