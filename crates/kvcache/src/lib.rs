@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The KV cache of LLM decoding, kept on a target's private namespace, and the attention
+//! engine that computes decode-phase attention next to it (InstInfer).
+//!
+//! * [`Layout`] fixes how one attention head's cache maps onto flash pages: K and V rows of
+//!   a group of consecutive tokens per page (token-indexed), and a second copy of K with a
+//!   few dimensions per page and tokens contiguous (dimension-indexed), both sized from the
+//!   head size, the element type and the flash page size.
+//! * [`KvStore`] owns the pages of a private namespace: sequences are created, extended,
+//!   forked and freed; appends go through a DRAM group buffer that flushes whole pages; a
+//!   journal lets a restarted target find every flushed page again.
+//! * [`attend`] runs dense attention or SparF (Algorithm 1 of InstInfer: SparQ with
+//!   flash-page groups and dual-step loading) over a [`HeadPages`] view of one head.
+//! * [`wire`] is the byte format of the vendor commands that carry appends and attention
+//!   requests (specified in `docs/kv-commands.md`).
+#![deny(missing_docs)]
+
+mod attention;
+mod layout;
+mod store;
+pub mod wire;
+
+pub use attention::{attend, Method};
+pub use layout::{Dtype, Layout};
+pub use attention::{attend_all, Task};
+pub use store::{HeadView, KvStore, SeqInfo, StoreUsage};
+
+use insitu_wire::Status;
+
+/// Which half of the cache a token-indexed page holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Keys.
+    K,
+    /// Values.
+    V,
+}
+
+/// What loading part of a head's cache cost: flash pages and bytes read from the media.
+/// Rows served from the DRAM group buffer cost nothing here.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Loaded {
+    /// Flash pages read.
+    pub pages: u64,
+    /// Bytes read from the media.
+    pub bytes: u64,
+}
+
+impl std::ops::AddAssign for Loaded {
+    fn add_assign(&mut self, o: Loaded) {
+        self.pages += o.pages;
+        self.bytes += o.bytes;
+    }
+}
+
+/// A read view of one (sequence, layer, KV head): what the attention engine needs.
+pub trait HeadPages: Sync {
+    /// The page layout of this head.
+    fn layout(&self) -> &Layout;
+    /// Tokens in the cache.
+    fn tokens(&self) -> usize;
+    /// Loads token group `group` (tokens `group * layout.tokens_per_page ..`, at most
+    /// `tokens_per_page`, fewer for the last group) of K or V into `out` as f32 rows of
+    /// `head_dim`, token after token. Returns the rows loaded and what it cost.
+    fn load_token_group(&self, kind: Kind, group: usize, out: &mut [f32]) -> Result<(usize, Loaded), KvError>;
+    /// Loads dimension group `group` of K (dimensions `group * layout.dims_per_page ..`, at
+    /// most `dims_per_page`) for every token into `out`, dimension-major: `out[j * tokens()
+    /// + t]` is dimension `group * dims_per_page + j` of token `t`.
+    fn load_dim_group(&self, group: usize, out: &mut [f32]) -> Result<Loaded, KvError>;
+    /// The sum of every V row in f64 (for SparF's mean of V), kept by the store.
+    fn v_sum(&self) -> Vec<f64>;
+}
+
+/// Counters of one attention call, as the vendor command reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttendStats {
+    /// Flash pages read.
+    pub pages_read: u64,
+    /// Bytes read from the media.
+    pub media_bytes: u64,
+    /// Token rows (K or V) that entered the computation after filtering.
+    pub rows_used: u64,
+}
+
+impl std::ops::AddAssign for AttendStats {
+    fn add_assign(&mut self, o: AttendStats) {
+        self.pages_read += o.pages_read;
+        self.media_bytes += o.media_bytes;
+        self.rows_used += o.rows_used;
+    }
+}
+
+/// Why a KV command failed. Nothing stored changes when one is returned.
+#[derive(Debug, thiserror::Error)]
+pub enum KvError {
+    /// The request is malformed (the message says where).
+    #[error("bad KV request: {0}")]
+    BadRequest(String),
+    /// No sequence with this id.
+    #[error("unknown sequence {0}")]
+    UnknownSequence(u64),
+    /// A sequence with this id already exists.
+    #[error("sequence {0} already exists")]
+    SequenceExists(u64),
+    /// The request does not match the sequence's shape (layers, heads, head size).
+    #[error("sequence {seq}: {what}")]
+    Mismatch {
+        /// The sequence.
+        seq: u64,
+        /// What does not match.
+        what: String,
+    },
+    /// Not enough free pages in the private namespace.
+    #[error("the private namespace is full: {needed} pages needed, {free} free")]
+    Full {
+        /// Pages the request needs.
+        needed: u64,
+        /// Pages free.
+        free: u64,
+    },
+    /// The target has no private namespace to keep a KV cache in.
+    #[error("this target has no private namespace for a KV cache; start it with --private IMG")]
+    NoStore,
+    /// The media failed.
+    #[error("KV cache I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Status codes of the KV commands (command-specific, SCT 1).
+pub mod status {
+    use insitu_wire::Status;
+    /// No sequence with this id.
+    pub const UNKNOWN_SEQUENCE: Status = Status { sct: 1, sc: 0xC0 };
+    /// A sequence with this id exists.
+    pub const SEQUENCE_EXISTS: Status = Status { sct: 1, sc: 0xC1 };
+    /// The request does not match the sequence's shape.
+    pub const SHAPE_MISMATCH: Status = Status { sct: 1, sc: 0xC2 };
+    /// The private namespace is full.
+    pub const NO_SPACE: Status = Status { sct: 1, sc: 0xC3 };
+    /// The target has no KV store (no private namespace).
+    pub const NO_STORE: Status = Status { sct: 1, sc: 0xC4 };
+    /// The attention result asked for is not (or no longer) held.
+    pub const NO_RESULT: Status = Status { sct: 1, sc: 0xC5 };
+}
+
+impl KvError {
+    /// The NVMe status a command failing with this error completes with.
+    pub fn status(&self) -> Status {
+        match self {
+            KvError::BadRequest(_) => Status::INVALID_FIELD,
+            KvError::UnknownSequence(_) => status::UNKNOWN_SEQUENCE,
+            KvError::SequenceExists(_) => status::SEQUENCE_EXISTS,
+            KvError::Mismatch { .. } => status::SHAPE_MISMATCH,
+            KvError::Full { .. } => status::NO_SPACE,
+            KvError::NoStore => status::NO_STORE,
+            KvError::Io(_) => Status::INTERNAL_ERROR,
+        }
+    }
+}
+
+/// Explains a KV command's completion status to a user (host side).
+pub fn explain_status(sct: u8, sc: u8) -> &'static str {
+    match (sct, sc) {
+        (1, 0xC0) => "unknown sequence",
+        (1, 0xC1) => "sequence already exists",
+        (1, 0xC2) => "request does not match the sequence (layers, heads or head size)",
+        (1, 0xC3) => "the target's private namespace is full",
+        (1, 0xC4) => "the target has no private namespace for a KV cache (start it with --private IMG)",
+        (1, 0xC5) => "no attention result held under this tag",
+        (0, 0x02) => "malformed KV request",
+        (0, 0x01) => "the target does not know this command",
+        _ => "KV command failed",
+    }
+}
