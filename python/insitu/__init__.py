@@ -18,6 +18,9 @@ reading through the file system with a cold cache, for comparison.
 
 ``insitu.Session(url)`` is the user-space NVMe/TCP initiator: identify, read, write,
 flush and EXEC against a target started with ``insitu target start``.
+``insitu.KvTarget(url)`` drives a target's KV cache and attention engine (the LLM
+integration in ``insitu.llm`` uses it); ``insitu.EmbeddedTarget(dir, ...)`` serves a
+target from this process on loopback.
 
 Exceptions::
 
@@ -30,7 +33,9 @@ Exceptions::
 
 from ._api import checksum, exec, functions, grep, scrub, wc
 from ._native import (
+    EmbeddedTarget,
     InsituError,
+    KvTarget,
     Session,
     NotOffloadableError,
     RequestError,
@@ -46,6 +51,8 @@ __all__ = [
     "scrub",
     "functions",
     "Session",
+    "KvTarget",
+    "EmbeddedTarget",
     "InsituError",
     "RequestError",
     "NotOffloadableError",

@@ -66,6 +66,18 @@ pub mod opcode {
     /// Vendor (I/O): read the result of the EXEC with the same CID tag, controller→host
     /// (low bits 10).
     pub const EXEC_RESULT: u8 = 0x9A;
+    /// Vendor (I/O): append keys and values to a sequence of the target's KV cache,
+    /// host→controller (`docs/kv-commands.md`).
+    pub const KV_APPEND: u8 = 0x9D;
+    /// Vendor (I/O): create, fork, free a KV-cache sequence, or ask for its info,
+    /// host→controller.
+    pub const KV_ADMIN: u8 = 0xA1;
+    /// Vendor (I/O): attention over the KV cache for a batch of sequences, host→controller;
+    /// the outputs are held under the tag in CDW10 and read with [`KV_RESULT`].
+    pub const KV_ATTEND: u8 = 0xA5;
+    /// Vendor (I/O): read (and release) the result held under the tag in CDW10,
+    /// controller→host.
+    pub const KV_RESULT: u8 = 0xA6;
 }
 
 /// Fabrics command types (byte 4 of an opcode 0x7F command).

@@ -121,6 +121,9 @@ pub enum KvError {
     /// The target has no private namespace to keep a KV cache in.
     #[error("this target has no private namespace for a KV cache; start it with --private IMG")]
     NoStore,
+    /// No result is held under this tag (never made, already taken, or dropped).
+    #[error("no KV result is held under tag {0}")]
+    NoResult(u32),
     /// The media failed.
     #[error("KV cache I/O: {0}")]
     Io(#[from] std::io::Error),
@@ -153,6 +156,7 @@ impl KvError {
             KvError::Mismatch { .. } => status::SHAPE_MISMATCH,
             KvError::Full { .. } => status::NO_SPACE,
             KvError::NoStore => status::NO_STORE,
+            KvError::NoResult(_) => status::NO_RESULT,
             KvError::Io(_) => Status::INTERNAL_ERROR,
         }
     }

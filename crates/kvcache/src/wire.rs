@@ -1,1 +1,477 @@
-//! placeholder
+// SPDX-License-Identifier: Apache-2.0
+//! The byte format of the KV vendor commands (`docs/kv-commands.md` is the specification).
+//!
+//! Every request starts with a 4-byte magic and is little-endian throughout. Decoding
+//! checks every length and field before anything is stored, so a malformed request fails
+//! with [`KvError::BadRequest`] and changes nothing.
+
+use crate::{AttendStats, Dtype, KvError, Method};
+
+/// Magic of an admin request (create, fork, free, info).
+pub const ADMIN_MAGIC: &[u8; 4] = b"KVAD";
+/// Magic of an append request.
+pub const APPEND_MAGIC: &[u8; 4] = b"KVAP";
+/// Magic of an attention request.
+pub const ATTEND_MAGIC: &[u8; 4] = b"KVAT";
+/// Magic of an attention result.
+pub const RESULT_MAGIC: &[u8; 4] = b"KVRS";
+/// Magic of a sequence-info result.
+pub const INFO_MAGIC: &[u8; 4] = b"KVIN";
+/// Format version of append and attention requests and results.
+pub const VERSION: u8 = 1;
+/// Length of an admin request.
+pub const ADMIN_LEN: usize = 32;
+/// Length of the fixed part of an append request.
+pub const APPEND_HEADER_LEN: usize = 32;
+/// Length of the fixed part of an attention request.
+pub const ATTEND_HEADER_LEN: usize = 32;
+/// Length of the fixed part of an attention result.
+pub const RESULT_HEADER_LEN: usize = 48;
+/// Most sequences in one attention request.
+pub const MAX_ENTRIES: usize = 4096;
+/// Most heads in one request.
+pub const MAX_HEADS: usize = 1024;
+/// Most query heads sharing one KV head.
+pub const MAX_GROUP: usize = 64;
+/// Largest head size.
+pub const MAX_HEAD_DIM: usize = 1024;
+/// Most layers of a sequence.
+pub const MAX_LAYERS: usize = 1024;
+/// Most tokens in one append.
+pub const MAX_APPEND_TOKENS: usize = 1 << 20;
+
+fn bad(m: impl Into<String>) -> KvError {
+    KvError::BadRequest(m.into())
+}
+
+fn u16_at(b: &[u8], o: usize) -> u16 {
+    u16::from_le_bytes([b[o], b[o + 1]])
+}
+
+fn u32_at(b: &[u8], o: usize) -> u32 {
+    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], o: usize) -> u64 {
+    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+}
+
+fn f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect()
+}
+
+fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
+    out.reserve(v.len() * 4);
+    for x in v {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+}
+
+fn check_magic(b: &[u8], magic: &[u8; 4], min: usize, what: &str) -> Result<(), KvError> {
+    if b.len() < min {
+        return Err(bad(format!("{what} is {} bytes, shorter than its {min}-byte header", b.len())));
+    }
+    if &b[..4] != magic {
+        return Err(bad(format!("{what} does not start with {:?}", String::from_utf8_lossy(magic))));
+    }
+    Ok(())
+}
+
+fn check_range(name: &str, v: usize, max: usize) -> Result<usize, KvError> {
+    if v == 0 || v > max {
+        return Err(bad(format!("{name} {v} is not in 1..={max}")));
+    }
+    Ok(v)
+}
+
+/// An admin request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admin {
+    /// Create a sequence.
+    Create {
+        /// Sequence id.
+        seq: u64,
+        /// Layers.
+        layers: usize,
+        /// KV heads kept on this target.
+        kv_heads: usize,
+        /// Head size.
+        head_dim: usize,
+        /// Stored element type.
+        dtype: Dtype,
+        /// Dimensions per dimension-indexed page.
+        dims_per_page: usize,
+    },
+    /// Fork `parent` into `child`.
+    Fork {
+        /// The sequence forked.
+        parent: u64,
+        /// The new sequence.
+        child: u64,
+    },
+    /// Free a sequence.
+    Free {
+        /// The sequence.
+        seq: u64,
+    },
+    /// Leave the sequence's info as the command's result.
+    Info {
+        /// The sequence.
+        seq: u64,
+    },
+}
+
+const OP_CREATE: u8 = 1;
+const OP_FORK: u8 = 2;
+const OP_FREE: u8 = 3;
+const OP_INFO: u8 = 4;
+
+impl Admin {
+    /// Encodes the request.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; ADMIN_LEN];
+        b[..4].copy_from_slice(ADMIN_MAGIC);
+        let (op, seq, other) = match *self {
+            Admin::Create { seq, layers, kv_heads, head_dim, dtype, dims_per_page } => {
+                b[5] = dtype.code();
+                b[6] = dims_per_page as u8;
+                b[24..26].copy_from_slice(&(layers as u16).to_le_bytes());
+                b[26..28].copy_from_slice(&(kv_heads as u16).to_le_bytes());
+                b[28..30].copy_from_slice(&(head_dim as u16).to_le_bytes());
+                (OP_CREATE, seq, 0)
+            }
+            Admin::Fork { parent, child } => (OP_FORK, parent, child),
+            Admin::Free { seq } => (OP_FREE, seq, 0),
+            Admin::Info { seq } => (OP_INFO, seq, 0),
+        };
+        b[4] = op;
+        b[8..16].copy_from_slice(&seq.to_le_bytes());
+        b[16..24].copy_from_slice(&other.to_le_bytes());
+        b
+    }
+
+    /// Decodes a request.
+    pub fn decode(b: &[u8]) -> Result<Admin, KvError> {
+        check_magic(b, ADMIN_MAGIC, ADMIN_LEN, "KV admin request")?;
+        if b.len() != ADMIN_LEN {
+            return Err(bad(format!("KV admin request is {} bytes, not {ADMIN_LEN}", b.len())));
+        }
+        let seq = u64_at(b, 8);
+        match b[4] {
+            OP_CREATE => Ok(Admin::Create {
+                seq,
+                layers: check_range("layers", usize::from(u16_at(b, 24)), MAX_LAYERS)?,
+                kv_heads: check_range("KV heads", usize::from(u16_at(b, 26)), MAX_HEADS)?,
+                head_dim: check_range("head size", usize::from(u16_at(b, 28)), MAX_HEAD_DIM)?,
+                dtype: Dtype::from_code(b[5])?,
+                dims_per_page: usize::from(b[6].max(1)),
+            }),
+            OP_FORK => Ok(Admin::Fork { parent: seq, child: u64_at(b, 16) }),
+            OP_FREE => Ok(Admin::Free { seq }),
+            OP_INFO => Ok(Admin::Info { seq }),
+            op => Err(bad(format!("unknown KV admin operation {op} (1 create, 2 fork, 3 free, 4 info)"))),
+        }
+    }
+}
+
+/// An append request: `tokens` tokens of every KV head of one layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Append {
+    /// Sequence id.
+    pub seq: u64,
+    /// Layer.
+    pub layer: usize,
+    /// KV heads (all the sequence has on this target).
+    pub heads: usize,
+    /// Head size.
+    pub head_dim: usize,
+    /// Tokens.
+    pub tokens: usize,
+    /// Keys, `[heads][tokens][head_dim]`.
+    pub k: Vec<f32>,
+    /// Values, same shape.
+    pub v: Vec<f32>,
+}
+
+impl Append {
+    /// Encodes the request.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; APPEND_HEADER_LEN];
+        b[..4].copy_from_slice(APPEND_MAGIC);
+        b[4] = VERSION;
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..18].copy_from_slice(&(self.layer as u16).to_le_bytes());
+        b[18..20].copy_from_slice(&(self.heads as u16).to_le_bytes());
+        b[20..22].copy_from_slice(&(self.head_dim as u16).to_le_bytes());
+        b[24..28].copy_from_slice(&(self.tokens as u32).to_le_bytes());
+        put_f32s(&mut b, &self.k);
+        put_f32s(&mut b, &self.v);
+        b
+    }
+
+    /// Decodes a request.
+    pub fn decode(b: &[u8]) -> Result<Append, KvError> {
+        check_magic(b, APPEND_MAGIC, APPEND_HEADER_LEN, "KV append request")?;
+        if b[4] != VERSION {
+            return Err(bad(format!("KV append request version {} (this target speaks {VERSION})", b[4])));
+        }
+        let heads = check_range("KV heads", usize::from(u16_at(b, 18)), MAX_HEADS)?;
+        let head_dim = check_range("head size", usize::from(u16_at(b, 20)), MAX_HEAD_DIM)?;
+        let tokens = check_range("tokens", u32_at(b, 24) as usize, MAX_APPEND_TOKENS)?;
+        let n = heads * tokens * head_dim;
+        let want = APPEND_HEADER_LEN as u64 + 8 * n as u64;
+        if b.len() as u64 != want {
+            return Err(bad(format!("KV append of {tokens} tokens x {heads} heads x {head_dim} needs {want} bytes, got {}", b.len())));
+        }
+        let body = &b[APPEND_HEADER_LEN..];
+        Ok(Append { seq: u64_at(b, 8), layer: usize::from(u16_at(b, 16)), heads, head_dim, tokens, k: f32s(&body[..4 * n]), v: f32s(&body[4 * n..]) })
+    }
+}
+
+/// An attention request: one layer, a batch of sequences, every KV head on this target.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attend {
+    /// Layer.
+    pub layer: usize,
+    /// KV heads.
+    pub heads: usize,
+    /// Query heads per KV head.
+    pub group: usize,
+    /// Head size.
+    pub head_dim: usize,
+    /// How to attend.
+    pub method: Method,
+    /// Score scale (1/sqrt(head_dim) for most models).
+    pub scale: f32,
+    /// The sequences, one per batch entry.
+    pub seqs: Vec<u64>,
+    /// Queries, `[entries][heads][group][head_dim]`.
+    pub q: Vec<f32>,
+    /// The new token's keys and values, `[entries][heads][head_dim]` each, appended before
+    /// attending (decode step), when present.
+    pub new_kv: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+const FLAG_APPEND: u8 = 1;
+
+impl Attend {
+    /// Encodes the request.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; ATTEND_HEADER_LEN];
+        b[..4].copy_from_slice(ATTEND_MAGIC);
+        b[4] = VERSION;
+        let (m, r, k, local) = match self.method {
+            Method::Dense => (0u8, 0, 0, 0),
+            Method::SparF { r, k, local } => (1, r, k, local),
+            Method::SparQ { r, k, local } => (2, r, k, local),
+        };
+        b[5] = m;
+        b[6] = if self.new_kv.is_some() { FLAG_APPEND } else { 0 };
+        b[8..10].copy_from_slice(&(self.layer as u16).to_le_bytes());
+        b[10..12].copy_from_slice(&(self.heads as u16).to_le_bytes());
+        b[12..14].copy_from_slice(&(self.group as u16).to_le_bytes());
+        b[14..16].copy_from_slice(&(self.head_dim as u16).to_le_bytes());
+        b[16..18].copy_from_slice(&(self.seqs.len() as u16).to_le_bytes());
+        b[18..20].copy_from_slice(&(r as u16).to_le_bytes());
+        b[20..24].copy_from_slice(&(k as u32).to_le_bytes());
+        b[24..28].copy_from_slice(&(local as u32).to_le_bytes());
+        b[28..32].copy_from_slice(&self.scale.to_le_bytes());
+        for s in &self.seqs {
+            b.extend_from_slice(&s.to_le_bytes());
+        }
+        put_f32s(&mut b, &self.q);
+        if let Some((k, v)) = &self.new_kv {
+            put_f32s(&mut b, k);
+            put_f32s(&mut b, v);
+        }
+        b
+    }
+
+    /// Decodes a request.
+    pub fn decode(b: &[u8]) -> Result<Attend, KvError> {
+        check_magic(b, ATTEND_MAGIC, ATTEND_HEADER_LEN, "KV attention request")?;
+        if b[4] != VERSION {
+            return Err(bad(format!("KV attention request version {} (this target speaks {VERSION})", b[4])));
+        }
+        if b[6] & !FLAG_APPEND != 0 {
+            return Err(bad(format!("unknown KV attention flags {:#04x}", b[6])));
+        }
+        let heads = check_range("KV heads", usize::from(u16_at(b, 10)), MAX_HEADS)?;
+        let group = check_range("query heads per KV head", usize::from(u16_at(b, 12)), MAX_GROUP)?;
+        let head_dim = check_range("head size", usize::from(u16_at(b, 14)), MAX_HEAD_DIM)?;
+        let entries = check_range("batch entries", usize::from(u16_at(b, 16)), MAX_ENTRIES)?;
+        let (r, k, local) = (usize::from(u16_at(b, 18)), u32_at(b, 20) as usize, u32_at(b, 24) as usize);
+        let method = match b[5] {
+            0 => Method::Dense,
+            m @ (1 | 2) => {
+                if r == 0 || r > head_dim || k == 0 || local > k {
+                    return Err(bad(format!("sparse attention needs 1 <= r <= {head_dim} (got {r}), k >= 1 (got {k}) and local <= k (got {local})")));
+                }
+                if m == 1 { Method::SparF { r, k, local } } else { Method::SparQ { r, k, local } }
+            }
+            m => return Err(bad(format!("unknown attention method {m} (0 dense, 1 SparF, 2 SparQ)"))),
+        };
+        let scale = f32::from_le_bytes(b[28..32].try_into().expect("4 bytes"));
+        if !scale.is_finite() || scale <= 0.0 {
+            return Err(bad(format!("score scale {scale} is not a positive number")));
+        }
+        let append = b[6] & FLAG_APPEND != 0;
+        let nq = entries * heads * group * head_dim;
+        let nkv = if append { entries * heads * head_dim } else { 0 };
+        let want = ATTEND_HEADER_LEN as u64 + 8 * entries as u64 + 4 * (nq + 2 * nkv) as u64;
+        if b.len() as u64 != want {
+            return Err(bad(format!("KV attention request for {entries} entries x {heads} heads x {group} x {head_dim} needs {want} bytes, got {}", b.len())));
+        }
+        let mut o = ATTEND_HEADER_LEN;
+        let seqs = (0..entries).map(|i| u64_at(b, o + 8 * i)).collect();
+        o += 8 * entries;
+        let q = f32s(&b[o..o + 4 * nq]);
+        o += 4 * nq;
+        let new_kv = append.then(|| (f32s(&b[o..o + 4 * nkv]), f32s(&b[o + 4 * nkv..o + 8 * nkv])));
+        Ok(Attend { layer: usize::from(u16_at(b, 8)), heads, group, head_dim, method, scale, seqs, q, new_kv })
+    }
+}
+
+/// The result of an attention request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttendResult {
+    /// Batch entries.
+    pub entries: usize,
+    /// KV heads.
+    pub heads: usize,
+    /// Query heads per KV head.
+    pub group: usize,
+    /// Head size.
+    pub head_dim: usize,
+    /// What the call cost.
+    pub stats: AttendStats,
+    /// Outputs, `[entries][heads][group][head_dim]`.
+    pub out: Vec<f32>,
+}
+
+impl AttendResult {
+    /// Encodes the result.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; RESULT_HEADER_LEN];
+        b[..4].copy_from_slice(RESULT_MAGIC);
+        b[4] = VERSION;
+        b[6..8].copy_from_slice(&(self.entries as u16).to_le_bytes());
+        b[8..10].copy_from_slice(&(self.heads as u16).to_le_bytes());
+        b[10..12].copy_from_slice(&(self.group as u16).to_le_bytes());
+        b[12..14].copy_from_slice(&(self.head_dim as u16).to_le_bytes());
+        b[16..24].copy_from_slice(&self.stats.pages_read.to_le_bytes());
+        b[24..32].copy_from_slice(&self.stats.media_bytes.to_le_bytes());
+        b[32..40].copy_from_slice(&self.stats.rows_used.to_le_bytes());
+        put_f32s(&mut b, &self.out);
+        b
+    }
+
+    /// Decodes a result.
+    pub fn decode(b: &[u8]) -> Result<AttendResult, KvError> {
+        check_magic(b, RESULT_MAGIC, RESULT_HEADER_LEN, "KV attention result")?;
+        let (entries, heads, group, head_dim) = (usize::from(u16_at(b, 6)), usize::from(u16_at(b, 8)), usize::from(u16_at(b, 10)), usize::from(u16_at(b, 12)));
+        let n = entries * heads * group * head_dim;
+        if b.len() != RESULT_HEADER_LEN + 4 * n {
+            return Err(bad(format!("KV attention result is {} bytes, expected {}", b.len(), RESULT_HEADER_LEN + 4 * n)));
+        }
+        let stats = AttendStats { pages_read: u64_at(b, 16), media_bytes: u64_at(b, 24), rows_used: u64_at(b, 32) };
+        Ok(AttendResult { entries, heads, group, head_dim, stats, out: f32s(&b[RESULT_HEADER_LEN..]) })
+    }
+}
+
+/// Encodes a sequence's info result: magic, layers, KV heads, head size, element type,
+/// dimensions per page, then the token count of each layer (u32).
+pub fn encode_info(info: &crate::SeqInfo) -> Vec<u8> {
+    let mut b = Vec::with_capacity(16 + 4 * info.tokens.len());
+    b.extend_from_slice(INFO_MAGIC);
+    b.extend_from_slice(&(info.layers as u16).to_le_bytes());
+    b.extend_from_slice(&(info.kv_heads as u16).to_le_bytes());
+    b.extend_from_slice(&(info.layout.head_dim as u16).to_le_bytes());
+    b.push(info.layout.dtype.code());
+    b.push(info.layout.dims_per_page as u8);
+    b.extend_from_slice(&(info.layout.page_bytes as u32).to_le_bytes());
+    for t in &info.tokens {
+        b.extend_from_slice(&(*t as u32).to_le_bytes());
+    }
+    b
+}
+
+/// A decoded info result: (layers, KV heads, head size, element type, dimensions per page,
+/// page bytes, tokens per layer).
+pub type InfoFields = (usize, usize, usize, Dtype, usize, usize, Vec<usize>);
+
+/// Decodes a sequence's info result.
+pub fn decode_info(b: &[u8]) -> Result<InfoFields, KvError> {
+    check_magic(b, INFO_MAGIC, 16, "KV info result")?;
+    let layers = usize::from(u16_at(b, 4));
+    if b.len() != 16 + 4 * layers {
+        return Err(bad("KV info result length does not match its layer count"));
+    }
+    let tokens = (0..layers).map(|l| u32_at(b, 16 + 4 * l) as usize).collect();
+    Ok((layers, usize::from(u16_at(b, 6)), usize::from(u16_at(b, 8)), Dtype::from_code(b[10])?, usize::from(b[11]), u32_at(b, 12) as usize, tokens))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn requests_round_trip() {
+        let a = Admin::Create { seq: 7, layers: 30, kv_heads: 3, head_dim: 64, dtype: Dtype::F16, dims_per_page: 2 };
+        assert_eq!(Admin::decode(&a.encode()).unwrap(), a);
+        for a in [Admin::Fork { parent: 1, child: 2 }, Admin::Free { seq: 9 }, Admin::Info { seq: 3 }] {
+            assert_eq!(Admin::decode(&a.encode()).unwrap(), a);
+        }
+        let ap = Append { seq: 1, layer: 2, heads: 2, head_dim: 4, tokens: 3, k: (0..24).map(|x| x as f32).collect(), v: vec![0.5; 24] };
+        assert_eq!(Append::decode(&ap.encode()).unwrap(), ap);
+        let at = Attend {
+            layer: 1,
+            heads: 2,
+            group: 3,
+            head_dim: 4,
+            method: Method::SparF { r: 2, k: 8, local: 2 },
+            scale: 0.5,
+            seqs: vec![4, 5],
+            q: (0..48).map(|x| x as f32).collect(),
+            new_kv: Some((vec![1.0; 16], vec![2.0; 16])),
+        };
+        assert_eq!(Attend::decode(&at.encode()).unwrap(), at);
+        let r = AttendResult { entries: 1, heads: 1, group: 2, head_dim: 2, stats: AttendStats { pages_read: 3, media_bytes: 4096, rows_used: 9 }, out: vec![1.0, 2.0, 3.0, 4.0] };
+        assert_eq!(AttendResult::decode(&r.encode()).unwrap(), r);
+    }
+
+    #[test]
+    fn malformed_requests_say_what_is_wrong() {
+        let at = Attend { layer: 0, heads: 1, group: 1, head_dim: 4, method: Method::Dense, scale: 0.5, seqs: vec![1], q: vec![0.0; 4], new_kv: None };
+        let mut b = at.encode();
+        b.pop();
+        assert!(Attend::decode(&b).unwrap_err().to_string().contains("needs"));
+        let mut b = at.encode();
+        b[5] = 1; // SparF with r = 0
+        assert!(Attend::decode(&b).unwrap_err().to_string().contains("r <="));
+        let mut b = at.encode();
+        b[28..32].copy_from_slice(&f32::NAN.to_le_bytes());
+        assert!(Attend::decode(&b).is_err());
+        let mut b = Admin::Free { seq: 1 }.encode();
+        b[4] = 9;
+        assert!(Admin::decode(&b).unwrap_err().to_string().contains("unknown KV admin operation"));
+        assert!(Append::decode(b"KVAP").is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn decoders_never_panic(data in proptest::collection::vec(any::<u8>(), 0..256), kind in 0u8..4) {
+            let mut d = data;
+            if d.len() >= 4 {
+                let m: &[u8; 4] = [ADMIN_MAGIC, APPEND_MAGIC, ATTEND_MAGIC, RESULT_MAGIC][kind as usize];
+                d[..4].copy_from_slice(m);
+            }
+            let _ = Admin::decode(&d);
+            let _ = Append::decode(&d);
+            let _ = Attend::decode(&d);
+            let _ = AttendResult::decode(&d);
+            let _ = decode_info(&d);
+        }
+    }
+}

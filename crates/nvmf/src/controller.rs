@@ -109,6 +109,8 @@ pub(crate) struct Controller {
     pub(crate) write_cmds: AtomicU64,
     /// I/O queue IDs connected now; a second connection may not claim one.
     io_qids: Mutex<std::collections::HashSet<u16>>,
+    /// Results of KV commands waiting for KV_RESULT.
+    pub(crate) kv_results: crate::kv::HeldResults,
 }
 
 /// The result of an admin command: status, dword 0, data to return, or held (AER).
@@ -152,6 +154,7 @@ impl Controller {
             read_cmds: AtomicU64::new(0),
             write_cmds: AtomicU64::new(0),
             io_qids: Mutex::new(Default::default()),
+            kv_results: Default::default(),
         }
     }
 

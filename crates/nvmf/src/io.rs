@@ -3,6 +3,7 @@
 //! worker threads against the insitu target.
 
 use crate::connection::Sink;
+use crate::kv;
 use crate::controller::{status, Controller, INVALID_FIELD, INVALID_OPCODE};
 use crate::metrics::CommandCost;
 use crate::Shared;
@@ -62,12 +63,30 @@ impl std::ops::DerefMut for HostData {
 /// Data SGL Length Invalid.
 const SGL_LENGTH_INVALID: u16 = status(0, 0x0F);
 
+/// Data a command returns: blocks, sent from the pooled buffer they were read into, or bytes
+/// a vendor command produced.
+enum Returned {
+    Blocks(BlockRead),
+    Bytes(Vec<u8>),
+}
+
+impl std::ops::Deref for Returned {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Returned::Blocks(b) => b,
+            Returned::Bytes(v) => v,
+        }
+    }
+}
+
 struct Done {
     status: u16,
     dw0: u32,
     dw1: u32,
-    /// Blocks a Read returns, sent from the pooled buffer they were read into.
-    data: Option<BlockRead>,
+    /// Data the command returns.
+    data: Option<Returned>,
     /// Bytes read from or written to the media.
     media: u64,
 }
@@ -116,7 +135,7 @@ fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, d
             }
             ctrl.read_cmds.fetch_add(1, Ordering::Relaxed);
             match target.read_blocks(nsid, slba, bytes) {
-                Ok(blocks) => Done { media: bytes as u64, data: Some(blocks), ..Done::ok() },
+                Ok(blocks) => Done { media: bytes as u64, data: Some(Returned::Blocks(blocks)), ..Done::ok() },
                 Err(e) => failed(e),
             }
         }
@@ -154,6 +173,10 @@ fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, d
             Done::ok()
         }
         opcode::EXEC => exec(target, nsid, &data),
+        opcode::KV_ADMIN | opcode::KV_APPEND | opcode::KV_ATTEND | opcode::KV_RESULT => match kv::execute(target, ctrl, cmd, &data) {
+            Ok(d) => Done { dw0: d.dw0, data: d.data.map(Returned::Bytes), media: d.media, ..Done::ok() },
+            Err(e) => Done::status(e.status().to_nvme_field()),
+        },
         _ => Done::status(INVALID_OPCODE),
     }
 }

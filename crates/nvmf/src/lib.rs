@@ -21,6 +21,7 @@ mod controller;
 pub mod fuzzing;
 mod identify;
 mod io;
+mod kv;
 mod metrics;
 
 pub use config::{NamespaceSpec, SubsystemConfig, TargetConfig, DISCOVERY_NQN};
@@ -45,6 +46,9 @@ pub(crate) struct Shared {
     connections: Mutex<Vec<TcpStream>>,
     live: AtomicUsize,
 }
+
+/// Flash page of the KV cache when no device model gives one.
+const DEFAULT_KV_PAGE: usize = 4096;
 
 /// Most connections served at once; more are closed on accept.
 const MAX_CONNECTIONS: usize = 1024;
@@ -95,6 +99,8 @@ impl Server {
                 }
                 target.add_namespace(&ns.path, nc).map_err(|e| invalid(format!("namespace {}: {e}", ns.path.display())))?;
             }
+            let page_bytes = cfg.model.as_ref().and_then(|m| m.flash.as_ref()).map_or(DEFAULT_KV_PAGE, |f| f.page_bytes as usize);
+            target.open_kv_store(page_bytes).map_err(|e| invalid(format!("KV cache in the private namespace: {e}")))?;
             subsystems.push(Arc::new(Subsystem::new(&s.nqn, Kind::Nvm(Arc::new(target)), s.allow_hosts.clone())));
         }
         subsystems.push(Arc::new(Subsystem::new(DISCOVERY_NQN, Kind::Discovery, Vec::new())));

@@ -5,6 +5,7 @@
 //! so the Python API and the command line cannot drift apart. Errors map to the exception
 //! classes defined here and re-exported by the `insitu` package.
 
+mod kv;
 mod session;
 
 use insitu_host::{parse_args, scrub, Mode, OasError, Offloader, Request};
@@ -194,6 +195,8 @@ fn functions_json() -> PyResult<String> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli, m)?)?;
     m.add_class::<session::Session>()?;
+    m.add_class::<kv::KvTarget>()?;
+    m.add_class::<kv::EmbeddedTarget>()?;
     m.add_function(wrap_pyfunction!(exec_json, m)?)?;
     m.add_function(wrap_pyfunction!(scrub_json, m)?)?;
     m.add_function(wrap_pyfunction!(decode_descriptor, m)?)?;

@@ -36,6 +36,7 @@ pub use insitu_media::PoolStats;
 pub use namespace::{Namespace, NamespaceConfig, Visibility};
 pub use stream::CHUNK;
 
+use insitu_kvcache::{KvError, KvStore};
 use insitu_media::{Backing, PooledBuf};
 use insitu_offload::{Args, InputStream, KernelError, OutputSink, Registry};
 use insitu_wire::{CommandError, Descriptor, ExecResult, ExtentError, Limits, Status};
@@ -102,6 +103,7 @@ pub struct Target {
     limits: Limits,
     max_inline_result: usize,
     compute: Option<Arc<dyn ComputeBudget>>,
+    kv: Option<KvStore>,
 }
 
 impl Default for Target {
@@ -114,7 +116,7 @@ impl Target {
     /// A target with no namespaces, the standard kernels, default descriptor limits and a
     /// 16 MiB inline result limit.
     pub fn new() -> Self {
-        Target { namespaces: Vec::new(), registry: Arc::new(Registry::standard()), limits: Limits::default(), max_inline_result: 16 << 20, compute: None }
+        Target { namespaces: Vec::new(), registry: Arc::new(Registry::standard()), limits: Limits::default(), max_inline_result: 16 << 20, compute: None, kv: None }
     }
 
     /// Replaces the kernel registry.
@@ -150,6 +152,21 @@ impl Target {
         let ns = Namespace::new(Arc::new(media), &cfg)?;
         self.namespaces.push(ns);
         Ok(self.namespaces.len() as Nsid)
+    }
+
+    /// Keeps a KV cache (see [`insitu_kvcache`]) in the first private namespace, with flash
+    /// pages of `page_bytes`: recovers the one a previous run left there, or formats it.
+    /// Does nothing when the target has no private namespace (KV commands are then refused).
+    pub fn open_kv_store(&mut self, page_bytes: usize) -> Result<(), String> {
+        let Some(ns) = self.namespaces.iter().find(|ns| ns.visibility == Visibility::Private) else { return Ok(()) };
+        let store = KvStore::open(ns.media.clone(), ns.offset, ns.size, page_bytes).map_err(|e| e.to_string())?;
+        self.kv = Some(store);
+        Ok(())
+    }
+
+    /// The KV cache, or [`KvError::NoStore`] when the target has no private namespace.
+    pub fn kv_store(&self) -> Result<&KvStore, KvError> {
+        self.kv.as_ref().ok_or(KvError::NoStore)
     }
 
     /// The namespace `nsid`, whatever its visibility (for code running on the target).

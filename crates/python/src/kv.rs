@@ -1,0 +1,332 @@
+// SPDX-License-Identifier: Apache-2.0
+//! `insitu._native.KvTarget` (the KV-cache vendor commands of one target) and
+//! `insitu._native.EmbeddedTarget` (a target served from this process, on loopback).
+
+use crate::{RequestError, StorageIOError, TargetError};
+use insitu_fabric::{opcode, Command, SGL_TRANSPORT_DATA_BLOCK};
+use insitu_initiator::{default_hostnqn, ConnectOptions, InitiatorError, Session};
+use insitu_kvcache::wire::{decode_info, Admin, Append, Attend, AttendResult};
+use insitu_kvcache::{Dtype, Method};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+
+fn kv_err(command: &str, e: InitiatorError) -> PyErr {
+    match e {
+        InitiatorError::Status { sct, sc, .. } => {
+            let why = insitu_kvcache::explain_status(sct, sc);
+            TargetError::new_err(format!("{command}: {why} (NVMe status {sct:#x}/{sc:#04x})"))
+        }
+        InitiatorError::InvalidArgument { .. } => RequestError::new_err(e.to_string()),
+        e => StorageIOError::new_err(format!("{command}: {e}")),
+    }
+}
+
+fn bad(m: impl Into<String>) -> PyErr {
+    RequestError::new_err(m.into())
+}
+
+fn f32s(name: &str, b: &[u8]) -> PyResult<Vec<f32>> {
+    if b.len() % 4 != 0 {
+        return Err(bad(format!("{name}: {} bytes is not a whole number of f32 values", b.len())));
+    }
+    Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
+}
+
+fn to_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The KV cache and attention engine of one target, over NVMe/TCP vendor commands
+/// (`docs/kv-commands.md`). `KvTarget("nvme-tcp://127.0.0.1:4420/NQN")`. Safe to share
+/// between threads.
+#[pyclass(module = "insitu", frozen)]
+pub struct KvTarget {
+    session: Session,
+    next_tag: AtomicU32,
+    /// One attention exchange (ATTEND then RESULT) at a time per tag space is enough; the
+    /// lock keeps a result from being taken by another thread's RESULT.
+    exchange: Mutex<()>,
+    /// (KV heads, head size) of sequences seen, so a decode step costs one exchange.
+    shapes: Mutex<std::collections::HashMap<u64, (usize, usize)>>,
+}
+
+impl KvTarget {
+    fn send(&self, what: &str, op: u8, tag: u32, data: &[u8]) -> PyResult<u32> {
+        let mut cmd = Command::zeroed();
+        cmd.set_opcode(op).set_cdw(10, tag).set_sgl(0, data.len() as u32, SGL_TRANSPORT_DATA_BLOCK);
+        let (cqe, _) = self.session.submit(cmd, Some(data), 0).map_err(|e| kv_err(what, e))?;
+        self.check(what, cqe.status)?;
+        Ok(cqe.dw0)
+    }
+
+    fn result(&self, what: &str, tag: u32, len: usize) -> PyResult<Vec<u8>> {
+        let mut cmd = Command::zeroed();
+        cmd.set_opcode(opcode::KV_RESULT).set_cdw(10, tag).set_sgl(0, len as u32, SGL_TRANSPORT_DATA_BLOCK);
+        let (cqe, data) = self.session.submit(cmd, None, len).map_err(|e| kv_err(what, e))?;
+        self.check(what, cqe.status)?;
+        Ok(data)
+    }
+
+    fn check(&self, what: &str, status: u16) -> PyResult<()> {
+        let (sct, sc) = (((status >> 8) & 7) as u8, (status & 0xFF) as u8);
+        if sct == 0 && sc == 0 {
+            return Ok(());
+        }
+        Err(kv_err(what, InitiatorError::Status { command: "KV", sct, sc, dnr: status & (1 << 14) != 0 }))
+    }
+
+    fn admin(&self, what: &str, a: Admin) -> PyResult<u32> {
+        self.send(what, opcode::KV_ADMIN, 0, &a.encode())
+    }
+}
+
+#[pymethods]
+impl KvTarget {
+    /// Connects to `url` (`nvme-tcp://HOST:PORT/NQN`) as `hostnqn` (default: this host's).
+    #[new]
+    #[pyo3(signature = (url, hostnqn=None, io_queues=2))]
+    fn new(py: Python<'_>, url: &str, hostnqn: Option<String>, io_queues: u16) -> PyResult<Self> {
+        let u = insitu_attach::TargetUrl::parse(url).map_err(|e| bad(e.to_string()))?;
+        let mut o = ConnectOptions::new(u.address(), u.nqn);
+        o.hostnqn = hostnqn.unwrap_or_else(default_hostnqn);
+        o.io_queues = io_queues;
+        let session = py.allow_threads(|| Session::connect(o)).map_err(|e| kv_err("connect", e))?;
+        Ok(KvTarget { session, next_tag: AtomicU32::new(1), exchange: Mutex::new(()), shapes: Mutex::new(Default::default()) })
+    }
+
+    /// Creates sequence `seq` with `layers` layers of `kv_heads` KV heads of `head_dim`,
+    /// stored as `dtype` ("f32" or "f16") with `dims_per_page` dimensions of K per
+    /// dimension-indexed page.
+    #[pyo3(signature = (seq, layers, kv_heads, head_dim, dtype="f32", dims_per_page=1))]
+    fn create(&self, py: Python<'_>, seq: u64, layers: usize, kv_heads: usize, head_dim: usize, dtype: &str, dims_per_page: usize) -> PyResult<()> {
+        let dtype = match dtype {
+            "f32" => Dtype::F32,
+            "f16" => Dtype::F16,
+            d => return Err(bad(format!("dtype {d:?}: use \"f32\" or \"f16\""))),
+        };
+        if layers > 0xFFFF || kv_heads > 0xFFFF || head_dim > 0xFFFF || dims_per_page > 255 {
+            return Err(bad("layers, KV heads, head size or dimensions per page out of range"));
+        }
+        py.allow_threads(|| self.admin("KV create", Admin::Create { seq, layers, kv_heads, head_dim, dtype, dims_per_page })).map(|_| ())
+    }
+
+    /// Creates `child` sharing every token `parent` holds.
+    fn fork(&self, py: Python<'_>, parent: u64, child: u64) -> PyResult<()> {
+        py.allow_threads(|| self.admin("KV fork", Admin::Fork { parent, child })).map(|_| ())
+    }
+
+    /// Frees a sequence.
+    fn free(&self, py: Python<'_>, seq: u64) -> PyResult<()> {
+        self.shapes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&seq);
+        py.allow_threads(|| self.admin("KV free", Admin::Free { seq })).map(|_| ())
+    }
+
+    /// `{"layers", "kv_heads", "head_dim", "dtype", "dims_per_page", "page_bytes", "tokens"}`.
+    fn info<'py>(&self, py: Python<'py>, seq: u64) -> PyResult<Bound<'py, PyDict>> {
+        let data = py.allow_threads(|| {
+            let _one = self.exchange.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+            let len = self.send("KV info", opcode::KV_ADMIN, tag, &Admin::Info { seq }.encode())?;
+            self.result("KV info", tag, len as usize)
+        })?;
+        let (layers, kv_heads, head_dim, dtype, dpp, page_bytes, tokens) = decode_info(&data).map_err(|e| StorageIOError::new_err(e.to_string()))?;
+        let d = PyDict::new(py);
+        d.set_item("layers", layers)?;
+        d.set_item("kv_heads", kv_heads)?;
+        d.set_item("head_dim", head_dim)?;
+        d.set_item("dtype", if dtype == Dtype::F16 { "f16" } else { "f32" })?;
+        d.set_item("dims_per_page", dpp)?;
+        d.set_item("page_bytes", page_bytes)?;
+        d.set_item("tokens", tokens)?;
+        Ok(d)
+    }
+
+    /// Appends `tokens` tokens to `layer` of `seq`: `k` and `v` are f32 little-endian,
+    /// `[kv_heads][tokens][head_dim]` for this target's heads. Split into commands that fit
+    /// the target's transfer size. Returns the layer's token count.
+    fn append(&self, py: Python<'_>, seq: u64, layer: usize, tokens: usize, k: &[u8], v: &[u8]) -> PyResult<u32> {
+        let (k, v) = (f32s("k", k)?, f32s("v", v)?);
+        if tokens == 0 || k.len() != v.len() || k.len() % tokens != 0 {
+            return Err(bad(format!("k and v must both hold [kv_heads][{tokens}][head_dim] f32 values ({} and {} given)", k.len(), v.len())));
+        }
+        let per_token_all_heads = k.len() / tokens; // kv_heads * head_dim
+        py.allow_threads(|| {
+            let info = self.info_shape(seq)?;
+            let (heads, head_dim) = info;
+            if heads * head_dim != per_token_all_heads {
+                return Err(TargetError::new_err(format!(
+                    "KV append: sequence {seq} has {heads} KV heads of {head_dim} on this target, but k holds {per_token_all_heads} values per token"
+                )));
+            }
+            let room = (self.session.max_transfer() - insitu_kvcache::wire::APPEND_HEADER_LEN) / (8 * per_token_all_heads);
+            let step = room.max(1);
+            let mut count = 0;
+            let mut start = 0;
+            while start < tokens {
+                let n = step.min(tokens - start);
+                let slice = |x: &[f32]| -> Vec<f32> { (0..heads).flat_map(|h| x[(h * tokens + start) * head_dim..(h * tokens + start + n) * head_dim].iter().copied()).collect() };
+                let a = Append { seq, layer, heads, head_dim, tokens: n, k: slice(&k), v: slice(&v) };
+                count = self.send("KV append", opcode::KV_APPEND, 0, &a.encode())?;
+                start += n;
+            }
+            Ok(count)
+        })
+    }
+
+    /// Attention for layer `layer` over sequences `seqs`: `q` is f32
+    /// `[len(seqs)][kv_heads][group][head_dim]`; `new_k`/`new_v` (f32
+    /// `[len(seqs)][kv_heads][head_dim]`) are appended first when given (a decode step).
+    /// `method` is "dense", "sparf" or "sparq" (with `r`, `k`, `local`). Returns the
+    /// outputs (same shape as `q`) and `{"pages_read", "media_bytes", "rows_used"}`.
+    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn attend<'py>(
+        &self,
+        py: Python<'py>,
+        layer: usize,
+        seqs: Vec<u64>,
+        q: &[u8],
+        group: usize,
+        scale: f32,
+        method: &str,
+        r: usize,
+        k: usize,
+        local: usize,
+        new_k: Option<&[u8]>,
+        new_v: Option<&[u8]>,
+    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>)> {
+        let method = match method {
+            "dense" => Method::Dense,
+            "sparf" => Method::SparF { r, k, local },
+            "sparq" => Method::SparQ { r, k, local },
+            m => return Err(bad(format!("method {m:?}: use \"dense\", \"sparf\" or \"sparq\""))),
+        };
+        let q = f32s("q", q)?;
+        let entries = seqs.len();
+        if entries == 0 || group == 0 || q.len() % (entries * group) != 0 {
+            return Err(bad("q must hold [len(seqs)][kv_heads][group][head_dim] f32 values"));
+        }
+        let new_kv = match (new_k, new_v) {
+            (Some(a), Some(b)) => Some((f32s("new_k", a)?, f32s("new_v", b)?)),
+            (None, None) => None,
+            _ => return Err(bad("give both new_k and new_v, or neither")),
+        };
+        let result = py.allow_threads(|| {
+            let (heads, head_dim) = self.info_shape(seqs[0])?;
+            if q.len() != entries * heads * group * head_dim {
+                return Err(TargetError::new_err(format!(
+                    "KV attend: q holds {} values; sequence {} needs {entries} x {heads} heads x {group} x {head_dim}",
+                    q.len(),
+                    seqs[0]
+                )));
+            }
+            let req = Attend { layer, heads, group, head_dim, method, scale, seqs, q, new_kv };
+            if req.layer > 0xFFFF {
+                return Err(bad("layer out of range"));
+            }
+            let _one = self.exchange.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+            let len = self.send("KV attend", opcode::KV_ATTEND, tag, &req.encode())?;
+            let data = self.result("KV attend", tag, len as usize)?;
+            AttendResult::decode(&data).map_err(|e| StorageIOError::new_err(e.to_string()))
+        })?;
+        let d = PyDict::new(py);
+        d.set_item("pages_read", result.stats.pages_read)?;
+        d.set_item("media_bytes", result.stats.media_bytes)?;
+        d.set_item("rows_used", result.stats.rows_used)?;
+        Ok((PyBytes::new(py, &to_bytes(&result.out)), d))
+    }
+
+    /// Bytes sent and received on the wire so far: `{"bytes_sent", "bytes_received"}`.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.session.stats();
+        let d = PyDict::new(py);
+        d.set_item("bytes_sent", s.bytes_sent)?;
+        d.set_item("bytes_received", s.bytes_received)?;
+        Ok(d)
+    }
+
+    /// Closes the connection.
+    fn disconnect(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| self.session.disconnect()).map_err(|e| kv_err("disconnect", e))
+    }
+}
+
+impl KvTarget {
+    /// (KV heads, head size) of a sequence, from the target.
+    fn info_shape(&self, seq: u64) -> PyResult<(usize, usize)> {
+        if let Some(s) = self.shapes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&seq) {
+            return Ok(*s);
+        }
+        let _one = self.exchange.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        let len = self.send("KV info", opcode::KV_ADMIN, tag, &Admin::Info { seq }.encode())?;
+        let data = self.result("KV info", tag, len as usize)?;
+        let (_, heads, head_dim, ..) = decode_info(&data).map_err(|e| StorageIOError::new_err(e.to_string()))?;
+        self.shapes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(seq, (heads, head_dim));
+        Ok((heads, head_dim))
+    }
+}
+
+/// A target served by this process on loopback, for the embedded default: a sharable
+/// namespace (NSID 1) and a private one (the KV cache), image files under `directory`
+/// (created when missing, reused when present), optionally paced by a device model preset.
+#[pyclass(module = "insitu", frozen)]
+pub struct EmbeddedTarget {
+    url: String,
+    handle: Mutex<Option<insitu_nvmf::ServerHandle>>,
+}
+
+#[pymethods]
+impl EmbeddedTarget {
+    #[new]
+    #[pyo3(signature = (directory, shared_bytes, private_bytes, model=None))]
+    fn new(py: Python<'_>, directory: PathBuf, shared_bytes: u64, private_bytes: u64, model: Option<String>) -> PyResult<Self> {
+        let model = model.as_deref().map(insitu_model::parse).transpose().map_err(|e| bad(format!("device model: {e}")))?;
+        py.allow_threads(|| {
+            let io = |e: std::io::Error| StorageIOError::new_err(format!("embedded target in {}: {e}", directory.display()));
+            std::fs::create_dir_all(&directory).map_err(io)?;
+            let image = |name: &str, size: u64| -> PyResult<PathBuf> {
+                let p = directory.join(name);
+                let f = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&p).map_err(io)?;
+                if f.metadata().map_err(io)?.len() < size {
+                    f.set_len(size).map_err(io)?;
+                }
+                Ok(p)
+            };
+            let shared = image("shared.img", shared_bytes)?;
+            let private = image("private.img", private_bytes)?;
+            let nqn = "nqn.2024-01.io.insitu:embedded".to_string();
+            let cfg = insitu_nvmf::TargetConfig {
+                listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+                subsystems: vec![insitu_nvmf::SubsystemConfig {
+                    nqn: nqn.clone(),
+                    namespaces: vec![insitu_nvmf::NamespaceSpec::sharable(&shared), insitu_nvmf::NamespaceSpec::private(&private)],
+                    allow_hosts: Vec::new(),
+                }],
+                model,
+                ..Default::default()
+            };
+            let server = insitu_nvmf::Server::bind(cfg).map_err(io)?;
+            let url = format!("nvme-tcp://{}/{nqn}", server.local_addr());
+            Ok(EmbeddedTarget { url, handle: Mutex::new(Some(server.spawn())) })
+        })
+    }
+
+    /// `nvme-tcp://127.0.0.1:PORT/NQN`.
+    #[getter]
+    fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// Stops serving (idempotent).
+    fn shutdown(&self, py: Python<'_>) {
+        let h = self.handle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(h) = h {
+            py.allow_threads(|| h.shutdown());
+        }
+    }
+}
