@@ -172,8 +172,34 @@ pub fn seed_inputs() -> Vec<(&'static str, Vec<u8>)> {
         (cmd(opcode::KEEP_ALIVE, 0, &[], 0), Vec::new(), None),
         (cmd(opcode::ASYNC_EVENT, 0, &[], 0), Vec::new(), None),
     ];
+    let kv = {
+        use insitu_kvcache::wire::{Admin, Append, Attend};
+        use insitu_kvcache::{Dtype, Method};
+        let (heads, d, t) = (2usize, 16usize, 40usize);
+        let vals = |n: usize, s: f32| (0..n).map(|i| ((i as f32) * s).sin()).collect::<Vec<f32>>();
+        let create = Admin::Create { seq: 1, layers: 2, kv_heads: heads, head_dim: d, dtype: Dtype::F32, dims_per_page: 1 };
+        let append = Append { seq: 1, layer: 0, heads, head_dim: d, tokens: t, k: vals(heads * t * d, 0.37), v: vals(heads * t * d, 0.11) };
+        let attend = |method, tag: u32| {
+            let a = Attend { layer: 0, heads, group: 2, head_dim: d, method, scale: 0.25, seqs: vec![1], q: vals(heads * 2 * d, 0.7), new_kv: Some((vals(heads * d, 0.3), vals(heads * d, 0.5))) };
+            (cmd(opcode::KV_ATTEND, 0, &[(10, tag)], 0), Vec::new(), Some(a.encode()))
+        };
+        vec![
+            (cmd(opcode::KV_ADMIN, 0, &[], 0), create.encode(), None),
+            (cmd(opcode::KV_APPEND, 0, &[], 0), Vec::new(), Some(append.encode())),
+            attend(Method::Dense, 7),
+            (cmd(opcode::KV_RESULT, 0, &[(10, 7)], 4096), Vec::new(), None),
+            attend(Method::SparF { r: 4, k: 8, local: 2 }, 8),
+            (cmd(opcode::KV_RESULT, 0, &[(10, 8)], 4096), Vec::new(), None),
+            (cmd(opcode::KV_ADMIN, 0, &[], 0), Admin::Fork { parent: 1, child: 2 }.encode(), None),
+            (cmd(opcode::KV_ADMIN, 0, &[(10, 9)], 0), Admin::Info { seq: 2 }.encode(), None),
+            (cmd(opcode::KV_RESULT, 0, &[(10, 9)], 512), Vec::new(), None),
+            (cmd(opcode::KV_ADMIN, 0, &[], 0), Admin::Free { seq: 2 }.encode(), None),
+            (cmd(opcode::KV_ADMIN, 0, &[], 0), Admin::Free { seq: 1 }.encode(), None),
+        ]
+    };
     let both = Digests { header: true, data: true };
     vec![
+        ("kv-session", session(Digests::default(), 1, kv)),
         ("io-session", session(Digests::default(), 1, io.clone())),
         ("io-session-digests", session(both, 1, io)),
         ("admin-session", session(Digests::default(), 0, admin.clone())),
@@ -212,6 +238,8 @@ mod tests {
         };
         assert!(eventually(|| holds(1, 0, 4096, 0x5A)), "the in-capsule Write reached namespace 1");
         assert!(eventually(|| holds(2, 8, 8192, 0xA5)), "the Write by R2T and H2CData reached namespace 2");
+        let kv = target.kv_store().expect("the private namespace holds a KV cache");
+        assert!(eventually(|| kv.usage().sequences == 0), "the KV session freed what it created");
         for (_, bytes) in &seeds {
             for cut in (0..bytes.len()).step_by(61) {
                 serve_bytes(&bytes[..cut]);

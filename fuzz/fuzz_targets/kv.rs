@@ -1,0 +1,22 @@
+// SPDX-License-Identifier: Apache-2.0
+//! KV-command requests from anywhere: decoding never panics, and what decodes re-encodes
+//! to bytes that decode the same.
+#![no_main]
+
+use insitu_kvcache::wire::{Admin, Append, Attend, AttendResult};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(a) = Admin::decode(data) {
+        assert_eq!(Admin::decode(&a.encode()).expect("re-encodes"), a);
+    }
+    if let Ok(a) = Append::decode(data) {
+        assert_eq!(Append::decode(&a.encode()).expect("re-encodes").encode(), a.encode());
+    }
+    if let Ok(a) = Attend::decode(data) {
+        assert_eq!(Attend::decode(&a.encode()).expect("re-encodes").encode(), a.encode());
+    }
+    if let Ok(r) = AttendResult::decode(data) {
+        assert_eq!(AttendResult::decode(&r.encode()).expect("re-encodes").encode(), r.encode());
+    }
+});
