@@ -1,7 +1,30 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Decode-phase attention over a head's pages: dense, and SparF (InstInfer Algorithm 1).
+//!
+//! Everything reads the cache through [`HeadPages`], a page at a time, and loads each page
+//! at most once per call however many query rows (grouped-query attention) share the head.
+//! Dot products, softmax and the weighted sums of V are accumulated in f64 from the f32 rows:
+//! the host checks generated tokens against a PyTorch reference, and an f32 running sum over
+//! tens of thousands of tokens drifts far enough to flip an argmax now and then.
+//!
+//! * `dense` reads every token-indexed K page, then every V page (two passes, so the softmax
+//!   is exact rather than rescaled online).
+//! * `sparse` runs SparF and SparQ; they differ only in how media reads are counted.
+//! * `kernels` holds the vectorisable loops and the top-k selection both use.
 
-use crate::{AttendStats, HeadPages, KvError};
+mod dense;
+mod kernels;
+mod sparse;
+#[cfg(test)]
+mod sparse_tests;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod testutil;
+
+use rayon::prelude::*;
+
+use crate::{AttendStats, HeadPages, Kind, KvError, Loaded};
 
 /// How attention is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,6 +35,9 @@ pub enum Method {
     /// (approximate scores, L1-ratio scaled); the `k` best tokens (the last `local` tokens
     /// always among them) select token-indexed K and V pages; only selected units enter the
     /// computation (dual-step loading); the result is mixed with the mean of V by α.
+    ///
+    /// `r` is clamped to the head size; with `k` at least the number of tokens every token
+    /// is kept, α is 1 and the call is computed (and counted) as [`Method::Dense`].
     SparF {
         /// Query components kept.
         r: usize,
@@ -22,6 +48,11 @@ pub enum Method {
     },
     /// SparQ: the same selection and arithmetic as SparF, with media reads counted at element
     /// granularity, as a store without page groups would need (for comparison).
+    ///
+    /// The pages are still loaded through [`HeadPages`] (the data must come from somewhere),
+    /// but the stats report `bytes = (c · tokens + 2 · t · head_dim) · element size` and
+    /// `pages = ⌈bytes / page_bytes⌉`, where `c` and `t` are the distinct components and
+    /// tokens kept by any query row (`r` and `k` for a single row).
     SparQ {
         /// Query components kept.
         r: usize,
@@ -45,13 +76,154 @@ pub struct Task<'a> {
 
 /// Attention of `q` (`group` query rows of `head_dim`) over one head's cache into `out`, with
 /// scores scaled by `scale` (1/sqrt(head_dim) for most models).
-pub fn attend(head: &dyn HeadPages, q: &[f32], scale: f32, method: Method, out: &mut [f32]) -> Result<AttendStats, KvError> {
-    let _ = (head, q, scale, method, out);
-    todo!("attention engine")
+///
+/// Each query row is computed on its own (with SparF/SparQ it makes its own selections), but
+/// a page that several rows need is loaded and counted once. The stats count flash pages and
+/// media bytes as the store reports them (SparQ: element-granular, see [`Method::SparQ`]) and
+/// the distinct K and V token rows that entered the computation.
+///
+/// Returns [`KvError::BadRequest`] when `q` is empty or not whole rows, `out` is not the
+/// size of `q`, `q` or `scale` is not finite, `r` or `k` is 0, or the cache has no tokens;
+/// errors of the store are passed on. `out` is unspecified after an error.
+pub fn attend(
+    head: &dyn HeadPages,
+    q: &[f32],
+    scale: f32,
+    method: Method,
+    out: &mut [f32],
+) -> Result<AttendStats, KvError> {
+    let layout = head.layout();
+    let hd = layout.head_dim;
+    if q.is_empty() || q.len() % hd != 0 {
+        return Err(bad(format!(
+            "query of {} elements is not whole rows of {hd}",
+            q.len()
+        )));
+    }
+    if out.len() != q.len() {
+        return Err(bad(format!(
+            "output of {} elements for a query of {}",
+            out.len(),
+            q.len()
+        )));
+    }
+    if !scale.is_finite() || !q.iter().all(|x| x.is_finite()) {
+        return Err(bad("the query and the scale must be finite".into()));
+    }
+    let tokens = head.tokens();
+    if tokens == 0 {
+        return Err(bad(
+            "attention over an empty cache (append the current token first)".into(),
+        ));
+    }
+    let (r, k, local, count) = match method {
+        Method::Dense => return dense::attend(head, q, f64::from(scale), out),
+        Method::SparF { r, k, local } => (r, k, local, Count::Pages),
+        Method::SparQ { r, k, local } => (r, k, local, Count::Elements),
+    };
+    if r == 0 || k == 0 {
+        return Err(bad(format!(
+            "sparse attention needs r and k above 0 (got r = {r}, k = {k})"
+        )));
+    }
+    if k >= tokens {
+        // Every token is kept, so α = 1 and the approximate scores change nothing: the
+        // exact result, without reading the dimension-indexed copy at all.
+        let stats = dense::attend(head, q, f64::from(scale), out)?;
+        return Ok(match count {
+            Count::Pages => stats,
+            Count::Elements => element_stats(layout, 0, tokens, stats.rows_used / 2),
+        });
+    }
+    let plan = sparse::Plan {
+        r: r.min(hd),
+        k,
+        local: local.min(tokens),
+        count,
+    };
+    sparse::attend(head, q, f64::from(scale), plan, out)
 }
 
 /// Runs every task, in parallel over heads; the stats are summed.
-pub fn attend_all(tasks: Vec<Task<'_>>, scale: f32, method: Method) -> Result<AttendStats, KvError> {
-    let _ = (tasks, scale, method);
-    todo!("attention engine")
+///
+/// Every task runs even when one fails; the error returned is that of the first failing
+/// task in `tasks` order, and the outputs of the other tasks are then still valid.
+pub fn attend_all(
+    tasks: Vec<Task<'_>>,
+    scale: f32,
+    method: Method,
+) -> Result<AttendStats, KvError> {
+    let results: Vec<Result<AttendStats, KvError>> = tasks
+        .into_par_iter()
+        .map(|t| attend(t.head, t.q, scale, method, t.out))
+        .collect();
+    let mut total = AttendStats::default();
+    for r in results {
+        total += r?;
+    }
+    Ok(total)
+}
+
+/// How a sparse call reports its media reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Count {
+    /// What the store's pages cost (SparF).
+    Pages,
+    /// Only the elements used, as a store without page groups would read them (SparQ).
+    Elements,
+}
+
+fn bad(msg: String) -> KvError {
+    KvError::BadRequest(msg)
+}
+
+/// The stats of an element-granular read of `dims` whole dimensions of K (all tokens) and
+/// `rows` token rows of both K and V: bytes are elements times the element size, pages
+/// what those bytes would fill.
+fn element_stats(layout: &crate::Layout, dims: usize, tokens: usize, rows: u64) -> AttendStats {
+    let size = layout.dtype.size() as u64;
+    let elements = (dims * tokens) as u64 + 2 * rows * layout.head_dim as u64;
+    let bytes = elements * size;
+    AttendStats {
+        pages_read: bytes.div_ceil(layout.page_bytes as u64),
+        media_bytes: bytes,
+        rows_used: 2 * rows,
+    }
+}
+
+/// Loads token group `group` of `kind` into `buf` and checks that the store gave the rows
+/// the layout implies: a short page would otherwise pair scores with the wrong tokens.
+fn load_rows(
+    head: &dyn HeadPages,
+    kind: Kind,
+    group: usize,
+    buf: &mut [f32],
+) -> Result<(usize, Loaded), KvError> {
+    let tpp = head.layout().tokens_per_page;
+    let want = tpp.min(head.tokens() - group * tpp);
+    let (rows, loaded) = head.load_token_group(kind, group, buf)?;
+    if rows != want {
+        return Err(KvError::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{kind:?} token group {group} gave {rows} rows, {want} expected"),
+        )));
+    }
+    Ok((rows, loaded))
+}
+
+/// The mean of V (`v_sum / tokens`), checked against the head size.
+fn v_mean(head: &dyn HeadPages) -> Result<Vec<f64>, KvError> {
+    let sum = head.v_sum();
+    if sum.len() != head.layout().head_dim {
+        return Err(KvError::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "the V sum has {} elements for a head of {}",
+                sum.len(),
+                head.layout().head_dim
+            ),
+        )));
+    }
+    let n = head.tokens() as f64;
+    Ok(sum.into_iter().map(|s| s / n).collect())
 }

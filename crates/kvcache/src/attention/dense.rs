@@ -1,0 +1,64 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Exact attention over every token.
+//!
+//! Two passes: every K page (scores of all query rows), then every V page (weighted sums).
+//! Holding one score per token and row costs 8 bytes per token and row, little next to the
+//! cache, and keeps the softmax exact instead of rescaled page after page.
+
+use super::kernels::{axpy_rows, dot_rows, exp_shifted};
+use super::load_rows;
+use crate::{AttendStats, HeadPages, Kind, KvError};
+
+/// Dense attention of the `q.len() / head_dim` rows of `q` into `out` (shapes checked by
+/// the caller).
+pub(super) fn attend(
+    head: &dyn HeadPages,
+    q: &[f32],
+    scale: f64,
+    out: &mut [f32],
+) -> Result<AttendStats, KvError> {
+    let layout = *head.layout();
+    let (hd, tpp) = (layout.head_dim, layout.tokens_per_page);
+    let tokens = head.tokens();
+    let rows = q.len() / hd;
+    let qd: Vec<f64> = q.iter().map(|&x| f64::from(x)).collect();
+    let mut buf = vec![0f32; tpp * hd];
+    let mut row_scores = vec![0f64; rows];
+    let mut stats = AttendStats::default();
+
+    // Pass 1: scores[row * tokens + t] = q_row · k_t * scale.
+    let mut scores = vec![0f64; rows * tokens];
+    for group in 0..layout.token_groups(tokens) {
+        let (n, loaded) = load_rows(head, Kind::K, group, &mut buf)?;
+        stats.pages_read += loaded.pages;
+        stats.media_bytes += loaded.bytes;
+        let base = group * tpp;
+        for (t, k) in buf[..n * hd].chunks_exact(hd).enumerate() {
+            dot_rows(&qd, k, &mut row_scores);
+            for (row, s) in row_scores.iter().enumerate() {
+                scores[row * tokens + base + t] = s * scale;
+            }
+        }
+    }
+    // Unnormalised weights; the division by their sum happens once per output element.
+    let sums: Vec<f64> = scores.chunks_exact_mut(tokens).map(exp_shifted).collect();
+
+    // Pass 2: acc_row = Σ_t w_row,t v_t.
+    let mut acc = vec![0f64; rows * hd];
+    for group in 0..layout.token_groups(tokens) {
+        let (n, loaded) = load_rows(head, Kind::V, group, &mut buf)?;
+        stats.pages_read += loaded.pages;
+        stats.media_bytes += loaded.bytes;
+        let base = group * tpp;
+        for (row, a) in acc.chunks_exact_mut(hd).enumerate() {
+            axpy_rows(a, &scores[row * tokens + base..][..n], &buf[..n * hd]);
+        }
+    }
+    for ((o, a), sum) in out.chunks_exact_mut(hd).zip(acc.chunks_exact(hd)).zip(sums) {
+        for (o, a) in o.iter_mut().zip(a) {
+            *o = (a / sum) as f32;
+        }
+    }
+    stats.rows_used = 2 * tokens as u64;
+    Ok(stats)
+}

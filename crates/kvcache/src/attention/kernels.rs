@@ -1,0 +1,213 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The inner loops of attention, written so the compiler vectorises them, and top-k.
+//!
+//! Products of two f32 values are exact in f64, so a dot product of f32 rows accumulated in
+//! f64 loses only the rounding of the additions; eight independent accumulators let the
+//! loop use vector registers (f64 addition is not reassociated by the compiler on its own).
+
+use std::cmp::Ordering;
+
+/// Independent accumulators of [`dot`]: two AVX2 vectors or four SSE2 ones of f64.
+const LANES: usize = 8;
+
+/// `q · k`, q already widened to f64, accumulated in f64.
+pub(super) fn dot(q: &[f64], k: &[f32]) -> f64 {
+    let mut out = [0.0];
+    dot_block::<1>([q], k, &mut out);
+    out[0]
+}
+
+/// `out[r] = q_r · k` for the rows `q_r` of `q`, [`ROWS`] rows at a time so that each
+/// element of `k` is loaded and widened once per block (grouped-query attention). Every
+/// row is summed exactly as [`dot`] sums it, so a row's result does not depend on the
+/// rows beside it.
+pub(super) fn dot_rows(q: &[f64], k: &[f32], out: &mut [f64]) {
+    let hd = k.len();
+    let mut blocks = q.chunks_exact(ROWS * hd);
+    let mut outs = out.chunks_exact_mut(ROWS);
+    for (qb, ob) in (&mut blocks).zip(&mut outs) {
+        dot_block::<ROWS>(std::array::from_fn(|r| &qb[r * hd..(r + 1) * hd]), k, ob);
+    }
+    for (qr, o) in blocks
+        .remainder()
+        .chunks_exact(hd)
+        .zip(outs.into_remainder())
+    {
+        *o = dot(qr, k);
+    }
+}
+
+/// Query rows per block of [`dot_rows`]: with [`LANES`] accumulators each, two rows fill
+/// half of the sixteen SSE2 registers, leaving room for `k` and the products.
+const ROWS: usize = 2;
+
+fn dot_block<const R: usize>(q: [&[f64]; R], k: &[f32], out: &mut [f64]) {
+    let kc = k.chunks_exact(LANES);
+    let mut acc = [[0.0f64; LANES]; R];
+    let mut tail = [0.0f64; R];
+    for r in 0..R {
+        debug_assert_eq!(q[r].len(), k.len());
+        let qr = q[r].chunks_exact(LANES).remainder();
+        for (a, b) in qr.iter().zip(kc.remainder()) {
+            tail[r] += a * f64::from(*b);
+        }
+    }
+    for (i, b) in kc.enumerate() {
+        let base = i * LANES;
+        for l in 0..LANES {
+            let x = f64::from(b[l]);
+            for r in 0..R {
+                acc[r][l] += q[r][base + l] * x;
+            }
+        }
+    }
+    for r in 0..R {
+        let a = &acc[r];
+        out[r] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])) + tail[r];
+    }
+}
+
+/// `acc += Σ_i w[i] * x_i` over the `w.len()` consecutive rows `x_i` of `x`, four rows a
+/// pass, so each accumulator is loaded and stored once per four rows.
+pub(super) fn axpy_rows(acc: &mut [f64], w: &[f64], x: &[f32]) {
+    let hd = acc.len();
+    let mut ws = w.chunks_exact(4);
+    let mut xs = x.chunks_exact(4 * hd);
+    for (w, x) in (&mut ws).zip(&mut xs) {
+        let (x0, rest) = x.split_at(hd);
+        let (x1, rest) = rest.split_at(hd);
+        let (x2, x3) = rest.split_at(hd);
+        for i in 0..hd {
+            acc[i] += (w[0] * f64::from(x0[i]) + w[1] * f64::from(x1[i]))
+                + (w[2] * f64::from(x2[i]) + w[3] * f64::from(x3[i]));
+        }
+    }
+    for (w, x) in ws.remainder().iter().zip(xs.remainder().chunks_exact(hd)) {
+        axpy(acc, *w, x);
+    }
+}
+
+/// `acc += a * x`, x widened to f64.
+pub(super) fn axpy(acc: &mut [f64], a: f64, x: &[f32]) {
+    debug_assert_eq!(acc.len(), x.len());
+    for (y, v) in acc.iter_mut().zip(x) {
+        *y += a * f64::from(*v);
+    }
+}
+
+/// Replaces `x` by `exp(x - max(x))` and returns the sum of the new values: the softmax is
+/// `x / sum`. Subtracting the maximum keeps every exponent at most 0, so nothing overflows
+/// and the largest weight is exactly 1.
+pub(super) fn exp_shifted(x: &mut [f64]) -> f64 {
+    let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    sum
+}
+
+/// In-place softmax of `x`.
+pub(super) fn softmax(x: &mut [f64]) {
+    let inv = 1.0 / exp_shifted(x);
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// Fills `idx` with the `k` best of `0..n` under `first` (an order in which the better
+/// index comes first; it must be total, so ties are broken by index), in ascending index
+/// order. Linear time: a selection, then a sort of the `k` chosen only.
+pub(super) fn top_k(
+    n: usize,
+    k: usize,
+    idx: &mut Vec<usize>,
+    first: impl Fn(usize, usize) -> Ordering,
+) {
+    idx.clear();
+    idx.extend(0..n);
+    if k < n {
+        if k > 0 {
+            idx.select_nth_unstable_by(k - 1, |&a, &b| first(a, b));
+        }
+        idx.truncate(k);
+    }
+    idx.sort_unstable();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_and_axpy_match_plain_f64_loops() {
+        for n in [0, 1, 7, 8, 9, 64, 131] {
+            let q: Vec<f64> = (0..n).map(|i| (i as f64 * 0.37).sin()).collect();
+            let k: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+            let plain: f64 = q.iter().zip(&k).map(|(a, b)| a * f64::from(*b)).sum();
+            assert!(
+                (dot(&q, &k) - plain).abs() <= 1e-12 * (1.0 + plain.abs()),
+                "n = {n}"
+            );
+            let mut acc = q.clone();
+            axpy(&mut acc, 0.5, &k);
+            for i in 0..n {
+                assert_eq!(acc[i], q[i] + 0.5 * f64::from(k[i]));
+            }
+        }
+    }
+
+    #[test]
+    fn row_blocked_kernels_match_one_row_at_a_time() {
+        for hd in [1, 7, 16, 18] {
+            for rows in 1..10 {
+                let q: Vec<f64> = (0..rows * hd).map(|i| (i as f64 * 0.71).sin()).collect();
+                let x: Vec<f32> = (0..rows * hd).map(|i| (i as f32 * 0.13).cos()).collect();
+                let mut got = vec![0.0; rows];
+                dot_rows(&q, &x[..hd], &mut got);
+                for (g, qr) in got.iter().zip(q.chunks(hd)) {
+                    let want = dot(qr, &x[..hd]);
+                    assert!(
+                        (g - want).abs() <= 1e-13 * (1.0 + want.abs()),
+                        "dot_rows {hd} {rows}"
+                    );
+                }
+                let w = &q[..rows];
+                let mut got = vec![0.25; hd];
+                let mut want = got.clone();
+                axpy_rows(&mut got, w, &x);
+                for (w, xr) in w.iter().zip(x.chunks(hd)) {
+                    axpy(&mut want, *w, xr);
+                }
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(
+                        (g - w).abs() <= 1e-13 * (1.0 + w.abs()),
+                        "axpy_rows {hd} {rows}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_survives_large_scores_and_sums_to_one() {
+        let mut x = vec![1000.0, 999.0, -1000.0];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f64>() - 1.0).abs() < 1e-15);
+        assert!((x[0] / x[1] - 1f64.exp()).abs() < 1e-12 && x[2] == 0.0);
+    }
+
+    #[test]
+    fn top_k_breaks_ties_by_index_and_returns_ascending() {
+        let s = [0.5f64, 0.9, 0.5, 0.1, 0.9];
+        let by = |a: usize, b: usize| s[b].total_cmp(&s[a]).then(a.cmp(&b));
+        let mut idx = Vec::new();
+        top_k(s.len(), 3, &mut idx, by);
+        assert_eq!(idx, [0, 1, 4]);
+        top_k(s.len(), 9, &mut idx, by);
+        assert_eq!(idx, [0, 1, 2, 3, 4]);
+        top_k(s.len(), 0, &mut idx, by);
+        assert!(idx.is_empty());
+    }
+}

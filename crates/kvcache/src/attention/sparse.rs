@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: Apache-2.0
+//! SparF (InstInfer Algorithm 1) and SparQ: the same selection and arithmetic; SparF counts
+//! the pages the store reads, SparQ the elements a store without page groups would read.
+//!
+//! Each query row of a grouped-query call makes its own selections (steps 1 and 6), but the
+//! pages are loaded for the union of the rows' needs, each once, and every row picks its own
+//! units out of a loaded page (the second step of the dual-step loading). Pages no row needs
+//! are never read (the first step).
+//!
+//! Ties are broken towards the lower index, in the selection of components and of tokens,
+//! so a call is deterministic; the approximate scores of a token are summed over the
+//! selected components in ascending order, which a plain reference reproduces exactly.
+
+use std::ops::Range;
+
+use super::kernels::{axpy, dot, exp_shifted, softmax, top_k};
+use super::{element_stats, load_rows, v_mean, Count};
+use crate::{AttendStats, HeadPages, Kind, KvError, Loaded};
+
+/// What to keep, already clamped: `r <= head_dim`, `k < tokens`, `local <= tokens`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Plan {
+    /// Query components kept per row.
+    pub r: usize,
+    /// Tokens kept per row (the local ones included).
+    pub k: usize,
+    /// Most recent tokens always kept (if `local > k`, the `k` best of them).
+    pub local: usize,
+    /// How media reads are reported.
+    pub count: Count,
+}
+
+/// Sparse attention of the rows of `q` into `out` (shapes checked by the caller).
+pub(super) fn attend(
+    head: &dyn HeadPages,
+    q: &[f32],
+    scale: f64,
+    plan: Plan,
+    out: &mut [f32],
+) -> Result<AttendStats, KvError> {
+    let layout = *head.layout();
+    let (hd, dpp, tpp) = (
+        layout.head_dim,
+        layout.dims_per_page,
+        layout.tokens_per_page,
+    );
+    let n = head.tokens();
+    let rows = q.len() / hd;
+    let qd: Vec<f64> = q.iter().map(|&x| f64::from(x)).collect();
+    let mut order = Vec::with_capacity(n.max(hd));
+    let mut loaded = Loaded::default();
+    // Checked before any page is read, so a store with a bad V sum costs no reads.
+    let mean = v_mean(head)?;
+
+    // Step 1: each row's `r` largest-magnitude components, ascending.
+    let mut dims = Vec::with_capacity(rows);
+    for qr in qd.chunks_exact(hd) {
+        top_k(hd, plan.r, &mut order, |a, b| {
+            qr[b].abs().total_cmp(&qr[a].abs()).then(a.cmp(&b))
+        });
+        dims.push(order.clone());
+    }
+
+    // Steps 2-4: approximate scores from the dimension groups holding a selected component.
+    let mut dim_used = vec![false; hd];
+    dims.iter().flatten().for_each(|&d| dim_used[d] = true);
+    let mut shat = vec![0f64; rows * n];
+    let mut buf = vec![0f32; dpp * n];
+    for group in 0..layout.dim_groups() {
+        let first = group * dpp;
+        if !dim_used[first..first + dpp].contains(&true) {
+            continue;
+        }
+        loaded += head.load_dim_group(group, &mut buf)?;
+        for (row, (ds, s)) in dims.iter().zip(shat.chunks_exact_mut(n)).enumerate() {
+            for &d in &ds[span(ds, first, first + dpp)] {
+                axpy(s, qd[row * hd + d], &buf[(d - first) * n..][..n]);
+            }
+        }
+    }
+    for ((qr, ds), s) in qd.chunks_exact(hd).zip(&dims).zip(shat.chunks_exact_mut(n)) {
+        // The paper divides by sqrt(d_h * |q_i|_1 / |q|_1): a partial dot product over the
+        // components that carry most of q underestimates the full one's spread, and this
+        // temperature corrects for it. A zero query scores every token 0 whatever the scale.
+        let l1: f64 = qr.iter().map(|x| x.abs()).sum();
+        let l1_kept: f64 = ds.iter().map(|&d| qr[d].abs()).sum();
+        let factor = if l1_kept > 0.0 {
+            scale / (l1_kept / l1).sqrt()
+        } else {
+            scale
+        };
+        s.iter_mut().for_each(|v| *v *= factor);
+        softmax(s);
+    }
+
+    // Steps 5-7: the `k` best tokens by ŝ, the last `local` first (the paper's ŝ + m), and
+    // α, the approximate weight they carry.
+    let first_local = n - plan.local;
+    let mut toks = Vec::with_capacity(rows);
+    let mut alpha = Vec::with_capacity(rows);
+    for s in shat.chunks_exact(n) {
+        top_k(n, plan.k, &mut order, |a, b| {
+            (b >= first_local)
+                .cmp(&(a >= first_local))
+                .then(s[b].total_cmp(&s[a]))
+                .then(a.cmp(&b))
+        });
+        alpha.push(order.iter().map(|&t| s[t]).sum::<f64>());
+        toks.push(order.clone());
+    }
+    drop(shat);
+
+    // Steps 8-10: exact scores of the kept tokens, from the K pages that hold one.
+    let mut tok_used = vec![false; n];
+    toks.iter().flatten().for_each(|&t| tok_used[t] = true);
+    let groups: Vec<usize> = (0..layout.token_groups(n))
+        .filter(|&g| tok_used[g * tpp..n.min((g + 1) * tpp)].contains(&true))
+        .collect();
+    let mut tbuf = vec![0f32; tpp * hd];
+    let mut scores: Vec<Vec<f64>> = toks.iter().map(|j| vec![0f64; j.len()]).collect();
+    for &group in &groups {
+        loaded += load_rows(head, Kind::K, group, &mut tbuf)?.1;
+        let base = group * tpp;
+        for ((qr, j), sc) in qd.chunks_exact(hd).zip(&toks).zip(&mut scores) {
+            for i in span(j, base, base + tpp) {
+                sc[i] = dot(qr, &tbuf[(j[i] - base) * hd..][..hd]) * scale;
+            }
+        }
+    }
+    let sums: Vec<f64> = scores.iter_mut().map(|s| exp_shifted(s)).collect();
+
+    // Step 11: out = α · softmax(s) · V[j] + (1 − α) · mean(V).
+    let mut acc = vec![0f64; rows * hd];
+    for &group in &groups {
+        loaded += load_rows(head, Kind::V, group, &mut tbuf)?.1;
+        let base = group * tpp;
+        for ((a, j), w) in acc.chunks_exact_mut(hd).zip(&toks).zip(&scores) {
+            for i in span(j, base, base + tpp) {
+                axpy(a, w[i], &tbuf[(j[i] - base) * hd..][..hd]);
+            }
+        }
+    }
+    for (((o, a), sum), alpha) in out
+        .chunks_exact_mut(hd)
+        .zip(acc.chunks_exact(hd))
+        .zip(sums)
+        .zip(alpha)
+    {
+        for ((o, a), m) in o.iter_mut().zip(a).zip(&mean) {
+            *o = (alpha * (a / sum) + (1.0 - alpha) * m) as f32;
+        }
+    }
+
+    let distinct = tok_used.iter().filter(|&&u| u).count() as u64;
+    Ok(match plan.count {
+        Count::Pages => AttendStats {
+            pages_read: loaded.pages,
+            media_bytes: loaded.bytes,
+            rows_used: 2 * distinct,
+        },
+        Count::Elements => element_stats(
+            &layout,
+            dim_used.iter().filter(|&&u| u).count(),
+            n,
+            distinct,
+        ),
+    })
+}
+
+/// The positions in the ascending list `sorted` of the values in `lo..hi`.
+fn span(sorted: &[usize], lo: usize, hi: usize) -> Range<usize> {
+    sorted.partition_point(|&x| x < lo)..sorted.partition_point(|&x| x < hi)
+}

@@ -1,0 +1,285 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Test fakes: an in-memory head that counts pages as the store does, plain references of
+//! dense attention and of Algorithm 1 (no pages, no vector tricks), and random data.
+
+use std::sync::Mutex;
+
+use super::{attend, Method};
+use crate::{AttendStats, Dtype, HeadPages, Kind, KvError, Layout, Loaded};
+
+/// One page read, as [`MemHead`] logs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Read {
+    /// A token-indexed page of K or V.
+    Token(Kind, usize),
+    /// A dimension group of K (one or more pages).
+    Dim(usize),
+}
+
+/// K and V rows in memory. A token group costs one page, a dimension group one page per
+/// `tokens_per_dim_page` tokens (rounded up); bytes are whole pages, as on flash.
+pub struct MemHead {
+    pub layout: Layout,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    /// Every load, in order.
+    pub reads: Mutex<Vec<Read>>,
+}
+
+impl MemHead {
+    pub fn new(layout: Layout, k: Vec<f32>, v: Vec<f32>) -> MemHead {
+        assert_eq!(k.len(), v.len());
+        assert_eq!(k.len() % layout.head_dim, 0);
+        MemHead {
+            layout,
+            k,
+            v,
+            reads: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A head of `tokens` random rows.
+    pub fn random(layout: Layout, tokens: usize, rng: &mut Rng) -> MemHead {
+        let n = tokens * layout.head_dim;
+        MemHead::new(layout, rng.vec(n), rng.vec(n))
+    }
+
+    pub fn take_reads(&self) -> Vec<Read> {
+        std::mem::take(&mut self.reads.lock().unwrap())
+    }
+
+    /// Pages of one dimension group.
+    pub fn dim_group_pages(&self) -> u64 {
+        self.tokens().div_ceil(self.layout.tokens_per_dim_page) as u64
+    }
+
+    fn cost(&self, pages: u64) -> Loaded {
+        Loaded {
+            pages,
+            bytes: pages * self.layout.page_bytes as u64,
+        }
+    }
+}
+
+impl HeadPages for MemHead {
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn tokens(&self) -> usize {
+        self.k.len() / self.layout.head_dim
+    }
+
+    fn load_token_group(
+        &self,
+        kind: Kind,
+        group: usize,
+        out: &mut [f32],
+    ) -> Result<(usize, Loaded), KvError> {
+        let (hd, tpp) = (self.layout.head_dim, self.layout.tokens_per_page);
+        let first = group * tpp;
+        if first >= self.tokens() {
+            return Err(KvError::BadRequest(format!(
+                "token group {group} is past the end"
+            )));
+        }
+        let rows = tpp.min(self.tokens() - first);
+        let src = match kind {
+            Kind::K => &self.k,
+            Kind::V => &self.v,
+        };
+        out[..rows * hd].copy_from_slice(&src[first * hd..(first + rows) * hd]);
+        self.reads.lock().unwrap().push(Read::Token(kind, group));
+        Ok((rows, self.cost(1)))
+    }
+
+    fn load_dim_group(&self, group: usize, out: &mut [f32]) -> Result<Loaded, KvError> {
+        let (hd, dpp, n) = (
+            self.layout.head_dim,
+            self.layout.dims_per_page,
+            self.tokens(),
+        );
+        for j in 0..dpp {
+            let d = group * dpp + j;
+            for t in 0..n {
+                out[j * n + t] = self.k[t * hd + d];
+            }
+        }
+        self.reads.lock().unwrap().push(Read::Dim(group));
+        Ok(self.cost(self.dim_group_pages()))
+    }
+
+    fn v_sum(&self) -> Vec<f64> {
+        let hd = self.layout.head_dim;
+        let mut s = vec![0f64; hd];
+        for row in self.v.chunks_exact(hd) {
+            for (s, v) in s.iter_mut().zip(row) {
+                *s += f64::from(*v);
+            }
+        }
+        s
+    }
+}
+
+/// Plain softmax in f64.
+fn softmax(x: &[f64]) -> Vec<f64> {
+    let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = x.iter().map(|v| (v - max).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    e.iter().map(|v| v / sum).collect()
+}
+
+fn row(m: &[f32], hd: usize, t: usize) -> &[f32] {
+    &m[t * hd..(t + 1) * hd]
+}
+
+fn dot(q: &[f32], k: &[f32]) -> f64 {
+    q.iter()
+        .zip(k)
+        .map(|(a, b)| f64::from(*a) * f64::from(*b))
+        .sum()
+}
+
+/// Softmax attention of one query row over the tokens `j` of `h`.
+fn attention(h: &MemHead, q: &[f32], scale: f64, j: &[usize]) -> Vec<f64> {
+    let hd = h.layout.head_dim;
+    let s = softmax(
+        &j.iter()
+            .map(|&t| dot(q, row(&h.k, hd, t)) * scale)
+            .collect::<Vec<_>>(),
+    );
+    let mut out = vec![0f64; hd];
+    for (w, &t) in s.iter().zip(j) {
+        for (o, v) in out.iter_mut().zip(row(&h.v, hd, t)) {
+            *o += w * f64::from(*v);
+        }
+    }
+    out
+}
+
+/// Exact attention of one query row.
+pub fn dense_ref(h: &MemHead, q: &[f32], scale: f64) -> Vec<f64> {
+    attention(h, q, scale, &(0..h.tokens()).collect::<Vec<_>>())
+}
+
+/// Algorithm 1 for one query row, straight from the paper: the output, the components kept
+/// (`i`) and the tokens kept (`j`), both ascending.
+pub fn sparf_ref(
+    h: &MemHead,
+    q: &[f32],
+    scale: f64,
+    r: usize,
+    k: usize,
+    local: usize,
+) -> (Vec<f64>, Vec<usize>, Vec<usize>) {
+    let (hd, n) = (h.layout.head_dim, h.tokens());
+    // 1: argtopk(|q|, r), ties to the lower index.
+    let mut i: Vec<usize> = (0..hd).collect();
+    i.sort_by(|&a, &b| q[b].abs().total_cmp(&q[a].abs()).then(a.cmp(&b)));
+    i.truncate(r.min(hd));
+    i.sort();
+    // 4: ŝ = softmax(q[i]·K[:, i] · scale / sqrt(|q[i]|_1 / |q|_1)).
+    let l1: f64 = q.iter().map(|x| f64::from(x.abs())).sum();
+    let l1_i: f64 = i.iter().map(|&d| f64::from(q[d].abs())).sum();
+    let factor = if l1_i > 0.0 {
+        scale / (l1_i / l1).sqrt()
+    } else {
+        scale
+    };
+    let logits: Vec<f64> = (0..n)
+        .map(|t| {
+            let mut s = 0.0;
+            for &d in &i {
+                s += f64::from(q[d]) * f64::from(h.k[t * hd + d]);
+            }
+            s * factor
+        })
+        .collect();
+    let s_hat = softmax(&logits);
+    // 5-6: argtopk(ŝ + m, k), m = 1 on the last `local` tokens.
+    let local = local.min(n);
+    let is_local = |t: usize| t >= n - local;
+    let mut j: Vec<usize> = (0..n).collect();
+    j.sort_by(|&a, &b| {
+        is_local(b)
+            .cmp(&is_local(a))
+            .then(s_hat[b].total_cmp(&s_hat[a]))
+            .then(a.cmp(&b))
+    });
+    j.truncate(k.min(n));
+    j.sort();
+    // 7: α = Σ ŝ[j].
+    let alpha: f64 = j.iter().map(|&t| s_hat[t]).sum();
+    // 10-11: out = α · softmax(q·K[j] · scale) · V[j] + (1 − α) · mean(V).
+    let att = attention(h, q, scale, &j);
+    let mean: Vec<f64> = h.v_sum().iter().map(|s| s / n as f64).collect();
+    let out = att
+        .iter()
+        .zip(&mean)
+        .map(|(a, m)| alpha * a + (1.0 - alpha) * m)
+        .collect();
+    (out, i, j)
+}
+
+/// A small deterministic generator (xorshift64*), so failures reproduce.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f32()).collect()
+    }
+}
+
+/// Asserts `got` (f32) is within `tol` of `want`, relative to `|want|` but at least 0.01:
+/// outputs are averages of rows in [-1, 1], and relative error means nothing near 0.
+pub fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (f64::from(*g) - w).abs();
+        assert!(
+            err <= tol * w.abs().max(0.01),
+            "{what}: element {i}: {g} vs {w} (error {err:e})"
+        );
+    }
+}
+
+/// (head_dim, dtype, page bytes, dims per page): token pages of 4 to 32 tokens, dimension
+/// pages of 32 to 1,024 tokens, so small caches still span several of both.
+pub const SHAPES: [(usize, Dtype, usize, usize); 4] = [
+    (16, Dtype::F32, 256, 2),
+    (32, Dtype::F16, 512, 1),
+    (64, Dtype::F32, 4096, 4),
+    (128, Dtype::F16, 4096, 2),
+];
+
+pub fn layout((hd, dtype, page, dpp): (usize, Dtype, usize, usize)) -> Layout {
+    Layout::new(hd, dtype, page, dpp).unwrap()
+}
+
+/// One call of the engine, into a fresh output.
+pub fn run(h: &MemHead, q: &[f32], scale: f32, m: Method) -> (Vec<f32>, AttendStats) {
+    let mut out = vec![f32::NAN; q.len()];
+    let stats = attend(h, q, scale, m, &mut out).unwrap();
+    (out, stats)
+}
+
+/// The usual 1/sqrt(head_dim).
+pub fn scale_of(h: &MemHead) -> f32 {
+    1.0 / (h.layout.head_dim as f32).sqrt()
+}
