@@ -144,6 +144,19 @@ pub fn presets() -> Vec<DeviceModel> {
             compute: None,
         },
         DeviceModel {
+            name: "instinfer-csd".into(),
+            description: "InstInfer's software-defined CSD: 980 PRO-class back-end with 4 KiB KV pages, PCIe Gen3 x4".into(),
+            source: "InstInfer implementation section: NVMeVirt-based InstCSD with 8 flash channels at 1.4 GB/s \
+                     (11.2 GB/s internal) to match the 980 PRO, connected by PCIe Gen3 x4 as the OpenSSD was; KV pages \
+                     are 4 KB (Section IV-C). Estimated: 8 dies per channel so 4 KiB reads (20 us) keep the channels \
+                     busy, 300/3000 us program/erase, 7 % OP. The attention engine runs at this machine's speed."
+                .into(),
+            flash: Some(flash((8, 8, 4), (20.0, 300.0, 3000.0), 1400.0, 0.07)),
+            link: gen3.clone(),
+            engine_link: None,
+            compute: None,
+        },
+        DeviceModel {
             name: "intel-p4600".into(),
             description: "Intel DC P4600 1.6 TB data-center NVMe SSD (3D TLC, PCIe Gen3 x4), no offload engine".into(),
             source: "Target drive of the virtual-objects evaluation (8 x P4600 1.6 TB behind 40 GbE). Intel P4500/P4600 \
@@ -272,7 +285,7 @@ mod tests {
             assert_eq!(preset(&m.name).as_ref(), Some(m));
             assert_eq!(all.iter().filter(|o| o.name == m.name).count(), 1);
         }
-        for name in ["samsung-980pro", "intel-p4600", "daisyplus-openssd", "newport", "smartssd"] {
+        for name in ["samsung-980pro", "instinfer-csd", "intel-p4600", "daisyplus-openssd", "newport", "smartssd"] {
             assert!(preset(name).is_some(), "{name}");
         }
         assert!(preset("nope").is_none());
