@@ -127,6 +127,15 @@ enum Cmd {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// LLM generation and evaluation with the KV cache on targets and decode attention
+    /// computed there (`insitu llm generate|eval --help`). Runs in Python: needs the LLM
+    /// extra (`pip install 'insitu[llm]'`, or `make test` in a checkout).
+    #[command(disable_help_flag = true)]
+    Llm {
+        /// Arguments of the Python command.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Run an NVMe/TCP target serving files or block devices as namespaces.
     #[command(subcommand)]
     Target(TargetCmd),
@@ -294,6 +303,14 @@ enum ImageCmd {
 
 #[derive(Subcommand, Debug)]
 enum BenchCmd {
+    /// LLM decoding throughput and link bytes per token: host memory, FlexGen-style and
+    /// in-storage attention (dense and SparF) over 1, 2 and 4 targets (Python, LLM extra).
+    #[command(disable_help_flag = true)]
+    Llm {
+        /// Arguments of the Python benchmark.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Scan throughput: raw direct reads of a file's blocks vs an offloaded checksum over
     /// them (and the conventional host path), measured in one run with cold caches.
     Scan {
@@ -552,6 +569,10 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Cmd::Detach { dir } => {
             let a = insitu_attach::detach(&dir).map_err(|e| e.to_string())?;
             done(json, &format!("detached {} from {}", a.url, a.dir.display()));
+        }
+        Cmd::Llm { .. } | Cmd::Bench(BenchCmd::Llm { .. }) => {
+            eprintln!("insitu: `llm` and `bench llm` run in the Python entry point (the `insitu` command installed with the package); install the LLM extra with `pip install 'insitu[llm]'`");
+            return Ok(2);
         }
         Cmd::Bench(BenchCmd::Scan { function, size, repeat, dir }) => return bench_cmd::scan(function, &size, repeat, dir, json),
         Cmd::Bench(BenchCmd::Fabric { size, repeat, dir }) => return bench_cmd::fabric(&size, repeat, dir, json),
