@@ -1,0 +1,567 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The KV store of a private namespace: sequences, pages, the DRAM group buffer, the journal.
+//!
+//! On the media the region is: a superblock page, a journal of `J` pages in two halves, then
+//! data pages. Appends fill a DRAM group buffer per head and write whole pages as they
+//! fill, then one journal record saying which pages now belong to which head; a restarted
+//! store replays the journal and so finds every flushed page (tokens still in DRAM are
+//! lost). When the active half fills, the live state is written to the other half as a
+//! checkpoint and the superblock, rewritten last, switches halves.
+
+mod journal;
+
+use crate::{Dtype, HeadPages, Kind, KvError, Layout, Loaded};
+use insitu_media::{AlignedBuf, Backing, ReadPurpose};
+use journal::{Journal, Record};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// A sequence's shape and progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqInfo {
+    /// Sequence id (chosen by the host).
+    pub seq: u64,
+    /// Layers.
+    pub layers: usize,
+    /// KV heads kept on this target.
+    pub kv_heads: usize,
+    /// Page layout of every head.
+    pub layout: Layout,
+    /// Tokens stored, per layer.
+    pub tokens: Vec<usize>,
+}
+
+/// Space in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreUsage {
+    /// Flash page size.
+    pub page_bytes: usize,
+    /// Data pages in the namespace.
+    pub pages_total: u64,
+    /// Data pages free.
+    pub pages_free: u64,
+    /// Live sequences.
+    pub sequences: usize,
+}
+
+/// One (layer, head) of a sequence.
+#[derive(Clone)]
+struct Head {
+    tokens: usize,
+    k_pages: Vec<u32>,
+    v_pages: Vec<u32>,
+    /// Per dimension group, one page per full block of `tokens_per_dim_page` tokens.
+    d_pages: Vec<Vec<u32>>,
+    /// Rows (f32, token-major) not yet filling a token page.
+    k_tail: Arc<Vec<f32>>,
+    v_tail: Arc<Vec<f32>>,
+    /// K rows (f32, token-major) not yet filling a dimension block.
+    d_tail: Arc<Vec<f32>>,
+    v_sum: Vec<f64>,
+}
+
+impl Head {
+    fn new(l: &Layout) -> Head {
+        Head {
+            tokens: 0,
+            k_pages: Vec::new(),
+            v_pages: Vec::new(),
+            d_pages: vec![Vec::new(); l.dim_groups()],
+            k_tail: Arc::default(),
+            v_tail: Arc::default(),
+            d_tail: Arc::default(),
+            v_sum: vec![0.0; l.head_dim],
+        }
+    }
+
+    fn pages(&self) -> impl Iterator<Item = u32> + '_ {
+        self.k_pages.iter().chain(&self.v_pages).chain(self.d_pages.iter().flatten()).copied()
+    }
+}
+
+#[derive(Clone)]
+struct Seq {
+    layers: usize,
+    kv_heads: usize,
+    layout: Layout,
+    heads: Vec<Head>, // layer-major
+}
+
+impl Seq {
+    fn info(&self, seq: u64) -> SeqInfo {
+        let tokens = (0..self.layers).map(|l| self.heads[l * self.kv_heads].tokens).collect();
+        SeqInfo { seq, layers: self.layers, kv_heads: self.kv_heads, layout: self.layout, tokens }
+    }
+}
+
+/// Free pages are kept in [`STRIPE`] classes by page number modulo `STRIPE`. A drive
+/// stripes consecutive pages over its dies, so a head whose next page comes from the class
+/// after its last one has its pages spread over every die (for any die count dividing
+/// `STRIPE`), and one head's read is served by all channels at once (InstInfer IV-C).
+const STRIPE: usize = 64;
+
+struct State {
+    seqs: HashMap<u64, Seq>,
+    refs: Vec<u32>,
+    /// Per class, free pages in descending order (the lowest is popped first).
+    free: Vec<Vec<u32>>,
+    free_count: u64,
+    journal: Journal,
+}
+
+impl State {
+    fn free_pages(&self) -> u64 {
+        self.free_count
+    }
+
+    /// A free page for a list whose last page is `after`: from the next class when it has
+    /// one, else the lowest free page.
+    fn alloc(&mut self, after: Option<u32>) -> u32 {
+        let class = match after.map(|p| (p as usize + 1) % STRIPE) {
+            Some(c) if !self.free[c].is_empty() => c,
+            _ => (0..STRIPE).filter(|c| !self.free[*c].is_empty()).min_by_key(|c| self.free[*c].last()).expect("space was checked before allocating"),
+        };
+        let p = self.free[class].pop().expect("class is not empty");
+        self.free_count -= 1;
+        self.refs[p as usize] = 1;
+        p
+    }
+
+    fn release(&mut self, pages: impl Iterator<Item = u32>) {
+        for p in pages {
+            let r = &mut self.refs[p as usize];
+            *r -= 1;
+            if *r == 0 {
+                self.free[p as usize % STRIPE].push(p);
+                self.free_count += 1;
+            }
+        }
+    }
+
+    fn sort_free(&mut self) {
+        self.free.iter_mut().for_each(|c| c.sort_unstable_by(|a, b| b.cmp(a)));
+    }
+}
+
+/// The KV cache kept in one private namespace.
+pub struct KvStore {
+    media: Arc<Backing>,
+    page_bytes: usize,
+    /// Byte offset of data page 0.
+    data_base: u64,
+    data_pages: u32,
+    state: Mutex<State>,
+}
+
+/// A read view of one (sequence, layer, head), steady while it lives.
+pub struct HeadView {
+    media: Arc<Backing>,
+    data_base: u64,
+    layout: Layout,
+    head: Head,
+}
+
+fn bad(m: impl Into<String>) -> KvError {
+    KvError::BadRequest(m.into())
+}
+
+impl KvStore {
+    /// Opens the store in `len` bytes at `base` of `media` with flash pages of `page_bytes`:
+    /// recovers the sequences a previous run left (every flushed page), or formats an empty
+    /// store when the region holds none.
+    pub fn open(media: Arc<Backing>, base: u64, len: u64, page_bytes: usize) -> Result<KvStore, KvError> {
+        if page_bytes < 512 || !page_bytes.is_power_of_two() {
+            return Err(bad(format!("page size {page_bytes} is not a power of two of at least 512")));
+        }
+        let total = len / page_bytes as u64;
+        if total < 8 {
+            return Err(bad(format!("a {len}-byte private namespace is too small for a KV store of {page_bytes}-byte pages")));
+        }
+        let journal_pages = (total / 32).max(4) & !1;
+        let data_pages = u32::try_from(total - 1 - journal_pages).map_err(|_| bad("private namespace too large for 32-bit page numbers"))?;
+        let journal = Journal::open(media.clone(), base, page_bytes, journal_pages as usize)?;
+        let data_base = base + (1 + journal_pages) * page_bytes as u64;
+        let mut state = State { seqs: HashMap::new(), refs: vec![0; data_pages as usize], free: vec![Vec::new(); STRIPE], free_count: 0, journal };
+        let records = state.journal.replay()?;
+        for r in records {
+            apply(&mut state.seqs, r, page_bytes)?;
+        }
+        let store = KvStore { media, page_bytes, data_base, data_pages, state: Mutex::new(state) };
+        store.recover()?;
+        Ok(store)
+    }
+
+    /// After replay: keep what whole pages hold, rebuild the DRAM tails and sums of V from
+    /// the media, count references and list free pages.
+    fn recover(&self) -> Result<(), KvError> {
+        let mut st = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut refs = vec![0u32; self.data_pages as usize];
+        let ids: Vec<u64> = st.seqs.keys().copied().collect();
+        for id in ids {
+            let mut seq = st.seqs.remove(&id).expect("listed");
+            let l = seq.layout;
+            for layer in 0..seq.layers {
+                let heads = &mut seq.heads[layer * seq.kv_heads..(layer + 1) * seq.kv_heads];
+                let whole = heads.iter().map(|h| h.k_pages.len().min(h.v_pages.len())).min().unwrap_or(0);
+                let tokens = whole * l.tokens_per_page;
+                let blocks = tokens / l.tokens_per_dim_page;
+                for h in heads.iter_mut() {
+                    h.k_pages.truncate(whole);
+                    h.v_pages.truncate(whole);
+                    h.d_pages.iter_mut().for_each(|d| d.truncate(blocks));
+                    if h.d_pages.iter().any(|d| d.len() < blocks) {
+                        return Err(KvError::Io(std::io::Error::other(format!("journal of sequence {id} lacks dimension pages"))));
+                    }
+                    h.tokens = tokens;
+                    let view = HeadView { media: self.media.clone(), data_base: self.data_base, layout: l, head: h.clone() };
+                    let mut rows = vec![0f32; l.tokens_per_page * l.head_dim];
+                    let mut d_tail = Vec::new();
+                    h.v_sum = vec![0.0; l.head_dim];
+                    for g in 0..whole {
+                        view.load_token_group(Kind::V, g, &mut rows)?;
+                        for r in rows.chunks_exact(l.head_dim) {
+                            h.v_sum.iter_mut().zip(r).for_each(|(s, x)| *s += f64::from(*x));
+                        }
+                        if (g + 1) * l.tokens_per_page > blocks * l.tokens_per_dim_page {
+                            view.load_token_group(Kind::K, g, &mut rows)?;
+                            let first = (blocks * l.tokens_per_dim_page).saturating_sub(g * l.tokens_per_page);
+                            d_tail.extend_from_slice(&rows[first * l.head_dim..]);
+                        }
+                    }
+                    h.d_tail = Arc::new(d_tail);
+                    h.k_tail = Arc::default();
+                    h.v_tail = Arc::default();
+                    for p in h.pages() {
+                        refs.get_mut(p as usize).map(|r| *r += 1).ok_or_else(|| KvError::Io(std::io::Error::other(format!("journal names page {p} beyond the store"))))?;
+                    }
+                }
+            }
+            st.seqs.insert(id, seq);
+        }
+        for p in (0..self.data_pages).filter(|p| refs[*p as usize] == 0) {
+            st.free[p as usize % STRIPE].push(p);
+            st.free_count += 1;
+        }
+        st.refs = refs;
+        st.sort_free();
+        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Creates sequence `seq` with `layers` layers of `kv_heads` heads of `head_dim`.
+    pub fn create(&self, seq: u64, layers: usize, kv_heads: usize, head_dim: usize, dtype: Dtype, dims_per_page: usize) -> Result<SeqInfo, KvError> {
+        if layers == 0 || layers > 1024 || kv_heads == 0 || kv_heads > 1024 {
+            return Err(bad(format!("{layers} layers x {kv_heads} KV heads: each must be in 1..=1024")));
+        }
+        let layout = Layout::new(head_dim, dtype, self.page_bytes, dims_per_page)?;
+        let mut st = self.lock();
+        if st.seqs.contains_key(&seq) {
+            return Err(KvError::SequenceExists(seq));
+        }
+        let rec = Record::Create { seq, layers: layers as u16, kv_heads: kv_heads as u16, head_dim: head_dim as u16, dtype: dtype.code(), dims_per_page: dims_per_page as u8 };
+        self.log(&mut st, vec![rec])?;
+        let s = Seq { layers, kv_heads, layout, heads: vec![Head::new(&layout); layers * kv_heads] };
+        let info = s.info(seq);
+        st.seqs.insert(seq, s);
+        Ok(info)
+    }
+
+    /// Creates `child` sharing every token of `parent` (its full pages by reference).
+    pub fn fork(&self, parent: u64, child: u64) -> Result<SeqInfo, KvError> {
+        let mut st = self.lock();
+        let p = st.seqs.get(&parent).ok_or(KvError::UnknownSequence(parent))?.clone();
+        if st.seqs.contains_key(&child) {
+            return Err(KvError::SequenceExists(child));
+        }
+        self.log(&mut st, vec![Record::Fork { parent, child }])?;
+        for page in p.heads.iter().flat_map(Head::pages) {
+            st.refs[page as usize] += 1;
+        }
+        let info = p.info(child);
+        st.seqs.insert(child, p);
+        Ok(info)
+    }
+
+    /// Frees a sequence; its pages return to the free list once no fork uses them.
+    pub fn free(&self, seq: u64) -> Result<(), KvError> {
+        let mut st = self.lock();
+        if !st.seqs.contains_key(&seq) {
+            return Err(KvError::UnknownSequence(seq));
+        }
+        self.log(&mut st, vec![Record::Free { seq }])?;
+        let s = st.seqs.remove(&seq).expect("checked");
+        st.release(s.heads.iter().flat_map(|h| h.pages().collect::<Vec<_>>()));
+        st.sort_free();
+        Ok(())
+    }
+
+    /// A sequence's shape and progress.
+    pub fn info(&self, seq: u64) -> Result<SeqInfo, KvError> {
+        self.lock().seqs.get(&seq).map(|s| s.info(seq)).ok_or(KvError::UnknownSequence(seq))
+    }
+
+    /// Space in the store.
+    pub fn usage(&self) -> StoreUsage {
+        let st = self.lock();
+        StoreUsage { page_bytes: self.page_bytes, pages_total: u64::from(self.data_pages), pages_free: st.free_pages(), sequences: st.seqs.len() }
+    }
+
+    /// Appends `tokens` tokens to `layer` of `seq`: `k` and `v` are f32,
+    /// `[kv_heads][tokens][head_dim]`. Returns the layer's new token count.
+    pub fn append(&self, seq: u64, layer: usize, tokens: usize, k: &[f32], v: &[f32]) -> Result<usize, KvError> {
+        let mut st = self.lock();
+        let s = st.seqs.get(&seq).ok_or(KvError::UnknownSequence(seq))?;
+        let (l, heads) = (s.layout, s.kv_heads);
+        if layer >= s.layers {
+            return Err(KvError::Mismatch { seq, what: format!("layer {layer} does not exist (the sequence has {} layers)", s.layers) });
+        }
+        if tokens == 0 || tokens > 1 << 20 || k.len() != heads * tokens * l.head_dim || v.len() != k.len() {
+            return Err(KvError::Mismatch { seq, what: format!("an append of {tokens} tokens needs {} values each of K and V, got {} and {}", heads * tokens * l.head_dim, k.len(), v.len()) });
+        }
+        let before = s.heads[layer * heads].tokens;
+        let after = before + tokens;
+        let new_tok = after / l.tokens_per_page - before / l.tokens_per_page;
+        let new_blk = after / l.tokens_per_dim_page - before / l.tokens_per_dim_page;
+        let needed = (heads * (2 * new_tok + new_blk * l.dim_groups())) as u64;
+        if needed > st.free_pages() {
+            return Err(KvError::Full { needed, free: st.free_pages() });
+        }
+        let mut s = st.seqs.remove(&seq).expect("checked");
+        let mut records = Vec::new();
+        let result = (|| {
+            for h in 0..heads {
+                let rows = h * tokens * l.head_dim..(h + 1) * tokens * l.head_dim;
+                let head = &mut s.heads[layer * heads + h];
+                let (kr, vr) = (&k[rows.clone()], &v[rows]);
+                for r in vr.chunks_exact(l.head_dim) {
+                    head.v_sum.iter_mut().zip(r).for_each(|(a, x)| *a += f64::from(*x));
+                }
+                let first = (head.k_pages.len(), head.d_pages[0].len());
+                self.fill(&mut st, &mut head.k_pages, Arc::make_mut(&mut head.k_tail), kr, &l)?;
+                self.fill(&mut st, &mut head.v_pages, Arc::make_mut(&mut head.v_tail), vr, &l)?;
+                self.fill_dims(&mut st, &mut head.d_pages, Arc::make_mut(&mut head.d_tail), kr, &l)?;
+                head.tokens = after;
+                let at = |pages: &[u32], from: usize| pages[from..].to_vec();
+                for (kind, pages, from) in [(0u8, &head.k_pages, first.0), (1, &head.v_pages, first.0)] {
+                    if pages.len() > from {
+                        records.push(Record::Pages { seq, layer: layer as u16, head: h as u16, kind, first: from as u32, pages: at(pages, from) });
+                    }
+                }
+                for (g, d) in head.d_pages.iter().enumerate() {
+                    if d.len() > first.1 {
+                        records.push(Record::Pages { seq, layer: layer as u16, head: h as u16, kind: 2 + g as u8, first: first.1 as u32, pages: at(d, first.1) });
+                    }
+                }
+            }
+            Ok::<(), KvError>(())
+        })();
+        st.seqs.insert(seq, s);
+        result?;
+        if !records.is_empty() {
+            self.log(&mut st, records)?;
+        }
+        Ok(after)
+    }
+
+    /// Appends rows to a token-indexed tail and writes each page it fills.
+    fn fill(&self, st: &mut State, pages: &mut Vec<u32>, tail: &mut Vec<f32>, rows: &[f32], l: &Layout) -> Result<(), KvError> {
+        let per_page = l.tokens_per_page * l.head_dim;
+        for r in rows.chunks(per_page) {
+            let room = per_page - tail.len();
+            let (now, rest) = r.split_at(room.min(r.len()));
+            tail.extend_from_slice(now);
+            if tail.len() == per_page {
+                let p = st.alloc(pages.last().copied());
+                self.write_page(p, tail, l.dtype)?;
+                pages.push(p);
+                tail.clear();
+                tail.extend_from_slice(rest);
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends K rows to the dimension-indexed tail and writes each block it fills: one page
+    /// per dimension group, dimension-major inside the page.
+    fn fill_dims(&self, st: &mut State, pages: &mut [Vec<u32>], tail: &mut Vec<f32>, rows: &[f32], l: &Layout) -> Result<(), KvError> {
+        let block = l.tokens_per_dim_page * l.head_dim;
+        let mut page = vec![0f32; l.tokens_per_dim_page * l.dims_per_page];
+        for r in rows.chunks(block) {
+            let room = block - tail.len();
+            let (now, rest) = r.split_at(room.min(r.len()));
+            tail.extend_from_slice(now);
+            if tail.len() == block {
+                for (g, list) in pages.iter_mut().enumerate() {
+                    for j in 0..l.dims_per_page {
+                        let dim = g * l.dims_per_page + j;
+                        for (t, x) in page[j * l.tokens_per_dim_page..(j + 1) * l.tokens_per_dim_page].iter_mut().enumerate() {
+                            *x = tail[t * l.head_dim + dim];
+                        }
+                    }
+                    let p = st.alloc(list.last().copied());
+                    self.write_page(p, &page, l.dtype)?;
+                    list.push(p);
+                }
+                tail.clear();
+                tail.extend_from_slice(rest);
+            }
+        }
+        Ok(())
+    }
+
+    fn write_page(&self, page: u32, values: &[f32], dtype: Dtype) -> Result<(), KvError> {
+        let bytes: Vec<u8> = match dtype {
+            Dtype::F32 => values.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Dtype::F16 => values.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect(),
+        };
+        debug_assert_eq!(bytes.len(), self.page_bytes);
+        self.media.write_at(&bytes, self.data_base + u64::from(page) * self.page_bytes as u64)?;
+        Ok(())
+    }
+
+    /// Makes `records` durable, after the data pages they name. A full journal half is
+    /// replaced by a checkpoint of the state (which already includes nothing of `records`).
+    fn log(&self, st: &mut State, records: Vec<Record>) -> Result<(), KvError> {
+        if st.journal.append(&records)? {
+            return Ok(());
+        }
+        let mut all = checkpoint(&st.seqs);
+        all.extend(records);
+        st.journal.rewrite(&all)
+    }
+
+    /// A read view of one head of one layer.
+    pub fn head(&self, seq: u64, layer: usize, head: usize) -> Result<HeadView, KvError> {
+        let st = self.lock();
+        let s = st.seqs.get(&seq).ok_or(KvError::UnknownSequence(seq))?;
+        if layer >= s.layers || head >= s.kv_heads {
+            return Err(KvError::Mismatch { seq, what: format!("layer {layer} head {head} is outside {} layers x {} heads", s.layers, s.kv_heads) });
+        }
+        Ok(HeadView { media: self.media.clone(), data_base: self.data_base, layout: s.layout, head: s.heads[layer * s.kv_heads + head].clone() })
+    }
+}
+
+/// Records that rebuild `seqs` from nothing.
+fn checkpoint(seqs: &HashMap<u64, Seq>) -> Vec<Record> {
+    let mut out = Vec::new();
+    for (id, s) in seqs {
+        let l = s.layout;
+        out.push(Record::Create { seq: *id, layers: s.layers as u16, kv_heads: s.kv_heads as u16, head_dim: l.head_dim as u16, dtype: l.dtype.code(), dims_per_page: l.dims_per_page as u8 });
+        for (i, h) in s.heads.iter().enumerate() {
+            let (layer, head) = ((i / s.kv_heads) as u16, (i % s.kv_heads) as u16);
+            let lists = [(0u8, &h.k_pages), (1, &h.v_pages)].into_iter().chain(h.d_pages.iter().enumerate().map(|(g, d)| (2 + g as u8, d)));
+            for (kind, pages) in lists {
+                if !pages.is_empty() {
+                    out.push(Record::Pages { seq: *id, layer, head, kind, first: 0, pages: pages.clone() });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Replays one journal record onto the sequences.
+fn apply(seqs: &mut HashMap<u64, Seq>, r: Record, page_bytes: usize) -> Result<(), KvError> {
+    let corrupt = |m: String| KvError::Io(std::io::Error::other(format!("KV journal: {m}")));
+    match r {
+        Record::Create { seq, layers, kv_heads, head_dim, dtype, dims_per_page } => {
+            let layout = Layout::new(usize::from(head_dim), Dtype::from_code(dtype)?, page_bytes, usize::from(dims_per_page))?;
+            let (layers, kv_heads) = (usize::from(layers), usize::from(kv_heads));
+            seqs.insert(seq, Seq { layers, kv_heads, layout, heads: vec![Head::new(&layout); layers * kv_heads] });
+        }
+        Record::Fork { parent, child } => {
+            let p = seqs.get(&parent).ok_or_else(|| corrupt(format!("fork of unknown sequence {parent}")))?.clone();
+            seqs.insert(child, p);
+        }
+        Record::Free { seq } => {
+            seqs.remove(&seq);
+        }
+        Record::Pages { seq, layer, head, kind, first, pages } => {
+            let s = seqs.get_mut(&seq).ok_or_else(|| corrupt(format!("pages of unknown sequence {seq}")))?;
+            let i = usize::from(layer) * s.kv_heads + usize::from(head);
+            let h = s.heads.get_mut(i).ok_or_else(|| corrupt(format!("layer {layer} head {head} outside sequence {seq}")))?;
+            let list = match kind {
+                0 => &mut h.k_pages,
+                1 => &mut h.v_pages,
+                g => h.d_pages.get_mut(usize::from(g - 2)).ok_or_else(|| corrupt(format!("dimension group {} outside sequence {seq}", g - 2)))?,
+            };
+            list.truncate(first as usize);
+            if list.len() != first as usize {
+                return Err(corrupt(format!("pages of sequence {seq} start at {first} after {} pages", list.len())));
+            }
+            list.extend(pages);
+        }
+    }
+    Ok(())
+}
+
+impl HeadView {
+    fn read(&self, page: u32, out: &mut [f32]) -> Result<Loaded, KvError> {
+        let pb = self.layout.page_bytes;
+        let mut buf = AlignedBuf::new(pb + 2 * insitu_media::DIRECT_ALIGN);
+        let bytes = self.media.read_window_for(&mut buf, self.data_base + u64::from(page) * pb as u64, pb, ReadPurpose::Offload)?;
+        match self.layout.dtype {
+            Dtype::F32 => bytes.chunks_exact(4).zip(out.iter_mut()).for_each(|(c, o)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            Dtype::F16 => bytes.chunks_exact(2).zip(out.iter_mut()).for_each(|(c, o)| *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
+        }
+        Ok(Loaded { pages: 1, bytes: pb as u64 })
+    }
+}
+
+impl HeadPages for HeadView {
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn tokens(&self) -> usize {
+        self.head.tokens
+    }
+
+    fn load_token_group(&self, kind: Kind, group: usize, out: &mut [f32]) -> Result<(usize, Loaded), KvError> {
+        let (pages, tail) = match kind {
+            Kind::K => (&self.head.k_pages, &self.head.k_tail),
+            Kind::V => (&self.head.v_pages, &self.head.v_tail),
+        };
+        let d = self.layout.head_dim;
+        if let Some(p) = pages.get(group) {
+            let n = self.layout.tokens_per_page;
+            return Ok((n, self.read(*p, &mut out[..n * d])?));
+        }
+        if group == pages.len() && !tail.is_empty() {
+            out[..tail.len()].copy_from_slice(tail);
+            return Ok((tail.len() / d, Loaded::default()));
+        }
+        Err(bad(format!("token group {group} is beyond the {} tokens held", self.head.tokens)))
+    }
+
+    fn load_dim_group(&self, group: usize, out: &mut [f32]) -> Result<Loaded, KvError> {
+        let l = &self.layout;
+        let (s, tpd, dpp) = (self.head.tokens, l.tokens_per_dim_page, l.dims_per_page);
+        let pages = self.head.d_pages.get(group).ok_or_else(|| bad(format!("dimension group {group} is outside the head")))?;
+        let mut loaded = Loaded::default();
+        let mut page = vec![0f32; tpd * dpp];
+        for (b, p) in pages.iter().enumerate() {
+            loaded += self.read(*p, &mut page)?;
+            for j in 0..dpp {
+                out[j * s + b * tpd..j * s + (b + 1) * tpd].copy_from_slice(&page[j * tpd..(j + 1) * tpd]);
+            }
+        }
+        let done = pages.len() * tpd;
+        for (i, row) in self.head.d_tail.chunks_exact(l.head_dim).enumerate() {
+            for j in 0..dpp {
+                out[j * s + done + i] = row[group * dpp + j];
+            }
+        }
+        Ok(loaded)
+    }
+
+    fn v_sum(&self) -> Vec<f64> {
+        self.head.v_sum.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests;

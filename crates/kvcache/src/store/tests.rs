@@ -1,0 +1,315 @@
+// SPDX-License-Identifier: Apache-2.0
+use super::*;
+use crate::{attend, Method};
+
+const D: usize = 16;
+const H: usize = 2;
+
+fn image(dir: &std::path::Path, len: u64) -> Arc<Backing> {
+    let p = dir.join("private.img");
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&p).unwrap();
+    if f.metadata().unwrap().len() == 0 {
+        f.set_len(len).unwrap();
+    }
+    Arc::new(Backing::open(&p, false).unwrap())
+}
+
+fn open(dir: &std::path::Path, len: u64) -> KvStore {
+    KvStore::open(image(dir, len), 0, len, 4096).unwrap()
+}
+
+fn rows(n: usize, seed: f32) -> Vec<f32> {
+    (0..n).map(|i| ((i as f32 + seed) * 0.37).sin()).collect()
+}
+
+/// Every K and V row and every dimension of K the store returns for head `h` of `layer`.
+fn read_back(s: &KvStore, seq: u64, layer: usize, h: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let v = s.head(seq, layer, h).unwrap();
+    let l = *v.layout();
+    let t = v.tokens();
+    let (mut k, mut vv) = (Vec::new(), Vec::new());
+    let mut buf = vec![0f32; l.tokens_per_page * l.head_dim];
+    for g in 0..l.token_groups(t) {
+        let (n, _) = v.load_token_group(Kind::K, g, &mut buf).unwrap();
+        k.extend_from_slice(&buf[..n * l.head_dim]);
+        let (n, _) = v.load_token_group(Kind::V, g, &mut buf).unwrap();
+        vv.extend_from_slice(&buf[..n * l.head_dim]);
+    }
+    let mut dims = vec![0f32; l.head_dim * t];
+    for g in 0..l.dim_groups() {
+        v.load_dim_group(g, &mut dims[g * l.dims_per_page * t..(g + 1) * l.dims_per_page * t]).unwrap();
+    }
+    (k, vv, dims)
+}
+
+/// Head `h`'s rows out of a `[heads][tokens][D]` append.
+fn head_rows(x: &[f32], h: usize, tokens: usize) -> &[f32] {
+    &x[h * tokens * D..(h + 1) * tokens * D]
+}
+
+fn transpose(k: &[f32], t: usize) -> Vec<f32> {
+    (0..D).flat_map(|d| (0..t).map(move |i| k[i * D + d])).collect()
+}
+
+#[test]
+fn appended_rows_read_back_from_pages_and_the_group_buffer() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path(), 16 << 20);
+    s.create(1, 2, H, D, Dtype::F32, 1).unwrap();
+    // With D = 16 f32, a token page holds 64 tokens and a dimension page 1024.
+    let (t1, t2) = (1500, 37);
+    let (k1, v1) = (rows(H * t1 * D, 1.0), rows(H * t1 * D, 2.0));
+    assert_eq!(s.append(1, 1, t1, &k1, &v1).unwrap(), t1);
+    let mut k_all = vec![Vec::new(); H];
+    let mut v_all = vec![Vec::new(); H];
+    for h in 0..H {
+        k_all[h].extend_from_slice(head_rows(&k1, h, t1));
+        v_all[h].extend_from_slice(head_rows(&v1, h, t1));
+    }
+    for i in 0..t2 {
+        let (k, v) = (rows(H * D, 10.0 + i as f32), rows(H * D, 20.0 + i as f32));
+        assert_eq!(s.append(1, 1, 1, &k, &v).unwrap(), t1 + i + 1);
+        for h in 0..H {
+            k_all[h].extend_from_slice(&k[h * D..(h + 1) * D]);
+            v_all[h].extend_from_slice(&v[h * D..(h + 1) * D]);
+        }
+    }
+    let t = t1 + t2;
+    for h in 0..H {
+        let (k, v, dims) = read_back(&s, 1, 1, h);
+        assert_eq!(k, k_all[h]);
+        assert_eq!(v, v_all[h]);
+        assert_eq!(dims, transpose(&k_all[h], t));
+        let sum: Vec<f64> = (0..D).map(|d| v_all[h].chunks(D).map(|r| f64::from(r[d])).sum()).collect();
+        let got = s.head(1, 1, h).unwrap().v_sum();
+        assert!(sum.iter().zip(&got).all(|(a, b)| (a - b).abs() < 1e-9));
+    }
+    assert_eq!(s.info(1).unwrap().tokens, vec![0, t]);
+}
+
+#[test]
+fn f16_pages_hold_rounded_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path(), 16 << 20);
+    s.create(2, 1, H, D, Dtype::F16, 2).unwrap();
+    let t = 300;
+    let (k, v) = (rows(H * t * D, 3.0), rows(H * t * D, 4.0));
+    s.append(2, 0, t, &k, &v).unwrap();
+    let round = |x: &[f32]| x.iter().map(|x| half::f16::from_f32(*x).to_f32()).collect::<Vec<_>>();
+    let (rk, rv, _) = read_back(&s, 2, 0, 1);
+    let pages = t / 128 * 128; // 128 f16 tokens per page; the tail stays exact in DRAM
+    assert_eq!(rk[..pages * D], round(&head_rows(&k, 1, t)[..pages * D])[..]);
+    assert_eq!(rv[pages * D..], head_rows(&v, 1, t)[pages * D..]);
+}
+
+#[test]
+fn forks_share_the_prefix_and_diverge() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path(), 16 << 20);
+    s.create(1, 1, H, D, Dtype::F32, 1).unwrap();
+    let t = 100;
+    s.append(1, 0, t, &rows(H * t * D, 1.0), &rows(H * t * D, 2.0)).unwrap();
+    let used = s.usage().pages_free;
+    s.fork(1, 2).unwrap();
+    assert_eq!(s.usage().pages_free, used, "a fork shares pages");
+    assert!(matches!(s.fork(1, 2), Err(KvError::SequenceExists(2))));
+    assert!(matches!(s.fork(9, 3), Err(KvError::UnknownSequence(9))));
+    let before = read_back(&s, 1, 0, 0);
+    s.append(2, 0, 40, &rows(H * 40 * D, 5.0), &rows(H * 40 * D, 6.0)).unwrap();
+    assert_eq!(read_back(&s, 1, 0, 0), before, "the parent is untouched");
+    let (k2, _, _) = read_back(&s, 2, 0, 0);
+    assert_eq!(k2[..t * D], before.0[..]);
+    assert_eq!(s.info(2).unwrap().tokens, vec![140]);
+    s.free(1).unwrap();
+    assert_eq!(read_back(&s, 2, 0, 0).0[..t * D], before.0[..], "the child keeps shared pages");
+}
+
+#[test]
+fn freed_pages_are_reused_and_full_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path(), 1 << 20);
+    let empty = s.usage();
+    s.create(1, 1, H, D, Dtype::F32, 1).unwrap();
+    s.append(1, 0, 200, &rows(H * 200 * D, 1.0), &rows(H * 200 * D, 2.0)).unwrap();
+    let (info, usage, data) = (s.info(1).unwrap(), s.usage(), read_back(&s, 1, 0, 1));
+    let big = 4000;
+    match s.append(1, 0, big, &rows(H * big * D, 0.0), &rows(H * big * D, 0.0)) {
+        Err(KvError::Full { needed, free }) => assert!(needed > free),
+        other => panic!("expected Full, got {other:?}"),
+    }
+    assert_eq!((s.info(1).unwrap(), s.usage(), read_back(&s, 1, 0, 1)), (info, usage, data));
+    assert!(matches!(s.append(1, 0, 1, &rows(3, 0.0), &rows(3, 0.0)), Err(KvError::Mismatch { .. })));
+    assert!(matches!(s.append(1, 4, 1, &rows(H * D, 0.0), &rows(H * D, 0.0)), Err(KvError::Mismatch { .. })));
+    assert!(matches!(s.append(5, 0, 1, &rows(H * D, 0.0), &rows(H * D, 0.0)), Err(KvError::UnknownSequence(5))));
+    s.free(1).unwrap();
+    assert_eq!(s.usage(), empty);
+    for round in 0..5 {
+        s.create(10 + round, 1, H, D, Dtype::F32, 1).unwrap();
+        s.append(10 + round, 0, 600, &rows(H * 600 * D, 1.0), &rows(H * 600 * D, 2.0)).unwrap();
+        s.free(10 + round).unwrap();
+    }
+    assert_eq!(s.usage(), empty, "space freed is space reused");
+}
+
+#[test]
+fn pages_of_a_head_spread_over_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path(), 16 << 20);
+    s.create(1, 4, 3, D, Dtype::F32, 1).unwrap();
+    for _ in 0..20 {
+        for layer in 0..4 {
+            s.append(1, layer, 64, &rows(3 * 64 * D, 1.0), &rows(3 * 64 * D, 2.0)).unwrap();
+        }
+    }
+    let v = s.head(1, 2, 1).unwrap();
+    let dies: std::collections::HashSet<u32> = v.head.k_pages.iter().map(|p| (p + (v.data_base / 4096) as u32) % 8).collect();
+    assert!(dies.len() >= 6, "a head's K pages land on {} of 8 dies", dies.len());
+}
+
+#[test]
+fn a_reopened_store_has_every_flushed_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = 1100;
+    let (k, v) = (rows(H * t * D, 1.0), rows(H * t * D, 2.0));
+    let (want, q) = {
+        let s = open(dir.path(), 16 << 20);
+        s.create(1, 2, H, D, Dtype::F32, 1).unwrap();
+        s.create(2, 1, H, D, Dtype::F32, 1).unwrap();
+        s.append(1, 0, t, &k, &v).unwrap();
+        s.append(1, 1, 70, &k[..H * 70 * D], &v[..H * 70 * D]).unwrap();
+        s.fork(1, 3).unwrap();
+        s.free(2).unwrap();
+        let q = rows(D, 9.0);
+        let mut out = vec![0f32; D];
+        // What attention gives over the first 1088 tokens (the flushed pages).
+        s.create(4, 1, H, D, Dtype::F32, 1).unwrap();
+        s.append(4, 0, 1088, &[head_rows(&k, 0, t)[..1088 * D].to_vec(), head_rows(&k, 1, t)[..1088 * D].to_vec()].concat(), &[head_rows(&v, 0, t)[..1088 * D].to_vec(), head_rows(&v, 1, t)[..1088 * D].to_vec()].concat()).unwrap();
+        attend(&s.head(4, 0, 1).unwrap(), &q, 0.25, Method::Dense, &mut out).unwrap();
+        (out, q)
+    };
+    let s = open(dir.path(), 16 << 20);
+    assert_eq!(s.info(1).unwrap().tokens, vec![1088, 64], "tokens in whole pages survive");
+    assert_eq!(s.info(3).unwrap().tokens, vec![1088, 64]);
+    assert!(matches!(s.info(2), Err(KvError::UnknownSequence(2))));
+    let (rk, rv, dims) = read_back(&s, 1, 0, 1);
+    assert_eq!(rk, head_rows(&k, 1, t)[..1088 * D]);
+    assert_eq!(rv, head_rows(&v, 1, t)[..1088 * D]);
+    assert_eq!(dims, transpose(&rk, 1088), "the dimension tail is rebuilt from token pages");
+    let mut out = vec![0f32; D];
+    attend(&s.head(1, 0, 1).unwrap(), &q, 0.25, Method::SparF { r: 4, k: 1088, local: 0 }, &mut out).unwrap();
+    assert_eq!(out, want);
+    // Appending goes on where the pages end, and frees release shared pages exactly once.
+    s.append(1, 0, 10, &rows(H * 10 * D, 3.0), &rows(H * 10 * D, 4.0)).unwrap();
+    for id in [1, 3, 4] {
+        s.free(id).unwrap();
+    }
+    assert_eq!(s.usage().pages_free, s.usage().pages_total);
+}
+
+#[test]
+fn journal_checkpoints_and_a_torn_tail_lose_nothing_flushed() {
+    let dir = tempfile::tempdir().unwrap();
+    let len = 4 << 20; // 1024 pages: a 32-page journal, 16 per half
+    {
+        let s = open(dir.path(), len);
+        s.create(1, 1, 1, D, Dtype::F32, 1).unwrap();
+        // One 64-token page per append: a frame per call, far more than a half holds.
+        for i in 0..200 {
+            s.append(1, 0, 64, &rows(64 * D, i as f32), &rows(64 * D, 1.0)).unwrap();
+            for c in 0..8 {
+                s.create(1000 + i * 8 + c, 1, 1, D, Dtype::F32, 1).unwrap();
+                s.free(1000 + i * 8 + c).unwrap();
+            }
+        }
+    }
+    let s = open(dir.path(), len);
+    assert_eq!(s.info(1).unwrap().tokens, vec![200 * 64]);
+    assert_eq!(s.usage().sequences, 1);
+    let want = read_back(&s, 1, 0, 0);
+    drop(s);
+    // Garbage after the last frame of the active half: replay stops before it.
+    let media = image(dir.path(), len);
+    let mut sb = vec![0u8; 36];
+    media.read_at(&mut sb, 0).unwrap();
+    let active = u64::from(u32::from_le_bytes(sb[16..20].try_into().unwrap()));
+    assert!(u64::from_le_bytes(sb[20..28].try_into().unwrap()) >= 2, "the journal was checkpointed");
+    let half = 1 + active * 16;
+    let mut j = vec![0u8; 16 * 4096];
+    media.read_at(&mut j, half * 4096).unwrap();
+    let mut pos = 0;
+    while u32::from_le_bytes(j[pos..pos + 4].try_into().unwrap()) != 0 {
+        pos += 16 + u32::from_le_bytes(j[pos..pos + 4].try_into().unwrap()) as usize;
+    }
+    media.write_at(&[0xAB; 64], half * 4096 + pos as u64).unwrap();
+    let s = open(dir.path(), len);
+    assert_eq!(read_back(&s, 1, 0, 0), want);
+}
+
+mod model {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Create(u64),
+        Append(u64, usize),
+        Fork(u64, u64),
+        Free(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u64..4).prop_map(Op::Create),
+            (0u64..4, 1usize..150).prop_map(|(s, t)| Op::Append(s, t)),
+            (0u64..4, 0u64..4).prop_map(|(a, b)| Op::Fork(a, b)),
+            (0u64..4).prop_map(Op::Free),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        #[test]
+        fn the_store_behaves_like_a_map_of_row_lists(ops in proptest::collection::vec(op(), 1..30)) {
+            let dir = tempfile::tempdir().unwrap();
+            let s = open(dir.path(), 4 << 20);
+            let mut m: HashMap<u64, Vec<f32>> = HashMap::new(); // K rows of head 0
+            let mut n = 0f32;
+            for op in ops {
+                match op {
+                    Op::Create(id) => {
+                        let ok = !m.contains_key(&id);
+                        prop_assert_eq!(s.create(id, 1, 1, D, Dtype::F32, 1).is_ok(), ok);
+                        if ok { m.insert(id, Vec::new()); }
+                    }
+                    Op::Append(id, t) => {
+                        n += 1.0;
+                        let k = rows(t * D, n);
+                        let r = s.append(id, 0, t, &k, &k);
+                        match m.get_mut(&id) {
+                            Some(rows) => { let fine = r.is_ok() || matches!(r, Err(KvError::Full { .. })); prop_assert!(fine, "append failed: {:?}", r); if r.is_ok() { rows.extend_from_slice(&k); } }
+                            None => prop_assert!(matches!(r, Err(KvError::UnknownSequence(_)))),
+                        }
+                    }
+                    Op::Fork(a, b) => {
+                        let ok = m.contains_key(&a) && !m.contains_key(&b);
+                        prop_assert_eq!(s.fork(a, b).is_ok(), ok);
+                        if ok { let rows = m[&a].clone(); m.insert(b, rows); }
+                    }
+                    Op::Free(id) => prop_assert_eq!(s.free(id).is_ok(), m.remove(&id).is_some()),
+                }
+            }
+            for (id, rows) in &m {
+                prop_assert_eq!(&read_back(&s, *id, 0, 0).0, rows);
+            }
+            drop(s);
+            let s = open(dir.path(), 4 << 20);
+            let per_page = 4096 / (D * 4);
+            for (id, rows) in &m {
+                let kept = rows.len() / D / per_page * per_page;
+                prop_assert_eq!(&read_back(&s, *id, 0, 0).0, &rows[..kept * D].to_vec());
+            }
+            for id in m.keys() { s.free(*id).unwrap(); }
+            prop_assert_eq!(s.usage().pages_free, s.usage().pages_total);
+        }
+    }
+}
