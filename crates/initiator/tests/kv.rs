@@ -1,0 +1,196 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The KV-cache commands end to end over NVMe/TCP: attention equals a host computation,
+//! bad input is refused with its own status and changes nothing, and a restarted target
+//! still has every flushed page.
+
+mod common;
+
+use common::{opts, NQN};
+use insitu_fabric::{opcode, Command, SGL_TRANSPORT_DATA_BLOCK};
+use insitu_initiator::Session;
+use insitu_kvcache::wire::{decode_info, Admin, Append, Attend, AttendResult};
+use insitu_kvcache::{Dtype, Method};
+use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
+use std::path::Path;
+
+const HEADS: usize = 2;
+const D: usize = 16;
+
+fn serve(dir: &Path, private_bytes: Option<u64>) -> ServerHandle {
+    let shared = dir.join("shared.img");
+    std::fs::File::create(&shared).unwrap().set_len(8 << 20).unwrap();
+    let mut namespaces = vec![NamespaceSpec::sharable(&shared)];
+    if let Some(len) = private_bytes {
+        let private = dir.join("private.img");
+        let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&private).unwrap();
+        if f.metadata().unwrap().len() == 0 {
+            f.set_len(len).unwrap();
+        }
+        namespaces.push(NamespaceSpec::private(&private));
+    }
+    let cfg = TargetConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        subsystems: vec![SubsystemConfig { nqn: NQN.into(), namespaces, allow_hosts: vec![] }],
+        ..TargetConfig::default()
+    };
+    Server::bind(cfg).unwrap().spawn()
+}
+
+/// Sends a write-direction KV command; returns (status as (sct, sc), dword 0).
+fn send(s: &Session, op: u8, tag: u32, data: &[u8]) -> ((u8, u8), u32) {
+    let mut c = Command::zeroed();
+    c.set_opcode(op).set_cdw(10, tag).set_sgl(0, data.len() as u32, SGL_TRANSPORT_DATA_BLOCK);
+    let (cqe, _) = s.submit(c, Some(data), 0).unwrap();
+    ((((cqe.status >> 8) & 7) as u8, (cqe.status & 0xFF) as u8), cqe.dw0)
+}
+
+fn result(s: &Session, tag: u32, len: usize) -> ((u8, u8), Vec<u8>) {
+    let mut c = Command::zeroed();
+    c.set_opcode(opcode::KV_RESULT).set_cdw(10, tag).set_sgl(0, len as u32, SGL_TRANSPORT_DATA_BLOCK);
+    let (cqe, data) = s.submit(c, None, len).unwrap();
+    ((((cqe.status >> 8) & 7) as u8, (cqe.status & 0xFF) as u8), data)
+}
+
+fn info(s: &Session, seq: u64) -> Vec<usize> {
+    let (st, len) = send(s, opcode::KV_ADMIN, 99, &Admin::Info { seq }.encode());
+    assert_eq!(st, (0, 0));
+    let (st, data) = result(s, 99, len as usize);
+    assert_eq!(st, (0, 0));
+    decode_info(&data).unwrap().6
+}
+
+fn values(n: usize, seed: f32) -> Vec<f32> {
+    (0..n).map(|i| ((i as f32 + seed) * 0.731).sin() * 1.5).collect()
+}
+
+fn create(s: &Session, seq: u64) -> (u8, u8) {
+    send(s, opcode::KV_ADMIN, 0, &Admin::Create { seq, layers: 2, kv_heads: HEADS, head_dim: D, dtype: Dtype::F32, dims_per_page: 1 }.encode()).0
+}
+
+fn append(s: &Session, seq: u64, layer: usize, k: &[f32], v: &[f32], tokens: usize) -> ((u8, u8), u32) {
+    send(s, opcode::KV_APPEND, 0, &Append { seq, layer, heads: HEADS, head_dim: D, tokens, k: k.to_vec(), v: v.to_vec() }.encode())
+}
+
+/// Dense attention of one query row over `t` rows of K and V (row-major), in f64.
+fn reference(q: &[f32], k: &[f32], v: &[f32], t: usize, scale: f64) -> Vec<f64> {
+    let s: Vec<f64> = (0..t).map(|j| (0..D).map(|i| f64::from(q[i]) * f64::from(k[j * D + i])).sum::<f64>() * scale).collect();
+    let m = s.iter().cloned().fold(f64::MIN, f64::max);
+    let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+    let z: f64 = e.iter().sum();
+    (0..D).map(|i| (0..t).map(|j| e[j] / z * f64::from(v[j * D + i])).sum()).collect()
+}
+
+#[test]
+fn a_target_without_a_private_namespace_refuses_kv_commands() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = serve(dir.path(), None);
+    let s = Session::connect(opts(&h.local_addr().to_string())).unwrap();
+    assert_eq!(create(&s, 1), (1, 0xC4));
+    assert_eq!(insitu_kvcache::explain_status(1, 0xC4), "the target has no private namespace for a KV cache (start it with --private IMG)");
+}
+
+#[test]
+fn attention_over_the_fabric_equals_a_host_computation() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = serve(dir.path(), Some(32 << 20));
+    let s = Session::connect(opts(&h.local_addr().to_string())).unwrap();
+    assert_eq!(create(&s, 7), (0, 0));
+    let t = 150; // two full 64-token pages (16 f32 dimensions) and a DRAM tail
+    let (k, v) = (values(HEADS * t * D, 1.0), values(HEADS * t * D, 2.0));
+    assert_eq!(append(&s, 7, 1, &k, &v, t), ((0, 0), t as u32));
+    let group = 3;
+    let q = values(HEADS * group * D, 3.0);
+    let scale = 0.25f32;
+    let req = Attend { layer: 1, heads: HEADS, group, head_dim: D, method: Method::Dense, scale, seqs: vec![7], q: q.clone(), new_kv: None };
+    let (st, len) = send(&s, opcode::KV_ATTEND, 5, &req.encode());
+    assert_eq!(st, (0, 0));
+    let (st, data) = result(&s, 5, len as usize);
+    assert_eq!(st, (0, 0));
+    let r = AttendResult::decode(&data).unwrap();
+    for h in 0..HEADS {
+        let (kh, vh) = (&k[h * t * D..(h + 1) * t * D], &v[h * t * D..(h + 1) * t * D]);
+        for g in 0..group {
+            let row = (h * group + g) * D;
+            let want = reference(&q[row..row + D], kh, vh, t, f64::from(scale));
+            for i in 0..D {
+                assert!((f64::from(r.out[row + i]) - want[i]).abs() < 1e-5, "head {h} row {g} dim {i}");
+            }
+        }
+    }
+    assert_eq!(r.stats.media_bytes, (2 * HEADS * 2 * 4096) as u64, "every full page was read: {:?}", r.stats);
+    // The result was released when read.
+    assert_eq!(result(&s, 5, len as usize).0, (1, 0xC5));
+}
+
+#[test]
+fn bad_requests_get_their_own_status_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = serve(dir.path(), Some(1 << 20));
+    let s = Session::connect(opts(&h.local_addr().to_string())).unwrap();
+    assert_eq!(create(&s, 1), (0, 0));
+    assert_eq!(create(&s, 1), (1, 0xC1), "a second create of the same id");
+    let t = 20;
+    assert_eq!(append(&s, 1, 0, &values(HEADS * t * D, 0.0), &values(HEADS * t * D, 1.0), t).0, (0, 0));
+    let before = info(&s, 1);
+    // Unknown sequence.
+    assert_eq!(append(&s, 9, 0, &values(HEADS * D, 0.0), &values(HEADS * D, 0.0), 1).0, (1, 0xC0));
+    // Wrong head size, with the same byte count (2 heads x 16 = 4 heads x 8).
+    let wrong = Append { seq: 1, layer: 0, heads: 4, head_dim: 8, tokens: 1, k: values(32, 0.0), v: values(32, 0.0) };
+    assert_eq!(send(&s, opcode::KV_APPEND, 0, &wrong.encode()).0, (1, 0xC2));
+    // A layer the sequence does not have.
+    assert_eq!(append(&s, 1, 2, &values(HEADS * D, 0.0), &values(HEADS * D, 0.0), 1).0, (1, 0xC2));
+    // Malformed: truncated.
+    let mut cut = Append { seq: 1, layer: 0, heads: HEADS, head_dim: D, tokens: 1, k: values(HEADS * D, 0.0), v: values(HEADS * D, 0.0) }.encode();
+    cut.truncate(cut.len() - 4);
+    assert_eq!(send(&s, opcode::KV_APPEND, 0, &cut).0, (0, 0x02));
+    // More than the 1 MiB namespace holds (750 token pages): refused before anything is written.
+    let big = 3000;
+    assert_eq!(append(&s, 1, 0, &values(HEADS * big * D, 0.0), &values(HEADS * big * D, 0.0), big).0, (1, 0xC3));
+    // An attention batch with one unknown sequence appends nothing to the known one.
+    let req = Attend {
+        layer: 0,
+        heads: HEADS,
+        group: 1,
+        head_dim: D,
+        method: Method::Dense,
+        scale: 0.25,
+        seqs: vec![1, 42],
+        q: values(2 * HEADS * D, 0.0),
+        new_kv: Some((values(2 * HEADS * D, 0.0), values(2 * HEADS * D, 0.0))),
+    };
+    assert_eq!(send(&s, opcode::KV_ATTEND, 3, &req.encode()).0, (1, 0xC0));
+    assert_eq!(info(&s, 1), before, "nothing changed");
+}
+
+#[test]
+fn a_restarted_target_keeps_every_flushed_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = 140; // two full pages per head and kind, 12 tokens in DRAM
+    let (k, v) = (values(HEADS * t * D, 4.0), values(HEADS * t * D, 5.0));
+    let q = values(HEADS * D, 6.0);
+    let attend = |s: &Session| {
+        let req = Attend { layer: 0, heads: HEADS, group: 1, head_dim: D, method: Method::Dense, scale: 0.25, seqs: vec![3], q: q.clone(), new_kv: None };
+        let (st, len) = send(s, opcode::KV_ATTEND, 1, &req.encode());
+        assert_eq!(st, (0, 0));
+        AttendResult::decode(&result(s, 1, len as usize).1).unwrap().out
+    };
+    {
+        let h = serve(dir.path(), Some(32 << 20));
+        let s = Session::connect(opts(&h.local_addr().to_string())).unwrap();
+        assert_eq!(create(&s, 3), (0, 0));
+        assert_eq!(append(&s, 3, 0, &k, &v, t).0, (0, 0));
+        s.disconnect().unwrap();
+        h.shutdown();
+    }
+    let h = serve(dir.path(), Some(32 << 20));
+    let s = Session::connect(opts(&h.local_addr().to_string())).unwrap();
+    assert_eq!(info(&s, 3), vec![128, 0], "the 128 flushed tokens are back; the 12 in DRAM are not");
+    // Attention over what survived equals a host computation over the first 128 tokens.
+    let out = attend(&s);
+    for hd in 0..HEADS {
+        let want = reference(&q[hd * D..(hd + 1) * D], &k[hd * t * D..hd * t * D + 128 * D], &v[hd * t * D..hd * t * D + 128 * D], 128, 0.25);
+        for i in 0..D {
+            assert!((f64::from(out[hd * D + i]) - want[i]).abs() < 1e-5);
+        }
+    }
+}
