@@ -24,7 +24,7 @@ pub const ADMIN_LEN: usize = 32;
 /// Length of the fixed part of an append request.
 pub const APPEND_HEADER_LEN: usize = 32;
 /// Length of the fixed part of an attention request.
-pub const ATTEND_HEADER_LEN: usize = 32;
+pub const ATTEND_HEADER_LEN: usize = 40;
 /// Length of the fixed part of an attention result.
 pub const RESULT_HEADER_LEN: usize = 48;
 /// Most sequences in one attention request.
@@ -260,10 +260,10 @@ impl Attend {
         let mut b = vec![0u8; ATTEND_HEADER_LEN];
         b[..4].copy_from_slice(ATTEND_MAGIC);
         b[4] = VERSION;
-        let (m, r, k, local) = match self.method {
-            Method::Dense => (0u8, 0, 0, 0),
-            Method::SparF { r, k, local } => (1, r, k, local),
-            Method::SparQ { r, k, local } => (2, r, k, local),
+        let (m, r, k, local, pages) = match self.method {
+            Method::Dense => (0u8, 0, 0, 0, 0),
+            Method::SparF { r, k, local, pages } => (1, r, k, local, pages),
+            Method::SparQ { r, k, local } => (2, r, k, local, 0),
         };
         b[5] = m;
         b[6] = if self.new_kv.is_some() { FLAG_APPEND } else { 0 };
@@ -276,6 +276,7 @@ impl Attend {
         b[20..24].copy_from_slice(&(k as u32).to_le_bytes());
         b[24..28].copy_from_slice(&(local as u32).to_le_bytes());
         b[28..32].copy_from_slice(&self.scale.to_le_bytes());
+        b[32..36].copy_from_slice(&(pages as u32).to_le_bytes());
         for s in &self.seqs {
             b.extend_from_slice(&s.to_le_bytes());
         }
@@ -307,7 +308,11 @@ impl Attend {
                 if r == 0 || r > head_dim || k == 0 || local > k {
                     return Err(bad(format!("sparse attention needs 1 <= r <= {head_dim} (got {r}), k >= 1 (got {k}) and local <= k (got {local})")));
                 }
-                if m == 1 { Method::SparF { r, k, local } } else { Method::SparQ { r, k, local } }
+                if m == 1 {
+                    Method::SparF { r, k, local, pages: u32_at(b, 32) as usize }
+                } else {
+                    Method::SparQ { r, k, local }
+                }
             }
             m => return Err(bad(format!("unknown attention method {m} (0 dense, 1 SparF, 2 SparQ)"))),
         };
@@ -430,7 +435,7 @@ mod tests {
             heads: 2,
             group: 3,
             head_dim: 4,
-            method: Method::SparF { r: 2, k: 8, local: 2 },
+            method: Method::SparF { r: 2, k: 8, local: 2, pages: 3 },
             scale: 0.5,
             seqs: vec![4, 5],
             q: (0..48).map(|x| x as f32).collect(),

@@ -179,9 +179,10 @@ impl KvTarget {
     /// Attention for layer `layer` over sequences `seqs`: `q` is f32
     /// `[len(seqs)][kv_heads][group][head_dim]`; `new_k`/`new_v` (f32
     /// `[len(seqs)][kv_heads][head_dim]`) are appended first when given (a decode step).
-    /// `method` is "dense", "sparf" or "sparq" (with `r`, `k`, `local`). Returns the
+    /// `method` is "dense", "sparf" or "sparq" (with `r`, `k`, `local`; SparF reads at most
+    /// `pages` token pages besides the local tokens', 0 for no cap). Returns the
     /// outputs (same shape as `q`) and `{"pages_read", "media_bytes", "rows_used"}`.
-    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None))]
+    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None, pages=0))]
     #[allow(clippy::too_many_arguments)]
     fn attend<'py>(
         &self,
@@ -197,10 +198,11 @@ impl KvTarget {
         local: usize,
         new_k: Option<&[u8]>,
         new_v: Option<&[u8]>,
+        pages: usize,
     ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>)> {
         let method = match method {
             "dense" => Method::Dense,
-            "sparf" => Method::SparF { r, k, local },
+            "sparf" => Method::SparF { r, k, local, pages },
             "sparq" => Method::SparQ { r, k, local },
             m => return Err(bad(format!("method {m:?}: use \"dense\", \"sparf\" or \"sparq\""))),
         };

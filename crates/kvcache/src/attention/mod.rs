@@ -38,6 +38,13 @@ pub enum Method {
     ///
     /// `r` is clamped to the head size; with `k` at least the number of tokens every token
     /// is kept, α is 1 and the call is computed (and counted) as [`Method::Dense`].
+    ///
+    /// `pages` caps the token pages read besides those of the local tokens (0: no cap). With
+    /// grouped-query attention every query row picks its own tokens, and on real models
+    /// their union touches about half of the pages at a 1/8 ratio, so without a cap the
+    /// first loading step saves little. With a cap, the pages are chosen first, by the
+    /// highest approximate score any row gives a token in them, and each row's `k` tokens
+    /// come from those pages (flash-aware selection: the page is the unit the drive reads).
     SparF {
         /// Query components kept.
         r: usize,
@@ -45,6 +52,8 @@ pub enum Method {
         k: usize,
         /// Most recent tokens always kept.
         local: usize,
+        /// Most token pages read besides the local tokens' (0: no cap).
+        pages: usize,
     },
     /// SparQ: the same selection and arithmetic as SparF, with media reads counted at element
     /// granularity, as a store without page groups would need (for comparison).
@@ -116,10 +125,10 @@ pub fn attend(
             "attention over an empty cache (append the current token first)".into(),
         ));
     }
-    let (r, k, local, count) = match method {
+    let (r, k, local, count, budget) = match method {
         Method::Dense => return dense::attend(head, q, f64::from(scale), out),
-        Method::SparF { r, k, local } => (r, k, local, Count::Pages),
-        Method::SparQ { r, k, local } => (r, k, local, Count::Elements),
+        Method::SparF { r, k, local, pages } => (r, k, local, Count::Pages, pages),
+        Method::SparQ { r, k, local } => (r, k, local, Count::Elements, 0),
     };
     if r == 0 || k == 0 {
         return Err(bad(format!(
@@ -140,6 +149,7 @@ pub fn attend(
         k,
         local: local.min(tokens),
         count,
+        budget,
     };
     sparse::attend(head, q, f64::from(scale), plan, out)
 }

@@ -28,6 +28,8 @@ pub(super) struct Plan {
     pub local: usize,
     /// How media reads are reported.
     pub count: Count,
+    /// Most token pages chosen besides the local tokens' (0: no cap).
+    pub budget: usize,
 }
 
 /// Sparse attention of the rows of `q` into `out` (shapes checked by the caller).
@@ -93,15 +95,38 @@ pub(super) fn attend(
         softmax(s);
     }
 
+    // With a page budget, the pages come first: those of the local tokens, and the
+    // `budget` others holding the best approximate score of any row. Tokens elsewhere are
+    // out of reach (ranked below every token in reach).
+    let first_local = n - plan.local;
+    let groups_n = layout.token_groups(n);
+    let mut reach = vec![true; n];
+    if plan.budget > 0 {
+        let local_from = first_local / tpp;
+        let best: Vec<f64> = (0..groups_n)
+            .map(|g| {
+                let t = g * tpp..n.min((g + 1) * tpp);
+                shat.chunks_exact(n).flat_map(|s| s[t.clone()].iter().copied()).fold(0.0, f64::max)
+            })
+            .collect();
+        let candidates = if plan.local > 0 { local_from.min(groups_n) } else { groups_n };
+        let mut pick = Vec::new();
+        top_k(candidates, plan.budget, &mut pick, |a, b| best[b].total_cmp(&best[a]).then(a.cmp(&b)));
+        let mut allowed: Vec<bool> = (0..groups_n).map(|g| g >= candidates).collect();
+        pick.iter().for_each(|&g| allowed[g] = true);
+        reach.iter_mut().enumerate().for_each(|(t, x)| *x = allowed[t / tpp]);
+    }
+    let k = plan.k.min(reach.iter().filter(|&&x| x).count()).max(1);
+
     // Steps 5-7: the `k` best tokens by ŝ, the last `local` first (the paper's ŝ + m), and
     // α, the approximate weight they carry.
-    let first_local = n - plan.local;
     let mut toks = Vec::with_capacity(rows);
     let mut alpha = Vec::with_capacity(rows);
     for s in shat.chunks_exact(n) {
-        top_k(n, plan.k, &mut order, |a, b| {
-            (b >= first_local)
-                .cmp(&(a >= first_local))
+        top_k(n, k, &mut order, |a, b| {
+            reach[b]
+                .cmp(&reach[a])
+                .then((b >= first_local).cmp(&(a >= first_local)))
                 .then(s[b].total_cmp(&s[a]))
                 .then(a.cmp(&b))
         });

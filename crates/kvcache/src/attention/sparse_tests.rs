@@ -21,7 +21,7 @@ fn sparf_with_k_at_least_tokens_equals_dense() {
         let dense = run(&h, &q, 0.3, Method::Dense);
         h.take_reads();
         for k in [77, 78, 1000] {
-            assert_eq!(run(&h, &q, 0.3, Method::SparF { r: 4, k, local: 3 }), dense);
+            assert_eq!(run(&h, &q, 0.3, Method::SparF { r: 4, k, local: 3, pages: 0 }), dense);
             assert!(
                 !h.take_reads().iter().any(|r| matches!(r, Read::Dim(_))),
                 "no approximate pass needed"
@@ -45,7 +45,7 @@ fn sparf_matches_algorithm_1_reference() {
         ] {
             let h = MemHead::random(l, tokens, &mut rng);
             let q = rng.vec(3 * l.head_dim);
-            let (out, _) = run(&h, &q, 0.2, Method::SparF { r, k, local });
+            let (out, _) = run(&h, &q, 0.2, Method::SparF { r, k, local, pages: 0 });
             for (g, qr) in q.chunks(l.head_dim).enumerate() {
                 let (want, i, j) = sparf_ref(&h, qr, 0.2, r, k, local);
                 assert_eq!((i.len(), j.len()), (r.min(l.head_dim), k));
@@ -80,8 +80,7 @@ fn sparf_with_a_zero_query_mixes_means_of_v() {
         Method::SparF {
             r: 3,
             k: 9,
-            local: 4,
-        },
+            local: 4, pages: 0 },
     );
     assert_close(
         &out,
@@ -128,7 +127,7 @@ fn sparf_reads_only_pages_holding_selected_units() {
         ] {
             let h = MemHead::random(l, tokens, &mut rng);
             let q = rng.vec(group * l.head_dim);
-            let (_, stats) = run(&h, &q, 0.5, Method::SparF { r, k, local });
+            let (_, stats) = run(&h, &q, 0.5, Method::SparF { r, k, local, pages: 0 });
             let reads = h.take_reads();
             let (want, distinct) = expected_reads(&h, &q, r, k, local);
             assert_eq!(reads.len(), want.len(), "a page read twice");
@@ -165,7 +164,7 @@ fn sparq_outputs_equal_sparf_with_element_counts() {
         for (group, r, k) in [(1, 4, 16), (2, 8, 50), (1, 4, 400)] {
             let h = MemHead::random(l, 300, &mut rng);
             let q = rng.vec(group * l.head_dim);
-            let (f, _) = run(&h, &q, 0.5, Method::SparF { r, k, local: 4 });
+            let (f, _) = run(&h, &q, 0.5, Method::SparF { r, k, local: 4, pages: 0 });
             let (s, stats) = run(&h, &q, 0.5, Method::SparQ { r, k, local: 4 });
             assert_eq!(f, s, "same arithmetic");
             let size = l.dtype.size() as u64;
@@ -217,7 +216,7 @@ proptest! {
         let q = rng.vec(group * l.head_dim);
         let scale = scale_of(&h);
         let (dense, _) = run(&h, &q, scale, Method::Dense);
-        let (sparf, stats) = run(&h, &q, scale, Method::SparF { r, k, local });
+        let (sparf, stats) = run(&h, &q, scale, Method::SparF { r, k, local, pages: 0 });
         prop_assert_eq!(&run(&h, &q, scale, Method::SparQ { r, k, local }).0, &sparf);
         for (g, qr) in q.chunks(l.head_dim).enumerate() {
             let o = g * l.head_dim..(g + 1) * l.head_dim;
@@ -225,5 +224,35 @@ proptest! {
             assert_close(&sparf[o], &sparf_ref(&h, qr, f64::from(scale), r, k, local).0, 1e-6, "sparf");
         }
         prop_assert!(stats.rows_used <= 2 * tokens as u64);
+    }
+}
+
+#[test]
+fn a_page_cap_bounds_the_token_pages_read() {
+    let mut rng = Rng::new(11);
+    for shape in SHAPES {
+        let l = layout(shape);
+        let tokens = 1100;
+        let h = MemHead::random(l, tokens, &mut rng);
+        let q = rng.vec(3 * l.head_dim);
+        let (r, k, local) = (4, 70, 17);
+        let groups = l.token_groups(tokens);
+        let uncapped = run(&h, &q, 0.3, Method::SparF { r, k, local, pages: 0 });
+        h.take_reads();
+        // A cap no smaller than the pages there are changes nothing.
+        assert_eq!(run(&h, &q, 0.3, Method::SparF { r, k, local, pages: groups }), uncapped);
+        h.take_reads();
+        for cap in [1, 4, 9] {
+            let (out, stats) = run(&h, &q, 0.3, Method::SparF { r, k, local, pages: cap });
+            assert!(out.iter().all(|x| x.is_finite()));
+            let reads = h.take_reads();
+            let local_pages: HashSet<usize> = ((tokens - local) / l.tokens_per_page..groups).collect();
+            for kind in [Kind::K, Kind::V] {
+                let read: HashSet<usize> =
+                    reads.iter().filter_map(|r| match r { Read::Token(k2, g) if *k2 == kind => Some(*g), _ => None }).collect();
+                assert!(read.difference(&local_pages).count() <= cap, "{shape:?} cap {cap}: {kind:?} pages {read:?}");
+            }
+            assert!(stats.pages_read < uncapped.1.pages_read, "{shape:?} cap {cap}: {stats:?} vs {:?}", uncapped.1);
+        }
     }
 }
