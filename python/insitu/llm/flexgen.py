@@ -1,0 +1,267 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The FlexGen-style baseline: the KV cache as plain blocks on the same targets, read back to
+the host at every decode step and attended there.
+
+This separates the two gains of in-storage attention: ``flexgen`` dense moves the whole
+cache over the link each step; ``flexgen`` with SparF moves only the pages SparF needs but
+still moves them; ``insitu`` moves neither, only q, k, v and the outputs.
+
+**Layout.** On each target's sharable namespace (NSID 1, 512-byte blocks), every
+(batch slot, layer, KV head of the target) owns a region sized for ``max_tokens``, at
+``region_bytes · ((slot · layers + layer) · heads_on_target + head)``:
+
+* a token area of page pairs, ``[K page g][V page g]`` for ``g = 0, 1, …``; a page is 4 KiB
+  and holds ``4096 / (4 · head_dim)`` consecutive tokens (16 for 64-dimension f32 heads),
+  so a dense read of a head is one contiguous read and a sparse one reads a page pair per
+  needed token group;
+* with SparF only, a dimension-indexed copy of K: for each dimension ``d``, the f32 values
+  of tokens ``0 … max_tokens`` contiguous (rounded up to a 1024-token page), so step 2 of
+  SparF reads one run per selected dimension.
+
+Writes are whole pages of the token area and whole 512-byte blocks (128 tokens) of a
+dimension's run; tokens not yet filling them stay in a host-side tail, which attention
+uses as it is (like the target's DRAM group buffer; at most 127 tokens per head, or 15
+without SparF). A running sum of V per head gives SparF's mean of V without reading V.
+
+``media_bytes`` counts the bytes read back for attention; the link bytes come from the
+NVMe/TCP sessions. Each target's state is touched only by its worker thread.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from .. import _native
+from . import sparf
+from .hooks import KVStore
+from .targets import TargetPool, Worker, partition
+
+__all__ = ["FlexGenStore", "PAGE", "NSID"]
+
+NSID = 1
+PAGE = 4096
+BLOCK = 512
+DIM_PAGE_TOKENS = PAGE // 4
+DIM_FLUSH_TOKENS = BLOCK // 4
+
+
+class _Row:
+    """One (slot, layer) on one target: all of the target's heads, which see the same tokens."""
+
+    def __init__(self, heads: int, head_dim: int):
+        self.n = 0  # tokens stored
+        self.tok = 0  # tokens in full token pages on the target
+        self.dim = 0  # tokens in the dimension-indexed copy on the target
+        self.base = 0  # first token of the host tail
+        self.k = torch.zeros(heads, 0, head_dim)
+        self.v = torch.zeros(heads, 0, head_dim)
+        self.v_sum = torch.zeros(heads, head_dim, dtype=torch.float64)
+
+
+class FlexGenStore(KVStore):
+    """K and V of ``batch`` sequences as blocks on ``pool``'s targets; attention on the host.
+
+    ``ratio`` None: dense (read every page back). ``ratio`` set: SparF computed on the host,
+    reading only the pages it needs. ``max_tokens`` bounds each sequence.
+    """
+
+    def __init__(self, pool: TargetPool, layers: int, kv_heads: int, head_dim: int, group: int, batch: int,
+                 max_tokens: int, ratio: Optional[float] = None, hostnqn: Optional[str] = None):
+        if PAGE % (4 * head_dim):
+            raise ValueError(f"head size {head_dim}: a 4 KiB page must hold whole f32 rows")
+        self.layers, self.kv_heads, self.head_dim, self.group = layers, kv_heads, head_dim, group
+        self.ratio, self.batch = ratio, batch
+        self.tpp = PAGE // (4 * head_dim)
+        self.groups_max = math.ceil(max_tokens / self.tpp)
+        self.dim_tokens = math.ceil(max_tokens / DIM_PAGE_TOKENS) * DIM_PAGE_TOKENS if ratio else 0
+        self.max_tokens = self.groups_max * self.tpp
+        self.region = 2 * PAGE * self.groups_max + 4 * head_dim * self.dim_tokens
+        self.ranges = partition(kv_heads, len(pool))
+        self.sessions: List = []
+        self.workers: List[Worker] = []
+        self.rows: List[Dict[Tuple[int, int], _Row]] = []
+        self._media = [0] * len(self.ranges)
+        self.tokens = [0] * batch
+        try:
+            for i, rng in enumerate(self.ranges):
+                s = _native.Session(pool.urls[i], hostnqn)
+                self.sessions.append(s)
+                need = self.region * batch * layers * len(rng)
+                size = s.identify_namespace(NSID)["size"]
+                if size < need:
+                    raise ValueError(f"target {pool.urls[i]}: namespace {NSID} holds {size >> 20} MiB; the FlexGen "
+                                     f"layout needs {math.ceil(need / 2**20)} MiB for {batch} x {self.max_tokens} tokens")
+                self.workers.append(Worker(f"flexgen{i}"))
+                self.rows.append({(b, l): _Row(len(rng), head_dim) for b in range(batch) for l in range(layers)})
+        except BaseException:
+            self.close()
+            raise
+        self._base = [s.stats() for s in self.sessions]
+
+    def _lba(self, slot: int, layer: int, head: int, i: int, offset: int = 0) -> int:
+        heads = len(self.ranges[i])
+        return (self.region * ((slot * self.layers + layer) * heads + head) + offset) // BLOCK
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def prefill(self, layer, k, v, valid):
+        rows = [None] * k.shape[0] if valid is None else [torch.nonzero(m).flatten() for m in valid.cpu()]
+        if layer == 0:
+            for b, sel in enumerate(rows):
+                self.tokens[b] += k.shape[2] if sel is None else len(sel)
+        k, v = k.detach(), v.detach()
+        for i, rng in enumerate(self.ranges):
+            self.workers[i].submit(self._prefill, i, layer, k[:, rng.start:rng.stop], v[:, rng.start:rng.stop], rows)
+
+    def _prefill(self, i, layer, k, v, rows):
+        k, v = k.to("cpu", torch.float32), v.to("cpu", torch.float32)
+        for b, sel in enumerate(rows):
+            kb, vb = (k[b], v[b]) if sel is None else (k[b][:, sel], v[b][:, sel])
+            self._append(i, b, layer, kb, vb)
+
+    def _append(self, i: int, b: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Adds tokens (``[heads, t, D]``) to the host tail and writes what fills pages."""
+        row = self.rows[i][(b, layer)]
+        if row.n + k.shape[1] > self.max_tokens:
+            raise ValueError(f"sequence {b} would exceed the {self.max_tokens} tokens its FlexGen region holds")
+        row.k, row.v = torch.cat([row.k, k], 1), torch.cat([row.v, v], 1)
+        row.v_sum += v.double().sum(1)
+        row.n += k.shape[1]
+        s = self.sessions[i]
+        tok = row.n // self.tpp * self.tpp
+        if tok > row.tok:
+            a, z = row.tok - row.base, tok - row.base
+            g = (tok - row.tok) // self.tpp
+            for h in range(k.shape[0]):
+                pairs = torch.stack([row.k[h, a:z].reshape(g, self.tpp, -1), row.v[h, a:z].reshape(g, self.tpp, -1)], 1)
+                s.write(NSID, self._lba(b, layer, h, i, 2 * PAGE * (row.tok // self.tpp)), _f32(pairs))
+            row.tok = tok
+        if self.ratio:
+            dim = row.n // DIM_FLUSH_TOKENS * DIM_FLUSH_TOKENS
+            if dim > row.dim:
+                a, z = row.dim - row.base, dim - row.base
+                for h in range(k.shape[0]):
+                    cols = row.k[h, a:z].T.contiguous()  # [D, tokens]
+                    for d in range(self.head_dim):
+                        off = 2 * PAGE * self.groups_max + 4 * (d * self.dim_tokens + row.dim)
+                        s.write(NSID, self._lba(b, layer, h, i, off), _f32(cols[d]))
+                row.dim = dim
+        keep = min(row.tok, row.dim) if self.ratio else row.tok
+        row.k, row.v = row.k[:, keep - row.base:], row.v[:, keep - row.base:]
+        row.base = keep
+
+    # -- decode ----------------------------------------------------------------------------
+
+    def decode(self, layer, q, k, v, scale):
+        B, hq, D = q.shape
+        if layer == 0:
+            self.tokens = [n + 1 for n in self.tokens]
+        qg = q.detach().reshape(B, self.kv_heads, self.group, D)
+        futures = []
+        for i, rng in enumerate(self.ranges):
+            s = slice(rng.start, rng.stop)
+            futures.append(self.workers[i].submit(self._decode, i, layer, qg[:, s], k[:, s].detach(), v[:, s].detach(), scale))
+        for w in self.workers:
+            w.drain()
+        out = torch.cat([f.result() for f in futures], dim=1)
+        return out.reshape(B, hq, D).to(q.device, torch.float32)
+
+    def _decode(self, i, layer, q, k, v, scale):
+        q, k, v = q.to("cpu", torch.float32), k.to("cpu", torch.float32), v.to("cpu", torch.float32)
+        out = torch.empty(q.shape, dtype=torch.float64)
+        for b in range(q.shape[0]):
+            self._append(i, b, layer, k[b].unsqueeze(1), v[b].unsqueeze(1))
+            row = self.rows[i][(b, layer)]
+            p = sparf.params(self.ratio, self.head_dim, row.n, self.tpp) if self.ratio else None
+            for h in range(q.shape[1]):
+                if p is None or p.k >= row.n:
+                    K, V = self._read_tokens(i, b, layer, h, range(row.tok // self.tpp))
+                    out[b, h] = sparf.dense(q[b, h], K, V, scale)
+                else:
+                    out[b, h] = self._sparf(i, b, layer, h, q[b, h], scale, p)
+        return out
+
+    def _sparf(self, i, b, layer, h, q, scale, p):
+        row = self.rows[i][(b, layer)]
+        dims = sparf.select_dims(q, p.r)
+        cols = torch.zeros(self.head_dim, row.n)
+        for d in sorted(set(dims.flatten().tolist())):
+            if row.dim:
+                off = 2 * PAGE * self.groups_max + 4 * (d * self.dim_tokens)
+                cols[d, :row.dim] = self._read(i, self._lba(b, layer, h, i, off), 4 * row.dim).view(-1)
+            cols[d, row.dim:] = row.k[h, row.dim - row.base:, d]
+        shat = sparf.approx_scores(q, dims, cols, scale)
+        toks, alpha = sparf.select_tokens(shat, p.k, p.local, p.pages, self.tpp)
+        groups = sorted({t // self.tpp for t in toks.flatten().tolist() if t < row.tok})
+        K, V = self._read_tokens(i, b, layer, h, groups)
+        return sparf.attend_selected(q, toks, alpha, K, V, row.v_sum[h] / row.n, scale)
+
+    def _read_tokens(self, i, b, layer, h, groups) -> Tuple[torch.Tensor, torch.Tensor]:
+        """K and V (``[n, D]``) of the row: the page pairs of ``groups`` read back (runs of
+        adjacent groups in one command), the host tail, zeros elsewhere (never used)."""
+        row = self.rows[i][(b, layer)]
+        K = torch.zeros(row.n, self.head_dim)
+        V = torch.zeros(row.n, self.head_dim)
+        for first, count in _runs(groups):
+            data = self._read(i, self._lba(b, layer, h, i, 2 * PAGE * first), 2 * PAGE * count)
+            pairs = data.view(count, 2, self.tpp, self.head_dim)
+            a, z = first * self.tpp, (first + count) * self.tpp
+            K[a:z], V[a:z] = pairs[:, 0].reshape(-1, self.head_dim), pairs[:, 1].reshape(-1, self.head_dim)
+        K[row.base:], V[row.base:] = row.k[h], row.v[h]
+        return K, V
+
+    def _read(self, i: int, lba: int, nbytes: int) -> torch.Tensor:
+        nlb = math.ceil(nbytes / BLOCK)
+        data = self.sessions[i].read(NSID, lba, nlb)
+        self._media[i] += nlb * BLOCK
+        return torch.from_numpy(np.frombuffer(data, dtype="<f4", count=nbytes // 4).copy())
+
+    # -- the rest --------------------------------------------------------------------------
+
+    def flush(self):
+        for w in self.workers:
+            w.drain()
+
+    def stats(self) -> Dict[str, int]:
+        to_host = from_host = 0
+        for s, b in zip(self.sessions, self._base):
+            st = s.stats()
+            to_host += st["bytes_received"] - b["bytes_received"]
+            from_host += st["bytes_sent"] - b["bytes_sent"]
+        return {"bytes_to_host": to_host, "bytes_from_host": from_host, "media_bytes": sum(self._media)}
+
+    def close(self):
+        err = None
+        for w in self.workers:
+            try:
+                w.drain()
+            except Exception as e:  # noqa: BLE001 - cleaned up first, raised below
+                err = err or e
+            w.close()
+        for s in self.sessions:
+            try:
+                s.disconnect()
+            except Exception:  # noqa: BLE001 - nothing left to release
+                pass
+        self.sessions, self.workers = [], []
+        if err is not None:
+            raise err
+
+
+def _f32(t: torch.Tensor) -> bytes:
+    return t.contiguous().numpy().astype("<f4", copy=False).tobytes()
+
+
+def _runs(groups) -> List[Tuple[int, int]]:
+    """(first, count) of each run of consecutive values in the ascending ``groups``."""
+    out: List[Tuple[int, int]] = []
+    for g in groups:
+        if out and out[-1][0] + out[-1][1] == g:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((g, 1))
+    return out

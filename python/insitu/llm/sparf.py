@@ -1,0 +1,184 @@
+# SPDX-License-Identifier: Apache-2.0
+"""SparF and SparQ attention in PyTorch: the host-side reference of the targets' engine.
+
+SparF is InstInfer's Algorithm 1 (SparQ with flash-page groups and dual-step loading). For
+one KV head with cache ``K``, ``V`` (``[S, D]``) and a query row ``q`` (``[D]``):
+
+1. ``dims``: the ``r`` largest ``|q|`` components (ties: the lower index);
+2. approximate scores ``ŝ = softmax(q[dims]·K[:, dims]ᵀ · scale / √(‖q[dims]‖₁ / ‖q‖₁))``
+   (the paper's temperature: a partial dot product underestimates the spread of the full
+   one);
+3. ``toks``: the ``k`` best tokens by ``ŝ``, the last ``local`` tokens always first (the
+   paper's ``ŝ + m``); ``α = Σ ŝ[toks]``. With a page cap, the token pages are chosen
+   before the tokens (see :func:`select_tokens`), as the target does for grouped-query
+   heads;
+4. ``out = α · softmax(q·K[toks]ᵀ · scale) · V[toks] + (1 − α) · mean(V)``.
+
+With ``k ≥ S`` every token is kept and the result is dense attention. SparF and SparQ
+compute the same thing; they differ only in what they read (pages vs. elements), which
+:func:`pages_needed` counts for the page-granular store.
+
+The functions work on one KV head with ``R`` query rows (grouped-query attention: the
+query heads sharing the KV head), in float64 as the target does (it accumulates in f64
+so that a generated token does not flip on rounding). They are split into steps so that a
+store that loads only what a step needs (the FlexGen baseline in :mod:`insitu.llm.flexgen`)
+can run them on partial tensors: :func:`approx_scores` reads only the selected columns of
+``K``, :func:`attend_selected` only the selected rows of ``K`` and ``V``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Tuple
+
+import torch
+
+__all__ = [
+    "SparseParams",
+    "params",
+    "select_dims",
+    "approx_scores",
+    "select_tokens",
+    "attend_selected",
+    "sparf",
+    "dense",
+    "pages_needed",
+]
+
+
+class SparseParams(NamedTuple):
+    """``r`` query components, ``k`` tokens and the ``local`` most recent tokens kept, and
+    the cap on token pages read besides the local tokens' (0: none)."""
+
+    r: int
+    k: int
+    local: int
+    pages: int = 0
+
+
+def params(ratio: float, head_dim: int, tokens: int, tokens_per_page: int = 16) -> SparseParams:
+    """SparF's parameters for a compression ``ratio`` at ``tokens`` tokens.
+
+    ``r = max(1, round(ratio·D))`` and ``k = max(1, ⌈ratio·S/2⌉)``, so that the elements
+    read, ``r·S + 2·k·D``, are about ``ratio · 2·S·D`` (dense reads ``2·S·D``: all of K and
+    V). ``local = k/4``, at least 1: the current token (appended just before) always takes
+    part, as in SparQ's local window. The page cap is ``⌈ratio·S / tokens_per_page⌉``: the
+    token pages read (besides the local ones) are at most ``ratio`` of dense's.
+    """
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"sparse ratio {ratio}: use a value in (0, 1], e.g. 0.125")
+    r = max(1, min(head_dim, round(ratio * head_dim)))
+    k = max(1, math.ceil(ratio * tokens / 2))
+    pages = max(1, math.ceil(ratio * tokens / tokens_per_page))
+    return SparseParams(r, k, max(1, k // 4), pages)
+
+
+def _top(key: torch.Tensor, n: int) -> torch.Tensor:
+    """Indices of the ``n`` largest values of each row of ``key``, ties to the lower index,
+    returned ascending (as the target's top-k)."""
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices[..., :n]
+    return torch.sort(order, dim=-1).values
+
+
+def select_dims(q: torch.Tensor, r: int) -> torch.Tensor:
+    """Step 1: the ``r`` largest-magnitude components of each row of ``q`` (``[R, D]``),
+    ascending, ``[R, r]``."""
+    return _top(q.abs(), min(r, q.shape[-1]))
+
+
+def approx_scores(q: torch.Tensor, dims: torch.Tensor, k_cols: torch.Tensor, scale: float) -> torch.Tensor:
+    """Steps 2–4: ``ŝ`` (``[R, S]``) from the selected columns of K.
+
+    ``k_cols`` is K transposed, ``[D, S]``; only the rows named in ``dims`` are read, so a
+    caller may leave the others unfilled.
+    """
+    q = q.double()
+    rows = []
+    for qr, ds in zip(q, dims):
+        s = qr[ds] @ k_cols[ds].double()
+        l1, kept = qr.abs().sum(), qr[ds].abs().sum()
+        factor = scale / math.sqrt(float(kept / l1)) if kept > 0 else scale
+        rows.append(torch.softmax(s * factor, dim=-1))
+    return torch.stack(rows)
+
+
+def select_tokens(shat: torch.Tensor, k: int, local: int, pages: int = 0,
+                  tokens_per_page: int = 16) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Steps 5–7: the ``k`` best tokens of each row by ``ŝ`` with the last ``local`` first,
+    ascending (``[R, k]``), and ``α``, the approximate mass on them (``[R]``).
+
+    With a page cap (``pages > 0``) the token pages are chosen first, for all rows
+    together: those of the local tokens, and the ``pages`` others holding the highest
+    ``ŝ`` any row gives one of their tokens; each row's tokens then come from those pages
+    only (``k`` shrinks if they hold fewer). This bounds the pages a grouped-query head
+    reads, whose rows' separate choices would otherwise touch most of the pages.
+    """
+    n = shat.shape[-1]
+    local = min(local, n)
+    # ŝ ≤ 1, so +2 ranks the local tokens ahead of all others and +4 the reachable ones
+    # ahead of those, each still ordered by ŝ (the target's order).
+    key = shat.clone()
+    key[:, n - local:] += 2.0
+    if pages > 0:
+        groups = math.ceil(n / tokens_per_page)
+        best = torch.zeros(groups * tokens_per_page, dtype=shat.dtype)
+        best[:n] = shat.max(0).values
+        best = best.view(groups, tokens_per_page).max(1).values
+        candidates = min((n - local) // tokens_per_page, groups) if local > 0 else groups
+        allowed = torch.ones(groups, dtype=torch.bool)
+        allowed[:candidates] = False
+        if candidates:
+            allowed[_top(best[:candidates], min(pages, candidates))] = True
+        reach = allowed.repeat_interleave(tokens_per_page)[:n]
+        key[:, reach] += 4.0
+        k = max(1, min(k, int(reach.sum())))
+    toks = _top(key, min(k, n))
+    return toks, shat.gather(-1, toks).sum(-1)
+
+
+def attend_selected(q: torch.Tensor, toks: torch.Tensor, alpha: torch.Tensor, k_rows: torch.Tensor,
+                    v_rows: torch.Tensor, v_mean: torch.Tensor, scale: float) -> torch.Tensor:
+    """Steps 8–11: exact attention over the chosen tokens, mixed with ``mean(V)`` by ``α``.
+
+    ``k_rows``/``v_rows`` are K and V (``[S, D]``); only the rows named in ``toks`` are
+    read. Returns ``[R, D]`` float64.
+    """
+    q = q.double()
+    out = []
+    for qr, t, a in zip(q, toks, alpha):
+        w = torch.softmax((k_rows[t].double() @ qr) * scale, dim=-1)
+        out.append(a * (w @ v_rows[t].double()) + (1 - a) * v_mean.double())
+    return torch.stack(out)
+
+
+def dense(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, scale: float) -> torch.Tensor:
+    """Dense attention of the rows of ``q`` (``[R, D]``) over ``K``, ``V`` (``[S, D]``), in
+    float64."""
+    w = torch.softmax((q.double() @ K.double().T) * scale, dim=-1)
+    return w @ V.double()
+
+
+def sparf(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, scale: float, r: int, k: int, local: int,
+          pages: int = 0, tokens_per_page: int = 16) -> torch.Tensor:
+    """SparF (or, with ``pages = 0``, SparQ) attention of the rows of ``q`` over the whole
+    ``K``, ``V``: ``[R, D]`` float64. Dense when ``k ≥ S``, as on the target."""
+    if r < 1 or k < 1:
+        raise ValueError(f"sparse attention needs r and k above 0 (got r = {r}, k = {k})")
+    if K.shape[0] == 0:
+        raise ValueError("attention over an empty cache (append the current token first)")
+    if k >= K.shape[0]:
+        return dense(q, K, V, scale)
+    dims = select_dims(q, r)
+    shat = approx_scores(q, dims, K.T, scale)
+    toks, alpha = select_tokens(shat, k, local, pages, tokens_per_page)
+    return attend_selected(q, toks, alpha, K, V, V.double().mean(0), scale)
+
+
+def pages_needed(dims: torch.Tensor, toks: torch.Tensor, tokens: int, tokens_per_page: int = 16,
+                 tokens_per_dim_page: int = 1024) -> Tuple[int, int]:
+    """(dimension-indexed pages, token-indexed pages of K and V) a page-granular store
+    reads for these selections over ``tokens`` tokens: every page holding a selected unit,
+    once (the first step of dual-step loading; the second filters inside the page)."""
+    dim_pages = len(set(dims.flatten().tolist())) * math.ceil(tokens / tokens_per_dim_page)
+    groups = len({t // tokens_per_page for t in toks.flatten().tolist()})
+    return dim_pages, 2 * groups
