@@ -56,6 +56,8 @@ def markdown(r: dict) -> str:
     s += f"(flash and PCIe link paced); {r.get('steps')} greedy decode steps per point; host-memory budget for the KV cache "
     s += f"{r.get('host_budget_bytes', 0) / 2**20:.0f} MiB; KV cache {r.get('kv_bytes_per_token', 0) / 1024:.0f} KiB per token "
     s += f"(f32). Machine: {m.get('cpus', '?')} CPUs ({m.get('cpu_model', '?')}).\n\n"
+    if r.get("note"):
+        s += f"**Note:** {r['note']}\n\n"
     s += "| batch x context | KV cache | targets | backend | tokens/s | link bytes / token | media bytes / token | step s | device-model bound s |\n"
     s += "|---|---:|---:|---|---:|---:|---:|---:|---:|\n"
     rows = sorted(r["rows"], key=lambda x: (x["batch"] * x["context"], x["targets"], ORDER.index(x["backend"])))
