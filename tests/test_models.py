@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers import INSITU, cli_json, run_cli  # noqa: E402
 
-PRESETS = {"samsung-980pro", "intel-p4600", "daisyplus-openssd", "newport", "smartssd"}
+PRESETS = {"samsung-980pro", "instinfer-csd", "intel-p4600", "daisyplus-openssd", "newport", "smartssd"}
 
 
 def test_presets_are_listed_and_shown():
