@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-stamp
-APT_PACKAGES := e2fsprogs xfsprogs util-linux zstd b3sum coreutils grep tshark
+APT_PACKAGES := e2fsprogs xfsprogs util-linux zstd b3sum coreutils grep tshark runc docker-registry umoci skopeo busybox-static iproute2
 PY_PACKAGES := maturin>=1.5,<2 pytest crc32c xxhash
 LLM_PACKAGES := torch "transformers>=5,<6" gguf accelerate numpy tqdm
 export CARGO_TERM_COLOR := never

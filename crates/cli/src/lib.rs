@@ -251,6 +251,12 @@ enum TargetCmd {
         /// Stay in the foreground (logs to stderr).
         #[arg(long)]
         foreground: bool,
+        /// Serve the Docker Engine API here, so `docker -H tcp://ADDR:PORT run IMAGE ...`
+        /// runs containers on the target. Needs a --private namespace: the last one holds
+        /// the images and containers (formatted ext4 when blank); the first --namespace is
+        /// their read-only /data.
+        #[arg(long, value_name = "ADDR:PORT")]
+        docker: Option<std::net::SocketAddr>,
     },
     /// Stop the target started on an address.
     Stop {
@@ -538,8 +544,8 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             }
         }
         Cmd::Demo { size, fs, dir } => return demo::run(&off, parse_size(&size)?, fs.into(), dir, json),
-        Cmd::Target(TargetCmd::Start { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground }) => {
-            let a = target_cmd::StartArgs { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground };
+        Cmd::Target(TargetCmd::Start { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker }) => {
+            let a = target_cmd::StartArgs { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker };
             return target_cmd::start(a, json);
         }
         Cmd::Target(TargetCmd::Stop { listen }) => return target_cmd::stop(listen, json),

@@ -26,6 +26,7 @@ pub(crate) struct StartArgs {
     pub(crate) metrics: Option<SocketAddr>,
     pub(crate) model: Option<String>,
     pub(crate) foreground: bool,
+    pub(crate) docker: Option<SocketAddr>,
 }
 
 pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
@@ -40,8 +41,25 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
         ..a
     };
     let mut namespaces: Vec<NamespaceSpec> = a.namespaces.iter().map(NamespaceSpec::sharable).collect();
-    namespaces.extend(a.private.iter().map(NamespaceSpec::private));
+    // With --docker the last private namespace holds a file system of the container
+    // service; the fabric (and its KV cache) keeps the others.
+    let fabric_private = if a.docker.is_some() {
+        if a.private.is_empty() {
+            return Err("--docker needs a private namespace for images and containers: add --private IMG (a blank image is formatted)".to_string().into());
+        }
+        &a.private[..a.private.len() - 1]
+    } else {
+        &a.private[..]
+    };
+    namespaces.extend(fabric_private.iter().map(NamespaceSpec::private));
     let model = a.model.as_deref().map(insitu_model::parse).transpose().map_err(|e| e.to_string())?;
+    let containers = a.docker.map(|listen| insitu_isp::ServiceConfig {
+        listen,
+        private: a.private.last().cloned().unwrap_or_default(),
+        sharable: a.namespaces.first().cloned(),
+        state_dir: Path::new(RUN_DIR).join(format!("isp-{}", listen.to_string().replace([':', '[', ']'], "_"))),
+        limits: container_limits(model.as_ref()),
+    });
     let cfg = TargetConfig {
         model,
         listen: a.listen,
@@ -53,11 +71,13 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
     let record = json!({
         "listen": listen.to_string(), "nqn": a.nqn, "namespaces": a.namespaces, "private": a.private,
         "allow_hosts": a.allow_hosts, "metrics": a.metrics.map(|m| m.to_string()), "model": a.model,
+        "docker": a.docker.map(|d| d.to_string()),
     });
     if a.foreground {
         if let Some(m) = a.metrics {
             serve_metrics(m, server.metrics())?;
         }
+        start_containers(containers)?;
         eprintln!("insitu-target: serving {} on nvme-tcp://{listen}", a.nqn);
         server.run().map_err(|e| e.to_string())?;
         return Ok(0);
@@ -71,18 +91,20 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
         return Err(format!("fork: {}", std::io::Error::last_os_error()).into());
     }
     if pid == 0 {
-        daemon_child(server, &log, a.metrics);
+        daemon_child(server, &log, a.metrics, containers);
     }
     let mut rec = record;
     rec["pid"] = json!(pid);
     rec["log"] = json!(log);
     std::fs::write(pid_file(&listen), rec.to_string()).map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect_timeout(&listen, Duration::from_millis(200)).is_err() {
-        if Instant::now() > deadline || !alive(pid) {
-            return Err(format!("the target did not come up; see {}", log.display()).into());
+    for addr in std::iter::once(listen).chain(a.docker) {
+        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            if Instant::now() > deadline || !alive(pid) {
+                return Err(format!("the target did not come up on {addr}; see {}", log.display()).into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        std::thread::sleep(Duration::from_millis(50));
     }
     if json_out {
         println!("{}", serde_json::to_string_pretty(&rec).unwrap_or_default());
@@ -92,7 +114,43 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
     Ok(0)
 }
 
-fn daemon_child(server: Server, log: &Path, metrics: Option<SocketAddr>) -> ! {
+/// Container limits from the device model: the CPU of its embedded cores.
+fn container_limits(model: Option<&insitu_model::DeviceModel>) -> insitu_isp::runtime::Limits {
+    let cpus = model.and_then(|m| m.compute.as_ref()).map(|c| c.workers as f64 * c.cpu_share);
+    insitu_isp::runtime::Limits { cpus, ..Default::default() }
+}
+
+/// Starts the container service (`--docker`), if asked for. SIGTERM and SIGINT then stop
+/// it before the process ends, so no container outlives its target and the private
+/// namespace is unmounted cleanly.
+fn start_containers(cfg: Option<insitu_isp::ServiceConfig>) -> Result<(), Failure> {
+    let Some(cfg) = cfg else { return Ok(()) };
+    // SAFETY: sigset operations on a local set; the mask is set before any thread that
+    // should inherit it is spawned.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    let listen = cfg.listen;
+    let s = insitu_isp::Service::start(cfg).map_err(|e| format!("containers: {e}"))?;
+    eprintln!("insitu-target: Docker Engine API on tcp://{}", s.local_addr().unwrap_or(listen));
+    std::thread::spawn(move || {
+        let mut sig = 0;
+        // SAFETY: sigwait on the set built above, with a local out-parameter.
+        unsafe { libc::sigwait(&set, &mut sig) };
+        eprintln!("insitu-target: signal {sig}: stopping containers");
+        drop(s);
+        // SAFETY: leave without running atexit handlers, as the daemon does.
+        unsafe { libc::_exit(0) }
+    });
+    Ok(())
+}
+
+fn daemon_child(server: Server, log: &Path, metrics: Option<SocketAddr>, containers: Option<insitu_isp::ServiceConfig>) -> ! {
     // SAFETY: setsid has no memory arguments.
     unsafe { libc::setsid() };
     if let Ok(f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
@@ -108,6 +166,14 @@ fn daemon_child(server: Server, log: &Path, metrics: Option<SocketAddr>) -> ! {
             eprintln!("insitu-target: metrics: {}", e.message);
         }
     }
+    match start_containers(containers) {
+        Ok(()) => {}
+        Err(e) => {
+            eprintln!("insitu-target: {}", e.message);
+            // SAFETY: as below.
+            unsafe { libc::_exit(1) }
+        }
+    };
     eprintln!("insitu-target: serving on nvme-tcp://{}", server.local_addr());
     let code = i32::from(server.run().is_err());
     // SAFETY: leave without running the parent's atexit handlers (it may be Python).

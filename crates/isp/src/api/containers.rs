@@ -1,0 +1,422 @@
+// SPDX-License-Identifier: Apache-2.0
+//! `/containers/...`: create, list, inspect, start, stop, restart, kill, wait, attach,
+//! logs, remove.
+
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::body::{empty, error, json, stream, ApiBody};
+use super::images::rfc3339;
+use super::{read_json, Target};
+use crate::runtime::{frame, Container, CreateSpec, RunState, Runtime, RuntimeError};
+
+fn fail(e: RuntimeError) -> Response<ApiBody> {
+    error(e.http_status(), &e.to_string())
+}
+
+fn strings(v: &Value, field: &str) -> Result<Option<Vec<String>>, String> {
+    match v.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(vec![s.clone()])),
+        Some(Value::Array(a)) => a.iter().map(|x| x.as_str().map(str::to_string).ok_or_else(|| format!("{field} must be a list of strings"))).collect::<Result<_, _>>().map(Some),
+        Some(_) => Err(format!("{field} must be a list of strings")),
+    }
+}
+
+fn number(v: &Value, field: &str) -> Result<Option<i64>, String> {
+    match v.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(x) => x.as_i64().map(Some).ok_or_else(|| format!("{field} must be an integer")),
+    }
+}
+
+/// The parts of a create request the runtime honours, type-checked.
+fn create_spec(body: &Value) -> Result<CreateSpec, String> {
+    if !body.is_object() {
+        return Err("the create request must be a JSON object".into());
+    }
+    let image = body.get("Image").and_then(Value::as_str).filter(|s| !s.is_empty()).ok_or("Image is required")?.to_string();
+    let hc = body.get("HostConfig").cloned().unwrap_or(Value::Null);
+    let nano = number(&hc, "NanoCpus")?.filter(|&n| n > 0);
+    let quota = number(&hc, "CpuQuota")?.filter(|&n| n > 0);
+    let period = number(&hc, "CpuPeriod")?.filter(|&n| n > 0).unwrap_or(100_000);
+    let cpus = nano.map(|n| n as f64 / 1e9).or(quota.map(|q| q as f64 / period as f64));
+    let labels = match body.get("Labels") {
+        Some(Value::Object(m)) => m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect(),
+        _ => Default::default(),
+    };
+    Ok(CreateSpec {
+        image,
+        cmd: strings(body, "Cmd")?,
+        entrypoint: strings(body, "Entrypoint")?,
+        env: strings(body, "Env")?.unwrap_or_default(),
+        working_dir: body.get("WorkingDir").and_then(Value::as_str).map(str::to_string),
+        tty: body.get("Tty").and_then(Value::as_bool).unwrap_or(false),
+        open_stdin: body.get("OpenStdin").and_then(Value::as_bool).unwrap_or(false),
+        binds: strings(&hc, "Binds")?.unwrap_or_default(),
+        cpus,
+        memory: number(&hc, "Memory")?.filter(|&m| m > 0),
+        auto_remove: hc.get("AutoRemove").and_then(Value::as_bool).unwrap_or(false),
+        labels,
+    })
+}
+
+/// `POST /containers/create?name=NAME`.
+pub async fn create(rt: &Arc<Runtime>, t: &Target, req: Request<Incoming>) -> Response<ApiBody> {
+    let body = match read_json(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let spec = match create_spec(&body) {
+        Ok(s) => s,
+        Err(m) => return error(400, &m),
+    };
+    let image = spec.image.clone();
+    match rt.create(t.get("name"), spec) {
+        Ok(c) => json(StatusCode::CREATED, &json!({"Id": c.id, "Warnings": []})),
+        // The CLI pulls on a 404 at create and tries again.
+        Err(RuntimeError::NotFound(_)) => error(404, &format!("No such image: {image}")),
+        Err(e) => fail(e),
+    }
+}
+
+fn secs(t: SystemTime) -> i64 {
+    t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+fn ago(t: SystemTime) -> String {
+    let s = SystemTime::now().duration_since(t).unwrap_or_default().as_secs();
+    match s {
+        0 => "Less than a second".into(),
+        1..=59 => format!("{s} seconds"),
+        60..=3599 => format!("{} minutes", s / 60),
+        3600..=86_399 => format!("{} hours", s / 3600),
+        _ => format!("{} days", s / 86_400),
+    }
+}
+
+fn status(c: &Container) -> (&'static str, String) {
+    match c.state() {
+        RunState::Created => ("created", "Created".into()),
+        RunState::Running { started, .. } => ("running", format!("Up {}", ago(started))),
+        RunState::Exited { code, finished, .. } => ("exited", format!("Exited ({code}) {} ago", ago(finished))),
+    }
+}
+
+fn image_name(c: &Container) -> &str {
+    &c.spec.image
+}
+
+/// `GET /containers/json?all=1`.
+pub fn list(rt: &Runtime, all: bool) -> Response<ApiBody> {
+    let list: Vec<Value> = rt
+        .list()
+        .iter()
+        .filter(|c| all || matches!(c.state(), RunState::Running { .. }))
+        .map(|c| {
+            let (state, status) = status(c);
+            json!({
+                "Id": c.id, "Names": [format!("/{}", c.name)], "Image": image_name(c), "ImageID": c.image_id,
+                "Command": c.args.join(" "), "Created": secs(c.created), "Ports": [], "Labels": c.spec.labels,
+                "State": state, "Status": status, "HostConfig": {"NetworkMode": "none"},
+                "NetworkSettings": {"Networks": {}}, "Mounts": mounts(c),
+            })
+        })
+        .collect();
+    json(StatusCode::OK, &Value::Array(list))
+}
+
+fn mounts(c: &Container) -> Value {
+    Value::Array(c.spec.binds.iter().map(|b| {
+        let mut p = b.split(':');
+        json!({"Source": p.next().unwrap_or(""), "Destination": p.next().unwrap_or(""), "RW": p.next() == Some("rw")})
+    }).collect())
+}
+
+/// `GET /containers/{id}/json`.
+pub fn inspect(rt: &Runtime, id: &str) -> Response<ApiBody> {
+    let c = match rt.get(id) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let zero = "0001-01-01T00:00:00Z".to_string();
+    let (status_word, running, pid, code, started, finished) = match c.state() {
+        RunState::Created => ("created", false, 0, 0, zero.clone(), zero.clone()),
+        RunState::Running { started, pid } => ("running", true, pid, 0, rfc3339(secs(started)), zero.clone()),
+        RunState::Exited { code, started, finished } => {
+            ("exited", false, 0, code, started.map_or(zero.clone(), |s| rfc3339(secs(s))), rfc3339(secs(finished)))
+        }
+    };
+    let cmd = if c.args.len() > 1 { c.args[1..].to_vec() } else { Vec::new() };
+    json(StatusCode::OK, &json!({
+        "Id": c.id, "Created": rfc3339(secs(c.created)), "Path": c.args.first(), "Args": cmd,
+        "State": {"Status": status_word, "Running": running, "Paused": false, "Restarting": false, "OOMKilled": false,
+                  "Dead": false, "Pid": pid, "ExitCode": code, "Error": "", "StartedAt": started, "FinishedAt": finished},
+        "Image": c.image_id, "Name": format!("/{}", c.name), "RestartCount": c.restarts(), "Driver": "overlay",
+        "Platform": "linux", "LogPath": "", "Mounts": mounts(&c),
+        "HostConfig": {"Binds": c.spec.binds, "AutoRemove": c.spec.auto_remove, "NetworkMode": "none",
+                       "NanoCpus": c.spec.cpus.map_or(0, |x| (x * 1e9) as i64), "Memory": c.spec.memory.unwrap_or(0)},
+        "Config": {"Hostname": &c.id[..12], "Image": c.spec.image, "Cmd": c.spec.cmd, "Entrypoint": c.spec.entrypoint,
+                   "Env": c.env, "WorkingDir": c.cwd, "Tty": c.spec.tty, "OpenStdin": c.spec.open_stdin,
+                   "AttachStdin": false, "AttachStdout": !c.spec.tty, "AttachStderr": !c.spec.tty, "Labels": c.spec.labels},
+        "NetworkSettings": {"Networks": {}, "Ports": {}},
+    }))
+}
+
+/// `POST /containers/{id}/start`.
+pub async fn start(rt: &Arc<Runtime>, id: &str) -> Response<ApiBody> {
+    match rt.start(id).await {
+        Ok(true) => empty(StatusCode::NO_CONTENT),
+        Ok(false) => empty(StatusCode::NOT_MODIFIED),
+        Err(e) => fail(e),
+    }
+}
+
+fn timeout(t: &Target) -> Duration {
+    Duration::from_secs(t.get("t").and_then(|s| s.parse::<i64>().ok()).map_or(10, |s| s.max(0) as u64))
+}
+
+/// `POST /containers/{id}/stop?t=SECONDS`.
+pub async fn stop(rt: &Runtime, id: &str, t: &Target) -> Response<ApiBody> {
+    match rt.stop(id, timeout(t)).await {
+        Ok(true) => empty(StatusCode::NO_CONTENT),
+        Ok(false) => empty(StatusCode::NOT_MODIFIED),
+        Err(e) => fail(e),
+    }
+}
+
+/// `POST /containers/{id}/restart?t=SECONDS`.
+pub async fn restart(rt: &Arc<Runtime>, id: &str, t: &Target) -> Response<ApiBody> {
+    match rt.restart(id, timeout(t)).await {
+        Ok(()) => empty(StatusCode::NO_CONTENT),
+        Err(e) => fail(e),
+    }
+}
+
+/// `POST /containers/{id}/kill?signal=SIG`.
+pub async fn kill(rt: &Runtime, id: &str, t: &Target) -> Response<ApiBody> {
+    let sig = t.get("signal").unwrap_or("KILL");
+    if !sig.trim_start_matches("SIG").chars().all(|c| c.is_ascii_alphanumeric()) {
+        return error(400, &format!("invalid signal {sig:?}"));
+    }
+    match rt.kill(id, sig).await {
+        Ok(()) => empty(StatusCode::NO_CONTENT),
+        Err(e) => fail(e),
+    }
+}
+
+/// `DELETE /containers/{id}?force=1`.
+pub async fn remove(rt: &Runtime, id: &str, force: bool) -> Response<ApiBody> {
+    match rt.remove(id, force).await {
+        Ok(()) => empty(StatusCode::NO_CONTENT),
+        Err(e) => fail(e),
+    }
+}
+
+/// `POST /containers/{id}/wait?condition=not-running|next-exit|removed`: the headers go
+/// out at once (the CLI waits for them before it starts the container), the status when
+/// the condition is met.
+pub fn wait(rt: &Runtime, id: &str, t: &Target) -> Response<ApiBody> {
+    let c = match rt.get(id) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let condition = t.get("condition").unwrap_or("not-running").to_string();
+    if !matches!(condition.as_str(), "not-running" | "next-exit" | "removed") {
+        return error(400, &format!("invalid condition {condition:?}: use not-running, next-exit or removed"));
+    }
+    let mut rx = c.exits();
+    let before = rx.borrow().exits;
+    let running = matches!(c.state(), RunState::Running { .. });
+    let (resp, tx) = stream(StatusCode::OK, "application/json");
+    tokio::spawn(async move {
+        let done = match condition.as_str() {
+            "not-running" if !running => Ok(()),
+            "not-running" | "next-exit" => rx.wait_for(|e| e.exits > before || e.removed).await.map(|_| ()),
+            _ => rx.wait_for(|e| e.removed).await.map(|_| ()),
+        };
+        let code = rx.borrow().code;
+        let _ = done;
+        let _ = tx.send(Bytes::from(json!({"StatusCode": code, "Error": null}).to_string() + "\n")).await;
+    });
+    resp
+}
+
+/// `POST /containers/{id}/attach?stream=1&stdin=1&stdout=1&stderr=1`: the connection is
+/// hijacked (101) and carries the container's input and output.
+pub fn attach(rt: &Runtime, id: &str, t: &Target, mut req: Request<Incoming>) -> Response<ApiBody> {
+    let c = match rt.get(id) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let tty = c.spec.tty;
+    let (want_out, want_err) = (t.flag("stdout"), t.flag("stderr"));
+    let stdin = if t.flag("stdin") { c.take_stdin() } else { None };
+    let Some(mut out) = c.subscribe(true) else { return error(409, "the container is not running") };
+    let upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let Ok(upgraded) = upgrade.await else { return };
+        let (mut rd, mut wr) = tokio::io::split(TokioIo::new(upgraded));
+        if let Some(tx) = stdin {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 32 * 1024];
+                loop {
+                    match rd.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            if tx.send(Bytes::copy_from_slice(&buf[..n])).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                // Dropping tx closes the container's standard input.
+            });
+        }
+        while let Some((s, data)) = out.recv().await {
+            if (s == crate::runtime::STDOUT && !want_out) || (s == crate::runtime::STDERR && !want_err) {
+                continue;
+            }
+            let bytes = if tty { data.to_vec() } else { frame(s, &data) };
+            if wr.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+        let _ = wr.flush().await;
+        let _ = wr.shutdown().await;
+    });
+    let ct = if tty { "application/vnd.docker.raw-stream" } else { "application/vnd.docker.multiplexed-stream" };
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header("Content-Type", ct)
+        .header("Connection", "Upgrade")
+        .header("Upgrade", "tcp")
+        .body(http_body_util::BodyExt::boxed(http_body_util::Empty::new()))
+        .expect("static response parts")
+}
+
+/// `POST /containers/{id}/resize`: accepted (no terminal is allocated).
+pub fn resize(rt: &Runtime, id: &str) -> Response<ApiBody> {
+    match rt.get(id) {
+        Ok(_) => empty(StatusCode::OK),
+        Err(e) => fail(e),
+    }
+}
+
+/// `GET /containers/{id}/logs?stdout=1&stderr=1&follow=1&tail=N`.
+pub async fn logs(rt: &Runtime, id: &str, t: &Target) -> Response<ApiBody> {
+    let c = match rt.get(id) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let (want_out, want_err, follow) = (t.flag("stdout"), t.flag("stderr"), t.flag("follow"));
+    if !want_out && !want_err {
+        return error(400, "You must choose at least one stream");
+    }
+    let tail = t.get("tail").filter(|s| *s != "all").and_then(|s| s.parse::<usize>().ok());
+    let (len, live) = if follow { c.follow_log() } else { (u64::MAX, None) };
+    let mut logged = tokio::fs::read(c.log_path()).await.unwrap_or_default();
+    logged.truncate(len.min(logged.len() as u64) as usize);
+    let mut frames: Vec<(u8, Bytes)> = split_frames(&logged).into_iter().map(|(s, d)| (s, Bytes::copy_from_slice(d))).collect();
+    if let Some(n) = tail {
+        frames = tail_lines(frames, n);
+    }
+    let tty = c.spec.tty;
+    let ct = if tty { "application/vnd.docker.raw-stream" } else { "application/vnd.docker.multiplexed-stream" };
+    let (resp, tx) = stream(StatusCode::OK, ct);
+    let keep = move |s: u8| (s == crate::runtime::STDOUT && want_out) || (s == crate::runtime::STDERR && want_err);
+    let enc = move |s: u8, d: &[u8]| if tty { Bytes::copy_from_slice(d) } else { Bytes::from(frame(s, d)) };
+    tokio::spawn(async move {
+        for (s, d) in frames {
+            if keep(s) && tx.send(enc(s, &d)).await.is_err() {
+                return;
+            }
+        }
+        if let Some(mut rx) = live {
+            while let Some((s, d)) = rx.recv().await {
+                if keep(s) && tx.send(enc(s, &d)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    resp
+}
+
+/// The frames of a log file; a torn last frame (a crash mid-write) is dropped.
+fn split_frames(mut b: &[u8]) -> Vec<(u8, &[u8])> {
+    let mut v = Vec::new();
+    while b.len() >= 8 {
+        let n = u32::from_be_bytes([b[4], b[5], b[6], b[7]]) as usize;
+        if b.len() < 8 + n {
+            break;
+        }
+        v.push((b[0], &b[8..8 + n]));
+        b = &b[8 + n..];
+    }
+    v
+}
+
+/// The frames holding the last `n` lines (whole frames; a frame may hold several lines).
+fn tail_lines<T: AsRef<[u8]> + Clone>(frames: Vec<(u8, T)>, n: usize) -> Vec<(u8, T)> {
+    let mut lines = 0;
+    let mut start = frames.len();
+    for (i, (_, d)) in frames.iter().enumerate().rev() {
+        let k = d.as_ref().iter().filter(|&&b| b == b'\n').count().max(1);
+        if lines + k > n {
+            break;
+        }
+        lines += k;
+        start = i;
+    }
+    frames[start..].to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_requests_are_type_checked() {
+        let ok = create_spec(&json!({"Image": "busybox", "Cmd": ["sh", "-c", "exit 3"], "HostConfig": {"NanoCpus": 1500000000, "Memory": 1048576, "AutoRemove": true, "Binds": ["/d:/in:ro"]}})).unwrap();
+        assert_eq!(ok.cmd.unwrap(), ["sh", "-c", "exit 3"]);
+        assert_eq!(ok.cpus, Some(1.5));
+        assert!(ok.auto_remove);
+        assert!(create_spec(&json!({"Cmd": ["x"]})).unwrap_err().contains("Image"));
+        assert!(create_spec(&json!({"Image": "b", "Cmd": 3})).unwrap_err().contains("Cmd"));
+        assert!(create_spec(&json!({"Image": "b", "HostConfig": {"Memory": "lots"}})).unwrap_err().contains("Memory"));
+        assert!(create_spec(&json!([1, 2])).is_err());
+    }
+
+    #[test]
+    fn log_frames_split_and_tail() {
+        let mut log = frame(1, b"a\nb\n");
+        log.extend(frame(2, b"c\n"));
+        log.extend(&frame(1, b"torn")[..6]);
+        let f = split_frames(&log);
+        assert_eq!(f, vec![(1, &b"a\nb\n"[..]), (2, &b"c\n"[..])]);
+        assert_eq!(tail_lines(f.clone(), 1), vec![(2, &b"c\n"[..])]);
+        assert_eq!(tail_lines(f, 3).len(), 2);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn random_create_bodies_never_panic(s in ".{0,200}") {
+            if let Ok(v) = serde_json::from_str::<Value>(&s) {
+                let _ = create_spec(&v);
+            }
+        }
+
+        #[test]
+        fn random_logs_never_panic(b in proptest::collection::vec(proptest::num::u8::ANY, 0..300)) {
+            let f = split_frames(&b);
+            let _ = tail_lines(f, 2);
+        }
+    }
+}

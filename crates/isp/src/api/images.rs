@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: Apache-2.0
+//! `/images/...`: pull (with docker's JSON progress), load, list, inspect, remove.
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use serde_json::{json, Value};
+use std::io::Write;
+use std::sync::Arc;
+
+use super::body::{error, json, stream, ApiBody};
+use super::Target;
+use crate::image::{Image, Progress, Removed};
+use crate::runtime::Runtime;
+
+/// Largest image tarball `docker load` accepts.
+const MAX_LOAD: u64 = 8 << 30;
+
+fn short(digest: &str) -> String {
+    digest.trim_start_matches("sha256:").chars().take(12).collect()
+}
+
+fn line(v: Value) -> Bytes {
+    let mut s = v.to_string();
+    s.push_str("\r\n");
+    Bytes::from(s)
+}
+
+fn progress_json(p: &Progress) -> Value {
+    match p {
+        Progress::Resolving { reference } => json!({"status": format!("Pulling from {reference}")}),
+        Progress::Downloading { digest, current, total } => json!({
+            "status": "Downloading", "id": short(digest), "progressDetail": {"current": current, "total": total},
+            "progress": format!("{:>7} / {}", human(*current), human(*total)),
+        }),
+        Progress::Extracting { digest } => json!({"status": "Extracting", "id": short(digest)}),
+        Progress::LayerDone { digest } => json!({"status": "Pull complete", "id": short(digest)}),
+        Progress::AlreadyExists { digest } => json!({"status": "Already exists", "id": short(digest)}),
+        Progress::Done { id, reference } => json!({"status": format!("Status: Downloaded image {reference} ({})", short(id))}),
+    }
+}
+
+fn human(b: u64) -> String {
+    if b >= 1 << 20 {
+        format!("{:.1}MB", b as f64 / 1e6)
+    } else {
+        format!("{:.1}kB", b as f64 / 1e3)
+    }
+}
+
+/// `POST /images/create?fromImage=NAME&tag=TAG`.
+pub fn pull(rt: &Arc<Runtime>, t: &Target) -> Response<ApiBody> {
+    let Some(from) = t.get("fromImage") else {
+        return error(400, "give fromImage=NAME (importing with fromSrc is not supported)");
+    };
+    let reference = match t.get("tag") {
+        Some(tag) if tag.starts_with("sha256:") => format!("{from}@{tag}"),
+        Some(tag) if !from.contains('@') && !last_has_tag(from) => format!("{from}:{tag}"),
+        _ => from.to_string(),
+    };
+    let (resp, tx) = stream(StatusCode::OK, "application/json");
+    let images = rt.images().clone();
+    tokio::task::spawn_blocking(move || {
+        let send = |v: Value| {
+            let _ = tx.blocking_send(line(v));
+        };
+        match images.pull(&reference, &mut |p| send(progress_json(&p))) {
+            Ok(img) => {
+                if let Some(d) = img.repo_digests.first() {
+                    send(json!({"status": format!("Digest: {}", d.rsplit('@').next().unwrap_or(d))}));
+                }
+            }
+            Err(e) => {
+                let m = e.to_string();
+                send(json!({"errorDetail": {"message": m}, "error": m}));
+            }
+        }
+    });
+    resp
+}
+
+fn last_has_tag(name: &str) -> bool {
+    name.rsplit('/').next().is_some_and(|last| last.contains(':'))
+}
+
+/// `POST /images/load`: the tarball is spooled to the private namespace, then loaded.
+pub async fn load(rt: &Arc<Runtime>, req: Request<Incoming>) -> Response<ApiBody> {
+    let spool = match tempfile_in(rt) {
+        Ok(f) => f,
+        Err(e) => return error(500, &format!("cannot spool the image: {e}")),
+    };
+    let (mut file, path) = spool;
+    let mut body = req.into_body();
+    let mut total = 0u64;
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            let _ = std::fs::remove_file(&path);
+            return error(400, "the image upload broke off");
+        };
+        if let Some(d) = frame.data_ref() {
+            total += d.len() as u64;
+            if total > MAX_LOAD || file.write_all(d).is_err() {
+                let _ = std::fs::remove_file(&path);
+                return error(413, &format!("the image is larger than {MAX_LOAD} bytes or the private namespace is full"));
+            }
+        }
+    }
+    drop(file);
+    let images = rt.images().clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let r = std::fs::File::open(&path).map_err(|e| e.to_string()).and_then(|mut f| images.load(&mut f, &mut |_| {}).map_err(|e| e.to_string()));
+        let _ = std::fs::remove_file(&path);
+        r
+    })
+    .await;
+    match result {
+        Ok(Ok(tags)) => {
+            let (resp, tx) = stream(StatusCode::OK, "application/json");
+            tokio::spawn(async move {
+                for t in tags {
+                    let what = if t.starts_with("sha256:") { "Loaded image ID" } else { "Loaded image" };
+                    let _ = tx.send(line(json!({"stream": format!("{what}: {t}\n")}))).await;
+                }
+            });
+            resp
+        }
+        Ok(Err(m)) => error(400, &m),
+        Err(e) => error(500, &e.to_string()),
+    }
+}
+
+fn tempfile_in(rt: &Runtime) -> std::io::Result<(std::fs::File, std::path::PathBuf)> {
+    // In the private namespace: the host never sees an image on its way in.
+    let dir = rt.spool_dir();
+    std::fs::create_dir_all(&dir)?;
+    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let path = dir.join(format!("insitu-load-{}-{n}.tar", std::process::id()));
+    Ok((std::fs::OpenOptions::new().create_new(true).write(true).open(&path)?, path))
+}
+
+fn summary(i: &Image) -> Value {
+    json!({
+        "Id": i.id, "ParentId": "", "RepoTags": i.repo_tags, "RepoDigests": i.repo_digests, "Created": i.created,
+        "Size": i.size, "VirtualSize": i.size, "SharedSize": -1, "Labels": i.config.labels, "Containers": -1,
+    })
+}
+
+/// `GET /images/json`.
+pub fn list(rt: &Runtime) -> Response<ApiBody> {
+    match rt.images().list() {
+        Ok(l) => json(StatusCode::OK, &Value::Array(l.iter().map(summary).collect())),
+        Err(e) => error(e.http_status(), &e.to_string()),
+    }
+}
+
+/// `GET /images/{name}/json`.
+pub fn inspect(rt: &Runtime, name: &str) -> Response<ApiBody> {
+    match rt.images().get(name) {
+        Ok(i) => {
+            let created = rfc3339(i.created);
+            let cfg = json!({
+                "Env": i.config.env, "Cmd": i.config.cmd, "Entrypoint": i.config.entrypoint, "WorkingDir": i.config.working_dir,
+                "User": i.config.user, "Labels": i.config.labels,
+            });
+            json(StatusCode::OK, &json!({
+                "Id": i.id, "RepoTags": i.repo_tags, "RepoDigests": i.repo_digests, "Parent": "", "Comment": "",
+                "Created": created, "DockerVersion": "", "Author": "", "Config": cfg, "Architecture": i.architecture,
+                "Os": i.os, "Size": i.size, "VirtualSize": i.size,
+                "GraphDriver": {"Name": "overlay", "Data": null},
+                "RootFS": {"Type": "layers", "Layers": i.diff_ids}, "Metadata": {"LastTagTime": "0001-01-01T00:00:00Z"},
+            }))
+        }
+        Err(e) => error(e.http_status(), &e.to_string()),
+    }
+}
+
+/// `DELETE /images/{name}`.
+pub fn remove(rt: &Runtime, name: &str, force: bool) -> Response<ApiBody> {
+    match rt.images().remove(name, force, &|id| rt.image_in_use(id)) {
+        Ok(done) => json(StatusCode::OK, &Value::Array(done.iter().map(|r| match r {
+            Removed::Untagged(t) => json!({"Untagged": t}),
+            Removed::Deleted(d) => json!({"Deleted": d}),
+        }).collect())),
+        Err(e) => error(e.http_status(), &e.to_string()),
+    }
+}
+
+/// Seconds since the epoch as RFC 3339 (UTC).
+pub fn rfc3339(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil-from-days (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rfc3339_of_known_instants() {
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(super::rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+    }
+}

@@ -1,0 +1,205 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The Docker Engine API subset the stock docker CLI needs to run containers on a target.
+//!
+//! hyper does the HTTP; this module routes requests to the image store and the runtime
+//! and speaks the protocol details the CLI depends on: version negotiation through
+//! `/_ping` (API 1.47 advertised; newer CLIs refuse anything older than 1.24 and warn on
+//! very old ones), `/containers/{id}/wait` answering its headers before `start`, hijacked
+//! `attach` with the multiplexed stream framing (raw with a TTY), 404 at create for an
+//! unknown image (the CLI then pulls and retries), JSON progress for pull, and
+//! `{"message"}` errors with real status codes.
+
+mod body;
+mod containers;
+mod images;
+mod system;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response};
+use hyper_util::rt::TokioIo;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::runtime::Runtime;
+pub use body::ApiBody;
+use body::error;
+
+/// The API version this server speaks.
+pub const API_VERSION: &str = "1.47";
+/// The oldest API version it accepts from clients.
+pub const MIN_API_VERSION: &str = "1.24";
+/// Largest JSON request body (create).
+const MAX_JSON: usize = 1 << 20;
+/// Largest request head: hyper answers a bigger one with an error and closes.
+const MAX_HEAD: usize = 64 << 10;
+
+/// A running API server.
+pub struct DockerServer {
+    addr: SocketAddr,
+    thread: Option<std::thread::JoinHandle<()>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl DockerServer {
+    /// Binds `listen` now (so a bad address fails here, with a clear error) and serves the
+    /// API from a thread of its own until [`DockerServer::stop`].
+    pub fn spawn(listen: SocketAddr, runtime: Arc<Runtime>) -> std::io::Result<DockerServer> {
+        let std_listener = std::net::TcpListener::bind(listen)?;
+        std_listener.set_nonblocking(true)?;
+        let addr = std_listener.local_addr()?;
+        let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let tokio_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("insitu-docker").enable_all().build()?;
+        let thread = std::thread::Builder::new().name("insitu-docker-api".into()).spawn(move || {
+            tokio_rt.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(std_listener) else { return };
+                loop {
+                    tokio::select! {
+                        _ = &mut stop_rx => break,
+                        accepted = listener.accept() => {
+                            let Ok((stream, _)) = accepted else { continue };
+                            let rt = runtime.clone();
+                            tokio::spawn(async move {
+                                let svc = service_fn(move |req| route(rt.clone(), req));
+                                let _ = http1::Builder::new().max_buf_size(MAX_HEAD).serve_connection(TokioIo::new(stream), svc).with_upgrades().await;
+                            });
+                        }
+                    }
+                }
+                runtime.shutdown().await;
+            });
+        })?;
+        Ok(DockerServer { addr, thread: Some(thread), stop: Some(stop_tx) })
+    }
+
+    /// The address served.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops serving and stops the containers.
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for DockerServer {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// A request's path split into segments (after the `/vX.Y` prefix) and its query.
+pub(crate) struct Target {
+    pub segs: Vec<String>,
+    pub query: HashMap<String, String>,
+}
+
+impl Target {
+    fn parse(uri: &hyper::Uri) -> Target {
+        let mut path = uri.path();
+        if let Some(rest) = path.strip_prefix("/v") {
+            if let Some(i) = rest.find('/') {
+                if rest[..i].split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())) {
+                    path = &rest[i..];
+                }
+            }
+        }
+        let segs = path.split('/').filter(|s| !s.is_empty()).map(|s| urlencoding::decode(s).map(|c| c.into_owned()).unwrap_or_else(|_| s.to_string())).collect();
+        let mut query = HashMap::new();
+        for kv in uri.query().unwrap_or("").split('&').filter(|s| !s.is_empty()) {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            let dec = |s: &str| urlencoding::decode(&s.replace('+', " ")).map(|c| c.into_owned()).unwrap_or_default();
+            query.insert(dec(k), dec(v));
+        }
+        Target { segs, query }
+    }
+
+    /// A boolean query parameter (`1`, `true`, or present without a value).
+    pub fn flag(&self, k: &str) -> bool {
+        self.query.get(k).is_some_and(|v| matches!(v.as_str(), "1" | "true" | "True" | ""))
+    }
+
+    /// A query parameter.
+    pub fn get(&self, k: &str) -> Option<&str> {
+        self.query.get(k).map(String::as_str).filter(|s| !s.is_empty())
+    }
+}
+
+/// Reads a JSON request body of at most [`MAX_JSON`] bytes (an empty body reads as `{}`).
+pub(crate) async fn read_json(req: Request<Incoming>) -> Result<serde_json::Value, Response<ApiBody>> {
+    let bytes: Bytes = Limited::new(req.into_body(), MAX_JSON)
+        .collect()
+        .await
+        .map_err(|e| error(400, &format!("request body: {e} (at most {MAX_JSON} bytes of JSON)")))?
+        .to_bytes();
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(serde_json::json!({}));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| error(400, &format!("malformed JSON body: {e}")))
+}
+
+async fn route(rt: Arc<Runtime>, req: Request<Incoming>) -> Result<Response<ApiBody>, std::convert::Infallible> {
+    let t = Target::parse(req.uri());
+    let m = req.method().clone();
+    let segs: Vec<&str> = t.segs.iter().map(String::as_str).collect();
+    let resp = match (&m, segs.as_slice()) {
+        (&Method::GET | &Method::HEAD, ["_ping"]) => system::ping(&m),
+        (&Method::GET, ["version"]) => system::version(),
+        (&Method::GET, ["info"]) => system::info(&rt),
+        (&Method::GET, ["events"]) => system::events(),
+        (&Method::POST, ["images", "create"]) => images::pull(&rt, &t),
+        (&Method::POST, ["images", "load"]) => images::load(&rt, req).await,
+        (&Method::GET, ["images", "json"]) => images::list(&rt),
+        (&Method::GET, ["images", name @ .., "json"]) if !name.is_empty() => images::inspect(&rt, &name.join("/")),
+        (&Method::DELETE, ["images", name @ ..]) if !name.is_empty() => images::remove(&rt, &name.join("/"), t.flag("force")),
+        (&Method::POST, ["containers", "create"]) => containers::create(&rt, &t, req).await,
+        (&Method::GET, ["containers", "json"]) => containers::list(&rt, t.flag("all")),
+        (&Method::GET, ["containers", id, "json"]) => containers::inspect(&rt, id),
+        (&Method::POST, ["containers", id, "start"]) => containers::start(&rt, id).await,
+        (&Method::POST, ["containers", id, "stop"]) => containers::stop(&rt, id, &t).await,
+        (&Method::POST, ["containers", id, "restart"]) => containers::restart(&rt, id, &t).await,
+        (&Method::POST, ["containers", id, "kill"]) => containers::kill(&rt, id, &t).await,
+        (&Method::POST, ["containers", id, "wait"]) => containers::wait(&rt, id, &t),
+        (&Method::POST, ["containers", id, "attach"]) => containers::attach(&rt, id, &t, req),
+        (&Method::POST, ["containers", id, "resize"]) => containers::resize(&rt, id),
+        (&Method::GET, ["containers", id, "logs"]) => containers::logs(&rt, id, &t).await,
+        (&Method::DELETE, ["containers", id]) => containers::remove(&rt, id, t.flag("force")).await,
+        _ => error(404, &format!("page not found: {} {} is not part of the API this target serves", m, req_path(&t))),
+    };
+    Ok(resp)
+}
+
+fn req_path(t: &Target) -> String {
+    format!("/{}", t.segs.join("/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Target;
+
+    #[test]
+    fn version_prefix_and_query_are_parsed() {
+        let t = Target::parse(&"/v1.47/containers/abc/wait?condition=next-exit&x=a%20b".parse().unwrap());
+        assert_eq!(t.segs, ["containers", "abc", "wait"]);
+        assert_eq!(t.get("condition"), Some("next-exit"));
+        assert_eq!(t.get("x"), Some("a b"));
+        let t = Target::parse(&"/images/127.0.0.1:5000%2Fbusybox/json".parse().unwrap());
+        assert_eq!(t.segs, ["images", "127.0.0.1:5000/busybox", "json"]);
+        let t = Target::parse(&"/vx/_ping".parse().unwrap());
+        assert_eq!(t.segs, ["vx", "_ping"]);
+    }
+}

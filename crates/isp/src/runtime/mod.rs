@@ -1,0 +1,609 @@
+// SPDX-License-Identifier: Apache-2.0
+//! Containers on the target: runc bundles over an overlayfs of an image's layers, kept in
+//! the private namespace with their logs and exit codes.
+//!
+//! A container's life is an explicit state machine ([`RunState`]):
+//!
+//! ```text
+//!  create ──► Created ──start──► Running ──(process exits)──► Exited ──start/restart──► Running
+//!                │                  │                            │
+//!                └──────── rm ──────┴── rm --force ──────────────┴──► removed
+//! ```
+//!
+//! Each run's output goes to the container's log and to every attached client; `wait`
+//! watches a counter of exits and a removed flag, so `next-exit`, `not-running` and
+//! `removed` are all answered from one channel.
+
+mod process;
+pub mod spec;
+mod view;
+
+pub use process::{frame, STDERR, STDOUT};
+pub use view::SharableView;
+
+/// Whether `path` is a mount point.
+pub fn is_mounted(path: &Path) -> bool {
+    view::is_mount_point(path)
+}
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+use tokio::sync::{mpsc, watch};
+
+use crate::image::{Image, ImageStore};
+
+/// Errors of the runtime, each with the HTTP status the Docker API answers with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// No container has this id, id prefix or name.
+    #[error("No such container: {0}")]
+    NotFound(String),
+    /// The request contradicts the container's state or another container (name taken, running).
+    #[error("{0}")]
+    Conflict(String),
+    /// The request is malformed or asks for something not offered.
+    #[error("{0}")]
+    BadRequest(String),
+    /// Setting up or driving the container failed on the target.
+    #[error("{0}")]
+    Setup(String),
+    /// A file of the runtime's state could not be used.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+impl RuntimeError {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
+        RuntimeError::Io { path: path.to_path_buf(), source }
+    }
+
+    /// The HTTP status of this error in the Docker Engine API.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            RuntimeError::NotFound(_) => 404,
+            RuntimeError::Conflict(_) => 409,
+            RuntimeError::BadRequest(_) => 400,
+            _ => 500,
+        }
+    }
+}
+
+/// Limits applied to containers that ask for none (from the target's device model).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// CPUs (e.g. the device's offload cores); `None`: unlimited.
+    pub cpus: Option<f64>,
+    /// Memory in bytes; `None`: unlimited.
+    pub memory: Option<i64>,
+    /// Most processes per container.
+    pub pids: i64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { cpus: None, memory: None, pids: 1024 }
+    }
+}
+
+/// What `docker create` asks for (the parts the runtime honours).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CreateSpec {
+    /// The image, as the user named it.
+    pub image: String,
+    /// Command (replaces the image's).
+    pub cmd: Option<Vec<String>>,
+    /// Entrypoint (replaces the image's).
+    pub entrypoint: Option<Vec<String>>,
+    /// Environment additions, `NAME=value`.
+    pub env: Vec<String>,
+    /// Working directory.
+    pub working_dir: Option<String>,
+    /// Whether a terminal was asked for (`-t`).
+    pub tty: bool,
+    /// Whether standard input stays open (`-i`).
+    pub open_stdin: bool,
+    /// `-v` bindings: `SRC:DST[:ro|rw]`.
+    pub binds: Vec<String>,
+    /// `--cpus`.
+    pub cpus: Option<f64>,
+    /// `--memory`, bytes.
+    pub memory: Option<i64>,
+    /// `--rm`.
+    pub auto_remove: bool,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Where a container is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    /// Made, never started.
+    Created,
+    /// Its process runs.
+    Running {
+        /// When it started.
+        started: SystemTime,
+        /// The supervisor's pid on the target.
+        pid: i32,
+    },
+    /// Its last process ended.
+    Exited {
+        /// Exit code (128 + signal when killed).
+        code: i32,
+        /// When that run started, if known.
+        started: Option<SystemTime>,
+        /// When it ended.
+        finished: SystemTime,
+    },
+}
+
+/// What `wait` watches.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ExitEvent {
+    /// How many runs have ended.
+    pub exits: u64,
+    /// The last exit code.
+    pub code: i32,
+    /// Whether the container is gone.
+    pub removed: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Meta {
+    id: String,
+    name: String,
+    image_id: String,
+    created: u64,
+    spec: CreateSpec,
+    args: Vec<String>,
+    env: Vec<String>,
+    cwd: String,
+}
+
+/// One container.
+pub struct Container {
+    /// 64 hex digits.
+    pub id: String,
+    /// Its name, without the leading `/`.
+    pub name: String,
+    /// The image's id.
+    pub image_id: String,
+    /// What it was created with.
+    pub spec: CreateSpec,
+    /// The process's argv (entrypoint + command).
+    pub args: Vec<String>,
+    /// The process's environment.
+    pub env: Vec<String>,
+    /// The process's working directory.
+    pub cwd: String,
+    /// Creation time.
+    pub created: SystemTime,
+    dir: PathBuf,
+    layers: Vec<PathBuf>,
+    inner: Mutex<Inner>,
+    exits: watch::Sender<ExitEvent>,
+}
+
+struct Inner {
+    state: RunState,
+    subscribers: Vec<mpsc::UnboundedSender<(u8, Bytes)>>,
+    stdin_tx: Option<mpsc::UnboundedSender<Bytes>>,
+    stdin_rx: Option<mpsc::UnboundedReceiver<Bytes>>,
+    restarts: u32,
+}
+
+impl Container {
+    /// The current state.
+    pub fn state(&self) -> RunState {
+        self.lock().state
+    }
+
+    /// The log file (multiplexed frames).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("log")
+    }
+
+    /// A receiver of exit events, for `wait`.
+    pub fn exits(&self) -> watch::Receiver<ExitEvent> {
+        self.exits.subscribe()
+    }
+
+    /// Subscribes to the output of the current or next run: frames of (stream, bytes); the
+    /// channel closes when that run ends. `None` when the container is not running and no
+    /// run is about to start (a finished container has nothing more to say).
+    pub fn subscribe(&self, even_if_stopped: bool) -> Option<mpsc::UnboundedReceiver<(u8, Bytes)>> {
+        let mut g = self.lock();
+        if !even_if_stopped && !matches!(g.state, RunState::Running { .. }) {
+            return None;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        g.subscribers.push(tx);
+        Some(rx)
+    }
+
+    /// Takes the container's standard input (once: `docker run -i` / `attach --stdin`).
+    /// Dropping the sender closes the process's standard input.
+    pub fn take_stdin(&self) -> Option<mpsc::UnboundedSender<Bytes>> {
+        self.lock().stdin_tx.take()
+    }
+
+    fn take_stdin_rx(&self) -> Option<mpsc::UnboundedReceiver<Bytes>> {
+        self.lock().stdin_rx.take()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_state(&self, s: RunState) {
+        self.lock().state = s;
+    }
+
+    fn output(&self, stream: u8, data: Bytes) {
+        use std::io::Write;
+        // Under the lock, so a follower sees each frame once: in the file or on its channel.
+        let mut g = self.lock();
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()) {
+            let _ = f.write_all(&frame(stream, &data));
+        }
+        g.subscribers.retain(|s| s.send((stream, data.clone())).is_ok());
+    }
+
+    /// For `logs --follow`: the log's length now and, if the container runs, a channel of
+    /// what comes after it.
+    pub fn follow_log(&self) -> (u64, Option<mpsc::UnboundedReceiver<(u8, Bytes)>>) {
+        let mut g = self.lock();
+        let len = std::fs::metadata(self.log_path()).map_or(0, |m| m.len());
+        if !matches!(g.state, RunState::Running { .. }) {
+            return (len, None);
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        g.subscribers.push(tx);
+        (len, Some(rx))
+    }
+
+    fn exited(&self, code: i32) {
+        let mut g = self.lock();
+        let started = match g.state {
+            RunState::Running { started, .. } => Some(started),
+            _ => None,
+        };
+        g.state = RunState::Exited { code, started, finished: SystemTime::now() };
+        g.subscribers.clear();
+        // A restart gets a fresh standard input if the container keeps one open.
+        if self.spec.open_stdin {
+            let (tx, rx) = mpsc::unbounded_channel();
+            g.stdin_tx = Some(tx);
+            g.stdin_rx = Some(rx);
+        }
+        drop(g);
+        self.exits.send_modify(|e| {
+            e.exits += 1;
+            e.code = code;
+        });
+    }
+
+    /// How many times the container was restarted.
+    pub fn restarts(&self) -> u32 {
+        self.lock().restarts
+    }
+}
+
+/// All containers of a target.
+pub struct Runtime {
+    root: PathBuf,
+    runc_root: PathBuf,
+    images: Arc<ImageStore>,
+    view: Option<Arc<SharableView>>,
+    limits: Limits,
+    containers: Mutex<BTreeMap<String, Arc<Container>>>,
+}
+
+impl Runtime {
+    /// A runtime keeping containers under `root` (in the private namespace), runc's state
+    /// under `runc_root` (tmpfs: a restarted target has no running containers), images in
+    /// `images`, and `/data` from `view`. Containers left by an earlier run are listed as
+    /// exited.
+    pub fn open(root: &Path, runc_root: &Path, images: Arc<ImageStore>, view: Option<Arc<SharableView>>, limits: Limits) -> Result<Arc<Runtime>, RuntimeError> {
+        for d in [root, runc_root] {
+            std::fs::create_dir_all(d).map_err(|e| RuntimeError::io(d, e))?;
+        }
+        let rt = Runtime { root: root.into(), runc_root: runc_root.into(), images, view, limits, containers: Mutex::new(BTreeMap::new()) };
+        let mut found = BTreeMap::new();
+        for e in std::fs::read_dir(root).map_err(|e| RuntimeError::io(root, e))?.flatten() {
+            let Ok(text) = std::fs::read(e.path().join("meta.json")) else { continue };
+            let Ok(m) = serde_json::from_slice::<Meta>(&text) else { continue };
+            let _ = process::unmount(&e.path().join("rootfs"));
+            let code = std::fs::read_to_string(e.path().join("exit-code")).ok().and_then(|t| t.trim().parse().ok());
+            let layers = rt.images.get(&m.image_id).map(|i| i.layers).unwrap_or_default();
+            let c = rt.make(m, layers, e.path());
+            if let Some(code) = code {
+                c.set_state(RunState::Exited { code, started: None, finished: SystemTime::now() });
+            }
+            found.insert(c.id.clone(), c);
+        }
+        *rt.containers.lock().unwrap_or_else(|e| e.into_inner()) = found;
+        Ok(Arc::new(rt))
+    }
+
+    /// The image store.
+    pub fn images(&self) -> &Arc<ImageStore> {
+        &self.images
+    }
+
+    /// Where uploads wait before they are loaded (in the private namespace).
+    pub fn spool_dir(&self) -> PathBuf {
+        self.root.parent().unwrap_or(&self.root).join("spool")
+    }
+
+    /// The view of the sharable namespace, if any.
+    pub fn view(&self) -> Option<&Arc<SharableView>> {
+        self.view.as_ref()
+    }
+
+    fn make(&self, m: Meta, layers: Vec<PathBuf>, dir: PathBuf) -> Arc<Container> {
+        let (stdin_tx, stdin_rx) = if m.spec.open_stdin {
+            let (t, r) = mpsc::unbounded_channel();
+            (Some(t), Some(r))
+        } else {
+            (None, None)
+        };
+        Arc::new(Container {
+            id: m.id,
+            name: m.name,
+            image_id: m.image_id,
+            spec: m.spec,
+            args: m.args,
+            env: m.env,
+            cwd: m.cwd,
+            created: SystemTime::UNIX_EPOCH + Duration::from_secs(m.created),
+            dir,
+            layers,
+            inner: Mutex::new(Inner { state: RunState::Created, subscribers: Vec::new(), stdin_tx, stdin_rx, restarts: 0 }),
+            exits: watch::channel(ExitEvent::default()).0,
+        })
+    }
+
+    fn all(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Container>>> {
+        self.containers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every container, newest first.
+    pub fn list(&self) -> Vec<Arc<Container>> {
+        let mut v: Vec<_> = self.all().values().cloned().collect();
+        v.sort_by(|a, b| b.created.cmp(&a.created).then(a.id.cmp(&b.id)));
+        v
+    }
+
+    /// Whether a container uses the image `id` (`docker rmi` refuses then).
+    pub fn image_in_use(&self, id: &str) -> bool {
+        self.all().values().any(|c| c.image_id == id)
+    }
+
+    /// A container by full id, unique id prefix, or name (with or without `/`).
+    pub fn get(&self, key: &str) -> Result<Arc<Container>, RuntimeError> {
+        let all = self.all();
+        let name = key.trim_start_matches('/');
+        if let Some(c) = all.get(key).or_else(|| all.values().find(|c| c.name == name)) {
+            return Ok(c.clone());
+        }
+        let hits: Vec<_> = if key.len() >= 1 && key.bytes().all(|b| b.is_ascii_hexdigit()) {
+            all.values().filter(|c| c.id.starts_with(key)).collect()
+        } else {
+            Vec::new()
+        };
+        match hits.len() {
+            1 => Ok(hits[0].clone()),
+            0 => Err(RuntimeError::NotFound(key.to_string())),
+            _ => Err(RuntimeError::BadRequest(format!("multiple containers match {key:?}: give more of the id"))),
+        }
+    }
+
+    /// `docker create`: checks the image and the request, writes the container's record.
+    pub fn create(&self, name: Option<&str>, spec: CreateSpec) -> Result<Arc<Container>, RuntimeError> {
+        let image: Image = self.images.get(&spec.image).map_err(|e| {
+            if e.http_status() == 404 {
+                RuntimeError::NotFound(format!("image {}", spec.image))
+            } else {
+                RuntimeError::BadRequest(e.to_string())
+            }
+        })?;
+        let id = random_id();
+        let name = match name.map(|n| n.trim_start_matches('/')).filter(|n| !n.is_empty()) {
+            Some(n) => {
+                if !n.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) || !n.chars().next().is_some_and(|c| c.is_ascii_alphanumeric()) {
+                    return Err(RuntimeError::BadRequest(format!("Invalid container name ({n}), only [a-zA-Z0-9][a-zA-Z0-9_.-] are allowed")));
+                }
+                n.to_string()
+            }
+            None => format!("insitu_{}", &id[..8]),
+        };
+        if self.all().values().any(|c| c.name == name) {
+            return Err(RuntimeError::Conflict(format!("Conflict. The container name \"/{name}\" is already in use. Remove that container or choose another name.")));
+        }
+        let args: Vec<String> = match (&spec.entrypoint, &spec.cmd) {
+            (Some(ep), cmd) => ep.iter().chain(cmd.iter().flatten()).cloned().collect(),
+            (None, Some(cmd)) => image.config.entrypoint.iter().flatten().chain(cmd.iter()).cloned().collect(),
+            (None, None) => image.config.entrypoint.iter().flatten().chain(image.config.cmd.iter().flatten()).cloned().collect(),
+        };
+        if args.is_empty() {
+            return Err(RuntimeError::BadRequest("no command specified: the image has no CMD or ENTRYPOINT; give one after the image name".into()));
+        }
+        let mut env: Vec<String> = image.config.env.clone();
+        for e in &spec.env {
+            let key = e.split('=').next().unwrap_or("");
+            env.retain(|x| x.split('=').next() != Some(key));
+            env.push(e.clone());
+        }
+        if !env.iter().any(|e| e.starts_with("PATH=")) {
+            env.push("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+        }
+        let cwd = spec.working_dir.clone().filter(|w| !w.is_empty()).or_else(|| Some(image.config.working_dir.clone()).filter(|w| !w.is_empty())).unwrap_or_else(|| "/".into());
+        if !cwd.starts_with('/') {
+            return Err(RuntimeError::BadRequest(format!("the working directory {cwd:?} is invalid: it needs to be an absolute path")));
+        }
+        self.binds(&spec)?;
+        let dir = self.root.join(&id);
+        std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::io(&dir, e))?;
+        let created = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
+        let meta = Meta { id: id.clone(), name, image_id: image.id.clone(), created, spec, args, env, cwd };
+        let tmp = dir.join("meta.json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(&meta).unwrap_or_default()).map_err(|e| RuntimeError::io(&tmp, e))?;
+        std::fs::rename(&tmp, dir.join("meta.json")).map_err(|e| RuntimeError::io(&dir, e))?;
+        let c = self.make(meta, image.layers, dir);
+        self.all().insert(id, c.clone());
+        Ok(c)
+    }
+
+    /// The bind mounts of a container: `/data` (the sharable namespace, read-only), and
+    /// each `-v`: an absolute source is a path of the sharable namespace (read-only), a
+    /// bare name a volume in the private namespace (writable).
+    fn binds(&self, spec: &CreateSpec) -> Result<Vec<(String, String, bool)>, RuntimeError> {
+        let mut out = Vec::new();
+        if let Some(v) = &self.view {
+            out.push((v.path().to_string_lossy().into_owned(), "/data".to_string(), true));
+        }
+        for b in &spec.binds {
+            let parts: Vec<&str> = b.split(':').collect();
+            let (src, dst, mode) = match parts.as_slice() {
+                [s, d] => (*s, *d, ""),
+                [s, d, m] => (*s, *d, *m),
+                _ => return Err(RuntimeError::BadRequest(format!("invalid volume specification {b:?}: use SRC:DST[:ro]"))),
+            };
+            if !dst.starts_with('/') || Path::new(dst).components().any(|c| c == Component::ParentDir) {
+                return Err(RuntimeError::BadRequest(format!("invalid volume destination {dst:?}: an absolute path without '..'")));
+            }
+            if mode.split(',').any(|m| !matches!(m, "" | "ro" | "rw" | "z" | "Z")) {
+                return Err(RuntimeError::BadRequest(format!("invalid mode {mode:?} in {b:?}: use ro or rw")));
+            }
+            let rw = mode.split(',').any(|m| m == "rw");
+            if src.starts_with('/') {
+                if Path::new(src).components().any(|c| c == Component::ParentDir) {
+                    return Err(RuntimeError::BadRequest(format!("invalid volume source {src:?}: '..' is not allowed")));
+                }
+                let Some(v) = &self.view else {
+                    return Err(RuntimeError::BadRequest(format!("{src}: this target has no sharable namespace to bind from")));
+                };
+                if rw {
+                    return Err(RuntimeError::BadRequest(format!(
+                        "{src}: paths of the sharable namespace are read-only to containers (the host owns its file system); \
+                         write results to a volume of the target's private space instead, e.g. -v results:{dst}")));
+                }
+                let path = v.path().join(src.trim_start_matches('/'));
+                out.push((path.to_string_lossy().into_owned(), dst.to_string(), true));
+            } else {
+                if src.is_empty() || !src.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) {
+                    return Err(RuntimeError::BadRequest(format!("invalid volume name {src:?}: [a-zA-Z0-9][a-zA-Z0-9_.-]")));
+                }
+                let path = self.root.parent().unwrap_or(&self.root).join("volumes").join(src);
+                std::fs::create_dir_all(&path).map_err(|e| RuntimeError::io(&path, e))?;
+                out.push((path.to_string_lossy().into_owned(), dst.to_string(), mode.split(',').any(|m| m == "ro")));
+            }
+        }
+        Ok(out)
+    }
+
+    /// `docker start`: starts a created or exited container (a running one is left alone).
+    pub async fn start(self: &Arc<Self>, key: &str) -> Result<bool, RuntimeError> {
+        let c = self.get(key)?;
+        if matches!(c.state(), RunState::Running { .. }) {
+            return Ok(false);
+        }
+        if c.layers.is_empty() && self.images.get(&c.image_id).is_err() {
+            return Err(RuntimeError::Conflict(format!("the image of container {} was removed", c.name)));
+        }
+        if let Some(v) = &self.view {
+            // The container starts on the host's latest data.
+            v.refresh()?;
+        }
+        process::start(self, &c).await.map(|_| true)
+    }
+
+    /// `docker stop`: SIGTERM, then SIGKILL after `timeout`. False if it was not running.
+    pub async fn stop(&self, key: &str, timeout: Duration) -> Result<bool, RuntimeError> {
+        let c = self.get(key)?;
+        if !matches!(c.state(), RunState::Running { .. }) {
+            return Ok(false);
+        }
+        let mut rx = c.exits();
+        let before = rx.borrow().exits;
+        let _ = process::signal(self, &c.id, "TERM").await;
+        let ended = tokio::time::timeout(timeout, rx.wait_for(|e| e.exits > before)).await.is_ok();
+        if !ended {
+            let _ = process::signal(self, &c.id, "KILL").await;
+            let _ = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|e| e.exits > before)).await;
+        }
+        Ok(true)
+    }
+
+    /// `docker restart`.
+    pub async fn restart(self: &Arc<Self>, key: &str, timeout: Duration) -> Result<(), RuntimeError> {
+        let c = self.get(key)?;
+        self.stop(key, timeout).await?;
+        c.lock().restarts += 1;
+        self.start(key).await.map(|_| ())
+    }
+
+    /// `docker kill`.
+    pub async fn kill(&self, key: &str, signal: &str) -> Result<(), RuntimeError> {
+        let c = self.get(key)?;
+        if !matches!(c.state(), RunState::Running { .. }) {
+            return Err(RuntimeError::Conflict(format!("Cannot kill container: {key}: container {} is not running", &c.id[..12])));
+        }
+        process::signal(self, &c.id, signal).await
+    }
+
+    /// `docker rm`: refuses a running container unless `force` (which kills it first).
+    pub async fn remove(&self, key: &str, force: bool) -> Result<(), RuntimeError> {
+        let c = self.get(key)?;
+        if matches!(c.state(), RunState::Running { .. }) {
+            if !force {
+                return Err(RuntimeError::Conflict(format!(
+                    "cannot remove container \"/{}\": container is running: stop the container before removing or force remove", c.name)));
+            }
+            let mut rx = c.exits();
+            let before = rx.borrow().exits;
+            let _ = process::signal(self, &c.id, "KILL").await;
+            let _ = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|e| e.exits > before)).await;
+        }
+        if self.all().remove(&c.id).is_none() {
+            return Ok(()); // removed meanwhile (auto-remove)
+        }
+        let _ = process::unmount(&c.dir.join("rootfs"));
+        let _ = std::fs::remove_dir_all(&c.dir);
+        c.exits.send_modify(|e| e.removed = true);
+        Ok(())
+    }
+
+    /// Stops every container (at shutdown).
+    pub async fn shutdown(&self) {
+        let all: Vec<_> = self.all().values().cloned().collect();
+        for c in all {
+            let _ = self.stop(&c.id, Duration::from_secs(2)).await;
+        }
+        if let Some(v) = &self.view {
+            v.close();
+        }
+    }
+}
+
+fn random_id() -> String {
+    let mut b = [0u8; 32];
+    // SAFETY: getrandom(2) writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        let t = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        b[..16].copy_from_slice(&t.to_le_bytes());
+    }
+    hex::encode(b)
+}
