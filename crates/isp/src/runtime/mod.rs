@@ -397,7 +397,7 @@ impl Runtime {
         if let Some(c) = all.get(key).or_else(|| all.values().find(|c| c.name == name)) {
             return Ok(c.clone());
         }
-        let hits: Vec<_> = if key.len() >= 1 && key.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let hits: Vec<_> = if !key.is_empty() && key.bytes().all(|b| b.is_ascii_hexdigit()) {
             all.values().filter(|c| c.id.starts_with(key)).collect()
         } else {
             Vec::new()

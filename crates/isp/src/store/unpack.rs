@@ -73,6 +73,10 @@ fn unpack_inner(blob: &Path, dest: &Path, name: &str) -> Result<(String, u64), I
                 continue;
             }
             if let Some(hidden) = file_name.strip_prefix(".wh.") {
+                if hidden.is_empty() || hidden == "." || hidden == ".." {
+                    return Err(escapes(name, &rel));
+                }
+                std::fs::create_dir_all(&dir).map_err(|e| ImageError::Io { path: dir.clone(), source: e })?;
                 let target = dir.join(hidden);
                 remove_any(&target);
                 mknod_whiteout(&target)?;
@@ -196,7 +200,7 @@ fn lchown(p: &Path, hdr: &tar::Header) -> Result<(), ImageError> {
 fn mknod_whiteout(p: &Path) -> Result<(), ImageError> {
     let c = cpath(p)?;
     // SAFETY: c is a valid NUL-terminated path; a 0:0 character device is overlayfs's whiteout.
-    let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o000, 0) };
+    let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR, 0) };
     if rc != 0 {
         return Err(ImageError::Io { path: p.to_path_buf(), source: io::Error::last_os_error() });
     }
