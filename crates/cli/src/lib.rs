@@ -8,6 +8,7 @@
 
 mod bench_cmd;
 mod demo;
+mod lock_cmd;
 mod nvme_cmd;
 mod model_cmd;
 mod pool_cmd;
@@ -157,6 +158,27 @@ enum Cmd {
         /// Host NQN to connect as (default: this host's stable NQN).
         #[arg(long)]
         hostnqn: Option<String>,
+    },
+    /// Lock a file or directory of an attached file system for containers on its target.
+    ///
+    /// DockerSSD's inode lock: while a container holds a path, the host cannot modify it.
+    /// The file system is synced first (the target sees the host's latest data), the
+    /// target refuses host writes to the path's blocks and refreshes its containers' view,
+    /// and the path turns read-only on the host (writers get "Read-only file system").
+    /// Locks are not persistent: restarting the target drops them.
+    Lock {
+        /// The path (under a mount made with `insitu attach`); omit with --list.
+        #[arg(required_unless_present = "list")]
+        path: Option<PathBuf>,
+        /// List the locks this host holds.
+        #[arg(long)]
+        list: bool,
+    },
+    /// Release a lock taken with `insitu lock`; the target's containers then see the
+    /// host's changes the next time they take the path.
+    Unlock {
+        /// The locked path.
+        path: PathBuf,
     },
     /// Unmount DIR, release its loop device and stop its FUSE daemon.
     Detach {
@@ -550,6 +572,9 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         }
         Cmd::Target(TargetCmd::Stop { listen }) => return target_cmd::stop(listen, json),
         Cmd::Target(TargetCmd::Status) => return target_cmd::status(json),
+        Cmd::Lock { list: true, .. } => return lock_cmd::list(json),
+        Cmd::Lock { path, .. } => return lock_cmd::lock(&path.unwrap_or_default(), json),
+        Cmd::Unlock { path } => return lock_cmd::unlock(&path, json),
         Cmd::Attach { url, dir, format, hostnqn } => {
             let format = format.map(|f| match f {
                 Fs::Ext4 => insitu_attach::Format::Ext4,

@@ -77,7 +77,7 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
         if let Some(m) = a.metrics {
             serve_metrics(m, server.metrics())?;
         }
-        start_containers(containers)?;
+        start_containers(&server, containers)?;
         eprintln!("insitu-target: serving {} on nvme-tcp://{listen}", a.nqn);
         server.run().map_err(|e| e.to_string())?;
         return Ok(0);
@@ -123,7 +123,7 @@ fn container_limits(model: Option<&insitu_model::DeviceModel>) -> insitu_isp::ru
 /// Starts the container service (`--docker`), if asked for. SIGTERM and SIGINT then stop
 /// it before the process ends, so no container outlives its target and the private
 /// namespace is unmounted cleanly.
-fn start_containers(cfg: Option<insitu_isp::ServiceConfig>) -> Result<(), Failure> {
+fn start_containers(server: &Server, cfg: Option<insitu_isp::ServiceConfig>) -> Result<(), Failure> {
     let Some(cfg) = cfg else { return Ok(()) };
     // SAFETY: sigset operations on a local set; the mask is set before any thread that
     // should inherit it is spawned.
@@ -138,6 +138,8 @@ fn start_containers(cfg: Option<insitu_isp::ServiceConfig>) -> Result<(), Failur
     let listen = cfg.listen;
     let s = insitu_isp::Service::start(cfg).map_err(|e| format!("containers: {e}"))?;
     eprintln!("insitu-target: Docker Engine API on tcp://{}", s.local_addr().unwrap_or(listen));
+    // Namespace 1 is the containers' /data: a lock or release there refreshes their view.
+    server.set_lock_listener(std::sync::Arc::new(ViewRefresh(s.runtime().clone())));
     std::thread::spawn(move || {
         let mut sig = 0;
         // SAFETY: sigwait on the set built above, with a local out-parameter.
@@ -148,6 +150,32 @@ fn start_containers(cfg: Option<insitu_isp::ServiceConfig>) -> Result<(), Failur
         unsafe { libc::_exit(0) }
     });
     Ok(())
+}
+
+/// Refreshes the containers' view of namespace 1 when a lock there changes.
+struct ViewRefresh(std::sync::Arc<insitu_isp::runtime::Runtime>);
+
+impl insitu_target::LockListener for ViewRefresh {
+    fn locked(&self, nsid: u32, path: &str) {
+        self.refresh(nsid, path);
+    }
+
+    fn unlocked(&self, nsid: u32, path: &str) {
+        self.refresh(nsid, path);
+    }
+}
+
+impl ViewRefresh {
+    fn refresh(&self, nsid: u32, path: &str) {
+        if nsid != 1 {
+            return;
+        }
+        if let Some(v) = self.0.view() {
+            if let Err(e) = v.refresh() {
+                eprintln!("insitu-target: refreshing the view of namespace 1 after a lock on {path:?}: {e}");
+            }
+        }
+    }
 }
 
 fn daemon_child(server: Server, log: &Path, metrics: Option<SocketAddr>, containers: Option<insitu_isp::ServiceConfig>) -> ! {
@@ -166,7 +194,7 @@ fn daemon_child(server: Server, log: &Path, metrics: Option<SocketAddr>, contain
             eprintln!("insitu-target: metrics: {}", e.message);
         }
     }
-    match start_containers(containers) {
+    match start_containers(&server, containers) {
         Ok(()) => {}
         Err(e) => {
             eprintln!("insitu-target: {}", e.message);

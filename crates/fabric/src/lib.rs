@@ -78,6 +78,12 @@ pub mod opcode {
     /// Vendor (I/O): read (and release) the result held under the tag in CDW10,
     /// controller→host.
     pub const KV_RESULT: u8 = 0xA6;
+    /// Vendor (I/O): lock a path of a sharable namespace for a container, host→controller:
+    /// the data lists its path and extents (`docs/lock-commands.md`); the lock id comes
+    /// back in completion DW0/DW1.
+    pub const LOCK: u8 = 0xB1;
+    /// Vendor (I/O): release the lock whose id is in CDW10/CDW11 (no data).
+    pub const UNLOCK: u8 = 0xB5;
 }
 
 /// Fabrics command types (byte 4 of an opcode 0x7F command).

@@ -130,6 +130,15 @@ impl Server {
         self.shared.metrics.clone()
     }
 
+    /// Tells `listener` of every lock taken and released on any subsystem's namespaces.
+    pub fn set_lock_listener(&self, listener: Arc<dyn insitu_target::LockListener>) {
+        for s in &self.shared.subsystems {
+            if let Some(t) = s.target() {
+                t.set_lock_listener(listener.clone());
+            }
+        }
+    }
+
     /// Serves connections until [`ServerHandle::shutdown`] (or forever).
     pub fn run(self) -> std::io::Result<()> {
         for stream in self.listener.incoming() {

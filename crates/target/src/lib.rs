@@ -29,10 +29,12 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod fence;
 mod namespace;
 mod stream;
 
 pub use insitu_media::PoolStats;
+pub use fence::{LockListener, LockRequest};
 pub use namespace::{Namespace, NamespaceConfig, Visibility};
 pub use stream::CHUNK;
 
@@ -104,6 +106,7 @@ pub struct Target {
     max_inline_result: usize,
     compute: Option<Arc<dyn ComputeBudget>>,
     kv: Option<KvStore>,
+    fences: fence::Fences,
 }
 
 impl Default for Target {
@@ -116,7 +119,7 @@ impl Target {
     /// A target with no namespaces, the standard kernels, default descriptor limits and a
     /// 16 MiB inline result limit.
     pub fn new() -> Self {
-        Target { namespaces: Vec::new(), registry: Arc::new(Registry::standard()), limits: Limits::default(), max_inline_result: 16 << 20, compute: None, kv: None }
+        Target { namespaces: Vec::new(), registry: Arc::new(Registry::standard()), limits: Limits::default(), max_inline_result: 16 << 20, compute: None, kv: None, fences: fence::Fences::default() }
     }
 
     /// Replaces the kernel registry.
@@ -248,6 +251,7 @@ impl Target {
     pub fn write(&self, nsid: Nsid, slba: u64, data: &[u8]) -> Result<(), CommandError> {
         let ns = self.host_ns(nsid)?;
         let off = Self::lba_range(ns, nsid, slba, data.len())?;
+        self.fences.check(nsid, off - ns.offset, data.len() as u64)?;
         ns.media.write_at(data, off).map_err(|e| CommandError::new(Status::DATA_TRANSFER_ERROR, format!("namespace {nsid}: {e}")))
     }
 
@@ -258,7 +262,33 @@ impl Target {
         let bytes = nlb.checked_mul(u64::from(ns.lba_size)).and_then(|b| usize::try_from(b).ok());
         let bytes = bytes.ok_or_else(|| CommandError::new(Status::LBA_OUT_OF_RANGE, format!("{nlb} blocks is too many")))?;
         let off = Self::lba_range(ns, nsid, slba, bytes)?;
+        self.fences.check(nsid, off - ns.offset, bytes as u64)?;
         ns.media.zero_range(off, bytes as u64).map_err(|e| CommandError::new(Status::DATA_TRANSFER_ERROR, format!("namespace {nsid}: {e}")))
+    }
+
+    /// Locks the blocks of a path of sharable namespace `nsid` for a container: host
+    /// writes to them are refused until [`Target::unlock`]. Returns the lock id.
+    pub fn lock(&self, nsid: Nsid, req: LockRequest) -> Result<u64, CommandError> {
+        let ns = self.host_ns(nsid)?;
+        if let Some((o, l)) = req.extents.iter().find(|(o, l)| o.checked_add(*l).is_none_or(|e| e > ns.size)) {
+            return Err(CommandError::new(Status::LBA_OUT_OF_RANGE, format!("extent at byte {o} of {l} bytes is beyond namespace {nsid} ({} bytes)", ns.size)));
+        }
+        Ok(self.fences.lock(nsid, req))
+    }
+
+    /// Releases lock `id`.
+    pub fn unlock(&self, id: u64) -> Result<(), CommandError> {
+        self.fences.unlock(id)
+    }
+
+    /// How many locks are held.
+    pub fn lock_count(&self) -> usize {
+        self.fences.count()
+    }
+
+    /// Who hears of locks taken and released (the container runtime refreshes its view).
+    pub fn set_lock_listener(&self, listener: Arc<dyn LockListener>) {
+        self.fences.set_listener(listener);
     }
 
     /// Makes every completed write to the namespace durable.

@@ -39,6 +39,9 @@ impl Status {
     pub const KERNEL_FAILED: Status = Status { sct: 7, sc: 0xC4 };
     /// Vendor 0xC5: the inline result is larger than the target returns inline.
     pub const RESULT_TOO_LARGE: Status = Status { sct: 7, sc: 0xC5 };
+    /// Vendor 0xC6: the write touches blocks of a path a container holds locked
+    /// (`docs/lock-commands.md`); it is refused until the lock is released.
+    pub const LBA_LOCKED: Status = Status { sct: 7, sc: 0xC6 };
 
     /// True for Successful Completion.
     pub fn is_success(self) -> bool {
@@ -67,6 +70,7 @@ impl Status {
             Status::OUTPUT_TOO_SMALL => "Output Object Too Small",
             Status::KERNEL_FAILED => "Function Failed",
             Status::RESULT_TOO_LARGE => "Inline Result Too Large",
+            Status::LBA_LOCKED => "Blocks Locked by a Container",
             _ => "Unknown Status",
         }
     }
