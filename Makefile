@@ -19,6 +19,8 @@ $(STAMP): Makefile
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then echo "installing:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
+	@# The stock docker CLI drives containers on targets; Debian's docker.io when none is here.
+	@command -v docker >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null; }
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip >/dev/null
 	$(PY) -m pip install -q "maturin>=1.5,<2" pytest crc32c xxhash
