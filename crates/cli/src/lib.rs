@@ -8,6 +8,7 @@
 
 mod bench_cmd;
 mod demo;
+mod ethernet_cmd;
 mod lock_cmd;
 mod nvme_cmd;
 mod model_cmd;
@@ -143,6 +144,10 @@ enum Cmd {
     /// Look at an NVMe/TCP target with insitu's initiator: identify, list subsystems.
     #[command(subcommand)]
     Nvme(NvmeCmd),
+    /// Ethernet over NVMe: reach a target's IP address (`target start --ether`) through
+    /// its NVMe/TCP connection alone.
+    #[command(subcommand)]
+    Ethernet(ethernet_cmd::EthernetCmd),
     /// Mount a remote namespace's file system at DIR (FUSE file, loop device, mount).
     ///
     /// Afterwards exec, grep, wc and scrub on files under DIR send EXEC over the fabric to
@@ -279,6 +284,10 @@ enum TargetCmd {
         /// their read-only /data.
         #[arg(long, value_name = "ADDR:PORT")]
         docker: Option<std::net::SocketAddr>,
+        /// Give the target this IP address, reachable only over its NVMe/TCP connection
+        /// (Ether-oN): a TAP device bridged to the host that runs `insitu ethernet up`.
+        #[arg(long, value_name = "ADDR/PREFIX")]
+        ether: Option<String>,
     },
     /// Stop the target started on an address.
     Stop {
@@ -566,8 +575,8 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             }
         }
         Cmd::Demo { size, fs, dir } => return demo::run(&off, parse_size(&size)?, fs.into(), dir, json),
-        Cmd::Target(TargetCmd::Start { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker }) => {
-            let a = target_cmd::StartArgs { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker };
+        Cmd::Target(TargetCmd::Start { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker, ether }) => {
+            let a = target_cmd::StartArgs { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker, ether };
             return target_cmd::start(a, json);
         }
         Cmd::Target(TargetCmd::Stop { listen }) => return target_cmd::stop(listen, json),
@@ -612,6 +621,7 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Cmd::Bench(BenchCmd::BreakEven(a)) => return bench_cmd::break_even(a, json),
         Cmd::Bench(BenchCmd::Latency(a)) => return bench_cmd::latency(a, json),
         Cmd::Bench(BenchCmd::ModelCheck(a)) => return bench_cmd::model_check(a, json),
+        Cmd::Ethernet(c) => return ethernet_cmd::dispatch(c, json),
         Cmd::Nvme(NvmeCmd::Identify { url, hostnqn }) => return nvme_cmd::identify(&url, hostnqn, json),
         Cmd::Nvme(NvmeCmd::ListSubsys { url, hostnqn }) => return nvme_cmd::list_subsys(&url, hostnqn, json),
     }

@@ -27,6 +27,8 @@ pub(crate) struct StartArgs {
     pub(crate) model: Option<String>,
     pub(crate) foreground: bool,
     pub(crate) docker: Option<SocketAddr>,
+    /// `--ether ADDR/PREFIX`: an Ether-oN interface with this address.
+    pub(crate) ether: Option<String>,
 }
 
 pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
@@ -68,7 +70,11 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
     };
     let server = Server::bind(cfg).map_err(|e| format!("cannot start the target on {}: {e}", a.listen))?;
     let listen = server.local_addr();
+    if let Some(tap) = crate::ethernet_cmd::target_tap(a.ether.as_deref())? {
+        server.attach_ether(tap).map_err(|e| format!("--ether: {e}"))?;
+    }
     let record = json!({
+        "ether": a.ether,
         "listen": listen.to_string(), "nqn": a.nqn, "namespaces": a.namespaces, "private": a.private,
         "allow_hosts": a.allow_hosts, "metrics": a.metrics.map(|m| m.to_string()), "model": a.model,
         "docker": a.docker.map(|d| d.to_string()),

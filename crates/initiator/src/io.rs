@@ -129,6 +129,23 @@ impl Session {
         self.submit_on(false, cmd, data_out, data_in_len)
     }
 
+    /// [`Session::submit`] for several commands that carry data to the controller (or
+    /// none): sent back to back on one I/O queue, in this order, with as many in flight as
+    /// the queue has identifiers. Returns every completion, whatever its status, in order.
+    /// Not retried after a connection failure.
+    pub fn submit_batch(&self, cmds: &[(Command, &[u8])]) -> Result<Vec<Completion>, InitiatorError> {
+        const C: &str = "Passthrough";
+        self.require_io(C)?;
+        for (_, d) in cmds {
+            self.check_transfer(C, d.len())?;
+        }
+        let done = self.run(C, false, |a| {
+            let pieces = cmds.iter().map(|(c, d)| Piece { cmd: *c, out: d, in_at: 0, in_len: 0 }).collect();
+            pipeline(self.pick(a), pieces, &mut [])
+        })?;
+        Ok(done.into_iter().map(|(cqe, _)| cqe).collect())
+    }
+
     /// [`Session::submit`] on the admin queue.
     pub fn submit_admin(&self, cmd: Command, data_out: Option<&[u8]>, data_in_len: usize) -> Result<(Completion, Vec<u8>), InitiatorError> {
         self.submit_on(true, cmd, data_out, data_in_len)

@@ -314,7 +314,10 @@ impl Conn {
                 Ok(self.sink.complete(cid, sqhd, reply.status, reply.dw0, 0, &reply.data)?)
             }
             State::Io { ctrl, .. } if !ctrl.ready() => Ok(self.sink.complete(cid, sqhd, SEQUENCE_ERROR, 0, 0, &[])?),
-            State::Io { jobs, .. } => {
+            State::Io { ctrl, jobs } => {
+                if let Some(sent) = crate::ether::on_queue(&self.shared, ctrl, &self.sink, &cmd, sqhd, &data) {
+                    return Ok(sent?); // Ether-oN: answered here, or held
+                }
                 let jobs = jobs.clone();
                 // Opcode bits 1:0 = 01: data flows host to controller.
                 if cmd.opcode() & 3 != 1 {

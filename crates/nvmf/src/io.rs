@@ -184,6 +184,7 @@ fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, d
             },
             Err(_) => Done::status(INVALID_FIELD),
         },
+        insitu_etheron::TRANSMIT_FRAME => Done::status(crate::ether::transmit(shared, cmd, &data)),
         opcode::UNLOCK => {
             let id = u64::from(cmd.cdw(10)) | (u64::from(cmd.cdw(11)) << 32);
             target.unlock(id).map_or_else(failed, |_| Done::ok())

@@ -16,6 +16,7 @@
 mod config;
 mod connection;
 mod controller;
+mod ether;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
@@ -42,6 +43,8 @@ pub(crate) struct Shared {
     pub(crate) metrics: Arc<Metrics>,
     /// Paced host link (to the host, to the target), when a device model has one.
     pub(crate) links: Option<(Arc<insitu_model::Pacer>, Arc<insitu_model::Pacer>)>,
+    /// The Ether-oN interface, when the target has one (`Server::attach_ether`).
+    pub(crate) ether: ether::Port,
     stopping: AtomicBool,
     connections: Mutex<Vec<TcpStream>>,
     live: AtomicUsize,
@@ -116,7 +119,7 @@ impl Server {
             }
             None => None,
         };
-        let shared = Arc::new(Shared { links, cfg, subsystems, metrics: Arc::new(Metrics::default()), stopping: AtomicBool::new(false), connections: Mutex::new(Vec::new()), live: AtomicUsize::new(0) });
+        let shared = Arc::new(Shared { links, cfg, subsystems, metrics: Arc::new(Metrics::default()), ether: Default::default(), stopping: AtomicBool::new(false), connections: Mutex::new(Vec::new()), live: AtomicUsize::new(0) });
         Ok(Server { listener, shared })
     }
 

@@ -29,6 +29,8 @@ pub struct Metrics {
     wire_out: AtomicU64,
     protocol_errors: AtomicU64,
     series: Mutex<BTreeMap<(u32, &'static str, String), Series>>,
+    /// Ether-oN frame counters, when the target has an interface.
+    pub(crate) ether: std::sync::OnceLock<std::sync::Arc<insitu_etheron::Counters>>,
 }
 
 fn command_name(op: u8) -> &'static str {
@@ -101,6 +103,9 @@ impl Metrics {
         let _ = writeln!(out, "insitu_wire_bytes_total{{direction=\"to_host\"}} {tx}");
         let _ = writeln!(out, "# TYPE insitu_protocol_errors_total counter");
         let _ = writeln!(out, "insitu_protocol_errors_total {}", self.protocol_errors.load(Ordering::Relaxed));
+        if let Some(c) = self.ether.get() {
+            crate::ether::render(c, &mut out);
+        }
         let m = self.series.lock().unwrap_or_else(|e| e.into_inner());
         let _ = writeln!(out, "# TYPE insitu_commands_total counter");
         for ((ns, cmd, f), s) in m.iter() {
