@@ -24,6 +24,11 @@ CFG
   done
   echo "docker-registry did not come up on 127.0.0.1:$port" >&2; exit 1;;
 stop)
-  [ -f "$dir/pid" ] && kill "$(cat "$dir/pid")" 2>/dev/null || true; rm -f "$dir/pid";;
+  if [ -f "$dir/pid" ]; then
+    pid=$(cat "$dir/pid")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    rm -f "$dir/pid"
+  fi;;
 *) echo "usage: $0 start DIR PORT | stop DIR" >&2; exit 2;;
 esac

@@ -49,8 +49,15 @@ impl Reference {
         } else {
             "docker.io".to_string()
         };
-        if parts.iter().any(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b))) {
-            return Err(bad("repository names are lowercase [a-z0-9_.-] parts separated by '/'"));
+        if !registry.bytes().all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b)) {
+            return Err(bad("a registry is HOST[:PORT]"));
+        }
+        let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+        if parts.iter().any(|p| {
+            let b = p.as_bytes();
+            b.is_empty() || !alnum(b[0]) || !alnum(b[b.len() - 1]) || !b.iter().all(|&c| alnum(c) || b"_.-".contains(&c)) || p.contains("..")
+        }) {
+            return Err(bad("repository names are lowercase [a-z0-9] parts (joined by '.', '_' or '-') separated by '/'"));
         }
         if registry == "docker.io" && parts.len() == 1 {
             parts.insert(0, "library");
@@ -109,7 +116,7 @@ mod tests {
         let d = format!("sha256:{}", "a".repeat(64));
         let r = Reference::parse(&format!("localhost:5000/x@{d}")).unwrap();
         assert_eq!((r.tag, r.digest), (None, Some(d)));
-        for bad in ["", "UPPER", "a//b", "x:", "x:t@sha256:zz", "x@md5:00", &"a".repeat(600)] {
+        for bad in ["", "UPPER", "a//b", "x:", "x:t@sha256:zz", "x@md5:00", &"a".repeat(600), "127.0.0.1:5000/../x", "h.io/-x", "a/b.", "ev#il.io/x"] {
             assert!(matches!(Reference::parse(bad), Err(ImageError::InvalidReference(_))), "{bad}");
         }
     }

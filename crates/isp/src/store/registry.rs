@@ -7,11 +7,9 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
+use super::manifest::MAX_JSON;
 use super::reference::Reference;
 use super::{ImageError, Progress};
-
-/// Largest manifest or config accepted.
-pub const MAX_JSON: u64 = 4 << 20;
 
 /// Media types a manifest request accepts.
 pub const ACCEPT: &str = "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, \
@@ -37,14 +35,17 @@ impl Registry {
         let mut last = String::new();
         for s in schemes {
             let base = format!("{s}://{}", r.api_host());
-            match agent.get(&format!("{base}/v2/")).call() {
+            // A plain-HTTP server on loopback may never answer a TLS hello: probe briefly.
+            let probe = if r.loopback() && *s == "https" { Duration::from_secs(3) } else { Duration::from_secs(30) };
+            match agent.get(&format!("{base}/v2/")).timeout(probe).call() {
                 Ok(_) | Err(ureq::Error::Status(_, _)) => {
                     return Ok(Registry { agent, base, repository: r.repository.clone(), token: None });
                 }
-                Err(e) => last = e.to_string(),
+                Err(e) => last = format!("{last}{}{s}: {e}", if last.is_empty() { "" } else { "; " }),
             }
         }
-        Err(reg_err(r, format!("cannot reach {}: {last}", r.api_host())))
+        let hint = if r.loopback() { "" } else { " (only loopback registries may use plain HTTP)" };
+        Err(reg_err(r, format!("cannot reach {}: {last}{hint}", r.api_host())))
     }
 
     fn get(&mut self, r: &Reference, path: &str, accept: Option<&str>) -> Result<ureq::Response, ImageError> {
@@ -63,7 +64,10 @@ impl Registry {
                     self.token = Some(self.fetch_token(r, &challenge)?);
                 }
                 Err(ureq::Error::Status(401, _)) => return Err(ImageError::Unauthorized(r.familiar_name())),
-                Err(ureq::Error::Status(404, _)) => return Err(ImageError::NotFound(r.familiar())),
+                Err(ureq::Error::Status(404, _)) if path.starts_with("manifests/") => return Err(ImageError::NotFound(r.familiar())),
+                Err(ureq::Error::Status(404, _)) => {
+                    return Err(reg_err(r, format!("{}: {path} is not in the registry (a foreign or deleted layer?)", r.familiar_name())));
+                }
                 Err(ureq::Error::Status(code, resp)) => {
                     let body = resp.into_string().unwrap_or_default();
                     return Err(reg_err(r, format!("{path}: HTTP {code}: {}", body.chars().take(300).collect::<String>())));
@@ -101,7 +105,7 @@ impl Registry {
         let mut body = Vec::new();
         resp.into_reader().take(MAX_JSON + 1).read_to_end(&mut body).map_err(|e| reg_err(r, e))?;
         if body.len() as u64 > MAX_JSON {
-            return Err(ImageError::Malformed(format!("the manifest of {} is larger than {MAX_JSON} bytes", r.familiar())));
+            return Err(ImageError::Malformed(format!("the manifest of {} is larger than the {MAX_JSON} bytes accepted; refused", r.familiar())));
         }
         let digest = format!("sha256:{}", hex::encode(Sha256::digest(&body)));
         if reference.starts_with("sha256:") && reference != digest {
@@ -113,7 +117,8 @@ impl Registry {
     /// Downloads a blob into `path`, checking its digest.
     pub fn blob(&mut self, r: &Reference, digest: &str, size: u64, path: &Path, progress: &mut dyn FnMut(Progress)) -> Result<(), ImageError> {
         let resp = self.get(r, &format!("blobs/{digest}"), None)?;
-        let mut reader = resp.into_reader().take(size.max(1) + (1 << 20));
+        // One byte more than announced is enough to tell a lying registry.
+        let mut reader = resp.into_reader().take(if size > 0 { size + 1 } else { u64::MAX });
         let ioe = |e: std::io::Error| ImageError::Io { path: path.to_path_buf(), source: e };
         let mut out = std::fs::File::create(path).map_err(ioe)?;
         let mut h = Sha256::new();
@@ -134,6 +139,10 @@ impl Registry {
             }
         }
         out.sync_all().map_err(ioe)?;
+        if size > 0 && got != size {
+            let _ = std::fs::remove_file(path);
+            return Err(reg_err(r, format!("blob {digest}: {got} bytes arrived, the manifest announced {size}; nothing was stored")));
+        }
         let actual = format!("sha256:{}", hex::encode(h.finalize()));
         if actual != digest {
             let _ = std::fs::remove_file(path);

@@ -46,14 +46,20 @@ pub fn unpack_layer(blob: &Path, dest: &Path, name: &str) -> Result<(String, u64
 fn unpack_inner(blob: &Path, dest: &Path, name: &str) -> Result<(String, u64), ImageError> {
     let io_err = |e: io::Error| ImageError::Io { path: blob.to_path_buf(), source: e };
     let mut f = std::fs::File::open(blob).map_err(io_err)?;
-    let mut magic = [0u8; 2];
-    let gz = f.read(&mut magic).map_err(io_err)? == 2 && magic == [0x1f, 0x8b];
+    let mut magic = [0u8; 4];
+    let n = f.read(&mut magic).map_err(io_err)?;
+    let gz = n >= 2 && magic[..2] == [0x1f, 0x8b];
+    if n == 4 && magic == [0x28, 0xb5, 0x2f, 0xfd] {
+        return Err(ImageError::Malformed(format!("layer {name} is zstd-compressed; only gzip and plain tar layers are supported")));
+    }
     drop(f);
     let f = std::fs::File::open(blob).map_err(io_err)?;
     let raw: Box<dyn Read> = if gz { Box::new(flate2::read::GzDecoder::new(f)) } else { Box::new(f) };
     let mut hr = HashingReader { inner: raw, hasher: Sha256::new() };
     std::fs::create_dir(dest).map_err(|e| ImageError::Io { path: dest.to_path_buf(), source: e })?;
     let mut size = 0u64;
+    // Directories' times are set last: entries written into them change them.
+    let mut dir_times: Vec<(PathBuf, u64)> = Vec::new();
     {
         let mut ar = tar::Archive::new(&mut hr);
         let entries = ar.entries().map_err(|e| malformed(name, &e))?;
@@ -68,15 +74,19 @@ fn unpack_inner(blob: &Path, dest: &Path, name: &str) -> Result<(String, u64), I
             let parent = rel.parent().unwrap_or(Path::new(""));
             let dir = inside(dest, parent, name, &rel)?;
             if file_name == ".wh..wh..opq" {
-                std::fs::create_dir_all(&dir).map_err(|e| ImageError::Io { path: dir.clone(), source: e })?;
+                mkdirs(&dir, name, &rel)?;
                 set_opaque(&dir)?;
+                continue;
+            }
+            if file_name.starts_with(".wh..wh.") {
+                // aufs bookkeeping (`.wh..wh.plnk`, `.wh..wh.aufs`): nothing for overlayfs.
                 continue;
             }
             if let Some(hidden) = file_name.strip_prefix(".wh.") {
                 if hidden.is_empty() || hidden == "." || hidden == ".." {
                     return Err(escapes(name, &rel));
                 }
-                std::fs::create_dir_all(&dir).map_err(|e| ImageError::Io { path: dir.clone(), source: e })?;
+                mkdirs(&dir, name, &rel)?;
                 let target = dir.join(hidden);
                 remove_any(&target);
                 mknod_whiteout(&target)?;
@@ -87,7 +97,7 @@ fn unpack_inner(blob: &Path, dest: &Path, name: &str) -> Result<(String, u64), I
             let mode = hdr.mode().unwrap_or(0o644) & 0o7777;
             let kind = hdr.entry_type();
             let ioe = |e: io::Error| ImageError::Io { path: target.clone(), source: e };
-            std::fs::create_dir_all(&dir).map_err(|e| ImageError::Io { path: dir.clone(), source: e })?;
+            mkdirs(&dir, name, &rel)?;
             match kind {
                 tar::EntryType::Directory => {
                     if let Ok(m) = std::fs::symlink_metadata(&target) {
@@ -95,14 +105,17 @@ fn unpack_inner(blob: &Path, dest: &Path, name: &str) -> Result<(String, u64), I
                             remove_any(&target);
                         }
                     }
-                    std::fs::create_dir_all(&target).map_err(ioe)?;
+                    mkdirs(&target, name, &rel)?;
                     set_perm(&target, mode, &hdr)?;
+                    dir_times.push((target.clone(), hdr.mtime().unwrap_or(0)));
                 }
                 tar::EntryType::Regular | tar::EntryType::Continuous => {
                     remove_any(&target);
                     let mut out = std::fs::OpenOptions::new().write(true).create_new(true).open(&target).map_err(ioe)?;
                     size += io::copy(&mut entry, &mut out).map_err(ioe)?;
+                    drop(out);
                     set_perm(&target, mode, &hdr)?;
+                    set_mtime(&target, hdr.mtime().unwrap_or(0));
                 }
                 tar::EntryType::Symlink => {
                     let to = entry.link_name().map_err(|e| malformed(name, &e))?.ok_or_else(|| malformed(name, &"symlink without a target"))?;
@@ -111,6 +124,7 @@ fn unpack_inner(blob: &Path, dest: &Path, name: &str) -> Result<(String, u64), I
                     // root, and no later entry is ever written through it.
                     std::os::unix::fs::symlink(&to, &target).map_err(ioe)?;
                     let _ = lchown(&target, &hdr);
+                    set_mtime(&target, hdr.mtime().unwrap_or(0));
                 }
                 tar::EntryType::Link => {
                     let to = entry.link_name().map_err(|e| malformed(name, &e))?.ok_or_else(|| malformed(name, &"hard link without a target"))?;
@@ -131,6 +145,10 @@ fn unpack_inner(blob: &Path, dest: &Path, name: &str) -> Result<(String, u64), I
         // Trailing padding, so the hash covers the whole tar as the config names it.
         io::copy(ar.into_inner(), &mut io::sink()).map_err(|e| malformed(name, &e))?;
     }
+    for (d, t) in dir_times.iter().rev() {
+        set_mtime(d, *t);
+    }
+    sync_fs(dest)?;
     Ok((format!("sha256:{}", hex::encode(hr.hasher.finalize())), size))
 }
 
@@ -169,6 +187,16 @@ fn inside(root: &Path, rel: &Path, layer: &str, entry: &Path) -> Result<PathBuf,
     Ok(p)
 }
 
+/// `create_dir_all`, where a parent that is not a directory is the layer's fault.
+fn mkdirs(dir: &Path, layer: &str, entry: &Path) -> Result<(), ImageError> {
+    std::fs::create_dir_all(dir).map_err(|e| match e.kind() {
+        io::ErrorKind::NotADirectory | io::ErrorKind::AlreadyExists => {
+            ImageError::Malformed(format!("layer {layer}: entry {:?} is under something that is not a directory", entry.display().to_string()))
+        }
+        _ => ImageError::Io { path: dir.to_path_buf(), source: e },
+    })
+}
+
 fn remove_any(p: &Path) {
     if let Ok(m) = std::fs::symlink_metadata(p) {
         if m.is_dir() {
@@ -194,6 +222,27 @@ fn lchown(p: &Path, hdr: &tar::Header) -> Result<(), ImageError> {
     let c = cpath(p)?;
     // SAFETY: c is a valid NUL-terminated path for the duration of the call.
     unsafe { libc::lchown(c.as_ptr(), uid, gid) };
+    Ok(())
+}
+
+/// Sets the modification (and access) time of `p`, not following a symlink; best effort.
+fn set_mtime(p: &Path, secs: u64) {
+    let Ok(c) = cpath(p) else { return };
+    let t = libc::timespec { tv_sec: secs.min(i64::MAX as u64) as libc::time_t, tv_nsec: 0 };
+    let times = [t, t];
+    // SAFETY: c is a valid NUL-terminated path and `times` two valid timespecs, both alive
+    // for the duration of the call.
+    unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
+}
+
+/// Flushes the file system holding `dir`, so a layer renamed into place is on disk.
+fn sync_fs(dir: &Path) -> Result<(), ImageError> {
+    use std::os::fd::AsRawFd;
+    let d = std::fs::File::open(dir).map_err(|e| ImageError::Io { path: dir.to_path_buf(), source: e })?;
+    // SAFETY: the descriptor is open for the duration of the call.
+    if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
+        return Err(ImageError::Io { path: dir.to_path_buf(), source: io::Error::last_os_error() });
+    }
     Ok(())
 }
 
