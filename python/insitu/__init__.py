@@ -18,6 +18,11 @@ reading through the file system with a cold cache, for comparison.
 
 ``insitu.Session(url)`` is the user-space NVMe/TCP initiator: identify, read, write,
 flush and EXEC against a target started with ``insitu target start``.
+``insitu.lock(path)`` takes DockerSSD's inode lock on a file or directory of a file system
+attached with ``insitu attach``: while held, the host cannot modify it (writers get EROFS,
+the target refuses writes to its blocks) and the target's containers see its synced
+content; ``with insitu.lock(p) as l: ...`` or ``l.unlock()`` / ``insitu.unlock(p)``
+release it, ``insitu.locks()`` lists the held ones. Locks are not persistent.
 ``insitu.KvTarget(url)`` drives a target's KV cache and attention engine (the LLM
 integration in ``insitu.llm`` uses it); ``insitu.EmbeddedTarget(dir, ...)`` serves a
 target from this process on loopback.
@@ -36,11 +41,15 @@ from ._native import (
     EmbeddedTarget,
     InsituError,
     KvTarget,
+    Lock,
     Session,
     NotOffloadableError,
     RequestError,
     StorageIOError,
     TargetError,
+    lock,
+    locks,
+    unlock,
 )
 
 __all__ = [
@@ -53,6 +62,10 @@ __all__ = [
     "Session",
     "KvTarget",
     "EmbeddedTarget",
+    "lock",
+    "unlock",
+    "locks",
+    "Lock",
     "InsituError",
     "RequestError",
     "NotOffloadableError",

@@ -167,20 +167,24 @@ enum Cmd {
     /// Lock a file or directory of an attached file system for containers on its target.
     ///
     /// DockerSSD's inode lock: while a container holds a path, the host cannot modify it.
-    /// The file system is synced first (the target sees the host's latest data), the
-    /// target refuses host writes to the path's blocks and refreshes its containers' view,
-    /// and the path turns read-only on the host (writers get "Read-only file system").
-    /// Locks are not persistent: restarting the target drops them.
+    /// The lock is refused while a host process has the path open for writing. The file
+    /// system is synced first (the target sees the host's latest data), the target refuses
+    /// host writes to the path's blocks (a directory: itself and everything under it) and
+    /// refreshes its containers' view, and the path turns read-only on the host (writers get
+    /// "Read-only file system" at once). Locks are not persistent: nothing is written to
+    /// disk for them, and restarting the target drops them (`insitu unlock` then releases
+    /// the host side). Spec: docs/lock-commands.md.
     Lock {
         /// The path (under a mount made with `insitu attach`); omit with --list.
-        #[arg(required_unless_present = "list")]
+        #[arg(required_unless_present = "list", conflicts_with = "list")]
         path: Option<PathBuf>,
-        /// List the locks this host holds.
+        /// List the locks this host holds (recorded in /run/insitu/locks).
         #[arg(long)]
         list: bool,
     },
-    /// Release a lock taken with `insitu lock`; the target's containers then see the
-    /// host's changes the next time they take the path.
+    /// Release a lock taken with `insitu lock` (by any process): the path turns writable on
+    /// the host, the target stops refusing writes to its blocks and drops its containers'
+    /// cached view, so they see the host's changes from then on.
     Unlock {
         /// The locked path.
         path: PathBuf,
@@ -607,7 +611,7 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             };
         }
         Cmd::Detach { dir } => {
-            let a = insitu_attach::detach(&dir).map_err(|e| e.to_string())?;
+            let a = insitu_attach::detach(&dir).map_err(|e| lock_cmd::detach_hint(&dir, e.to_string()))?;
             done(json, &format!("detached {} from {}", a.url, a.dir.display()));
         }
         Cmd::Llm { .. } | Cmd::Bench(BenchCmd::Llm { .. }) => {

@@ -21,6 +21,7 @@
 pub mod conventional;
 pub mod device;
 pub mod fiemap;
+pub mod lock;
 pub mod pool;
 pub mod scrub;
 mod offloader;

@@ -208,6 +208,7 @@ pub fn status_name(command: &str, sct: u8, sc: u8) -> &'static str {
         (7, 0xC3) => "Output Object Too Small",
         (7, 0xC4) => "Function Failed",
         (7, 0xC5) => "Inline Result Too Large",
+        (7, 0xC6) => "Blocks Locked by a Container (see `insitu lock --list`; `insitu unlock PATH` releases them)",
         (7, _) => "Vendor Specific Status",
         _ => "Unknown Status",
     }

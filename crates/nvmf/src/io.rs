@@ -4,6 +4,7 @@
 
 use crate::connection::Sink;
 use crate::kv;
+use crate::lock;
 use crate::controller::{status, Controller, INVALID_FIELD, INVALID_OPCODE};
 use crate::metrics::CommandCost;
 use crate::Shared;
@@ -177,18 +178,8 @@ fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, d
             Ok(d) => Done { dw0: d.dw0, data: d.data.map(Returned::Bytes), media: d.media, ..Done::ok() },
             Err(e) => Done::status(e.status().to_nvme_field()),
         },
-        opcode::LOCK => match insitu_target::LockRequest::parse(&data) {
-            Ok(req) => match target.lock(nsid, req) {
-                Ok(id) => Done { dw0: id as u32, dw1: (id >> 32) as u32, ..Done::ok() },
-                Err(e) => failed(e),
-            },
-            Err(_) => Done::status(INVALID_FIELD),
-        },
+        opcode::LOCK | opcode::UNLOCK => lock::execute(target, cmd, &data).map_or_else(failed, |(dw0, dw1)| Done { dw0, dw1, ..Done::ok() }),
         insitu_etheron::TRANSMIT_FRAME => Done::status(crate::ether::transmit(shared, cmd, &data)),
-        opcode::UNLOCK => {
-            let id = u64::from(cmd.cdw(10)) | (u64::from(cmd.cdw(11)) << 32);
-            target.unlock(id).map_or_else(failed, |_| Done::ok())
-        }
         _ => Done::status(INVALID_OPCODE),
     }
 }

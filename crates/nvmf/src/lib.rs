@@ -23,6 +23,7 @@ pub mod fuzzing;
 mod identify;
 mod io;
 mod kv;
+mod lock;
 mod metrics;
 
 pub use config::{NamespaceSpec, SubsystemConfig, TargetConfig, DISCOVERY_NQN};

@@ -6,6 +6,7 @@
 //! classes defined here and re-exported by the `insitu` package.
 
 mod kv;
+mod lock;
 mod session;
 
 use insitu_host::{parse_args, scrub, Mode, OasError, Offloader, Request};
@@ -202,6 +203,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode_descriptor, m)?)?;
     m.add_function(wrap_pyfunction!(encode_descriptor, m)?)?;
     m.add_function(wrap_pyfunction!(functions_json, m)?)?;
+    lock::register(m)?;
     let py = m.py();
     m.add("InsituError", py.get_type::<InsituError>())?;
     m.add("RequestError", py.get_type::<RequestError>())?;

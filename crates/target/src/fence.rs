@@ -4,17 +4,22 @@
 //!
 //! The host names the path and its extents (from FIEMAP on its mount) in a LOCK command;
 //! the target keeps them as write fences in memory only: a restarted target has none, and
-//! the file system is consistent because nothing was changed on its behalf. A listener
-//! hears of every lock and release, so the container runtime can drop its cached view
-//! of the namespace and see the host's latest data.
+//! the file system is consistent because nothing was changed on its behalf. A
+//! [`LockListener`] hears of every lock and release, so the container runtime can drop its
+//! cached view of the namespace and see the host's latest data.
+//!
+//! Fenced are Write, Write Zeroes, Dataset Management (deallocate) and the output objects
+//! of EXEC: every path by which a host changes a namespace's blocks. Reads are never
+//! fenced.
 //!
 //! LOCK payload (little-endian), `docs/lock-commands.md`:
 //! `"ISLK"`, version u16 = 1, path length u16, extent count u32, the path (UTF-8), then
-//! per extent: byte offset u64, byte length u64 (both multiples of 512).
+//! per extent: byte offset u64, byte length u64 (both multiples of 512, length non-zero).
+//! Bytes after the last extent are ignored (a passthrough may pad its transfer).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use insitu_wire::Status;
 
@@ -24,17 +29,63 @@ use crate::CommandError;
 pub const LOCK_MAGIC: &[u8; 4] = b"ISLK";
 /// Payload version.
 pub const LOCK_VERSION: u16 = 1;
-/// Longest path.
+/// Payload header bytes (before the path).
+pub const LOCK_HEADER: usize = 12;
+/// Longest path, in bytes.
 pub const MAX_PATH: usize = 4096;
 /// Most extents in one lock.
 pub const MAX_EXTENTS: usize = 65_536;
 
-/// Told of every lock taken and released.
+/// Told of every lock taken and released, after the fact. Called on the I/O thread that
+/// ran the LOCK or UNLOCK command, outside the fence table's lock: an implementation may
+/// take its time (the command's completion waits for it) but must not call back into the
+/// target's lock API.
 pub trait LockListener: Send + Sync {
-    /// A lock on `path` of namespace `nsid` was taken.
+    /// A lock on `path` (relative to the file system's root) of namespace `nsid` was
+    /// taken: host writes to its blocks are now refused.
     fn locked(&self, nsid: u32, path: &str);
-    /// The lock on `path` of namespace `nsid` was released.
+    /// The lock on `path` of namespace `nsid` was released: the host may have changed it
+    /// since, so a cached view of the namespace should be dropped.
     fn unlocked(&self, nsid: u32, path: &str);
+}
+
+/// Why a LOCK payload was refused. Nothing is stored for a refused payload.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockPayloadError {
+    /// Shorter than the header, or the magic is wrong.
+    #[error("not a lock request: {0} bytes without the ISLK header (docs/lock-commands.md)")]
+    NoHeader(usize),
+    /// A version this target does not speak.
+    #[error("lock request version {0}; this target speaks version {LOCK_VERSION}")]
+    Version(u16),
+    /// The path length is 0 or over [`MAX_PATH`].
+    #[error("path of {0} bytes; a lock names a path of 1 to {MAX_PATH} bytes")]
+    PathLength(usize),
+    /// More than [`MAX_EXTENTS`] extents.
+    #[error("{0} extents; a lock holds at most {MAX_EXTENTS} (lock a directory's files in several locks)")]
+    ExtentCount(usize),
+    /// The payload ends before the announced path and extents.
+    #[error("lock request of {got} bytes, its header announces {need}")]
+    Truncated {
+        /// Bytes received.
+        got: usize,
+        /// Bytes the header announces.
+        need: usize,
+    },
+    /// The path is not UTF-8.
+    #[error("the path is not UTF-8")]
+    PathNotUtf8,
+    /// An extent is empty, unaligned, or wraps around.
+    #[error("extent {index} (byte {offset}, {length} bytes): offsets and lengths must be multiples of 512 and lengths non-zero")]
+    BadExtent {
+        /// Its index in the payload.
+        index: usize,
+        /// Byte offset.
+        offset: u64,
+        /// Byte length.
+        length: u64,
+    },
 }
 
 /// A parsed LOCK request.
@@ -42,18 +93,20 @@ pub trait LockListener: Send + Sync {
 pub struct LockRequest {
     /// Path in the namespace's file system (for messages and the listener).
     pub path: String,
-    /// (byte offset, byte length) ranges of the namespace.
+    /// (byte offset, byte length) ranges of the namespace. May be empty: a file with no
+    /// blocks yet is locked on the host side only, and the listener still hears of it.
     pub extents: Vec<(u64, u64)>,
 }
 
 impl LockRequest {
-    /// Encodes the payload.
+    /// Encodes the payload. The caller keeps the path within [`MAX_PATH`] bytes and the
+    /// extents within [`MAX_EXTENTS`]; [`LockRequest::parse`] refuses anything else.
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(12 + self.path.len() + 16 * self.extents.len());
+        let mut v = Vec::with_capacity(LOCK_HEADER + self.path.len() + 16 * self.extents.len());
         v.extend_from_slice(LOCK_MAGIC);
         v.extend_from_slice(&LOCK_VERSION.to_le_bytes());
-        v.extend_from_slice(&(self.path.len() as u16).to_le_bytes());
-        v.extend_from_slice(&(self.extents.len() as u32).to_le_bytes());
+        v.extend_from_slice(&u16::try_from(self.path.len()).unwrap_or(u16::MAX).to_le_bytes());
+        v.extend_from_slice(&u32::try_from(self.extents.len()).unwrap_or(u32::MAX).to_le_bytes());
         v.extend_from_slice(self.path.as_bytes());
         for (o, l) in &self.extents {
             v.extend_from_slice(&o.to_le_bytes());
@@ -62,149 +115,372 @@ impl LockRequest {
         v
     }
 
-    /// Parses a payload, checking every field.
-    pub fn parse(b: &[u8]) -> Result<LockRequest, String> {
-        if b.len() < 12 || &b[..4] != LOCK_MAGIC {
-            return Err("not a lock request (no ISLK header)".into());
+    /// Parses a payload, checking every field; bytes after the last extent are ignored.
+    pub fn parse(b: &[u8]) -> Result<LockRequest, LockPayloadError> {
+        if b.len() < LOCK_HEADER || &b[..4] != LOCK_MAGIC {
+            return Err(LockPayloadError::NoHeader(b.len()));
         }
         let version = u16::from_le_bytes([b[4], b[5]]);
         if version != LOCK_VERSION {
-            return Err(format!("lock request version {version}; this target speaks {LOCK_VERSION}"));
+            return Err(LockPayloadError::Version(version));
         }
         let plen = usize::from(u16::from_le_bytes([b[6], b[7]]));
         let count = u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize;
         if plen == 0 || plen > MAX_PATH {
-            return Err(format!("path of {plen} bytes (1 to {MAX_PATH})"));
+            return Err(LockPayloadError::PathLength(plen));
         }
-        if count == 0 || count > MAX_EXTENTS {
-            return Err(format!("{count} extents (1 to {MAX_EXTENTS})"));
+        if count > MAX_EXTENTS {
+            return Err(LockPayloadError::ExtentCount(count));
         }
-        let need = 12 + plen + 16 * count;
+        // Bounded by the checks above: at most 12 + 4096 + 16 * 65536 bytes.
+        let need = LOCK_HEADER + plen + 16 * count;
         if b.len() < need {
-            return Err(format!("lock request of {} bytes, {need} announced", b.len()));
+            return Err(LockPayloadError::Truncated { got: b.len(), need });
         }
-        let path = std::str::from_utf8(&b[12..12 + plen]).map_err(|_| "the path is not UTF-8".to_string())?.to_string();
+        let path = std::str::from_utf8(&b[LOCK_HEADER..LOCK_HEADER + plen]).map_err(|_| LockPayloadError::PathNotUtf8)?.to_string();
         let mut extents = Vec::with_capacity(count);
-        for c in b[12 + plen..need].chunks_exact(16) {
-            let o = u64::from_le_bytes(c[..8].try_into().expect("8 bytes"));
-            let l = u64::from_le_bytes(c[8..].try_into().expect("8 bytes"));
-            if l == 0 || o % 512 != 0 || l % 512 != 0 || o.checked_add(l).is_none() {
-                return Err(format!("extent at byte {o} of {l} bytes: offsets and lengths are non-zero multiples of 512"));
+        for (index, c) in b[LOCK_HEADER + plen..need].chunks_exact(16).enumerate() {
+            let (o, l) = c.split_at(8);
+            let offset = u64::from_le_bytes(o.try_into().expect("8 bytes"));
+            let length = u64::from_le_bytes(l.try_into().expect("8 bytes"));
+            if length == 0 || offset % 512 != 0 || length % 512 != 0 || offset.checked_add(length).is_none() {
+                return Err(LockPayloadError::BadExtent { index, offset, length });
             }
-            extents.push((o, l));
+            extents.push((offset, length));
         }
         Ok(LockRequest { path, extents })
     }
 }
 
+/// One held lock: its ranges sorted and merged, as half-open `[start, end)` byte ranges.
 #[derive(Debug)]
 struct Lock {
     nsid: u32,
     path: String,
-    extents: Vec<(u64, u64)>,
+    ranges: Vec<(u64, u64)>,
 }
 
-/// The write fences of a target.
-#[derive(Default)]
+impl Lock {
+    /// The first locked range that overlaps `[off, end)`, if any.
+    fn overlap(&self, off: u64, end: u64) -> Option<(u64, u64)> {
+        // Ranges are sorted and disjoint: the first one ending after `off` is the only
+        // candidate.
+        let i = self.ranges.partition_point(|&(_, e)| e <= off);
+        self.ranges.get(i).copied().filter(|&(s, _)| s < end)
+    }
+}
+
+/// Sorts `(offset, length)` extents into disjoint, merged `[start, end)` ranges.
+fn merge(extents: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut r: Vec<(u64, u64)> = extents.iter().map(|&(o, l)| (o, o.saturating_add(l))).collect();
+    r.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(r.len());
+    for (s, e) in r {
+        match out.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// A lock as [`Fences::held`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The lock id.
+    pub id: u64,
+    /// Its namespace.
+    pub nsid: u32,
+    /// The locked path, relative to the namespace's file-system root.
+    pub path: String,
+    /// Bytes fenced.
+    pub bytes: u64,
+}
+
+/// The write fences of a target, in memory only.
+///
+/// Lock ids carry a per-instance epoch in their high 32 bits (drawn from the clock and the
+/// process id when the fences are made) and a counter in the low 32: an id from before a
+/// target restart is unknown afterwards instead of naming somebody else's new lock.
 pub struct Fences {
-    next: AtomicU64,
+    epoch: u32,
+    next: AtomicU32,
     locks: RwLock<BTreeMap<u64, Lock>>,
     listener: Mutex<Option<Arc<dyn LockListener>>>,
+}
+
+impl Default for Fences {
+    fn default() -> Self {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let mixed = (nanos as u64 ^ (u64::from(std::process::id()) << 17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        // Never 0, so no id is 0.
+        let epoch = ((mixed >> 32) as u32).max(1);
+        Fences { epoch, next: AtomicU32::new(0), locks: RwLock::default(), listener: Mutex::default() }
+    }
 }
 
 impl Fences {
     /// Takes a lock; the caller has checked the extents against the namespace.
     pub(crate) fn lock(&self, nsid: u32, req: LockRequest) -> u64 {
-        let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
-        let path = req.path.clone();
-        self.locks.write().unwrap_or_else(|e| e.into_inner()).insert(id, Lock { nsid, path: req.path, extents: req.extents });
+        let id = (u64::from(self.epoch) << 32) | u64::from(self.next.fetch_add(1, Ordering::Relaxed).wrapping_add(1));
+        let lock = Lock { nsid, path: req.path.clone(), ranges: merge(&req.extents) };
+        self.locks.write().unwrap_or_else(PoisonError::into_inner).insert(id, lock);
         if let Some(l) = self.listener() {
-            l.locked(nsid, &path);
+            l.locked(nsid, &req.path);
         }
         id
     }
 
-    /// Releases lock `id`.
-    pub(crate) fn unlock(&self, id: u64) -> Result<(), CommandError> {
-        let lock = self.locks.write().unwrap_or_else(|e| e.into_inner()).remove(&id);
-        let lock = lock.ok_or_else(|| CommandError::new(Status::INVALID_FIELD, format!("no lock {id} on this target (a restart drops every lock)")))?;
+    /// Releases lock `id` of namespace `nsid`.
+    pub(crate) fn unlock(&self, nsid: u32, id: u64) -> Result<(), CommandError> {
+        let lock = {
+            let mut locks = self.locks.write().unwrap_or_else(PoisonError::into_inner);
+            match locks.get(&id) {
+                None => {
+                    return Err(CommandError::new(
+                        Status::INVALID_FIELD,
+                        format!("no lock {id:#x} on this target (it was released, or the target restarted: a restart drops every lock)"),
+                    ))
+                }
+                Some(l) if l.nsid != nsid => {
+                    return Err(CommandError::new(Status::INVALID_FIELD, format!("lock {id:#x} is on namespace {}, not {nsid}", l.nsid)))
+                }
+                Some(_) => locks.remove(&id).expect("present"),
+            }
+        };
         if let Some(l) = self.listener() {
             l.unlocked(lock.nsid, &lock.path);
         }
         Ok(())
     }
 
-    /// Refuses a write of `len` bytes at namespace byte `off` that touches a locked extent.
+    /// Refuses a write of `len` bytes at namespace byte `off` that touches a locked range,
+    /// naming the path and the lock.
     pub(crate) fn check(&self, nsid: u32, off: u64, len: u64) -> Result<(), CommandError> {
-        let locks = self.locks.read().unwrap_or_else(|e| e.into_inner());
+        if len == 0 {
+            return Ok(());
+        }
+        let end = off.saturating_add(len);
+        let locks = self.locks.read().unwrap_or_else(PoisonError::into_inner);
         for (id, l) in locks.iter().filter(|(_, l)| l.nsid == nsid) {
-            if l.extents.iter().any(|&(o, n)| off < o + n && o < off + len) {
+            if let Some((s, e)) = l.overlap(off, end) {
                 return Err(CommandError::new(
                     Status::LBA_LOCKED,
-                    format!("bytes {off}..{} of namespace {nsid} belong to {:?}, locked by a container (lock {id}); release it with `insitu unlock`", off + len, l.path),
+                    format!(
+                        "bytes {}..{} of namespace {nsid} belong to {:?}, locked by a container (lock {id:#x}); the write is refused until `insitu unlock` releases it",
+                        off.max(s),
+                        end.min(e),
+                        l.path
+                    ),
                 ));
             }
         }
         Ok(())
     }
 
-    /// Sets the listener.
+    /// Sets the listener, replacing any earlier one.
     pub(crate) fn set_listener(&self, l: Arc<dyn LockListener>) {
-        *self.listener.lock().unwrap_or_else(|e| e.into_inner()) = Some(l);
+        *self.listener.lock().unwrap_or_else(PoisonError::into_inner) = Some(l);
     }
 
     fn listener(&self) -> Option<Arc<dyn LockListener>> {
-        self.listener.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.listener.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// How many locks are held.
     pub fn count(&self) -> usize {
-        self.locks.read().unwrap_or_else(|e| e.into_inner()).len()
+        self.locks.read().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    /// The locks held, by id.
+    pub fn held(&self) -> Vec<LockInfo> {
+        let locks = self.locks.read().unwrap_or_else(PoisonError::into_inner);
+        locks.iter().map(|(&id, l)| LockInfo { id, nsid: l.nsid, path: l.path.clone(), bytes: l.ranges.iter().map(|(s, e)| e - s).sum() }).collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{NamespaceConfig, Target, Visibility};
+    use proptest::prelude::*;
+
+    fn req(path: &str, extents: &[(u64, u64)]) -> LockRequest {
+        LockRequest { path: path.into(), extents: extents.to_vec() }
+    }
 
     #[test]
     fn payloads_round_trip_and_bad_ones_are_refused() {
-        let r = LockRequest { path: "data/a.csv".into(), extents: vec![(4096, 8192), (1 << 20, 512)] };
+        let r = req("data/a.csv", &[(4096, 8192), (1 << 20, 512)]);
         assert_eq!(LockRequest::parse(&r.encode()).unwrap(), r);
+        // Padding after the last extent is ignored.
+        let mut padded = r.encode();
+        padded.resize(4096, 0);
+        assert_eq!(LockRequest::parse(&padded).unwrap(), r);
         let mut b = r.encode();
         b[0] = b'X';
-        assert!(LockRequest::parse(&b).is_err());
-        let bad = LockRequest { path: "x".into(), extents: vec![(100, 512)] };
-        assert!(LockRequest::parse(&bad.encode()).unwrap_err().contains("multiples of 512"));
+        assert_eq!(LockRequest::parse(&b), Err(LockPayloadError::NoHeader(b.len())));
+        let mut b = r.encode();
+        b[4] = 2;
+        assert_eq!(LockRequest::parse(&b), Err(LockPayloadError::Version(2)));
+        assert!(matches!(LockRequest::parse(&req("x", &[(100, 512)]).encode()), Err(LockPayloadError::BadExtent { index: 0, .. })));
+        assert!(matches!(LockRequest::parse(&req("x", &[(0, 512), (512, 0)]).encode()), Err(LockPayloadError::BadExtent { index: 1, .. })));
+        assert!(matches!(LockRequest::parse(&req("x", &[(u64::MAX - 511, 1024)]).encode()), Err(LockPayloadError::BadExtent { .. })));
+        assert_eq!(LockRequest::parse(&req("", &[(0, 512)]).encode()), Err(LockPayloadError::PathLength(0)));
+        let long = "a".repeat(MAX_PATH + 1);
+        assert_eq!(LockRequest::parse(&req(&long, &[(0, 512)]).encode()), Err(LockPayloadError::PathLength(MAX_PATH + 1)));
         let e = r.encode();
-        assert!(LockRequest::parse(&e[..e.len() - 1]).is_err());
+        assert!(matches!(LockRequest::parse(&e[..e.len() - 1]), Err(LockPayloadError::Truncated { .. })));
+        let mut b = r.encode();
+        b[8..12].copy_from_slice(&(MAX_EXTENTS as u32 + 1).to_le_bytes());
+        assert_eq!(LockRequest::parse(&b), Err(LockPayloadError::ExtentCount(MAX_EXTENTS + 1)));
+        let mut b = req("ab", &[(0, 512)]).encode();
+        b[12] = 0xFF;
+        assert_eq!(LockRequest::parse(&b), Err(LockPayloadError::PathNotUtf8));
+        // An empty extent list is a lock of a file without blocks.
+        assert_eq!(LockRequest::parse(&req("empty", &[]).encode()).unwrap().extents, vec![]);
+    }
+
+    #[test]
+    fn the_documented_test_vector_encodes() {
+        // docs/lock-commands.md, "Test vector".
+        let hex = "49534c4b01000e0002000000646174612f696e7075742e637376\
+                   0010000000000000002000000000000000001000000000000002000000000000";
+        let want: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+        let r = req("data/input.csv", &[(4096, 8192), (1 << 20, 512)]);
+        assert_eq!(r.encode(), want);
+        assert_eq!(LockRequest::parse(&want).unwrap(), r);
     }
 
     #[test]
     fn fences_refuse_only_overlapping_writes() {
         let f = Fences::default();
-        let id = f.lock(1, LockRequest { path: "f".into(), extents: vec![(8192, 4096)] });
+        let id = f.lock(1, req("f", &[(8192, 4096)]));
         assert!(f.check(1, 8192 + 4096, 512).is_ok());
         assert!(f.check(1, 0, 8192).is_ok());
-        assert_eq!(f.check(1, 8192 + 4095 - 511, 512).unwrap_err().status, Status::LBA_LOCKED);
-        assert!(f.check(2, 8192, 512).is_ok());
-        f.unlock(id).unwrap();
+        let e = f.check(1, 8192 + 4096 - 512, 512).unwrap_err();
+        assert_eq!(e.status, Status::LBA_LOCKED);
+        assert!(e.message.contains("\"f\"") && e.message.contains("insitu unlock"), "{}", e.message);
+        assert!(f.check(2, 8192, 512).is_ok(), "another namespace");
+        assert!(f.unlock(2, id).is_err(), "another namespace's id");
+        f.unlock(1, id).unwrap();
         assert!(f.check(1, 8192, 512).is_ok());
-        assert!(f.unlock(id).is_err());
+        assert!(f.unlock(1, id).unwrap_err().message.contains("restart"));
     }
 
-    proptest::proptest! {
+    #[test]
+    fn ids_differ_across_restarts() {
+        let (a, b) = (Fences::default(), Fences::default());
+        let (x, y) = (a.lock(1, req("p", &[])), b.lock(1, req("p", &[])));
+        assert_ne!(x, 0);
+        // Two instances made in the same process differ by clock; in practice restarts
+        // differ by pid and clock. Equal epochs would need equal nanosecond stamps.
+        assert!(x != y || a.epoch == b.epoch);
+        assert!(b.unlock(1, x).is_err() || x == y);
+    }
+
+    struct Heard(Mutex<Vec<String>>);
+
+    impl LockListener for Heard {
+        fn locked(&self, nsid: u32, path: &str) {
+            self.0.lock().unwrap().push(format!("lock {nsid} {path}"));
+        }
+        fn unlocked(&self, nsid: u32, path: &str) {
+            self.0.lock().unwrap().push(format!("unlock {nsid} {path}"));
+        }
+    }
+
+    fn target(visibility: Visibility) -> (tempfile::TempDir, Target) {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("ns.img");
+        std::fs::write(&img, vec![0x11u8; 1 << 20]).unwrap();
+        let mut t = Target::new();
+        t.add_namespace(&img, NamespaceConfig { visibility, ..Default::default() }).unwrap();
+        (dir, t)
+    }
+
+    #[test]
+    fn target_refuses_writes_in_locked_ranges_until_unlocked() {
+        let (_d, t) = target(Visibility::Sharable);
+        let heard = Arc::new(Heard(Mutex::default()));
+        t.set_lock_listener(heard.clone());
+        let id = t.lock(1, req("dir/f.csv", &[(4096, 4096), (65536, 512)])).unwrap();
+        assert_eq!(t.lock_count(), 1);
+        // Refused: Write, Write Zeroes (and so DSM deallocate) touching the ranges.
+        assert_eq!(t.write(1, 8, &[0u8; 512]).unwrap_err().status, Status::LBA_LOCKED);
+        assert_eq!(t.write(1, 0, &[0u8; 8192]).unwrap_err().status, Status::LBA_LOCKED);
+        assert_eq!(t.write_zeroes(1, 128, 1).unwrap_err().status, Status::LBA_LOCKED);
+        let mut buf = [0u8; 512];
+        t.read(1, 8, &mut buf).unwrap();
+        assert_eq!(buf, [0x11; 512], "a refused write changed nothing; reads are not fenced");
+        // Accepted around them.
+        t.write(1, 0, &[0x22u8; 4096]).unwrap();
+        t.write(1, 16, &[0x22u8; 512]).unwrap();
+        t.write_zeroes(1, 129, 10).unwrap();
+        t.unlock(1, id).unwrap();
+        t.write(1, 8, &[0x33u8; 512]).unwrap();
+        t.read(1, 8, &mut buf).unwrap();
+        assert_eq!(buf, [0x33; 512]);
+        assert_eq!(*heard.0.lock().unwrap(), ["lock 1 dir/f.csv", "unlock 1 dir/f.csv"]);
+        assert_eq!(t.unlock(1, id).unwrap_err().status, Status::INVALID_FIELD, "unknown id");
+    }
+
+    #[test]
+    fn lock_past_the_namespace_or_on_a_private_one_is_refused_and_changes_nothing() {
+        let (_d, t) = target(Visibility::Sharable);
+        let heard = Arc::new(Heard(Mutex::default()));
+        t.set_lock_listener(heard.clone());
+        let e = t.lock(1, req("f", &[(0, 512), ((1 << 20) - 512, 1024)])).unwrap_err();
+        assert_eq!(e.status, Status::LBA_OUT_OF_RANGE);
+        assert_eq!(t.lock(2, req("f", &[(0, 512)])).unwrap_err().status, Status::INVALID_NAMESPACE);
+        assert_eq!(t.lock_count(), 0);
+        assert!(heard.0.lock().unwrap().is_empty());
+        t.write(1, 0, &[0u8; 512]).unwrap();
+        let (_p, private) = target(Visibility::Private);
+        assert_eq!(private.lock(1, req("f", &[(0, 512)])).unwrap_err().status, Status::INVALID_NAMESPACE);
+        assert_eq!(private.lock_count(), 0);
+    }
+
+    proptest! {
         #[test]
-        fn random_payloads_never_panic(b in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+        fn random_payloads_never_panic(b in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = LockRequest::parse(&b);
         }
 
         #[test]
-        fn check_matches_interval_overlap(o in 0u64..64, n in 1u64..16, w in 0u64..64, wl in 1u64..16) {
+        fn mutated_payloads_never_panic_and_refused_ones_store_nothing(
+            extents in proptest::collection::vec((0u64..4096, 1u64..64), 0..8),
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6),
+            cut in any::<usize>(),
+        ) {
+            let (_d, t) = target(Visibility::Sharable);
+            let r = req("some/path", &extents.iter().map(|&(o, l)| (o * 512, l * 512)).collect::<Vec<_>>());
+            let mut b = r.encode();
+            for (at, v) in flips {
+                let n = b.len();
+                b[at % n] ^= v;
+            }
+            b.truncate(cut % (b.len() + 1));
+            let before = t.lock_count();
+            if let Ok(parsed) = LockRequest::parse(&b) {
+                let fits = parsed.extents.iter().all(|&(o, l)| o + l <= 1 << 20);
+                prop_assert_eq!(t.lock(1, parsed).is_ok(), fits);
+                prop_assert_eq!(t.lock_count(), before + usize::from(fits));
+            } else {
+                prop_assert_eq!(t.lock_count(), before);
+            }
+        }
+
+        #[test]
+        fn check_matches_interval_overlap(
+            locked in proptest::collection::vec((0u64..128, 1u64..16), 0..6),
+            w in 0u64..160,
+            wl in 1u64..16,
+        ) {
             let f = Fences::default();
-            f.lock(1, LockRequest { path: "p".into(), extents: vec![(o * 512, n * 512)] });
-            let overlaps = w < o + n && o < w + wl;
-            proptest::prop_assert_eq!(f.check(1, w * 512, wl * 512).is_err(), overlaps);
+            f.lock(1, req("p", &locked.iter().map(|&(o, n)| (o * 512, n * 512)).collect::<Vec<_>>()));
+            let overlaps = locked.iter().any(|&(o, n)| w < o + n && o < w + wl);
+            prop_assert_eq!(f.check(1, w * 512, wl * 512).is_err(), overlaps);
         }
     }
 }

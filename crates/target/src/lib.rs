@@ -34,7 +34,7 @@ mod namespace;
 mod stream;
 
 pub use insitu_media::PoolStats;
-pub use fence::{LockListener, LockRequest};
+pub use fence::{LockInfo, LockListener, LockPayloadError, LockRequest};
 pub use namespace::{Namespace, NamespaceConfig, Visibility};
 pub use stream::CHUNK;
 
@@ -276,9 +276,16 @@ impl Target {
         Ok(self.fences.lock(nsid, req))
     }
 
-    /// Releases lock `id`.
-    pub fn unlock(&self, id: u64) -> Result<(), CommandError> {
-        self.fences.unlock(id)
+    /// Releases lock `id` of namespace `nsid`; an unknown id (released, or taken before a
+    /// restart) is an Invalid Field error.
+    pub fn unlock(&self, nsid: Nsid, id: u64) -> Result<(), CommandError> {
+        self.host_ns(nsid)?;
+        self.fences.unlock(nsid, id)
+    }
+
+    /// The locks held.
+    pub fn locks(&self) -> Vec<LockInfo> {
+        self.fences.held()
     }
 
     /// How many locks are held.
@@ -326,6 +333,10 @@ impl Target {
             };
             CommandError::new(status, format!("namespace {nsid}: {e}"))
         })?;
+        // Output objects are writes: refused on blocks a container holds locked.
+        for x in d.outputs.iter().chain(&d.result).flat_map(|o| &o.extents).filter(|x| x.kind == insitu_wire::ExtentKind::Data) {
+            self.fences.check(nsid, x.start_sector * 512, u64::from(x.sectors) * 512)?;
+        }
         let job = kernel.prepare(&Args::new(&d.args)).map_err(kernel_error)?;
 
         let media_read = AtomicU64::new(0);
