@@ -32,6 +32,9 @@ pub(crate) struct Association {
     pub vs: u32,
     /// Bytes one command may move (MDTS, capped when unlimited).
     pub max_transfer: usize,
+    /// Bytes a Read or Write command moves at most: `max_transfer`, or less when
+    /// [`ConnectOptions::max_io_bytes`] asks.
+    pub split_at: usize,
 }
 
 /// Maps a queue failure during setup to an error naming the step.
@@ -217,7 +220,8 @@ impl Association {
                 io.push(q);
             }
         }
-        Ok(Association { gen, admin: admin_q, io, ctrl, cntlid, cap, vs, max_transfer })
+        let split_at = opts.max_io_bytes.map_or(max_transfer, |b| b.clamp(1, max_transfer));
+        Ok(Association { gen, admin: admin_q, io, ctrl, cntlid, cap, vs, max_transfer, split_at })
     }
 
     /// Whether any queue has closed: the association is then unusable as a whole (a

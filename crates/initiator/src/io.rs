@@ -26,7 +26,7 @@ impl Session {
         let nlb = blocks(C, buf.len(), lba)?;
         let mut split = Vec::new();
         let results = self.run(C, true, |a| {
-            split = cmd::split_blocks(slba, nlb, lba, a.max_transfer);
+            split = cmd::split_blocks(slba, nlb, lba, a.split_at);
             let pieces = split.iter().map(|&(s, n, off)| Piece { cmd: cmd::rw(opcode::READ, nsid, s, n), out: &[], in_at: off, in_len: n as usize * lba as usize }).collect();
             pipeline(self.pick(a), pieces, &mut *buf)
         })?;
@@ -47,7 +47,7 @@ impl Session {
         let lba = self.lba_size(nsid)?;
         let nlb = blocks(C, data.len(), lba)?;
         let results = self.run(C, false, |a| {
-            let pieces = cmd::split_blocks(slba, nlb, lba, a.max_transfer)
+            let pieces = cmd::split_blocks(slba, nlb, lba, a.split_at)
                 .into_iter()
                 .map(|(s, n, off)| Piece { cmd: cmd::rw(opcode::WRITE, nsid, s, n), out: &data[off..off + n as usize * lba as usize], in_at: 0, in_len: 0 })
                 .collect();

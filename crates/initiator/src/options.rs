@@ -28,6 +28,11 @@ pub struct ConnectOptions {
     pub kato_ms: u32,
     /// How long to wait for the connection and for each command (default 30 s).
     pub timeout: Duration,
+    /// Largest transfer of one Read or Write command; longer reads and writes are split
+    /// into commands of this size, pipelined on one queue (as Linux's `max_sectors_kb`
+    /// does). Default `None`: the controller's MDTS. Never above MDTS; passthrough
+    /// commands are not split and are held to MDTS only.
+    pub max_io_bytes: Option<usize>,
 }
 
 impl ConnectOptions {
@@ -43,6 +48,7 @@ impl ConnectOptions {
             io_queues: 1,
             kato_ms: 30_000,
             timeout: Duration::from_secs(30),
+            max_io_bytes: None,
         }
     }
 }

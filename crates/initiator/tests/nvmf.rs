@@ -62,6 +62,43 @@ fn write_and_read_back_at_many_sizes() {
     assert_eq!(e.to_string(), "Read failed: LBA Out of Range (sct 0, sc 0x80)");
 }
 
+/// Host Read Commands and Host Write Commands from the SMART log (128-bit counters).
+fn host_commands(s: &Session) -> (u128, u128) {
+    let log = s.get_log_page(0x02, 512).unwrap();
+    let at = |o: usize| u128::from_le_bytes(log[o..o + 16].try_into().unwrap());
+    (at(64), at(80))
+}
+
+#[test]
+fn max_io_bytes_splits_reads_and_writes_on_disk_and_in_memory() {
+    for f in [target(Vec::new()), target_in_memory()] {
+        for digests in [Digests::default(), Digests { header: true, data: true }] {
+            let s = Session::connect(ConnectOptions { max_io_bytes: Some(16 << 10), queue_depth: 4, digests, ..opts(&f.addr) }).unwrap();
+            let data = pattern(200 << 10, 9);
+            let (r0, w0) = host_commands(&s);
+            s.write(1, 2048, &data).unwrap();
+            let mut back = vec![0u8; data.len()];
+            s.read_into(1, 2048, &mut back).unwrap();
+            assert!(back == data, "a split read returned other bytes");
+            let (r1, w1) = host_commands(&s);
+            // 200 KiB in 16 KiB commands: 13 of each.
+            assert_eq!((r1 - r0, w1 - w0), (13, 13));
+            // Passthrough is held to MDTS, not to the split size.
+            let mut c = insitu_initiator::Command::zeroed();
+            c.set_opcode(0x02).set_nsid(1).set_cdw(10, 2048).set_cdw(12, 255);
+            let (cqe, got) = s.submit(c, None, 128 << 10).unwrap();
+            assert_eq!(cqe.status, 0);
+            assert!(got[..] == data[..128 << 10]);
+        }
+    }
+    // A split size above MDTS is held to MDTS.
+    let f = target(Vec::new());
+    let s = Session::connect(ConnectOptions { max_io_bytes: Some(64 << 20), ..opts(&f.addr) }).unwrap();
+    let (r0, _) = host_commands(&s);
+    s.read(1, 0, 8192).unwrap();
+    assert_eq!(host_commands(&s).0 - r0, 4, "4 MiB in 1 MiB (MDTS) reads");
+}
+
 #[test]
 fn flush_write_zeroes_and_deallocate() {
     let f = target(Vec::new());

@@ -37,7 +37,7 @@ enum State {
     /// Admin queue of a controller.
     Admin(Arc<Controller>),
     /// I/O queue `qid` of a controller, with the channel to its workers.
-    Io { ctrl: Arc<Controller>, jobs: Sender<io::Job> },
+    Io { ctrl: Arc<Controller>, jobs: Sender<io::Job>, target: Arc<insitu_target::Target> },
 }
 
 /// A write-direction command waiting for its data (R2T sent, H2CData arriving).
@@ -314,9 +314,15 @@ impl Conn {
                 Ok(self.sink.complete(cid, sqhd, reply.status, reply.dw0, 0, &reply.data)?)
             }
             State::Io { ctrl, .. } if !ctrl.ready() => Ok(self.sink.complete(cid, sqhd, SEQUENCE_ERROR, 0, 0, &[])?),
-            State::Io { ctrl, jobs } => {
+            State::Io { ctrl, jobs, target } => {
                 if let Some(sent) = crate::ether::on_queue(&self.shared, ctrl, &self.sink, &cmd, sqhd, &data) {
                     return Ok(sent?); // Ether-oN: answered here, or held
+                }
+                // A read of memory with no model to wait for costs less than a hand-off to a
+                // worker (a wake-up on another core): it runs here.
+                if cmd.opcode() == opcode::READ && target.namespace(cmd.nsid()).is_some_and(|ns| ns.media().is_in_memory() && !ns.media().is_paced()) {
+                    io::run(&self.shared, target, ctrl, &self.sink, io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd });
+                    return Ok(());
                 }
                 let jobs = jobs.clone();
                 // Opcode bits 1:0 = 01: data flows host to controller.
@@ -486,7 +492,8 @@ impl Conn {
         let _ = self.reader.get_ref().set_read_timeout(None);
         self.sink.sqid = qid;
         let jobs = spawn_workers(&self.shared, &subsys, &ctrl, &self.sink);
-        self.state = State::Io { ctrl, jobs };
+        let target = subsys.target().expect("checked above").clone();
+        self.state = State::Io { ctrl, jobs, target };
         Reply::ok(0)
     }
 }

@@ -26,7 +26,16 @@ pub struct Fixture {
 /// A target with one 64 MiB namespace (512-byte blocks) admitting `allow_hosts` (empty:
 /// any host).
 pub fn target(allow_hosts: Vec<String>) -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
+    target_in(tempfile::tempdir().unwrap(), allow_hosts)
+}
+
+/// [`target`] with its namespace in memory (tmpfs), where the target reads for itself
+/// instead of handing reads to a worker.
+pub fn target_in_memory() -> Fixture {
+    target_in(tempfile::tempdir_in("/dev/shm").unwrap(), Vec::new())
+}
+
+fn target_in(dir: tempfile::TempDir, allow_hosts: Vec<String>) -> Fixture {
     let img = dir.path().join("ns.img");
     std::fs::File::create(&img).unwrap().set_len(NS_BYTES).unwrap();
     let cfg = TargetConfig {
