@@ -54,6 +54,7 @@ bench: build
 	$(PY) bench/fabric.py --size 512M --dir /dev/shm/insitu-fabric --name fabric-memory && rmdir /dev/shm/insitu-fabric
 	$(PY) bench/exec_scaling.py
 	$(PY) bench/llm.py
+	$(PY) bench/containers.py
 
 # libFuzzer targets (nightly toolchain and cargo-fuzz): FUZZ_RUNS executions of each.
 FUZZ_RUNS ?= 10000000

@@ -338,3 +338,25 @@ def test_host_container_locks(env, tmp_path):
     finally:
         run_cli("detach", mnt)
         run_cli("target", "stop", "--listen", listen)
+
+
+def test_bench_containers_runs_both_sides_and_they_agree(tmp_path):
+    """`insitu bench containers` end to end on small files: its own target, image and
+    attachment; it fails if the container's output differs from the host's."""
+    if os.geteuid() != 0:
+        pytest.skip("containers need root")
+    need("docker", "runc", "busybox")
+    # A Python subcommand: the package's entry point, whatever binary INSITU_BIN names.
+    entry = ROOT / ".venv" / "bin" / "insitu"
+    if not entry.exists():
+        pytest.skip("the package's insitu entry point is not installed (make build)")
+    p = subprocess.run([entry, "bench", "containers", "--size", "8M", "--compute-size", "2M", "--quiet", "--json", "--dir", tmp_path / "work"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert [x["workload"] for x in r["results"]] == ["grep", "sha256"]
+    assert all(x["host_s"] > 0 and x["container_s"] > 0 for x in r["results"])
+    assert r["device_model"]["name"] == "newport" and r["container_start_s"] > 0
+    # 8 MiB of lines, one in 97 with the pattern: grep's count is the same on both sides.
+    assert int(r["rows"][0]["output"]) > 1000
+    assert not any((tmp_path / "work" / "host").iterdir()), "the host attachment was detached"

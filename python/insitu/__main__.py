@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The ``insitu`` command: the Rust command line, run in this process, except ``insitu llm
-...`` and ``insitu bench llm ...``, which are Python (:mod:`insitu.llm.cli`)."""
+...``, ``insitu bench llm ...`` (:mod:`insitu.llm.cli`) and ``insitu bench containers``
+(:mod:`insitu.bench_containers`), which are Python."""
 
 import sys
 
@@ -13,6 +14,10 @@ def main() -> None:
         from .llm.cli import main as llm_main
 
         sys.exit(llm_main(argv))
+    if argv[:2] == ["bench", "containers"]:
+        from .bench_containers import main as containers_main
+
+        sys.exit(containers_main(argv[2:]))
     sys.exit(_native.cli(["insitu", *argv]))
 
 

@@ -352,6 +352,14 @@ enum BenchCmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// A program in a container on the target next to its data vs the same program on the
+    /// host reading over the fabric (grep and sha256sum, device model on; Python, root).
+    #[command(disable_help_flag = true)]
+    Containers {
+        /// Arguments of the Python benchmark.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Scan throughput: raw direct reads of a file's blocks vs an offloaded checksum over
     /// them (and the conventional host path), measured in one run with cold caches.
     Scan {
@@ -613,6 +621,10 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Cmd::Detach { dir } => {
             let a = insitu_attach::detach(&dir).map_err(|e| lock_cmd::detach_hint(&dir, e.to_string()))?;
             done(json, &format!("detached {} from {}", a.url, a.dir.display()));
+        }
+        Cmd::Bench(BenchCmd::Containers { .. }) => {
+            eprintln!("insitu: `bench containers` runs in the Python entry point (the `insitu` command installed with the package)");
+            return Ok(2);
         }
         Cmd::Llm { .. } | Cmd::Bench(BenchCmd::Llm { .. }) => {
             eprintln!("insitu: `llm` and `bench llm` run in the Python entry point (the `insitu` command installed with the package); install the LLM extra with `pip install 'insitu[llm]'`");

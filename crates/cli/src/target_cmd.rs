@@ -120,10 +120,12 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
     Ok(0)
 }
 
-/// Container limits from the device model: the CPU of its embedded cores.
+/// Container limits from the device model: the CPU of its embedded cores, and reads of
+/// `/data` at the rate the drive's flash delivers to its engine.
 fn container_limits(model: Option<&insitu_model::DeviceModel>) -> insitu_isp::runtime::Limits {
     let cpus = model.and_then(|m| m.compute.as_ref()).map(|c| c.workers as f64 * c.cpu_share);
-    insitu_isp::runtime::Limits { cpus, ..Default::default() }
+    let data_read_bps = model.and_then(insitu_model::DeviceModel::internal_read_mb_s).map(|mb_s| (mb_s * 1e6) as u64);
+    insitu_isp::runtime::Limits { cpus, data_read_bps, ..Default::default() }
 }
 
 /// Starts the container service (`--docker`), if asked for. SIGTERM and SIGINT then stop

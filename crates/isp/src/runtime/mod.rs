@@ -87,11 +87,14 @@ pub struct Limits {
     pub memory: Option<i64>,
     /// Most processes per container.
     pub pids: i64,
+    /// Bytes per second a container may read from `/data` (the device's internal read
+    /// rate); `None`: unlimited.
+    pub data_read_bps: Option<u64>,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { cpus: None, memory: None, pids: 1024 }
+        Limits { cpus: None, memory: None, pids: 1024, data_read_bps: None }
     }
 }
 

@@ -51,6 +51,7 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
         pids: rt.limits.pids,
         cgroup: &cgroup,
         tty: c.spec.tty,
+        data_read_bps: rt.limits.data_read_bps.zip(rt.view.as_ref().and_then(|v| v.device())).map(|(bps, (major, minor))| (major, minor, bps)),
     });
     let cfg_path = dir.join("config.json");
     std::fs::write(&cfg_path, serde_json::to_vec_pretty(&config).unwrap_or_default()).map_err(|e| RuntimeError::io(&cfg_path, e))?;

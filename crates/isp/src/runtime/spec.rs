@@ -35,6 +35,10 @@ pub struct SpecInput<'a> {
     pub cgroup: &'a str,
     /// Whether the process gets a terminal on its standard streams.
     pub tty: bool,
+    /// The block device behind `/data` (major, minor) and the bytes per second the
+    /// container may read from it: the device model's internal read rate, so that a
+    /// container reads its data no faster than the modelled drive delivers it.
+    pub data_read_bps: Option<(u32, u32, u64)>,
 }
 
 /// Docker's default capabilities: enough for ordinary programs, nothing that administers
@@ -98,6 +102,9 @@ pub fn runtime_config(s: &SpecInput) -> Value {
     if let Some(mem) = s.memory {
         resources["memory"] = json!({"limit": mem, "swap": mem});
     }
+    if let Some((major, minor, rate)) = s.data_read_bps {
+        resources["blockIO"] = json!({"throttleReadBpsDevice": [{"major": major, "minor": minor, "rate": rate}]});
+    }
     let caps: Vec<&str> = CAPS.to_vec();
     json!({
         "ociVersion": "1.0.2",
@@ -138,7 +145,7 @@ mod tests {
     fn input<'a>(binds: &'a [(String, String, bool)]) -> SpecInput<'a> {
         SpecInput {
             rootfs: Path::new("/x/rootfs"), args: &[], env: &[], cwd: "/", hostname: "h", binds,
-            cpus: Some(1.5), memory: Some(64 << 20), pids: 256, cgroup: "/insitu/c", tty: false,
+            cpus: Some(1.5), memory: Some(64 << 20), pids: 256, cgroup: "/insitu/c", tty: false, data_read_bps: None,
         }
     }
 
@@ -149,6 +156,10 @@ mod tests {
         assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 150_000);
         assert_eq!(c["linux"]["resources"]["memory"]["limit"], 64 << 20);
         assert_eq!(c["linux"]["resources"]["pids"]["limit"], 256);
+        assert!(c["linux"]["resources"].get("blockIO").is_none(), "no model, no throttle");
+        let paced = runtime_config(&SpecInput { data_read_bps: Some((7, 3, 500_000_000)), ..input(&binds) });
+        let rule = &paced["linux"]["resources"]["blockIO"]["throttleReadBpsDevice"][0];
+        assert_eq!((rule["major"].as_u64(), rule["minor"].as_u64(), rule["rate"].as_u64()), (Some(7), Some(3), Some(500_000_000)));
         assert_eq!(c["process"]["noNewPrivileges"], true);
         let caps = c["process"]["capabilities"]["bounding"].as_array().unwrap();
         assert!(!caps.iter().any(|x| x == "CAP_SYS_ADMIN"));

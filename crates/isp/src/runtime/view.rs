@@ -20,6 +20,8 @@ pub struct SharableView {
     image: Option<PathBuf>,
     dir: PathBuf,
     generation: Mutex<u64>,
+    /// The loop device (major, minor) of the newest mount.
+    device: Mutex<Option<(u32, u32)>>,
 }
 
 impl SharableView {
@@ -34,7 +36,7 @@ impl SharableView {
             run("mount", &["--bind", &path_str(&data), &path_str(&data)])?;
             run("mount", &["--make-shared", &path_str(&data)])?;
         }
-        Ok(SharableView { image: image.map(Path::to_path_buf), dir: dir.to_path_buf(), generation: Mutex::new(0) })
+        Ok(SharableView { image: image.map(Path::to_path_buf), dir: dir.to_path_buf(), generation: Mutex::new(0), device: Mutex::new(None) })
     }
 
     /// The directory containers bind at `/data`.
@@ -72,6 +74,7 @@ impl SharableView {
             let _ = Command::new("losetup").args(["-d", &dev]).status();
             return Err(e);
         }
+        *self.device.lock().unwrap_or_else(|e| e.into_inner()) = device_number(&dev);
         // Detaching now only marks it: the kernel frees it when the last mount goes.
         let _ = Command::new("losetup").args(["-d", &dev]).status();
         let data = path_str(&self.path());
@@ -82,6 +85,12 @@ impl SharableView {
             let _ = Command::new("umount").arg("-l").arg(&old).status();
         }
         Ok(())
+    }
+
+    /// The block device (major, minor) the newest view is mounted from; `None` before the
+    /// first [`SharableView::refresh`] that mounted one.
+    pub fn device(&self) -> Option<(u32, u32)> {
+        *self.device.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Unmounts everything the view mounted (at shutdown).
@@ -104,6 +113,12 @@ impl SharableView {
             }
         }
     }
+}
+
+fn device_number(dev: &str) -> Option<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = std::fs::metadata(dev).ok()?.rdev();
+    Some((libc::major(rdev), libc::minor(rdev)))
 }
 
 fn path_str(p: &Path) -> String {
