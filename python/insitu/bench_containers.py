@@ -58,7 +58,7 @@ def _size(text: str) -> int:
     return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes | None = None, *, mode: int = 0o755, link: str | None = None, kind=None) -> None:
+def _add(tar: tarfile.TarFile, name: str, data: bytes | None = None, *, mode: int = 0o755, link: str | None = None) -> None:
     info = tarfile.TarInfo(name)
     info.mode, info.mtime = mode, 0
     if link is not None:
