@@ -9,7 +9,6 @@ Usage: bench/containers.py [-- ARGS of insitu bench containers]; --from-json FIL
 re-renders a result. $INSITU overrides the insitu command (default: .venv/bin/insitu).
 """
 
-import argparse
 import sys
 
 import report
@@ -58,18 +57,5 @@ def plot(r: dict, plt):
     return fig
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("args", nargs="*", help="arguments of insitu bench containers")
-    report.add_options(ap)
-    a = ap.parse_args()
-    if a.from_json:
-        report.rerender(a.from_json, markdown, plot, a.out)
-        return 0
-    r, _ = report.run(["bench", "containers", *a.args])
-    report.write(r, "containers", markdown, plot, a.out)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(report.passthrough_main("containers", __doc__, markdown, plot))

@@ -9,7 +9,6 @@ Usage: bench/llm.py [-- ARGS of insitu bench llm]; --from-json FILE re-renders a
 $INSITU overrides the insitu command (default: .venv/bin/insitu).
 """
 
-import argparse
 import sys
 
 import report
@@ -97,18 +96,5 @@ def plot(r: dict, plt):
     return fig
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    report.add_options(ap)
-    ap.add_argument("args", nargs=argparse.REMAINDER, help="arguments of insitu bench llm (after --)")
-    a = ap.parse_args()
-    if a.from_json:
-        report.rerender(a.from_json, markdown, plot, a.out)
-        return
-    extra = [x for x in a.args if x != "--"]
-    r, _ = report.run(["bench", "llm", *extra])
-    report.write(r, "llm", markdown, plot, a.out)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(report.passthrough_main("llm", __doc__, markdown, plot))

@@ -88,6 +88,21 @@ def write(r: dict, name: str, markdown: Callable[[dict], str], plot: Optional[Ca
     return md
 
 
+def passthrough_main(bench: str, doc: str, markdown: Callable[[dict], str], plot: Optional[Callable] = None) -> int:
+    """The whole `main` of a script whose arguments (after `--`) go to `insitu bench
+    BENCH` unchanged: runs it and writes RESULTS/BENCH.*, or re-renders with --from-json."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_options(ap)
+    ap.add_argument("args", nargs=argparse.REMAINDER, help=f"arguments of insitu bench {bench} (after --)")
+    a = ap.parse_args()
+    if a.from_json:
+        rerender(a.from_json, markdown, plot, a.out)
+        return 0
+    r, _ = run(["bench", bench, *[x for x in a.args if x != "--"]])
+    write(r, bench, markdown, plot, a.out)
+    return 0
+
+
 def rerender(path: str, markdown: Callable[[dict], str], plot: Optional[Callable], out: str) -> str:
     """Writes the Markdown and PNG of the result in `path` to OUT/NAME.{md,png}, NAME being
     the file's own name."""

@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ._units import parse_size
+
 NQN = "nqn.2024-01.io.insitu:bench-containers"
 IMAGE = "insitu-bench/tools:latest"
 PATTERN = "ERROR"
@@ -50,12 +52,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper().rstrip("B").rstrip("I")
-    return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes | None = None, *, mode: int = 0o755, link: str | None = None) -> None:
@@ -152,7 +148,7 @@ def run(args: argparse.Namespace) -> dict:
     docker = shutil.which("docker")
     if not docker or not shutil.which("runc"):
         raise SystemExit("insitu bench containers: needs the docker CLI and runc (make deps installs them)")
-    size, csize = _size(args.size), _size(args.compute_size)
+    size, csize = parse_size(args.size), parse_size(args.compute_size)
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="insitu-bench-containers-", dir="/var/tmp"))
     base.mkdir(parents=True, exist_ok=True)
     ns, priv, mnt, host = base / "ns.img", base / "private.img", base / "fill", base / "host"

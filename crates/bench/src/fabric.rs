@@ -99,20 +99,19 @@ fn raw_read(backing: &Backing, size: u64) -> Result<f64, Error> {
 /// `READ_SPAN` bytes with one call that the session splits into `READ_IO` commands and
 /// pipelines on one queue (the queue's depth is `QUEUE_DEPTH / IO_QUEUES`); returns seconds.
 fn fabric_read(s: &Session, size: u64) -> Result<f64, Error> {
-    let (threads, span) = (IO_QUEUES as usize, READ_SPAN);
     let next = AtomicU64::new(0);
     let error = Mutex::new(None);
     let started = Instant::now();
     std::thread::scope(|scope| {
-        for _ in 0..threads {
+        for _ in 0..IO_QUEUES {
             scope.spawn(|| {
-                let mut buf = vec![0u8; span];
+                let mut buf = vec![0u8; READ_SPAN];
                 loop {
-                    let off = next.fetch_add(span as u64, Ordering::Relaxed);
+                    let off = next.fetch_add(READ_SPAN as u64, Ordering::Relaxed);
                     if off >= size {
                         return;
                     }
-                    let n = (size - off).min(span as u64) as usize;
+                    let n = (size - off).min(READ_SPAN as u64) as usize;
                     if let Err(e) = s.read_into(1, off / SECTOR, &mut buf[..n]) {
                         *error.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("fabric read at byte {off}: {e}"));
                         next.store(size, Ordering::Relaxed);

@@ -622,12 +622,8 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             let a = insitu_attach::detach(&dir).map_err(|e| lock_cmd::detach_hint(&dir, e.to_string()))?;
             done(json, &format!("detached {} from {}", a.url, a.dir.display()));
         }
-        Cmd::Bench(BenchCmd::Containers { .. }) => {
-            eprintln!("insitu: `bench containers` runs in the Python entry point (the `insitu` command installed with the package)");
-            return Ok(2);
-        }
-        Cmd::Llm { .. } | Cmd::Bench(BenchCmd::Llm { .. }) => {
-            eprintln!("insitu: `llm` and `bench llm` run in the Python entry point (the `insitu` command installed with the package); install the LLM extra with `pip install 'insitu[llm]'`");
+        Cmd::Llm { .. } | Cmd::Bench(BenchCmd::Llm { .. } | BenchCmd::Containers { .. }) => {
+            eprintln!("insitu: `llm`, `bench llm` and `bench containers` run in the Python entry point (the `insitu` command installed with the package); `llm` needs the LLM extra: `pip install 'insitu[llm]'`");
             return Ok(2);
         }
         Cmd::Bench(BenchCmd::Scan { function, size, repeat, dir }) => return bench_cmd::scan(function, &size, repeat, dir, json),

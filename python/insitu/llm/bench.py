@@ -29,6 +29,8 @@ from typing import Dict, List, Optional
 
 import torch
 
+from .._units import parse_size
+
 __all__ = ["main", "sweep"]
 
 # (label, attention, sparse ratio)
@@ -184,7 +186,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = ap.parse_args(argv)
     from . import run
 
-    budget = _size(a.host_budget)
+    budget = parse_size(a.host_budget)
     dm = None if a.device_model == "none" else a.device_model
     m = run.load(a.model)
     kv_per_token = m.layers * m.kv_heads * 2 * m.head_dim * 4
@@ -212,12 +214,6 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{row['backend']:>14} B={row['batch']:<3} S={row['context']:<5} targets={row['targets']} "
                   f"{row['tokens_per_s']:8.2f} tok/s  {row['link_bytes_per_token'] / 1e6:9.3f} MB link/token")
     return 0
-
-
-def _size(s: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    s = s.strip().lower().rstrip("ib")
-    return int(float(s[:-1]) * units[s[-1]]) if s and s[-1] in units else int(s)
 
 
 def _cpu_model() -> str:
