@@ -7,10 +7,12 @@
 //! * EXEC crc32c over the data on an embedded [`Target`];
 //! * the same EXEC over the fabric, its result written to a result object at the end of
 //!   the namespace and read back with Read; the bytes on the wire are counted;
-//! * the ceiling the fabric reads are held to: plain TCP on loopback with the same request
-//!   size, connections and requests outstanding, and no NVMe framing ([`crate::tcp`]).
+//! * the ceiling the fabric reads are held to: plain TCP on loopback serving the same file
+//!   with the same request size, connections, requests outstanding and client buffers, and
+//!   no NVMe framing; and, for reference, plain TCP from a buffer that stays in cache
+//!   ([`crate::tcp`]).
 //!
-//! Medians are reported, with the ratios fabric/raw, fabric/TCP and fabric/embedded.
+//! Medians are reported, with the ratios fabric/raw, fabric/TCP (both) and fabric/embedded.
 //!
 //! Adding a measurement: a function that takes the [`Rig`] and returns seconds, a series in
 //! [`Samples`], a line in [`Samples::round`] and its keys in [`report`].
@@ -18,7 +20,7 @@
 use crate::common::{command, drop_caches, gbps, machine, median, Work};
 use crate::dataset::Rng;
 use crate::size::human;
-use crate::tcp::{tcp_loopback, TcpLoad};
+use crate::tcp::{tcp_loopback, Source, TcpLoad};
 use crate::Error;
 use insitu_initiator::{ConnectOptions, Session};
 use insitu_media::{AlignedBuf, Backing, DIRECT_ALIGN};
@@ -248,8 +250,10 @@ struct Samples {
     fabric_read: Vec<f64>,
     embedded_exec: Vec<f64>,
     fabric_exec: Vec<f64>,
-    /// Plain TCP on loopback, moving as many bytes as a fabric read.
+    /// Plain TCP on loopback moving the file's bytes as a fabric read does.
     tcp: Vec<f64>,
+    /// Plain TCP on loopback moving as many bytes from a buffer in cache.
+    tcp_cached: Vec<f64>,
     /// Bytes on the wire of each fabric EXEC.
     wire: Vec<u64>,
     /// EXEC results (embedded, fabric, embedded, ...): they must all agree.
@@ -263,8 +267,10 @@ impl Samples {
         self.raw.push(raw_read(&rig.backing, rig.size)?);
         rig.cold();
         self.fabric_read.push(fabric_read(&rig.session, rig.size)?);
-        let load = TcpLoad { request: READ_IO, connections: usize::from(IO_QUEUES), depth: QUEUE_DEPTH };
-        self.tcp.push(tcp_loopback(rig.size, load).map_err(|e| format!("loopback TCP ceiling: {e}"))?);
+        let load = TcpLoad { request: READ_IO, connections: usize::from(IO_QUEUES), depth: QUEUE_DEPTH, span: READ_SPAN };
+        rig.cold();
+        self.tcp.push(tcp_loopback(rig.size, load, Source::File(&rig.path)).map_err(|e| format!("loopback TCP ceiling: {e}"))?);
+        self.tcp_cached.push(tcp_loopback(rig.size, load, Source::Cached).map_err(|e| format!("loopback TCP ceiling from cache: {e}"))?);
         rig.cold();
         let (secs, r) = embedded_exec(&rig.embedded, &rig.inline_desc)?;
         self.embedded_exec.push(secs);
@@ -282,7 +288,8 @@ impl Samples {
 fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
     let size = rig.size;
     let rate = |v: &[f64]| gbps(size, median(&mut v.to_vec()));
-    let (r, fr, e, fe, tcp) = (rate(&s.raw), rate(&s.fabric_read), rate(&s.embedded_exec), rate(&s.fabric_exec), rate(&s.tcp));
+    let (r, fr, e, fe) = (rate(&s.raw), rate(&s.fabric_read), rate(&s.embedded_exec), rate(&s.fabric_exec));
+    let (tcp, tcp_cached) = (rate(&s.tcp), rate(&s.tcp_cached));
     let stats = rig.session.stats();
     json!({
         "command": command(),
@@ -293,8 +300,10 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
         "embedded_exec_gbps": e,
         "fabric_exec_gbps": fe,
         "tcp_loopback_gbps": tcp,
+        "tcp_loopback_cached_gbps": tcp_cached,
         "fabric_read_to_raw": fr / r,
         "fabric_read_to_tcp": fr / tcp,
+        "fabric_read_to_tcp_cached": fr / tcp_cached,
         "fabric_exec_to_embedded": fe / e,
         "fabric_exec_wire_bytes": s.wire.iter().copied().max().unwrap_or(0),
         "digest": s.digests.first().map(digest).unwrap_or_default(),
@@ -304,7 +313,7 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
             "exec_extents": EXTENTS, "max_transfer_bytes": rig.session.max_transfer(),
         },
         "session_wire_bytes": {"sent": stats.bytes_sent, "received": stats.bytes_received, "reconnects": stats.reconnects},
-        "seconds": {"raw": s.raw, "fabric_read": s.fabric_read, "tcp_loopback": s.tcp, "embedded_exec": s.embedded_exec, "fabric_exec": s.fabric_exec},
+        "seconds": {"raw": s.raw, "fabric_read": s.fabric_read, "tcp_loopback": s.tcp, "tcp_loopback_cached": s.tcp_cached, "embedded_exec": s.embedded_exec, "fabric_exec": s.fabric_exec},
         "machine": machine(),
         "direct_io": rig.backing.is_direct(),
         "transport": "NVMe/TCP over loopback to an in-process insitu target, no digests",
@@ -317,8 +326,10 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
 /// every kind `repeat` times, alternating, from cold caches.
 ///
 /// The report has `raw_read_gbps`, `fabric_read_gbps`, `embedded_exec_gbps`,
-/// `fabric_exec_gbps`, `tcp_loopback_gbps` (medians), the ratios `fabric_read_to_raw`,
-/// `fabric_read_to_tcp` and `fabric_exec_to_embedded`, `fabric_exec_wire_bytes` and the seconds of every
+/// `fabric_exec_gbps`, `tcp_loopback_gbps` (plain TCP serving the file's bytes with the
+/// fabric read's shape) and `tcp_loopback_cached_gbps` (plain TCP from a buffer in cache; see
+/// [`crate::tcp`]) (medians), the ratios `fabric_read_to_raw`, `fabric_read_to_tcp`,
+/// `fabric_read_to_tcp_cached` and `fabric_exec_to_embedded`, `fabric_exec_wire_bytes` and the seconds of every
 /// measurement. Fails if the fabric returns other bytes than the file or the EXEC results
 /// disagree; [`fabric_wire_check`] then tells whether the EXEC kept the data off the wire.
 pub fn fabric(opts: &FabricOptions) -> Result<Json, Error> {

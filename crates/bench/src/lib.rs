@@ -68,7 +68,7 @@ pub use image::{create as create_image, mount as mount_image, umount as umount_i
 pub use model::{break_even, latency, model_check, scrub_scaling, BreakEvenOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScrubScalingOptions};
 pub use scan::{scan, ScanOptions};
 pub use size::{human, parse_size};
-pub use tcp::{tcp_loopback, TcpLoad};
+pub use tcp::{tcp_loopback, Source as TcpSource, TcpLoad};
 
 /// A benchmark that could not run, or whose two paths disagree. The message says what
 /// failed, on which object, and what to do.

@@ -1,14 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
-//! One NVMe/TCP queue: a TCP connection, a reader thread that routes PDUs to waiting
-//! commands by CID, a shared writer, and a pool of command identifiers.
+//! One NVMe/TCP queue: a TCP connection, a shared writer, a pool of command identifiers,
+//! and PDUs routed to waiting commands by CID by whichever waiting thread leads.
 //!
 //! A command is started with [`Queue::start`], which lends the caller's buffers to the
 //! queue for the command's life and returns a [`Ticket`]; the caller's thread then waits on
-//! the ticket. The reader thread reads C2HData straight into the caller's buffer, and a
-//! sender thread answers R2Ts with H2CData sent straight from the caller's data, so every
-//! command of a pipeline gets its data as soon as the controller asks. The reader thread
-//! never writes, so a full socket in one direction cannot stall the other. Any decode
-//! error, unexpected PDU or C2HTermReq closes the queue and fails every outstanding command.
+//! the ticket. There is no reader thread: the queue's socket is read by one of the threads
+//! waiting on it (the leader, as in a leader/follower pool), which places C2HData straight
+//! into the buffer of whichever command it belongs to and posts completions to their
+//! tickets. When its own command completes, the leader hands the socket to another waiting
+//! thread. A caller that keeps a pipeline of commands in flight on a queue of its own thus
+//! reads its own completions and never waits for another thread to wake it, which is most
+//! of what a command cost on small machines. A sender thread answers R2Ts with H2CData
+//! sent straight from the caller's data, so every command of a pipeline gets its data as
+//! soon as the controller asks, and the leader never writes, so a full socket in one
+//! direction cannot stall the other. Any decode error, unexpected PDU or C2HTermReq closes
+//! the queue and fails every outstanding command.
 
 use crate::cid::CidPool;
 use crate::InitiatorError;
@@ -16,6 +22,7 @@ use insitu_fabric::{check_data_digest, CommonHeader, Command, Completion, Digest
 use std::io::{BufReader, Read, Write};
 use std::marker::PhantomData;
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -49,6 +56,8 @@ enum Event {
     /// The completion, and the data bytes placed in the command's buffer.
     Done(Completion, usize),
     Failed(String),
+    /// The leader has let go of the socket: the waiting thread should try to take it.
+    Lead,
 }
 
 /// A caller's buffer lent to the queue's threads for one command: the reader thread fills
@@ -130,6 +139,8 @@ struct R2tJob {
 
 struct Slot {
     tx: Sender<Event>,
+    /// A thread waits on the command's ticket (and may be asked to lead).
+    waiting: bool,
     /// Data bytes placed so far; reported with the completion, so that the waiting thread
     /// is woken once per command.
     received: usize,
@@ -144,11 +155,21 @@ struct Slots {
     map: Vec<Option<Slot>>,
 }
 
+/// The socket's receiving side, held by the leading thread.
+struct ReadSide {
+    rd: BufReader<TcpStream>,
+    head: Vec<u8>,
+}
+
 struct Shared {
     qid: u16,
     sock: TcpStream,
     writer: Mutex<TcpStream>,
     slots: Mutex<Slots>,
+    read_side: Mutex<ReadSide>,
+    /// R2Ts for the sender thread; dropped when the queue closes, which ends that thread.
+    r2t: Mutex<Option<Sender<R2tJob>>>,
+    timeout: Duration,
     stats: Arc<Counters>,
     digests: Digests,
     max_plen: AtomicU32,
@@ -178,7 +199,113 @@ impl Shared {
             let _ = slot.tx.send(Event::Failed(reason.clone()));
         }
         drop(s);
+        lock(&self.r2t).take();
         let _ = self.sock.shutdown(Shutdown::Both);
+    }
+
+    /// Waits for command `cid`'s event on `rx`, leading (reading the socket for every
+    /// command) whenever no other thread does.
+    fn wait_for(&self, cid: u16, rx: &Receiver<Event>, deadline: Instant) -> Result<(Completion, usize), QError> {
+        if let Some(Some(slot)) = lock(&self.slots).map.get_mut(usize::from(cid)) {
+            slot.waiting = true;
+        }
+        // Whether this thread was asked to lead: if it finishes without leading, it must
+        // ask another thread, or a waiting one could be left with nobody reading for it.
+        let mut asked = false;
+        let done = loop {
+            let event = match rx.try_recv() {
+                Ok(event) => Some(event),
+                Err(mpsc::TryRecvError::Empty) => None,
+                Err(mpsc::TryRecvError::Disconnected) => break Err(QError::Lost("the queue dropped the command".into())),
+            };
+            match event.map(finished) {
+                Some(Some(done)) => break done,
+                Some(None) => asked = true,
+                None => {}
+            }
+            if let Ok(mut side) = self.read_side.try_lock() {
+                let done = self.lead(&mut side, rx, cid, deadline);
+                drop(side);
+                self.pass_lead();
+                return done;
+            }
+            // Another thread leads; it posts this command's completion or, when it lets go
+            // of the socket, asks a waiting thread to lead.
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(event) => match finished(event) {
+                    Some(done) => break done,
+                    None => asked = true,
+                },
+                Err(RecvTimeoutError::Timeout) => break Err(self.timed_out(cid)),
+                Err(RecvTimeoutError::Disconnected) => break Err(QError::Lost("the queue dropped the command".into())),
+            }
+        };
+        if asked {
+            self.pass_lead();
+        }
+        done
+    }
+
+    /// Reads PDUs for every command until `cid`'s event arrives.
+    fn lead(&self, side: &mut ReadSide, rx: &Receiver<Event>, cid: u16, deadline: Instant) -> Result<(Completion, usize), QError> {
+        loop {
+            // Requests to lead may have queued up ahead of the completion: skip them all.
+            while let Ok(event) = rx.try_recv() {
+                if let Some(done) = finished(event) {
+                    return done;
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(self.timed_out(cid));
+            }
+            if let Err(reason) = receive(self, side) {
+                // The socket's own timeout is the queue's command timeout: nothing arrived
+                // for that long while this command was outstanding.
+                if reason.timed_out {
+                    return Err(self.timed_out(cid));
+                }
+                self.close(&reason.text);
+            }
+        }
+    }
+
+    fn timed_out(&self, cid: u16) -> QError {
+        self.close(&format!("command {cid} on queue {} timed out after {:?}", self.qid, self.timeout));
+        QError::Timeout
+    }
+
+    /// Finds out, without blocking, whether the target closed an idle connection: with no
+    /// thread reading the socket, nobody else would notice before the next command.
+    fn probe(&self) {
+        if self.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(side) = self.read_side.try_lock() else { return };
+        let mut byte = 0u8;
+        let n = if side.rd.buffer().is_empty() {
+            // SAFETY: recv on the queue's own open socket into one valid byte; MSG_PEEK
+            // leaves whatever is there for the next leader.
+            unsafe { libc::recv(self.sock.as_raw_fd(), (&raw mut byte).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) }
+        } else {
+            1 // data already received and not yet read: open
+        };
+        let err = std::io::Error::last_os_error();
+        drop(side);
+        // A thread that found the socket taken by this probe is waiting to be asked.
+        self.pass_lead();
+        if n == 0 {
+            self.close("the target closed the connection");
+        } else if n < 0 && !matches!(err.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) {
+            self.close(&format!("receive failed: {err}"));
+        }
+    }
+
+    /// Asks one waiting thread, if any, to take the socket.
+    fn pass_lead(&self) {
+        let s = lock(&self.slots);
+        if let Some(slot) = s.map.iter().flatten().find(|slot| slot.waiting) {
+            let _ = slot.tx.send(Event::Lead);
+        }
     }
 
     /// Checks a C2HData header against its command and returns the buffer its data goes to.
@@ -211,7 +338,7 @@ impl Shared {
     }
 
     /// Routes one PDU without data from the controller; an error is fatal to the queue.
-    fn dispatch(&self, pdu: Pdu, r2t: &Sender<R2tJob>) -> Result<(), String> {
+    fn dispatch(&self, pdu: Pdu) -> Result<(), String> {
         fn slot<'a>(map: &'a mut [Option<Slot>], cid: u16, what: &str) -> Result<&'a mut Option<Slot>, String> {
             match map.get_mut(usize::from(cid)) {
                 Some(e @ Some(_)) => Ok(e),
@@ -231,7 +358,9 @@ impl Shared {
                 if len == 0 || offset + len > s.out_len {
                     return Err(format!("R2T for CID {cccid} asks for {len} bytes at offset {offset} of a {}-byte transfer", s.out_len));
                 }
-                let _ = r2t.send(R2tJob { cid: cccid, ttag, offset, len, data: s.data_out.clone() });
+                if let Some(r2t) = lock(&self.r2t).as_ref() {
+                    let _ = r2t.send(R2tJob { cid: cccid, ttag, offset, len, data: s.data_out.clone() });
+                }
             }
             Pdu::TermReq { fes, fei, .. } => {
                 return Err(format!("the target terminated the connection (C2HTermReq: {}, FEI {fei:#x})", fes_name(fes)));
@@ -256,26 +385,35 @@ pub(crate) fn fes_name(fes: u16) -> String {
     format!("FES {fes:#x} {name}")
 }
 
-fn reader_loop(shared: Arc<Shared>, mut rd: BufReader<TcpStream>, r2t: Sender<R2tJob>) {
-    let mut head = Vec::new();
-    let reason = loop {
-        match receive(&shared, &mut rd, &mut head, &r2t) {
-            Ok(()) => {}
-            Err(reason) => break reason,
-        }
-    };
-    shared.close(&reason);
+/// What ended a receive: a reason to close the queue, or the socket's timeout.
+struct RecvError {
+    text: String,
+    timed_out: bool,
+}
+
+impl From<String> for RecvError {
+    fn from(text: String) -> RecvError {
+        RecvError { text, timed_out: false }
+    }
+}
+
+/// The outcome an event gives its waiting thread, or `None` for a request to lead.
+fn finished(event: Event) -> Option<Result<(Completion, usize), QError>> {
+    match event {
+        Event::Done(cqe, received) => Some(Ok((cqe, received))),
+        Event::Failed(reason) => Some(Err(QError::Lost(reason))),
+        Event::Lead => None,
+    }
 }
 
 /// Receives one PDU: C2HData straight into its command's buffer, anything else to
 /// [`Shared::dispatch`].
-fn receive(shared: &Shared, rd: &mut BufReader<TcpStream>, head: &mut Vec<u8>, r2t: &Sender<R2tJob>) -> Result<(), String> {
-    let recv_err = |e: std::io::Error| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            "the target closed the connection".to_string()
-        } else {
-            format!("receive failed: {e}")
-        }
+fn receive(shared: &Shared, side: &mut ReadSide) -> Result<(), RecvError> {
+    let ReadSide { rd, head } = side;
+    let recv_err = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => RecvError::from("the target closed the connection".to_string()),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => RecvError { text: format!("receive failed: {e}"), timed_out: true },
+        _ => RecvError::from(format!("receive failed: {e}")),
     };
     let mut h = [0u8; 8];
     rd.read_exact(&mut h).map_err(recv_err)?;
@@ -310,7 +448,7 @@ fn receive(shared: &Shared, rd: &mut BufReader<TcpStream>, head: &mut Vec<u8>, r
     }
     // Only a terminate request carries data besides C2HData; it is read and dropped.
     skip(rd, layout.data + layout.digest).map_err(mid)?;
-    shared.dispatch(pdu, r2t)
+    Ok(shared.dispatch(pdu)?)
 }
 
 /// Reads and drops the next `n` bytes.
@@ -399,23 +537,23 @@ impl Queue {
         if cpda > 31 {
             return Err(hs(format!("CPDA {cpda} exceeds 31")));
         }
-        sock.set_read_timeout(None).map_err(io)?;
         let writer = sock.try_clone().map_err(io)?;
         let rd = BufReader::with_capacity(RECV_BUFFER, sock.try_clone().map_err(io)?);
+        // Queue::close drops the R2T channel's sender, which ends the sender thread.
+        let (r2t_tx, r2t_rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             qid,
             sock,
             writer: Mutex::new(writer),
             slots: Mutex::new(Slots { dead: None, map: (0..depth).map(|_| None).collect() }),
+            read_side: Mutex::new(ReadSide { rd, head: Vec::new() }),
+            r2t: Mutex::new(Some(r2t_tx)),
+            timeout,
             stats,
             digests,
             max_plen: AtomicU32::new(1 << 20),
             closed: AtomicBool::new(false),
         });
-        // The reader owns the R2T channel: when it stops, the sender thread stops too.
-        let (r2t_tx, r2t_rx) = mpsc::channel();
-        let s2 = shared.clone();
-        let reader = std::thread::Builder::new().name(format!("nvmf-q{qid}-rx")).spawn(move || reader_loop(s2, rd, r2t_tx)).map_err(io)?;
         let s3 = shared.clone();
         let sender = std::thread::Builder::new().name(format!("nvmf-q{qid}-tx")).spawn(move || sender_loop(s3, r2t_rx, maxh2cdata as usize, cpda));
         let sender = match sender {
@@ -430,7 +568,7 @@ impl Queue {
             digests,
             shared,
             cids: CidPool::new(depth),
-            threads: Mutex::new(vec![reader, sender]),
+            threads: Mutex::new(vec![sender]),
             cpda,
             in_capsule: AtomicUsize::new(0),
             timeout,
@@ -447,8 +585,9 @@ impl Queue {
         self.shared.max_plen.store(bytes, Ordering::Relaxed);
     }
 
-    /// Whether the queue has closed (without taking its lock).
+    /// Whether the queue has closed, checking (without blocking) an idle connection.
     pub fn is_closed(&self) -> bool {
+        self.shared.probe();
         self.shared.closed.load(Ordering::SeqCst)
     }
 
@@ -483,7 +622,7 @@ impl Queue {
                 self.cids.release(cid);
                 return Err(QError::NotSent(r));
             }
-            s.map[usize::from(cid)] = Some(Slot { tx, received: 0, data_in: lent_in.clone(), in_len, data_out: lent_out.clone(), out_len: data_out.len() });
+            s.map[usize::from(cid)] = Some(Slot { tx, waiting: false, received: 0, data_in: lent_in.clone(), in_len, data_out: lent_out.clone(), out_len: data_out.len() });
         }
         cmd.set_cid(cid);
         let capsule_data: &[u8] = if inline {
@@ -536,15 +675,7 @@ impl Ticket<'_> {
     }
 
     fn drive(&mut self) -> Result<(Completion, usize), QError> {
-        let result = match self.rx.recv_timeout(self.deadline.saturating_duration_since(Instant::now())) {
-            Ok(Event::Done(cqe, received)) => Ok((cqe, received)),
-            Ok(Event::Failed(reason)) => Err(QError::Lost(reason)),
-            Err(RecvTimeoutError::Timeout) => {
-                self.q.close(&format!("command {} on queue {} timed out after {:?}", self.cid, self.q.qid, self.q.timeout));
-                Err(QError::Timeout)
-            }
-            Err(RecvTimeoutError::Disconnected) => Err(QError::Lost("the queue's reader stopped".into())),
-        };
+        let result = self.q.shared.wait_for(self.cid, &self.rx, self.deadline);
         // Wait out any thread still using the buffers, and keep them away from now on.
         for lease in &self.leases {
             lease.revoke();

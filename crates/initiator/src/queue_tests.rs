@@ -204,3 +204,72 @@ fn r2ts_are_answered_in_the_order_the_controller_asks() {
     assert_eq!(tb.wait().unwrap().0.status, 0);
     t.join().unwrap();
 }
+
+#[test]
+fn many_threads_waiting_on_one_queue_all_get_their_completions() {
+    // Eight threads share a queue of depth 4, so most of the time one thread reads the
+    // socket for the others and hands it on when its own command completes. They start each
+    // round together and the queue drains at its end, where a waiter left without a reader
+    // would hang until the timeout. Each command carries its own data (the CID and a
+    // sequence number), so a completion or data routed to the wrong waiter shows.
+    const THREADS: usize = 8;
+    const EACH: usize = 2000;
+    let round = std::sync::Barrier::new(THREADS);
+    let (q, t) = fake(4096, |s| loop {
+        s.set_nodelay(true).unwrap();
+        let mut h = [0u8; 8];
+        if s.read_exact(&mut h).is_err() {
+            return; // the host closed the queue
+        }
+        let ch = CommonHeader::parse(&h, 1 << 24).unwrap();
+        let mut rest = vec![0u8; ch.plen as usize - 8];
+        s.read_exact(&mut rest).unwrap();
+        let Pdu::CapsuleCmd { sqe, .. } = Pdu::decode(&ch, &rest, Digests::default()).unwrap() else { panic!("expected a command") };
+        let mut data = vec![0u8; 64];
+        data[..2].copy_from_slice(&sqe.cid().to_le_bytes());
+        data[2..6].copy_from_slice(&sqe.cdw(10).to_le_bytes());
+        // Data and response in one write: no waiting on delayed acknowledgements.
+        let mut b = Vec::new();
+        Pdu::C2HData { cccid: sqe.cid(), datao: 0, last: true, success: false, data }.encode(Digests::default(), 0, &mut b);
+        ok(sqe.cid()).encode(Digests::default(), 0, &mut b);
+        s.write_all(&b).unwrap();
+    });
+    // A failing thread goes on meeting the others at each round, so that none waits forever.
+    let failed = std::sync::Mutex::new(None);
+    std::thread::scope(|scope| {
+        for thread in 0..THREADS {
+            let (q, round, failed) = (&q, &round, &failed);
+            scope.spawn(move || {
+                for i in 0..EACH {
+                    round.wait();
+                    if failed.lock().unwrap().is_some() {
+                        continue;
+                    }
+                    let seq = (thread * EACH + i) as u32;
+                    if let Err(e) = one_read(q, seq) {
+                        failed.lock().unwrap().get_or_insert(format!("thread {thread}, command {i}: {e}"));
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(failed.into_inner().unwrap(), None);
+    drop(q);
+    t.join().unwrap();
+}
+
+/// Reads 64 bytes with `seq` in dword 10 and checks that the data is that command's.
+fn one_read(q: &Queue, seq: u32) -> Result<(), String> {
+    let mut c = read_cmd();
+    c.set_cdw(10, seq);
+    let mut buf = [0u8; 64];
+    let cid = q.reserve(true).map_err(|e| format!("{e:?}"))?.expect("blocking");
+    let (cqe, n) = q.start(cid, c, &[], &mut buf, false).and_then(|t| t.wait()).map_err(|e| format!("{e:?}"))?;
+    if (cqe.status, n) != (0, 64) {
+        return Err(format!("status {:#x}, {n} bytes", cqe.status));
+    }
+    if u16::from_le_bytes([buf[0], buf[1]]) != cqe.cid || u32::from_le_bytes(buf[2..6].try_into().unwrap()) != seq {
+        return Err("data of another command".into());
+    }
+    Ok(())
+}

@@ -190,6 +190,43 @@ impl Backing {
         Ok(&buf.as_slice()[skip..skip + len])
     }
 
+    /// Whether [`Backing::send_from_page_cache`] sends (media in memory, not paced).
+    pub fn can_send_from_page_cache(&self) -> bool {
+        self.in_memory && self.pacing.is_none()
+    }
+
+    /// Sends `len` bytes at `offset` to the socket `out` straight from the page cache
+    /// (`sendfile`), for media in memory with no pacing; `Ok(false)` (nothing sent) for
+    /// other media, which must be read into a buffer.
+    pub fn send_from_page_cache(&self, out: std::os::fd::BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<bool> {
+        use std::os::fd::AsRawFd;
+        if !self.can_send_from_page_cache() {
+            return Ok(false);
+        }
+        if offset.checked_add(len as u64).is_none_or(|e| e > self.len) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("read of {len} bytes at {offset} is beyond the end ({})", self.len)));
+        }
+        let mut off = offset as libc::off_t;
+        let mut left = len;
+        while left > 0 {
+            // SAFETY: both descriptors are open for the call; `off` is a valid off_t.
+            let n = unsafe { libc::sendfile(out.as_raw_fd(), self.buffered.as_raw_fd(), &raw mut off, left) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read at {off}: the file ended")));
+            }
+            left -= n as usize;
+        }
+        self.counters.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(true)
+    }
+
     /// Reads exactly `out.len()` bytes at `offset` into an ordinary buffer.
     pub fn read_at(&self, out: &mut [u8], offset: u64) -> io::Result<()> {
         let mut buf = AlignedBuf::new(out.len() + 2 * DIRECT_ALIGN);
@@ -310,6 +347,36 @@ mod tests {
         let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
         std::fs::write(&path, data).unwrap();
         (dir, path)
+    }
+
+    #[test]
+    fn sends_from_the_page_cache_only_for_media_in_memory() {
+        use std::io::Read;
+        use std::os::fd::AsFd;
+        let len = 300_000;
+        let shm = std::path::Path::new("/dev/shm");
+        let dir = tempfile::tempdir_in(if shm.is_dir() { shm } else { std::path::Path::new("/tmp") }).unwrap();
+        let path = dir.path().join("ns.img");
+        let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let media = Backing::open(&path, true).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let out = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut into, _) = listener.accept().unwrap();
+        if !media.can_send_from_page_cache() {
+            assert!(!media.send_from_page_cache(out.as_fd(), 0, 10).unwrap(), "media not in memory sends nothing");
+            return;
+        }
+        assert!(media.send_from_page_cache(out.as_fd(), 4096, 200_000).unwrap());
+        let mut got = vec![0u8; 200_000];
+        into.read_exact(&mut got).unwrap();
+        assert!(got == data[4096..204_096], "the bytes sent are the file's");
+        assert_eq!(media.counters().read_bytes.load(Ordering::Relaxed), 200_000);
+        let e = media.send_from_page_cache(out.as_fd(), len as u64 - 10, 11).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        // Paced media is read into buffers, where the pacing applies.
+        let paced = Backing::open(&path, true).unwrap().with_pacing(Arc::new(Recorder::default()));
+        assert!(!paced.can_send_from_page_cache());
     }
 
     #[test]

@@ -99,6 +99,9 @@ pub(crate) struct Sink {
     pub(crate) hpda: u8,
     pub(crate) sqid: u16,
     metrics: Arc<crate::metrics::Metrics>,
+    /// The socket under `stream`, for data sent straight from the page cache; none for
+    /// other transports.
+    socket: Option<Arc<TcpStream>>,
 }
 
 impl Sink {
@@ -120,6 +123,36 @@ impl Sink {
             l.link_transfer(total as u64);
         }
         write_all_vectored(&mut **self.stream.lock().unwrap_or_else(|e| e.into_inner()), slices)
+    }
+
+    /// Sends `len` bytes at `offset` of `media` as a command's data, straight from the page
+    /// cache to the socket (`sendfile`: the kernel sends the cached pages themselves), then
+    /// its response capsule. Returns `Ok(false)`, having sent nothing, when this connection
+    /// cannot: no socket, data digests (they need the data in hand), a modelled link, or
+    /// media that is not in memory or is paced.
+    pub(crate) fn complete_from_media(&self, cid: u16, sqhd: u16, media: &insitu_media::Backing, offset: u64, len: usize) -> std::io::Result<bool> {
+        use std::os::fd::AsFd;
+        let Some(socket) = self.socket.as_ref().filter(|_| !self.digests.data && self.link.is_none() && media.can_send_from_page_cache()) else {
+            return Ok(false);
+        };
+        let mut heads = Vec::with_capacity(32);
+        let mut stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(C2H_CHUNK);
+            heads.clear();
+            let pdu = Pdu::C2HData { cccid: cid, datao: at as u32, last: at + n == len, success: false, data: Vec::new() };
+            pdu.encode_head(n, self.digests, self.hpda, &mut heads);
+            send_more(socket, &heads)?;
+            media.send_from_page_cache(socket.as_fd(), offset + at as u64, n)?;
+            self.metrics.add_wire_out((heads.len() + n) as u64);
+            at += n;
+        }
+        heads.clear();
+        Pdu::CapsuleResp { cqe: Completion { sqhd, sqid: self.sqid, cid, ..Completion::default() } }.encode(self.digests, self.hpda, &mut heads);
+        self.metrics.add_wire_out(heads.len() as u64);
+        stream.write_all(&heads)?;
+        Ok(true)
     }
 
     /// Sends a command's data (if any) and its response capsule in one vectored write: the
@@ -150,6 +183,26 @@ impl Sink {
     }
 }
 
+/// Writes all of `bytes` to `socket`, telling the kernel that more follows (`MSG_MORE`), so
+/// that a PDU header and the data sent after it leave in the same segments.
+fn send_more(socket: &TcpStream, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut at = 0;
+    while at < bytes.len() {
+        // SAFETY: sends from a valid slice on the connection's own open socket.
+        let n = unsafe { libc::send(socket.as_raw_fd(), bytes[at..].as_ptr().cast(), bytes.len() - at, libc::MSG_MORE | libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+            continue;
+        }
+        at += n as usize;
+    }
+    Ok(())
+}
+
 /// Serves one TCP connection until it ends.
 pub(crate) fn serve(shared: Arc<Shared>, stream: TcpStream) {
     let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
@@ -158,16 +211,26 @@ pub(crate) fn serve(shared: Arc<Shared>, stream: TcpStream) {
         Ok(w) => w,
         Err(e) => return log(&peer, &format!("cannot clone socket: {e}")),
     };
-    serve_on(shared, Box::new(stream), Box::new(writer), peer);
+    let socket = match writer.try_clone() {
+        Ok(s) => Arc::new(s),
+        Err(e) => return log(&peer, &format!("cannot clone socket: {e}")),
+    };
+    serve_with(shared, Box::new(stream), Box::new(writer), Some(socket), peer);
 }
 
 /// Serves one connection over any transport until it ends.
+#[cfg(feature = "fuzzing")]
 pub(crate) fn serve_on(shared: Arc<Shared>, reader: Box<dyn Transport>, writer: Box<dyn Write + Send>, peer: String) {
+    serve_with(shared, reader, writer, None, peer);
+}
+
+/// Serves one connection; `socket` is the TCP socket under `writer`, when there is one.
+fn serve_with(shared: Arc<Shared>, reader: Box<dyn Transport>, writer: Box<dyn Write + Send>, socket: Option<Arc<TcpStream>>, peer: String) {
     // A peer must finish ICReq and Connect promptly; a silent or half-sent PDU must not hold
     // a thread forever. Connect replaces this (KATO on the admin queue, none on I/O queues).
     let _ = reader.set_read_timeout(Some(SETUP_TIMEOUT));
     let link = shared.links.as_ref().map(|(to_host, _)| to_host.clone());
-    let sink = Sink { stream: Arc::new(Mutex::new(writer)), link, digests: Digests::default(), hpda: 0, sqid: 0, metrics: shared.metrics.clone() };
+    let sink = Sink { stream: Arc::new(Mutex::new(writer)), link, digests: Digests::default(), hpda: 0, sqid: 0, metrics: shared.metrics.clone(), socket };
     let reader = BufReader::with_capacity(RECV_BUFFER, reader);
     let mut conn = Conn { shared, reader, head: Vec::new(), sink, state: State::AwaitIcReq, sqhd: 0, sqsize: 1, pending: HashMap::new(), next_ttag: 0, peer };
     let end = conn.run();

@@ -234,6 +234,15 @@ impl Target {
         Ok(BlockRead { buf, skip, len: bytes })
     }
 
+    /// The media and byte offset that `bytes` at `slba` of a host namespace are read from,
+    /// after the same checks as [`Target::read_blocks`]: a transport that can send straight
+    /// from the media (see [`insitu_media::Backing::send_from_page_cache`]) uses it.
+    pub fn read_source(&self, nsid: Nsid, slba: u64, bytes: usize) -> Result<(&insitu_media::Backing, u64), CommandError> {
+        let ns = self.host_ns(nsid)?;
+        let off = Self::lba_range(ns, nsid, slba, bytes)?;
+        Ok((&ns.media, off))
+    }
+
     /// The buffer pools of every namespace, summed.
     pub fn buffer_stats(&self) -> PoolStats {
         self.namespaces.iter().map(|ns| ns.pool.stats()).fold(PoolStats::default(), |a, b| PoolStats {
