@@ -13,6 +13,9 @@
 #![recursion_limit = "256"]
 
 pub mod api;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 #[path = "store/mod.rs"]
 pub mod image;
 pub mod runtime;

@@ -36,8 +36,22 @@ fn number(v: &Value, field: &str) -> Result<Option<i64>, String> {
     }
 }
 
+/// `HostConfig.ConsoleSize`: `[rows, columns]`; absent, null or `[0, 0]` is no size.
+fn console_size(hc: &Value) -> Result<Option<(u16, u16)>, String> {
+    let bad = || "HostConfig.ConsoleSize must be [height, width], two whole numbers from 0 to 65535".to_string();
+    match hc.get("ConsoleSize") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(a)) if a.len() == 2 => {
+            let dim = |v: &Value| v.as_u64().and_then(|n| u16::try_from(n).ok()).ok_or_else(bad);
+            let (rows, cols) = (dim(&a[0])?, dim(&a[1])?);
+            Ok(Some((rows, cols)).filter(|_| rows > 0 && cols > 0))
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
 /// The parts of a create request the runtime honours, type-checked.
-fn create_spec(body: &Value) -> Result<CreateSpec, String> {
+pub(crate) fn create_spec(body: &Value) -> Result<CreateSpec, String> {
     if !body.is_object() {
         return Err("the create request must be a JSON object".into());
     }
@@ -59,6 +73,7 @@ fn create_spec(body: &Value) -> Result<CreateSpec, String> {
         working_dir: body.get("WorkingDir").and_then(Value::as_str).map(str::to_string),
         tty: body.get("Tty").and_then(Value::as_bool).unwrap_or(false),
         open_stdin: body.get("OpenStdin").and_then(Value::as_bool).unwrap_or(false),
+        console_size: console_size(&hc)?,
         binds: strings(&hc, "Binds")?.unwrap_or_default(),
         cpus,
         memory: number(&hc, "Memory")?.filter(|&m| m > 0),
@@ -178,7 +193,8 @@ pub async fn start(rt: &Arc<Runtime>, id: &str) -> Response<ApiBody> {
     }
 }
 
-fn timeout(t: &Target) -> Duration {
+/// The `t=SECONDS` of stop and restart (10 when absent or unreadable, as Docker).
+pub(crate) fn timeout(t: &Target) -> Duration {
     Duration::from_secs(t.get("t").and_then(|s| s.parse::<i64>().ok()).map_or(10, |s| s.max(0) as u64))
 }
 
@@ -199,12 +215,23 @@ pub async fn restart(rt: &Arc<Runtime>, id: &str, t: &Target) -> Response<ApiBod
     }
 }
 
+/// The `signal=SIG` of kill: a name (`TERM`, `SIGTERM`) or a number; KILL when absent.
+/// It reaches runc's command line, so it is letters and digits only.
+pub(crate) fn signal_name(t: &Target) -> Result<&str, String> {
+    let sig = t.get("signal").unwrap_or("KILL");
+    let bare = sig.strip_prefix("SIG").unwrap_or(sig);
+    if bare.is_empty() || !bare.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return Err(format!("invalid signal {sig:?}: give a name like TERM or a number"));
+    }
+    Ok(sig)
+}
+
 /// `POST /containers/{id}/kill?signal=SIG`.
 pub async fn kill(rt: &Runtime, id: &str, t: &Target) -> Response<ApiBody> {
-    let sig = t.get("signal").unwrap_or("KILL");
-    if !sig.trim_start_matches("SIG").chars().all(|c| c.is_ascii_alphanumeric()) {
-        return error(400, &format!("invalid signal {sig:?}"));
-    }
+    let sig = match signal_name(t) {
+        Ok(s) => s,
+        Err(m) => return error(400, &m),
+    };
     match rt.kill(id, sig).await {
         Ok(()) => empty(StatusCode::NO_CONTENT),
         Err(e) => fail(e),
@@ -301,10 +328,30 @@ pub fn attach(rt: &Runtime, id: &str, t: &Target, mut req: Request<Incoming>) ->
         .expect("static response parts")
 }
 
-/// `POST /containers/{id}/resize`: accepted (no terminal is allocated).
-pub fn resize(rt: &Runtime, id: &str) -> Response<ApiBody> {
-    match rt.get(id) {
-        Ok(_) => empty(StatusCode::OK),
+/// The `h=ROWS&w=COLUMNS` of resize, both required.
+pub(crate) fn window_size(t: &Target) -> Result<(u16, u16), String> {
+    let dim = |k: &str, what: &str| -> Result<u16, String> {
+        let v = t.get(k).ok_or_else(|| format!("the terminal's {what} is missing: give {k}=N"))?;
+        v.parse::<u16>().map_err(|_| format!("invalid terminal {what} {k}={v:?}: a whole number from 0 to 65535"))
+    };
+    Ok((dim("h", "height")?, dim("w", "width")?))
+}
+
+/// `POST /containers/{id}/resize?h=ROWS&w=COLUMNS`: sets the window size of a TTY
+/// container's terminal (its processes get SIGWINCH). A container without a terminal
+/// has nothing to resize and answers 200, as Docker does; a TTY container that is not
+/// running answers 409.
+pub fn resize(rt: &Runtime, id: &str, t: &Target) -> Response<ApiBody> {
+    let c = match rt.get(id) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let (rows, cols) = match window_size(t) {
+        Ok(s) => s,
+        Err(m) => return error(400, &m),
+    };
+    match c.resize(rows, cols) {
+        Ok(()) => empty(StatusCode::OK),
         Err(e) => fail(e),
     }
 }
@@ -392,6 +439,33 @@ mod tests {
         assert!(create_spec(&json!({"Image": "b", "Cmd": 3})).unwrap_err().contains("Cmd"));
         assert!(create_spec(&json!({"Image": "b", "HostConfig": {"Memory": "lots"}})).unwrap_err().contains("Memory"));
         assert!(create_spec(&json!([1, 2])).is_err());
+        let tty = create_spec(&json!({"Image": "b", "Tty": true, "OpenStdin": true, "HostConfig": {"ConsoleSize": [40, 120]}})).unwrap();
+        assert!(tty.tty && tty.open_stdin);
+        assert_eq!(tty.console_size, Some((40, 120)));
+        assert_eq!(create_spec(&json!({"Image": "b", "HostConfig": {"ConsoleSize": [0, 0]}})).unwrap().console_size, None);
+        for bad in [json!([1]), json!([1, -1]), json!([70000, 1]), json!("40x120"), json!([1.5, 2])] {
+            let e = create_spec(&json!({"Image": "b", "HostConfig": {"ConsoleSize": bad}})).unwrap_err();
+            assert!(e.contains("ConsoleSize"), "{e}");
+        }
+    }
+
+    fn target(q: &str) -> Target {
+        Target::from_parts("/containers/x/resize", Some(q))
+    }
+
+    #[test]
+    fn resize_and_kill_parameters_are_checked() {
+        assert_eq!(window_size(&target("h=40&w=120")), Ok((40, 120)));
+        assert!(window_size(&target("w=120")).unwrap_err().contains("height"));
+        assert!(window_size(&target("h=40&w=-1")).unwrap_err().contains("width"));
+        assert!(window_size(&target("h=99999&w=1")).is_err());
+        assert_eq!(signal_name(&target("")), Ok("KILL"));
+        assert_eq!(signal_name(&target("signal=SIGTERM")), Ok("SIGTERM"));
+        assert_eq!(signal_name(&target("signal=9")), Ok("9"));
+        assert!(signal_name(&target("signal=SIG")).is_err());
+        assert!(signal_name(&target("signal=TERM%20-a")).is_err());
+        assert_eq!(timeout(&target("t=-5")), Duration::ZERO);
+        assert_eq!(timeout(&target("t=x")), Duration::from_secs(10));
     }
 
     #[test]

@@ -54,11 +54,7 @@ pub fn pull(rt: &Arc<Runtime>, t: &Target) -> Response<ApiBody> {
     let Some(from) = t.get("fromImage") else {
         return error(400, "give fromImage=NAME (importing with fromSrc is not supported)");
     };
-    let reference = match t.get("tag") {
-        Some(tag) if tag.starts_with("sha256:") => format!("{from}@{tag}"),
-        Some(tag) if !from.contains('@') && !last_has_tag(from) => format!("{from}:{tag}"),
-        _ => from.to_string(),
-    };
+    let reference = pull_reference(from, t.get("tag"));
     let (resp, tx) = stream(StatusCode::OK, "application/json");
     let images = rt.images().clone();
     tokio::task::spawn_blocking(move || {
@@ -78,6 +74,16 @@ pub fn pull(rt: &Arc<Runtime>, t: &Target) -> Response<ApiBody> {
         }
     });
     resp
+}
+
+/// The reference a pull names: `fromImage`, with `tag` appended as a tag or a digest
+/// unless `fromImage` already pins one (the store parses the result).
+pub(crate) fn pull_reference(from: &str, tag: Option<&str>) -> String {
+    match tag {
+        Some(tag) if tag.starts_with("sha256:") => format!("{from}@{tag}"),
+        Some(tag) if !from.contains('@') && !last_has_tag(from) => format!("{from}:{tag}"),
+        _ => from.to_string(),
+    }
 }
 
 fn last_has_tag(name: &str) -> bool {

@@ -10,8 +10,8 @@
 //! `{"message"}` errors with real status codes.
 
 mod body;
-mod containers;
-mod images;
+pub(crate) mod containers;
+pub(crate) mod images;
 mod system;
 
 use bytes::Bytes;
@@ -109,8 +109,13 @@ pub(crate) struct Target {
 }
 
 impl Target {
-    fn parse(uri: &hyper::Uri) -> Target {
-        let mut path = uri.path();
+    pub(crate) fn parse(uri: &hyper::Uri) -> Target {
+        Target::from_parts(uri.path(), uri.query())
+    }
+
+    /// A request target from its path and query, as they came (percent-encoded).
+    pub(crate) fn from_parts(path: &str, raw_query: Option<&str>) -> Target {
+        let mut path = path;
         if let Some(rest) = path.strip_prefix("/v") {
             if let Some(i) = rest.find('/') {
                 if rest[..i].split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())) {
@@ -120,7 +125,7 @@ impl Target {
         }
         let segs = path.split('/').filter(|s| !s.is_empty()).map(|s| urlencoding::decode(s).map(|c| c.into_owned()).unwrap_or_else(|_| s.to_string())).collect();
         let mut query = HashMap::new();
-        for kv in uri.query().unwrap_or("").split('&').filter(|s| !s.is_empty()) {
+        for kv in raw_query.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
             let dec = |s: &str| urlencoding::decode(&s.replace('+', " ")).map(|c| c.into_owned()).unwrap_or_default();
             query.insert(dec(k), dec(v));
@@ -146,10 +151,16 @@ pub(crate) async fn read_json(req: Request<Incoming>) -> Result<serde_json::Valu
         .await
         .map_err(|e| error(400, &format!("request body: {e} (at most {MAX_JSON} bytes of JSON)")))?
         .to_bytes();
+    json_body(&bytes).map_err(|m| error(400, &m))
+}
+
+/// A JSON request body's bytes as a value (blank reads as `{}`, as the CLI sends none
+/// for some requests).
+pub(crate) fn json_body(bytes: &[u8]) -> Result<serde_json::Value, String> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(serde_json::json!({}));
     }
-    serde_json::from_slice(&bytes).map_err(|e| error(400, &format!("malformed JSON body: {e}")))
+    serde_json::from_slice(bytes).map_err(|e| format!("malformed JSON body: {e}"))
 }
 
 async fn route(rt: Arc<Runtime>, req: Request<Incoming>) -> Result<Response<ApiBody>, std::convert::Infallible> {
@@ -175,7 +186,7 @@ async fn route(rt: Arc<Runtime>, req: Request<Incoming>) -> Result<Response<ApiB
         (&Method::POST, ["containers", id, "kill"]) => containers::kill(&rt, id, &t).await,
         (&Method::POST, ["containers", id, "wait"]) => containers::wait(&rt, id, &t),
         (&Method::POST, ["containers", id, "attach"]) => containers::attach(&rt, id, &t, req),
-        (&Method::POST, ["containers", id, "resize"]) => containers::resize(&rt, id),
+        (&Method::POST, ["containers", id, "resize"]) => containers::resize(&rt, id, &t),
         (&Method::GET, ["containers", id, "logs"]) => containers::logs(&rt, id, &t).await,
         (&Method::DELETE, ["containers", id]) => containers::remove(&rt, id, t.flag("force")).await,
         _ => error(404, &format!("page not found: {} {} is not part of the API this target serves", m, req_path(&t))),

@@ -14,6 +14,7 @@
 //! watches a counter of exits and a removed flag, so `next-exit`, `not-running` and
 //! `removed` are all answered from one channel.
 
+mod console;
 mod process;
 pub mod spec;
 mod view;
@@ -35,6 +36,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, watch};
 
 use crate::image::{Image, ImageStore};
+use console::Pty;
 
 /// Errors of the runtime, each with the HTTP status the Docker API answers with.
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +117,10 @@ pub struct CreateSpec {
     pub tty: bool,
     /// Whether standard input stays open (`-i`).
     pub open_stdin: bool,
+    /// The terminal's first size, (rows, columns), with `tty` (`HostConfig.ConsoleSize`,
+    /// which the CLI sends so that the first lines are laid out right before any resize).
+    #[serde(default)]
+    pub console_size: Option<(u16, u16)>,
     /// `-v` bindings: `SRC:DST[:ro|rw]`.
     pub binds: Vec<String>,
     /// `--cpus`.
@@ -202,6 +208,8 @@ struct Inner {
     subscribers: Vec<mpsc::UnboundedSender<(u8, Bytes)>>,
     stdin_tx: Option<mpsc::UnboundedSender<Bytes>>,
     stdin_rx: Option<mpsc::UnboundedReceiver<Bytes>>,
+    /// The running process's terminal (TTY containers only).
+    console: Option<Arc<Pty>>,
     restarts: u32,
 }
 
@@ -238,6 +246,25 @@ impl Container {
     /// Dropping the sender closes the process's standard input.
     pub fn take_stdin(&self) -> Option<mpsc::UnboundedSender<Bytes>> {
         self.lock().stdin_tx.take()
+    }
+
+    /// Sets the window size of the container's terminal (`docker run -t`, resize).
+    ///
+    /// Without a terminal there is nothing to resize and this does nothing, as with
+    /// Docker; a TTY container that is not running is a conflict.
+    pub fn resize(&self, rows: u16, cols: u16) -> Result<(), RuntimeError> {
+        if !self.spec.tty {
+            return Ok(());
+        }
+        let console = self.lock().console.clone();
+        let Some(pty) = console else {
+            return Err(RuntimeError::Conflict(format!("cannot resize the terminal of container {}: it is not running", &self.id[..12])));
+        };
+        pty.resize(rows, cols).map_err(|e| RuntimeError::Setup(format!("resizing the terminal of container {}: {e}", &self.id[..12])))
+    }
+
+    fn set_console(&self, pty: Option<Arc<Pty>>) {
+        self.lock().console = pty;
     }
 
     fn take_stdin_rx(&self) -> Option<mpsc::UnboundedReceiver<Bytes>> {
@@ -283,6 +310,7 @@ impl Container {
         };
         g.state = RunState::Exited { code, started, finished: SystemTime::now() };
         g.subscribers.clear();
+        g.console = None;
         // A restart gets a fresh standard input if the container keeps one open.
         if self.spec.open_stdin {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -372,7 +400,7 @@ impl Runtime {
             created: SystemTime::UNIX_EPOCH + Duration::from_secs(m.created),
             dir,
             layers,
-            inner: Mutex::new(Inner { state: RunState::Created, subscribers: Vec::new(), stdin_tx, stdin_rx, restarts: 0 }),
+            inner: Mutex::new(Inner { state: RunState::Created, subscribers: Vec::new(), stdin_tx, stdin_rx, console: None, restarts: 0 }),
             exits: watch::channel(ExitEvent::default()).0,
         })
     }

@@ -14,6 +14,7 @@ use std::time::SystemTime;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
+use super::console::{self, ConsoleSocket};
 use super::spec::{runtime_config, SpecInput};
 use super::{Container, RunState, Runtime, RuntimeError};
 
@@ -51,12 +52,17 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
         pids: rt.limits.pids,
         cgroup: &cgroup,
         tty: c.spec.tty,
+        console_size: c.spec.console_size,
         data_read_bps: rt.limits.data_read_bps.zip(rt.view.as_ref().and_then(|v| v.device())).map(|(bps, (major, minor))| (major, minor, bps)),
     });
     let cfg_path = dir.join("config.json");
     std::fs::write(&cfg_path, serde_json::to_vec_pretty(&config).unwrap_or_default()).map_err(|e| RuntimeError::io(&cfg_path, e))?;
     // runc may still hold a dead container of this id (a crash between runs).
     let _ = Command::new("runc").arg("--root").arg(&rt.runc_root).args(["delete", "--force", &c.id]).output().await;
+
+    if c.spec.tty {
+        return start_with_terminal(rt, c, &dir).await;
+    }
 
     let stdin_rx = c.take_stdin_rx();
     let mut child = Command::new("runc")
@@ -97,15 +103,117 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
             }),
             Err(_) => 255,
         };
-        let _ = std::fs::write(c3.dir.join("exit-code"), code.to_string());
-        let _ = Command::new("runc").arg("--root").arg(&rt3.runc_root).args(["delete", "--force", &c3.id]).output().await;
-        let _ = unmount(&c3.dir.join("rootfs"));
-        c3.exited(code);
-        if c3.spec.auto_remove {
-            let _ = rt3.remove(&c3.id, true).await;
-        }
+        finish(&rt3, &c3, code).await;
     });
     Ok(())
+}
+
+/// Starts a TTY container: `runc run --detach` with a console socket (see [`console`]).
+/// The terminal's master carries the output (one stream, raw, as docker's terminals do)
+/// and the input; the process, the target's child once runc exits, is waited for by pid.
+async fn start_with_terminal(rt: &Arc<Runtime>, c: &Arc<Container>, dir: &Path) -> Result<(), RuntimeError> {
+    let short = &c.id[..12];
+    console::become_subreaper()
+        .map_err(|e| RuntimeError::Setup(format!("container {short} asks for a terminal, which needs the target to be a child subreaper: {e}")))?;
+    // In runc's state directory (a short path: a unix socket's is at most 107 bytes).
+    let sock_path = rt.runc_root.join(format!("{short}.console"));
+    let sock = ConsoleSocket::bind(&sock_path).map_err(|e| RuntimeError::io(&sock_path, e))?;
+    let pid_path = rt.runc_root.join(format!("{short}.pid"));
+    let _ = std::fs::remove_file(&pid_path);
+    let runc = Command::new("runc")
+        .arg("--root")
+        .arg(&rt.runc_root)
+        .args(["run", "--detach", "--console-socket"])
+        .arg(sock.path())
+        .arg("--pid-file")
+        .arg(&pid_path)
+        .arg("--bundle")
+        .arg(dir)
+        .arg(&c.id)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(false)
+        .output();
+    // runc sends the terminal before it returns; a runc that fails before connecting is
+    // reported at once rather than waited for on the socket.
+    tokio::pin!(runc);
+    let receive = sock.receive();
+    tokio::pin!(receive);
+    let mut pty = None;
+    let ran = loop {
+        tokio::select! {
+            ran = &mut runc => break ran,
+            got = &mut receive, if pty.is_none() => pty = Some(got),
+        }
+    };
+    let ran = ran.map_err(|e| RuntimeError::Setup(format!("runc: {e} (is runc installed?)")))?;
+    if !ran.status.success() {
+        return Err(RuntimeError::Setup(format!("runc run: {}", String::from_utf8_lossy(&ran.stderr).trim())));
+    }
+    let pty = match pty {
+        Some(p) => p,
+        None => receive.await,
+    };
+    let pid = std::fs::read_to_string(&pid_path).ok().and_then(|s| s.trim().parse::<i32>().ok()).filter(|&p| p > 0);
+    let _ = std::fs::remove_file(&pid_path);
+    let (pty, pid) = match (pty, pid) {
+        (Ok(p), Some(pid)) => (Arc::new(p), pid),
+        (pty, _) => {
+            // The process may run without a terminal we hold: stop it rather than leave it.
+            let _ = Command::new("runc").arg("--root").arg(&rt.runc_root).args(["delete", "--force", &c.id]).output().await;
+            let why = pty.err().map_or_else(|| format!("no pid in {}", pid_path.display()), |e| e.to_string());
+            return Err(RuntimeError::Setup(format!("container {short}: runc started it but its terminal was not received: {why}")));
+        }
+    };
+    if let Some((rows, cols)) = c.spec.console_size {
+        let _ = pty.resize(rows, cols);
+    }
+    c.set_console(Some(pty.clone()));
+    if let Some(mut rx) = c.take_stdin_rx() {
+        let input = pty.clone();
+        tokio::spawn(async move {
+            while let Some(b) = rx.recv().await {
+                if input.write_all(&b).await.is_err() {
+                    break;
+                }
+            }
+            // A terminal has no end of input to give: the client's closing its standard
+            // input leaves the terminal open (the user types ^D to end input, as on any
+            // terminal), as with docker.
+        });
+    }
+    c.set_state(RunState::Running { started: SystemTime::now(), pid });
+    let (c1, c2, rt2) = (c.clone(), c.clone(), rt.clone());
+    let output = tokio::spawn(async move {
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            match pty.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => c1.output(STDOUT, Bytes::copy_from_slice(&buf[..n])),
+            }
+        }
+    });
+    tokio::spawn(async move {
+        let code = tokio::task::spawn_blocking(move || console::wait_exit(pid)).await.ok().and_then(Result::ok).unwrap_or(255);
+        // The terminal reads as ended once the container's last process is gone (the pid
+        // namespace ends with its first process); the bound is for a kernel that lags.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), output).await;
+        finish(&rt2, &c2, code).await;
+    });
+    Ok(())
+}
+
+/// After a run: the exit code kept, runc's record and the root file system gone, waiters
+/// told, and the container removed if it was started with `--rm`.
+async fn finish(rt: &Arc<Runtime>, c: &Arc<Container>, code: i32) {
+    let _ = std::fs::write(c.dir.join("exit-code"), code.to_string());
+    let _ = Command::new("runc").arg("--root").arg(&rt.runc_root).args(["delete", "--force", &c.id]).output().await;
+    let _ = unmount(&c.dir.join("rootfs"));
+    c.exited(code);
+    if c.spec.auto_remove {
+        let _ = rt.remove(&c.id, true).await;
+    }
 }
 
 async fn pump(mut r: impl tokio::io::AsyncRead + Unpin, stream: u8, c: &Container) {

@@ -33,8 +33,11 @@ pub struct SpecInput<'a> {
     pub pids: i64,
     /// The cgroup path (cgroupfs driver), e.g. `/insitu/<id>`.
     pub cgroup: &'a str,
-    /// Whether the process gets a terminal on its standard streams.
+    /// Whether the process gets a terminal on its standard streams (runc then sends the
+    /// terminal's master over the console socket it is given).
     pub tty: bool,
+    /// The terminal's first size, (rows, columns); `None`: the kernel's 0x0 until resized.
+    pub console_size: Option<(u16, u16)>,
     /// The block device behind `/data` (major, minor) and the bytes per second the
     /// container may read from it: the device model's internal read rate, so that a
     /// container reads its data no faster than the modelled drive delivers it.
@@ -106,10 +109,10 @@ pub fn runtime_config(s: &SpecInput) -> Value {
         resources["blockIO"] = json!({"throttleReadBpsDevice": [{"major": major, "minor": minor, "rate": rate}]});
     }
     let caps: Vec<&str> = CAPS.to_vec();
-    json!({
+    let mut config = json!({
         "ociVersion": "1.0.2",
         "process": {
-            "terminal": false,
+            "terminal": s.tty,
             "user": {"uid": 0, "gid": 0},
             "args": s.args,
             "env": s.env,
@@ -135,7 +138,12 @@ pub fn runtime_config(s: &SpecInput) -> Value {
                             "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi", "/sys/devices/virtual/powercap"],
             "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"],
         },
-    })
+    });
+    if let Some((rows, cols)) = s.console_size.filter(|&(r, c)| s.tty && r > 0 && c > 0) {
+        // runc sizes the terminal before the process starts, so its first output fits.
+        config["process"]["consoleSize"] = json!({"height": rows, "width": cols});
+    }
+    config
 }
 
 #[cfg(test)]
@@ -145,7 +153,7 @@ mod tests {
     fn input<'a>(binds: &'a [(String, String, bool)]) -> SpecInput<'a> {
         SpecInput {
             rootfs: Path::new("/x/rootfs"), args: &[], env: &[], cwd: "/", hostname: "h", binds,
-            cpus: Some(1.5), memory: Some(64 << 20), pids: 256, cgroup: "/insitu/c", tty: false, data_read_bps: None,
+            cpus: Some(1.5), memory: Some(64 << 20), pids: 256, cgroup: "/insitu/c", tty: false, console_size: None, data_read_bps: None,
         }
     }
 
@@ -171,5 +179,20 @@ mod tests {
         let devs = c["linux"]["resources"]["devices"].as_array().unwrap();
         assert_eq!(devs[0]["allow"], false);
         assert!(devs.iter().skip(1).all(|d| d["type"] == "c"));
+        assert_eq!(c["process"]["terminal"], false);
+    }
+
+    #[test]
+    fn a_terminal_is_asked_of_runc_with_its_first_size() {
+        let c = runtime_config(&SpecInput { tty: true, console_size: Some((40, 120)), ..input(&[]) });
+        assert_eq!(c["process"]["terminal"], true);
+        assert_eq!((c["process"]["consoleSize"]["height"].as_u64(), c["process"]["consoleSize"]["width"].as_u64()), (Some(40), Some(120)));
+        // The character devices of terminals stay allowed (ptmx 5:2, pts 136:*).
+        let devs = c["linux"]["resources"]["devices"].as_array().unwrap();
+        assert!(devs.iter().any(|d| d["major"] == 136 && d["allow"] == true));
+        let no_size = runtime_config(&SpecInput { tty: true, console_size: Some((0, 0)), ..input(&[]) });
+        assert!(no_size["process"].get("consoleSize").is_none());
+        let no_tty = runtime_config(&SpecInput { console_size: Some((40, 120)), ..input(&[]) });
+        assert!(no_tty["process"].get("consoleSize").is_none());
     }
 }

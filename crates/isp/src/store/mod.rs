@@ -16,7 +16,7 @@
 //! `repositories.json`.
 
 mod load;
-mod manifest;
+pub(crate) mod manifest;
 mod pull;
 mod reference;
 mod registry;

@@ -1,0 +1,215 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Terminals for containers on a target (`docker run -t` / `-it`), with the stock docker CLI.
+
+The same world as test_containers.py (its `env` fixture: a target with the Docker API on
+loopback and a loopback docker-registry holding the busybox image). With `-t` the
+container gets a pseudo-terminal: its output is one raw stream (no multiplexed frame
+headers, newlines as the terminal writes them, `\\r\\n`), the window size follows the
+client's terminal (the create request's ConsoleSize, then `resize`), and with `-i` what
+the user types reaches it through the terminal's line discipline (echo, ^D as end of
+input). The interactive cases run the CLI itself on a pseudo-terminal made here, as a
+user's shell would.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import pty
+import select
+import signal
+import struct
+import subprocess
+import termios
+import time
+
+import pytest
+
+from test_containers import DOCKER, Env, env  # noqa: F401  (env is the module's fixture)
+
+
+def _set_size(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+class Terminal:
+    """The docker CLI run on a pseudo-terminal of `rows` x `cols`, as from a shell."""
+
+    def __init__(self, env: Env, args: list[str], rows: int, cols: int):
+        self.master, slave = pty.openpty()
+        _set_size(slave, rows, cols)
+        self.proc = subprocess.Popen([DOCKER, *args], stdin=slave, stdout=slave, stderr=slave, env=env.env, start_new_session=True)
+        os.close(slave)
+        self.out = b""
+
+    def _read(self, timeout: float) -> bool:
+        """Reads what is there within `timeout`; False at end of output."""
+        r, _, _ = select.select([self.master], [], [], timeout)
+        if not r:
+            return True
+        try:
+            data = os.read(self.master, 65536)
+        except OSError as e:  # EIO: the CLI, the terminal's last user, is gone
+            if e.errno != errno.EIO:
+                raise
+            data = b""
+        self.out += data
+        return bool(data)
+
+    def expect(self, text: bytes, timeout: float = 60) -> None:
+        deadline = time.time() + timeout
+        while text not in self.out:
+            assert time.time() < deadline, f"no {text!r} within {timeout}s; the terminal shows {self.out!r}"
+            if not self._read(0.2):
+                assert text in self.out, f"the CLI ended without {text!r}; the terminal shows {self.out!r}"
+
+    def send(self, data: bytes) -> None:
+        os.write(self.master, data)
+
+    def resize(self, rows: int, cols: int) -> None:
+        # The CLI is not this terminal's session leader, so the kernel's SIGWINCH has no
+        # one to go to: send it as a terminal emulator's shell would deliver it.
+        _set_size(self.master, rows, cols)
+        self.proc.send_signal(signal.SIGWINCH)
+
+    def finish(self, timeout: float = 60) -> int:
+        deadline = time.time() + timeout
+        while self._read(0.2) or self.proc.poll() is None:
+            assert time.time() < deadline, f"the CLI did not end within {timeout}s; the terminal shows {self.out!r}"
+        return self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.master)
+
+
+def raw(env: Env, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """docker with its output as bytes (text mode would turn the terminal's \\r\\n into \\n)."""
+    return subprocess.run([DOCKER, *args], capture_output=True, env=env.env, timeout=timeout)
+
+
+@pytest.fixture
+def terminal(env):
+    made: list[Terminal] = []
+
+    def run(args: list[str], rows: int = 24, cols: int = 80) -> Terminal:
+        t = Terminal(env, args, rows, cols)
+        made.append(t)
+        return t
+
+    yield run
+    for t in made:
+        t.close()
+
+
+@pytest.fixture
+def names(env):
+    """Names of containers a test makes, removed afterwards whatever happened."""
+    made: list[str] = []
+    yield made
+    for n in made:
+        env.docker("rm", "-f", n)
+
+
+def test_t_gives_the_container_a_terminal_and_without_t_none(env):
+    env.ok("pull", env.image)
+    out = env.ok("run", "-t", "--rm", env.image, "sh", "-c", "test -t 1 && echo tty-yes")
+    assert "tty-yes" in out
+    p = env.docker("run", "--rm", env.image, "sh", "-c", "test -t 1 && echo tty-yes")
+    assert p.returncode == 1 and p.stdout == "", (p.returncode, p.stdout)
+    # One raw stream: standard error comes out of the terminal too, with the terminal's
+    # \r\n, and no frame header (stream byte, three zeros, length) is mixed in.
+    p = raw(env, "run", "-t", "--rm", env.image, "sh", "-c", "echo out; echo err >&2; exit 7")
+    assert p.returncode == 7
+    assert p.stdout == b"out\r\nerr\r\n" and p.stderr == b"", (p.stdout, p.stderr)
+    # Without -t the two streams stay apart.
+    p = env.docker("run", "--rm", env.image, "sh", "-c", "echo out; echo err >&2")
+    assert (p.stdout, p.stderr) == ("out\n", "err\n")
+
+
+def test_inspect_and_logs_of_a_tty_container(env, names):
+    names += ["tty-logs", "plain-logs"]
+    env.ok("run", "-d", "-t", "--name", "tty-logs", env.image, "sh", "-c", "echo one; echo two >&2; tty")
+    env.ok("run", "-d", "--name", "plain-logs", env.image, "sh", "-c", "echo one; echo two >&2")
+    assert env.ok("wait", "tty-logs").strip() == "0" and env.ok("wait", "plain-logs").strip() == "0"
+    doc = json.loads(env.ok("inspect", "tty-logs"))[0]
+    assert doc["Config"]["Tty"] is True and json.loads(env.ok("inspect", "plain-logs"))[0]["Config"]["Tty"] is False
+    # Raw, as the terminal wrote it; the container's terminal is its own /dev/pts/0.
+    p = raw(env, "logs", "tty-logs")
+    assert p.returncode == 0 and p.stdout == b"one\r\ntwo\r\n/dev/pts/0\r\n" and p.stderr == b"", (p.stdout, p.stderr)
+    p = env.docker("logs", "plain-logs")
+    assert (p.stdout, p.stderr) == ("one\n", "two\n")
+
+
+def test_initial_size_and_resize_through_the_api(env, names):
+    env.ok("pull", env.image)
+    # The create request's ConsoleSize sizes the terminal before the process runs.
+    body = {"Image": env.image, "Cmd": ["stty", "size"], "Tty": True, "HostConfig": {"ConsoleSize": [33, 77]}}
+    st, data = env.request("POST", "/v1.47/containers/create?name=tty-sized", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    assert st == 201, data
+    names.append("tty-sized")
+    env.ok("start", "tty-sized")
+    assert env.ok("wait", "tty-sized").strip() == "0"
+    assert raw(env, "logs", "tty-sized").stdout == b"33 77\r\n"
+    # A resize reaches a running container's terminal (and its SIGWINCH).
+    names.append("tty-resize")
+    env.ok("run", "-d", "-t", "--name", "tty-resize", env.image, "sh", "-c",
+           "trap 'echo winch' WINCH; i=0; while [ \"$(stty size)\" != '25 100' ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; stty size")
+    st, data = env.request("POST", "/v1.47/containers/tty-resize/resize?h=25&w=100")
+    assert st == 200, data
+    assert env.ok("wait", "tty-resize", timeout=60).strip() == "0"
+    logs = raw(env, "logs", "tty-resize").stdout
+    assert logs.endswith(b"25 100\r\n") and b"winch\r\n" in logs, logs
+    # Errors: a bad size, an unknown container, a TTY container that is not running;
+    # a container without a terminal has nothing to resize, which is no error (as Docker).
+    st, data = env.request("POST", "/v1.47/containers/tty-resize/resize?h=x&w=100")
+    assert st == 400 and b"height" in data
+    st, data = env.request("POST", "/v1.47/containers/tty-resize/resize?h=10&w=10")
+    assert st == 409 and b"not running" in data
+    st, data = env.request("POST", "/v1.47/containers/no-such-one/resize?h=10&w=10")
+    assert st == 404
+    names.append("plain-resize")
+    env.ok("run", "-d", "--name", "plain-resize", env.image, "sleep", "30")
+    st, data = env.request("POST", "/v1.47/containers/plain-resize/resize?h=10&w=10")
+    assert st == 200, data
+
+
+def test_stdin_without_and_with_a_terminal(env, terminal):
+    env.ok("pull", env.image)
+    assert env.ok("run", "-i", "--rm", env.image, "cat", input="hello\n") == "hello\n"
+    # -it from a terminal: the container's terminal echoes what is typed, cat repeats
+    # the line, ^D ends its input; the CLI exits with cat's code.
+    t = terminal(["run", "-it", "--rm", env.image, "sh", "-c", "test -t 0 && test -t 1 && echo both-tty; exec cat"])
+    t.expect(b"both-tty\r\n")
+    t.send(b"hello\n")
+    t.expect(b"hello\r\nhello\r\n")
+    t.send(b"\x04")
+    assert t.finish() == 0
+    # Ctrl-C reaches the container as SIGINT through its terminal.
+    t = terminal(["run", "-it", "--rm", env.image, "sh", "-c", "trap 'echo got-int; exit 3' INT; echo armed; while :; do sleep 0.1; done"])
+    t.expect(b"armed")
+    t.send(b"\x03")
+    t.expect(b"got-int")
+    assert t.finish() == 3
+
+
+def test_the_terminal_follows_the_cli_window(env, terminal):
+    env.ok("pull", env.image)
+    t = terminal(["run", "-it", "--rm", env.image, "sh", "-c",
+                  "i=0; while [ \"$(stty size)\" != '37 91' ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; "
+                  "echo size1 $(stty size); "
+                  "i=0; while [ \"$(stty size)\" = '37 91' ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; "
+                  "echo size2 $(stty size)"], rows=37, cols=91)
+    t.expect(b"size1 37 91")
+    t.resize(50, 132)
+    t.expect(b"size2 50 132")
+    assert t.finish() == 0
+    # Without a terminal for the CLI, `-t` still gives one, of the kernel's 0x0 (the CLI
+    # has no size to send), and busybox's stty then reports LINES/COLUMNS from -e (24
+    # lines when unset): a sane size either way.
+    p = raw(env, "run", "-t", "--rm", "-e", "COLUMNS=120", env.image, "sh", "-c", "stty size; test -t 0 || echo no-stdin-tty")
+    assert p.returncode == 0 and p.stdout == b"24 120\r\n", p.stdout
