@@ -112,6 +112,19 @@ pub enum InitiatorError {
         /// What is wrong and what is allowed.
         detail: String,
     },
+    /// A KV Retrieve, Delete, Exist or `MustExist` Store named a key the namespace does
+    /// not hold (status KV Key Does Not Exist, 87h).
+    #[error("{command}: the key does not exist")]
+    KeyNotFound {
+        /// The command.
+        command: &'static str,
+    },
+    /// A `MustNotExist` KV Store named a key the namespace holds (status Key Exists, 89h).
+    #[error("{command}: the key exists already")]
+    KeyExists {
+        /// The command.
+        command: &'static str,
+    },
     /// The session was disconnected with [`Session::disconnect`](crate::Session::disconnect).
     #[error("{command}: the session is disconnected; connect a new Session")]
     Disconnected {
@@ -176,6 +189,11 @@ pub fn status_name(command: &str, sct: u8, sc: u8) -> &'static str {
         (0, 0x82) => "Namespace Not Ready",
         (0, 0x83) => "Reservation Conflict",
         (0, 0x84) => "Format In Progress",
+        (0, 0x85) if command.starts_with("KV ") => "Invalid Value Size",
+        (0, 0x86) if command.starts_with("KV ") => "Invalid Key Size (keys are 1 to 16 bytes)",
+        (0, 0x87) if command.starts_with("KV ") => "KV Key Does Not Exist",
+        (0, 0x88) if command.starts_with("KV ") => "Unrecovered Error (see the target's log)",
+        (0, 0x89) if command.starts_with("KV ") => "Key Exists",
         (1, 0x00) => "Completion Queue Invalid",
         (1, 0x01) => "Invalid Queue Identifier",
         (1, 0x02) => "Invalid Queue Size",

@@ -10,6 +10,9 @@
 //!   keep the pieces in flight together; writes up to the in-capsule size (IOCCSZ) travel
 //!   in the command capsule, larger ones on R2T. [`Session::exec`] sends insitu's vendor
 //!   EXEC with a compute descriptor; [`Session::submit`] passes any command through.
+//! * Key Value commands ([`Session::kv_store`], [`Session::kv_retrieve`],
+//!   [`Session::kv_delete`], [`Session::kv_exist`], [`Session::kv_list`]) drive a target's
+//!   key-value namespace (NVMe Key Value command set, `docs/kv-store.md`).
 //! * A `Session` is `Send + Sync`: threads share it and their commands spread round-robin
 //!   over the I/O queues, at most `queue_depth` outstanding per queue.
 //! * When a connection dies, the next command re-establishes the whole association (a new
@@ -38,6 +41,7 @@ pub mod cmd;
 mod error;
 mod info;
 mod io;
+mod kv_store;
 mod options;
 mod queue;
 #[cfg(test)]
@@ -49,4 +53,5 @@ pub use error::{status_name, InitiatorError};
 pub use info::{parse_discovery_log, ControllerInfo, DiscoveryEntry, NamespaceInfo};
 pub use insitu_fabric::{Command, Completion, Digests};
 pub use options::{default_hostid, default_hostnqn, hostnqn_for, ConnectOptions};
+pub use insitu_kvstore::wire::StoreMode;
 pub use session::{Session, Stats};

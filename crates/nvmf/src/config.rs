@@ -63,6 +63,12 @@ pub struct TargetConfig {
     /// compute budget, and data on the wire by its host link (each direction). Default none:
     /// this machine's real speed.
     pub model: Option<insitu_model::DeviceModel>,
+    /// Bytes at the end of each subsystem's first private namespace to keep a key-value
+    /// store in, served to hosts as an extra namespace of the Key Value command set (its
+    /// NSID follows the block namespaces; see `docs/kv-store.md`). The KV cache keeps the
+    /// rest of that namespace. Give the same size on every start over the same image.
+    /// Default none: no key-value namespace.
+    pub kv_store: Option<u64>,
 }
 
 impl Default for TargetConfig {
@@ -76,6 +82,7 @@ impl Default for TargetConfig {
             max_io_queues: 8,
             workers_per_queue: 4,
             model: None,
+            kv_store: None,
         }
     }
 }

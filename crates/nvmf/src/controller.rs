@@ -245,8 +245,20 @@ impl Controller {
         let nsid = cmd.nsid();
         let target = self.subsys.target();
         let visible = |n: u32| target.is_some_and(|t| t.namespace(n).is_some_and(|ns| ns.visibility() == Visibility::Sharable));
+        let kv = target.and_then(|t| t.kv_service(nsid));
+        let csi = (cmd.cdw(11) >> 24) as u8;
         match cns {
             0x01 => Reply::data(identify::controller(&self.identity(cfg))),
+            // The key-value namespace: no NVM structure (all zeros, as for a namespace of
+            // another command set); its descriptors say CSI 01h, and CNS 05h with CSI 01h
+            // gives the KV structure.
+            0x00 if kv.is_some() => Reply::data(vec![0; 4096]),
+            0x03 if kv.is_some() => Reply::data(identify::namespace_descriptors_csi(self.nguid(nsid), insitu_kvstore::wire::CSI_KV)),
+            0x05 if kv.is_some() && csi == insitu_kvstore::wire::CSI_KV => {
+                let kv = kv.expect("checked");
+                Reply::data(identify::kv_namespace(kv.capacity(), kv.max_value() as u32, self.nguid(nsid)))
+            }
+            0x05 if kv.is_some() => Reply::err(INVALID_FIELD),
             0x00 => match target.and_then(|t| t.namespace(nsid)) {
                 Some(ns) if ns.visibility() == Visibility::Sharable => {
                     Reply::data(identify::namespace(ns.size() / u64::from(ns.lba_size()), ns.lba_size(), self.nguid(nsid)))

@@ -109,14 +109,34 @@ pub(crate) fn namespace(blocks: u64, lba_size: u32, nguid: [u8; 16]) -> Vec<u8> 
 
 /// The Namespace Identification Descriptor list: NGUID, UUID and command set (NVM).
 pub(crate) fn namespace_descriptors(nguid: [u8; 16]) -> Vec<u8> {
+    namespace_descriptors_csi(nguid, 0)
+}
+
+/// The Namespace Identification Descriptor list with command set identifier `csi`.
+pub(crate) fn namespace_descriptors_csi(nguid: [u8; 16], csi: u8) -> Vec<u8> {
     let mut b = vec![0u8; 4096];
     let mut at = 0;
-    for (nidt, id) in [(2u8, &nguid[..]), (3u8, &nguid[..]), (4u8, &[0u8][..])] {
+    for (nidt, id) in [(2u8, &nguid[..]), (3u8, &nguid[..]), (4u8, &[csi][..])] {
         b[at] = nidt;
         b[at + 1] = id.len() as u8;
         b[at + 4..at + 4 + id.len()].copy_from_slice(id);
         at += 4 + id.len();
     }
+    b
+}
+
+/// The Key Value command set's Identify Namespace structure (CNS 05h, CSI 01h): size in
+/// bytes, one KV format (16-byte keys, `max_value`-byte values, no key count limit).
+pub(crate) fn kv_namespace(capacity: u64, max_value: u32, nguid: [u8; 16]) -> Vec<u8> {
+    let mut b = vec![0u8; 4096];
+    put64(&mut b, 0, capacity); // NSZE, bytes
+    b[25] = 1; // NKVF: one KV format
+    b[26] = 0x01; // NMIC: may be attached to several controllers
+    b[48..64].copy_from_slice(&nguid);
+    // KV format 0 at byte 72: KML, reserved, FOPT, VML, MNK (0: no limit).
+    put16(&mut b, 72, insitu_kvstore::wire::MAX_KEY_LEN as u16);
+    put32(&mut b, 76, max_value);
+    put32(&mut b, 80, 0);
     b
 }
 

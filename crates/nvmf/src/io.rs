@@ -151,6 +151,11 @@ fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, d
     let slba = u64::from(cmd.cdw(10)) | (u64::from(cmd.cdw(11)) << 32);
     let nlb = u64::from(cmd.cdw(12) & 0xFFFF) + 1;
     let lba = || target.namespace(nsid).map(|ns| u64::from(ns.lba_size()));
+    // The key-value namespace speaks the KV command set, whose opcodes reuse NVM ones.
+    if let Some(store) = target.kv_service(nsid) {
+        let d = crate::kv_service::execute(store, cmd, &data, shared.cfg.max_transfer());
+        return Done { status: d.status, dw0: d.dw0, dw1: 0, data: d.data.map(Returned::Bytes), media: d.media };
+    }
     match cmd.opcode() {
         opcode::READ => {
             let Some(lba) = lba() else { return Done::status(status(0, 0x0B)) };
@@ -176,7 +181,8 @@ fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, d
             target.write(nsid, slba, &data).map_or_else(failed, |_| Done { media: data.len() as u64, ..Done::ok() })
         }
         opcode::FLUSH if nsid == 0xFFFF_FFFF => {
-            let all = target.host_namespaces().into_iter().try_for_each(|n| target.flush(n));
+            let blocks = target.host_namespaces().into_iter().filter(|n| target.kv_service(*n).is_none());
+            let all = blocks.into_iter().try_for_each(|n| target.flush(n));
             all.map_or_else(failed, |_| Done::ok())
         }
         opcode::FLUSH => target.flush(nsid).map_or_else(failed, |_| Done::ok()),
@@ -235,7 +241,7 @@ fn exec(target: &Target, nsid: u32, descriptor: &[u8]) -> Done {
 /// target's memory, without bound.
 fn metric_labels(target: &Target, cmd: &Command, data: &[u8]) -> (u32, String) {
     let nsid = cmd.nsid();
-    let nsid = if nsid == 0xFFFF_FFFF || target.namespace(nsid).is_some() { nsid } else { 0 };
+    let nsid = if nsid == 0xFFFF_FFFF || target.namespace(nsid).is_some() || target.kv_service(nsid).is_some() { nsid } else { 0 };
     let function = match cmd.opcode() {
         opcode::EXEC => {
             let f = function_name(data);

@@ -23,6 +23,7 @@ pub mod fuzzing;
 mod identify;
 mod io;
 mod kv;
+mod kv_service;
 mod lock;
 mod metrics;
 
@@ -32,10 +33,30 @@ pub use metrics::Metrics;
 
 use controller::{Kind, Subsystem};
 use insitu_target::NamespaceConfig;
+use insitu_target::Visibility as Vis;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+
+/// Where a subsystem's key-value store of `bytes` goes: (index of its first private
+/// namespace, byte offset in that file, length), the region 4 KiB aligned at the file's end.
+fn kv_region(s: &SubsystemConfig, bytes: u64) -> Result<(usize, u64, u64), String> {
+    let Some(at) = s.namespaces.iter().position(|n| n.visibility == Vis::Private) else {
+        return Err(format!("subsystem {}: a key-value store (--kv-store) lives in the target's private namespace, and there is none: add --private IMG", s.nqn));
+    };
+    let path = &s.namespaces[at].path;
+    let file = std::fs::metadata(path).map_err(|e| format!("private namespace {}: {e}", path.display()))?.len();
+    let len = bytes / 4096 * 4096;
+    let min_rest = 1 << 20; // what the KV cache keeps, at least
+    if len == 0 || len.saturating_add(min_rest) > file / 4096 * 4096 {
+        return Err(format!(
+            "--kv-store {bytes} does not fit in private namespace {} ({file} bytes): it must leave at least {min_rest} bytes to the KV cache; give a larger image or a smaller size",
+            path.display()
+        ));
+    }
+    Ok((at, file / 4096 * 4096 - len, len))
+}
 
 /// State shared by every connection of a server.
 pub(crate) struct Shared {
@@ -93,8 +114,18 @@ impl Server {
             if let Some(budget) = cfg.model.as_ref().map(|m| m.compute_budget()).transpose().map_err(model_err)?.flatten() {
                 target = target.with_compute_budget(Arc::new(budget));
             }
-            for ns in &s.namespaces {
+            // With a key-value store, the first private namespace gives up its last bytes.
+            let kv_region = match cfg.kv_store {
+                Some(bytes) => Some(kv_region(s, bytes).map_err(invalid)?),
+                None => None,
+            };
+            for (i, ns) in s.namespaces.iter().enumerate() {
                 let mut nc = NamespaceConfig { lba_size: ns.lba_size, visibility: ns.visibility, ..NamespaceConfig::default() };
+                if let Some((at, offset, _)) = &kv_region {
+                    if *at == i {
+                        nc.size = Some(offset / u64::from(ns.lba_size) * u64::from(ns.lba_size));
+                    }
+                }
                 if let Some(m) = &cfg.model {
                     let size = std::fs::metadata(&ns.path).map(|x| x.len()).unwrap_or(0);
                     // The host link is paced by the connections, on the bytes they carry.
@@ -105,6 +136,13 @@ impl Server {
             }
             let page_bytes = cfg.model.as_ref().and_then(|m| m.flash.as_ref()).map_or(DEFAULT_KV_PAGE, |f| f.page_bytes as usize);
             target.open_kv_store(page_bytes).map_err(|e| invalid(format!("KV cache in the private namespace: {e}")))?;
+            if let Some((at, offset, len)) = kv_region {
+                let path = &s.namespaces[at].path;
+                let media = insitu_media::Backing::open(path, false).map_err(|e| invalid(format!("KV store in {}: {e}", path.display())))?;
+                let store = insitu_kvstore::KvStore::open_region(Arc::new(media), offset, len).map_err(|e| invalid(format!("subsystem {}: {e}", s.nqn)))?;
+                let store = store.with_max_value(insitu_kvstore::DEFAULT_MAX_VALUE.min(cfg.max_transfer()));
+                target.set_kv_service(store);
+            }
             subsystems.push(Arc::new(Subsystem::new(&s.nqn, Kind::Nvm(Arc::new(target)), s.allow_hosts.clone())));
         }
         subsystems.push(Arc::new(Subsystem::new(DISCOVERY_NQN, Kind::Discovery, Vec::new())));

@@ -106,6 +106,8 @@ pub struct Target {
     max_inline_result: usize,
     compute: Option<Arc<dyn ComputeBudget>>,
     kv: Option<KvStore>,
+    /// The key-value service (`insitu_kvstore`) and the NSID hosts reach it at.
+    kv_service: Option<(Nsid, Arc<insitu_kvstore::KvStore>)>,
     fences: fence::Fences,
 }
 
@@ -119,7 +121,7 @@ impl Target {
     /// A target with no namespaces, the standard kernels, default descriptor limits and a
     /// 16 MiB inline result limit.
     pub fn new() -> Self {
-        Target { namespaces: Vec::new(), registry: Arc::new(Registry::standard()), limits: Limits::default(), max_inline_result: 16 << 20, compute: None, kv: None, fences: fence::Fences::default() }
+        Target { namespaces: Vec::new(), registry: Arc::new(Registry::standard()), limits: Limits::default(), max_inline_result: 16 << 20, compute: None, kv: None, kv_service: None, fences: fence::Fences::default() }
     }
 
     /// Replaces the kernel registry.
@@ -167,6 +169,24 @@ impl Target {
         Ok(())
     }
 
+    /// Serves `store` as a Key Value namespace (command set 01h) with the next NSID after
+    /// the namespaces added so far; returns that NSID. Add every block namespace first.
+    pub fn set_kv_service(&mut self, store: insitu_kvstore::KvStore) -> Nsid {
+        let nsid = self.namespaces.len() as Nsid + 1;
+        self.kv_service = Some((nsid, Arc::new(store)));
+        nsid
+    }
+
+    /// The key-value service if `nsid` is its namespace.
+    pub fn kv_service(&self, nsid: Nsid) -> Option<&Arc<insitu_kvstore::KvStore>> {
+        self.kv_service.as_ref().filter(|(n, _)| *n == nsid).map(|(_, s)| s)
+    }
+
+    /// The NSID of the key-value service, when the target has one.
+    pub fn kv_service_nsid(&self) -> Option<Nsid> {
+        self.kv_service.as_ref().map(|(n, _)| *n)
+    }
+
     /// The KV cache, or [`KvError::NoStore`] when the target has no private namespace.
     pub fn kv_store(&self) -> Result<&KvStore, KvError> {
         self.kv.as_ref().ok_or(KvError::NoStore)
@@ -177,9 +197,10 @@ impl Target {
         nsid.checked_sub(1).and_then(|i| self.namespaces.get(i as usize))
     }
 
-    /// Number of namespaces, private ones included (NSIDs are 1..=count).
+    /// Number of namespaces, private ones and the key-value service included (NSIDs are
+    /// 1..=count).
     pub fn namespace_count(&self) -> usize {
-        self.namespaces.len()
+        self.namespaces.len() + usize::from(self.kv_service.is_some())
     }
 
     /// Bytes read from and written to the media of every namespace since they were opened.
@@ -192,7 +213,7 @@ impl Target {
 
     /// NSIDs of the namespaces a host may see.
     pub fn host_namespaces(&self) -> Vec<Nsid> {
-        (1..=self.namespaces.len() as Nsid).filter(|n| self.host_ns(*n).is_ok()).collect()
+        (1..=self.namespaces.len() as Nsid).filter(|n| self.host_ns(*n).is_ok()).chain(self.kv_service_nsid()).collect()
     }
 
     fn host_ns(&self, nsid: Nsid) -> Result<&Namespace, CommandError> {
