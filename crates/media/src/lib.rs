@@ -22,9 +22,11 @@
 
 mod aligned;
 mod pool;
+mod uring;
 
 pub use aligned::{AlignedBuf, DIRECT_ALIGN};
 pub use pool::{BufferPool, PoolStats, PooledBuf};
+pub use uring::UringScanner;
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};

@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: Apache-2.0
+//! The I/O engine benchmark: does an offload kernel read its input faster through io_uring
+//! ([`insitu_media::UringScanner`]: direct I/O, registered buffers, several reads in flight,
+//! completions polled) than through today's path (EXEC's streaming: a read-ahead thread
+//! making one `pread` at a time into pooled buffers)?
+//!
+//! Over one file, from cold caches, kinds alternating: an embedded EXEC crc32c (today's
+//! path, end to end), and crc32c computed over the same bytes streamed through io_uring at
+//! several depths and chunk sizes, on one thread. Every digest must agree. The report has
+//! one row per engine and shape (`engine`, `chunk_bytes`, `depth`, `gbps`) and the best
+//! io_uring shape's ratio to today's path.
+
+use crate::common::{command, drop_caches, gbps, machine, median, Work};
+use crate::dataset::Rng;
+use crate::size::human;
+use crate::Error;
+use insitu_media::{Backing, ReadPurpose, UringScanner};
+use insitu_target::{NamespaceConfig, Target};
+use insitu_wire::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
+use serde_json::{json, Value as Json};
+use std::fs::File;
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// io_uring shapes measured: (chunk bytes, reads in flight).
+const SHAPES: [(usize, usize); 4] = [(2 << 20, 1), (2 << 20, 4), (512 << 10, 8), (128 << 10, 16)];
+
+/// What `insitu bench io-engine` measures.
+#[derive(Debug, Clone)]
+pub struct IoEngineOptions {
+    /// Bytes of data scanned per measurement.
+    pub size: u64,
+    /// Measurements of each kind (medians are reported).
+    pub repeat: usize,
+    /// Directory for the scratch file (default: a temporary directory on disk).
+    pub dir: Option<PathBuf>,
+}
+
+/// Runs the benchmark; see the module docs.
+pub fn io_engine(opts: &IoEngineOptions) -> Result<Json, Error> {
+    let (size, repeat) = (opts.size, opts.repeat.max(1));
+    if size < 4 << 20 || !size.is_multiple_of(4096) {
+        return Err(format!("--size {size}: give at least 4M, a multiple of 4K, e.g. --size 1G").into());
+    }
+    let mut work = Work::on_disk(opts.dir.clone(), "io-engine", size)?;
+    let path = work.file("io-engine.img");
+    {
+        let err = |e: std::io::Error| format!("cannot write {}: {e} (is there {} free?)", path.display(), human(size));
+        let mut f = File::create(&path).map_err(err)?;
+        Rng::new(7).write_to(&mut f, size).map_err(err)?;
+        f.sync_all().map_err(err)?;
+    }
+    let media = Backing::open(&path, true).map_err(|e| e.to_string())?;
+    let mut target = Target::new();
+    target.add_namespace(&path, NamespaceConfig::default()).map_err(|e| format!("{}: {e}", path.display()))?;
+    let desc = Descriptor::new("crc32c", vec![VirtualObject { length: size, extents: vec![Extent::data(0, (size / SECTOR) as u32)] }]).encode();
+    let mut scanners = SHAPES.iter().map(|&(chunk, depth)| UringScanner::new(depth, chunk)).collect::<Result<Vec<_>, _>>().map_err(|e| format!("io_uring is not available here: {e}"))?;
+
+    let mut exec_secs = Vec::new();
+    let mut uring_secs = vec![Vec::new(); SHAPES.len()];
+    let mut digests = Vec::new();
+    for _ in 0..repeat {
+        drop_caches(&path);
+        let started = Instant::now();
+        let out = target.exec(1, &desc).map_err(|e| format!("embedded EXEC: {e}"))?;
+        exec_secs.push(started.elapsed().as_secs_f64());
+        digests.push(("exec".to_string(), exec_digest(&ExecResult::decode(&out.result).map_err(|e| format!("EXEC result: {e}"))?)));
+        for (i, s) in scanners.iter_mut().enumerate() {
+            drop_caches(&path);
+            let started = Instant::now();
+            let mut crc = 0u32;
+            s.scan(&media, 0, size, ReadPurpose::Offload, |b| {
+                crc = crc32c::crc32c_append(crc, b);
+                ControlFlow::Continue(())
+            })
+            .map_err(|e| format!("io_uring scan of {}: {e}", path.display()))?;
+            uring_secs[i].push(started.elapsed().as_secs_f64());
+            digests.push((format!("io_uring {i}"), format!("{crc:08x}")));
+        }
+    }
+    if let Some((name, d)) = digests.iter().find(|(_, d)| *d != digests[0].1) {
+        return Err(format!("{name} computed crc32c {d}, the EXEC {}: the engines read different bytes", digests[0].1).into());
+    }
+    let today = gbps(size, median(&mut exec_secs.clone()));
+    let mut rows = vec![json!({"engine": "pread (EXEC streaming today)", "chunk_bytes": 2 << 20, "depth": 1, "gbps": today})];
+    let mut best = 0f64;
+    for (&(chunk, depth), secs) in SHAPES.iter().zip(&uring_secs) {
+        let r = gbps(size, median(&mut secs.clone()));
+        best = best.max(r);
+        rows.push(json!({"engine": "io_uring", "chunk_bytes": chunk, "depth": depth, "gbps": r}));
+    }
+    let report = json!({
+        "command": command(),
+        "size_bytes": size,
+        "repeat": repeat,
+        "direct_io": media.is_direct(),
+        "kernel": "crc32c",
+        "results": rows,
+        "best_uring_to_today": best / today,
+        "digest": digests[0].1,
+        "seconds": {"exec": exec_secs, "io_uring": uring_secs},
+        "machine": machine(),
+    });
+    drop(work);
+    Ok(report)
+}
+
+/// The crc32c digest an EXEC reported.
+fn exec_digest(r: &ExecResult) -> String {
+    match r.records.first().and_then(|rec| rec.iter().find(|(k, _)| k == "digest")) {
+        Some((_, Value::Str(hex))) => hex.clone(),
+        other => format!("{other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_engines_agree_on_a_small_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = match io_engine(&IoEngineOptions { size: 4 << 20, repeat: 1, dir: Some(dir.path().to_owned()) }) {
+            Err(e) if e.to_string().contains("io_uring is not available") => return,
+            r => r.unwrap(),
+        };
+        assert_eq!(r["results"].as_array().unwrap().len(), 1 + SHAPES.len());
+        assert!(r["best_uring_to_today"].as_f64().unwrap() > 0.0);
+        assert_eq!(r["digest"].as_str().unwrap().len(), 8);
+    }
+}
