@@ -23,6 +23,9 @@ attached with ``insitu attach``: while held, the host cannot modify it (writers 
 the target refuses writes to its blocks) and the target's containers see its synced
 content; ``with insitu.lock(p) as l: ...`` or ``l.unlock()`` / ``insitu.unlock(p)``
 release it, ``insitu.locks()`` lists the held ones. Locks are not persistent.
+``insitu.kv(url)`` opens a target's key-value store (NVMe Key Value command set, a target
+started with ``--kv-store SIZE``) as a mutable mapping: ``m[b"k"] = b"v"`` returns once the
+target made it durable, ``m[b"k"]``, ``del m[b"k"]``, ``b"k" in m``, ``m.keys(prefix=b"")``.
 ``insitu.KvTarget(url)`` drives a target's KV cache and attention engine (the LLM
 integration in ``insitu.llm`` uses it); ``insitu.EmbeddedTarget(dir, ...)`` serves a
 target from this process on loopback.
@@ -37,6 +40,7 @@ Exceptions::
 """
 
 from ._api import checksum, exec, functions, grep, scrub, wc
+from ._kv_store import KvStore, kv
 from ._native import (
     EmbeddedTarget,
     InsituError,
@@ -60,6 +64,8 @@ __all__ = [
     "scrub",
     "functions",
     "Session",
+    "kv",
+    "KvStore",
     "KvTarget",
     "EmbeddedTarget",
     "lock",

@@ -3,7 +3,7 @@
 //! the reports printed as text or JSON.
 
 use crate::Failure;
-use insitu_bench::{human, parse_size, BreakEvenOptions, ExecScalingOptions, FabricOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScanOptions, ScrubScalingOptions};
+use insitu_bench::{human, parse_size, BreakEvenOptions, ExecScalingOptions, FabricOptions, IoEngineOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScanOptions, ScrubScalingOptions};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -181,9 +181,23 @@ pub(crate) fn scan(function: String, size: &str, repeat: usize, dir: Option<Path
     Ok(0)
 }
 
+/// Flags of the benchmarks over one scratch file (`fabric`, `io-engine`).
+#[derive(clap::Args, Debug)]
+pub(crate) struct FileArgs {
+    /// Size of the data.
+    #[arg(long, default_value = "1G")]
+    size: String,
+    /// Measurements of each kind (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Work directory (default: a new directory under /var/tmp, removed afterwards).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
 /// `insitu bench fabric`.
-pub(crate) fn fabric(size: &str, repeat: usize, dir: Option<PathBuf>, json_out: bool) -> Result<i32, Failure> {
-    let out = insitu_bench::fabric(&FabricOptions { size: parse_size(size)?, repeat, dir })?;
+pub(crate) fn fabric(a: FileArgs, json_out: bool) -> Result<i32, Failure> {
+    let out = insitu_bench::fabric(&FabricOptions { size: parse_size(&a.size)?, repeat: a.repeat, dir: a.dir })?;
     emit(json_out, &out, || {
         let (size, repeat, q) = (human(out["size_bytes"].as_u64().unwrap_or(0)), &out["repeat"], &out["requests"]);
         let (r, fr, e, fe) = (num(&out, "raw_read_gbps"), num(&out, "fabric_read_gbps"), num(&out, "embedded_exec_gbps"), num(&out, "fabric_exec_gbps"));
@@ -199,6 +213,20 @@ pub(crate) fn fabric(size: &str, repeat: usize, dir: Option<PathBuf>, json_out: 
         println!("  fabric EXEC bytes on the wire             {wire:>7} B     (for {size} of data)");
     });
     insitu_bench::fabric_wire_check(&out)?;
+    Ok(0)
+}
+
+/// `insitu bench io-engine`.
+pub(crate) fn io_engine(a: FileArgs, json_out: bool) -> Result<i32, Failure> {
+    let out = insitu_bench::io_engine(&IoEngineOptions { size: parse_size(&a.size)?, repeat: a.repeat, dir: a.dir })?;
+    emit(json_out, &out, || {
+        println!("I/O engine for offload kernels over {}, median of {}, cold caches, crc32c:", human(out["size_bytes"].as_u64().unwrap_or(0)), out["repeat"]);
+        for r in out["results"].as_array().into_iter().flatten() {
+            let (chunk, depth) = (human(r["chunk_bytes"].as_u64().unwrap_or(0)), &r["depth"]);
+            println!("  {:<30} {chunk:>6} x {depth:<3} {:>7.3} GB/s", r["engine"].as_str().unwrap_or(""), num(r, "gbps"));
+        }
+        println!("  best io_uring shape / today's path: {:.2}x", num(&out, "best_uring_to_today"));
+    });
     Ok(0)
 }
 

@@ -9,6 +9,7 @@
 mod bench_cmd;
 mod demo;
 mod ethernet_cmd;
+mod kv_cmd;
 mod lock_cmd;
 mod nvme_cmd;
 mod model_cmd;
@@ -144,6 +145,10 @@ enum Cmd {
     /// Look at an NVMe/TCP target with insitu's initiator: identify, list subsystems.
     #[command(subcommand)]
     Nvme(NvmeCmd),
+    /// A target's key-value store (NVMe Key Value command set; `target start --kv-store`):
+    /// put, get, rm, exists, ls. Keys are 1 to 16 bytes: text, or 0x and hex digits.
+    #[command(subcommand)]
+    Kv(kv_cmd::KvCmd),
     /// Ethernet over NVMe: reach a target's IP address (`target start --ether`) through
     /// its NVMe/TCP connection alone.
     #[command(subcommand)]
@@ -292,6 +297,12 @@ enum TargetCmd {
         /// (Ether-oN): a TAP device bridged to the host that runs `insitu ethernet up`.
         #[arg(long, value_name = "ADDR/PREFIX")]
         ether: Option<String>,
+        /// Serve a key-value store (NVMe Key Value command set) in the last SIZE bytes
+        /// (e.g. 64M) of the first --private namespace, as one more namespace after the
+        /// block ones; reach it with `insitu kv ... nvme-tcp://ADDR/NQN`. Give the same SIZE
+        /// on every start over the same image. Needs --private.
+        #[arg(long = "kv-store", value_name = "SIZE")]
+        kv_store: Option<String>,
     },
     /// Stop the target started on an address.
     Stop {
@@ -379,17 +390,12 @@ enum BenchCmd {
     /// NVMe/TCP on loopback vs local: raw direct reads vs 128 KiB reads at queue depth 32
     /// over the fabric vs plain TCP on loopback with the same requests, and an embedded
     /// crc32c EXEC vs the same EXEC over the fabric.
-    Fabric {
-        /// Size of the data region.
-        #[arg(long, default_value = "1G")]
-        size: String,
-        /// Measurements of each kind (the median is reported).
-        #[arg(long, default_value_t = 3)]
-        repeat: usize,
-        /// Work directory (default: a new directory under /var/tmp, removed afterwards).
-        #[arg(long)]
-        dir: Option<PathBuf>,
-    },
+    Fabric(bench_cmd::FileArgs),
+    /// The offload kernels' I/O engine: an embedded crc32c EXEC (today's read path, a
+    /// read-ahead thread making one pread at a time) vs crc32c over the same bytes read
+    /// through io_uring (direct I/O, registered buffers, several reads in flight, polled
+    /// completions) at several depths and chunk sizes, from cold caches.
+    IoEngine(bench_cmd::FileArgs),
     /// Concurrent EXECs on one memory-backed namespace: crc32c throughput with 1, 2, 4, 8
     /// EXECs at once, with the namespace's buffer pool and without, and the pool's memory.
     ExecScaling(bench_cmd::ExecScalingArgs),
@@ -587,8 +593,9 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             }
         }
         Cmd::Demo { size, fs, dir } => return demo::run(&off, parse_size(&size)?, fs.into(), dir, json),
-        Cmd::Target(TargetCmd::Start { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker, ether }) => {
-            let a = target_cmd::StartArgs { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker, ether };
+        Cmd::Target(TargetCmd::Start { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker, ether, kv_store }) => {
+            let kv_store = kv_store.map(|s| parse_size(&s).map_err(|e| format!("--kv-store: {e}"))).transpose()?;
+            let a = target_cmd::StartArgs { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker, ether, kv_store };
             return target_cmd::start(a, json);
         }
         Cmd::Target(TargetCmd::Stop { listen }) => return target_cmd::stop(listen, json),
@@ -627,13 +634,15 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             return Ok(2);
         }
         Cmd::Bench(BenchCmd::Scan { function, size, repeat, dir }) => return bench_cmd::scan(function, &size, repeat, dir, json),
-        Cmd::Bench(BenchCmd::Fabric { size, repeat, dir }) => return bench_cmd::fabric(&size, repeat, dir, json),
+        Cmd::Bench(BenchCmd::Fabric(a)) => return bench_cmd::fabric(a, json),
         Cmd::Bench(BenchCmd::ExecScaling(a)) => return bench_cmd::exec_scaling(a, json),
+        Cmd::Bench(BenchCmd::IoEngine(a)) => return bench_cmd::io_engine(a, json),
         Cmd::Bench(BenchCmd::ScrubScaling(a)) => return bench_cmd::scrub_scaling(a, json),
         Cmd::Bench(BenchCmd::BreakEven(a)) => return bench_cmd::break_even(a, json),
         Cmd::Bench(BenchCmd::Latency(a)) => return bench_cmd::latency(a, json),
         Cmd::Bench(BenchCmd::ModelCheck(a)) => return bench_cmd::model_check(a, json),
         Cmd::Ethernet(c) => return ethernet_cmd::dispatch(c, json),
+        Cmd::Kv(c) => return kv_cmd::dispatch(c, json),
         Cmd::Nvme(NvmeCmd::Identify { url, hostnqn }) => return nvme_cmd::identify(&url, hostnqn, json),
         Cmd::Nvme(NvmeCmd::ListSubsys { url, hostnqn }) => return nvme_cmd::list_subsys(&url, hostnqn, json),
     }

@@ -29,6 +29,8 @@ pub(crate) struct StartArgs {
     pub(crate) docker: Option<SocketAddr>,
     /// `--ether ADDR/PREFIX`: an Ether-oN interface with this address.
     pub(crate) ether: Option<String>,
+    /// `--kv-store SIZE`: bytes of the first private namespace for the key-value store.
+    pub(crate) kv_store: Option<u64>,
 }
 
 pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
@@ -53,6 +55,13 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
     } else {
         &a.private[..]
     };
+    if a.kv_store.is_some() && fabric_private.is_empty() {
+        let why = if a.private.is_empty() { "" } else { " (with --docker the last --private namespace holds the containers, so give one more)" };
+        return Err(format!("--kv-store keeps the key-value store in the first private namespace: add --private IMG (a file or block device larger than the store){why}").into());
+    }
+    if a.kv_store == Some(0) {
+        return Err("--kv-store 0: give the store's size, e.g. --kv-store 64M".to_string().into());
+    }
     namespaces.extend(fabric_private.iter().map(NamespaceSpec::private));
     let model = a.model.as_deref().map(insitu_model::parse).transpose().map_err(|e| e.to_string())?;
     let containers = a.docker.map(|listen| insitu_isp::ServiceConfig {
@@ -66,6 +75,7 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
         model,
         listen: a.listen,
         subsystems: vec![SubsystemConfig { nqn: a.nqn.clone(), namespaces, allow_hosts: a.allow_hosts.clone() }],
+        kv_store: a.kv_store,
         ..TargetConfig::default()
     };
     let server = Server::bind(cfg).map_err(|e| format!("cannot start the target on {}: {e}", a.listen))?;
@@ -77,7 +87,7 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
         "ether": a.ether,
         "listen": listen.to_string(), "nqn": a.nqn, "namespaces": a.namespaces, "private": a.private,
         "allow_hosts": a.allow_hosts, "metrics": a.metrics.map(|m| m.to_string()), "model": a.model,
-        "docker": a.docker.map(|d| d.to_string()),
+        "docker": a.docker.map(|d| d.to_string()), "kv_store": a.kv_store,
     });
     if a.foreground {
         if let Some(m) = a.metrics {

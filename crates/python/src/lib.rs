@@ -6,6 +6,7 @@
 //! classes defined here and re-exported by the `insitu` package.
 
 mod kv;
+mod kv_store;
 mod lock;
 mod session;
 
@@ -198,6 +199,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::Session>()?;
     m.add_class::<kv::KvTarget>()?;
     m.add_class::<kv::EmbeddedTarget>()?;
+    m.add_class::<kv_store::KvNamespace>()?;
     m.add_function(wrap_pyfunction!(exec_json, m)?)?;
     m.add_function(wrap_pyfunction!(scrub_json, m)?)?;
     m.add_function(wrap_pyfunction!(decode_descriptor, m)?)?;

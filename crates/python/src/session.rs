@@ -6,7 +6,7 @@ use insitu_initiator::{default_hostnqn, ConnectOptions, InitiatorError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-fn to_py(e: InitiatorError) -> PyErr {
+pub(crate) fn to_py(e: InitiatorError) -> PyErr {
     let msg = e.to_string();
     match e {
         InitiatorError::Status { .. } | InitiatorError::ConnectRefused { .. } => TargetError::new_err(msg),
