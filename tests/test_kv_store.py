@@ -100,6 +100,8 @@ def test_cli_round_trip(kv_target, tmp_path):
     # The URL may name the namespace; the JSON form lists the same keys.
     nsid = cli_json("kv", "ls", u)["nsid"]
     assert kv("get", f"{u}/{nsid}", "cli-hello").stdout == b"world"
+    r = kv("get", f"{u}/1", "cli-hello")  # namespace 1 is the block namespace
+    assert r.returncode == 2 and b"not a key-value namespace" in r.stderr and f"is {nsid}".encode() in r.stderr, r.stderr
     for k in ("cli-hello", "0x00ff10", "cli-file"):
         assert kv("rm", u, k).returncode == 0
     r = kv("exists", u, "cli-hello")

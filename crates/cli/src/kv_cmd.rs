@@ -210,8 +210,8 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// Connects (one I/O queue) and finds the KV namespace: the URL's NSID, else the one whose
-/// Identify reports the Key Value command set.
+/// Connects (one I/O queue) and finds the KV namespace: the one whose Identify reports the
+/// Key Value command set, which the URL's NSID, if given, must name.
 fn open(url: &str, hostnqn: Option<String>) -> Result<(TargetUrl, Session, u32), Failure> {
     let u = TargetUrl::parse(url).map_err(|e| e.to_string())?;
     let mut opts = ConnectOptions::new(u.address(), u.nqn.clone());
@@ -221,13 +221,15 @@ fn open(url: &str, hostnqn: Option<String>) -> Result<(TargetUrl, Session, u32),
     opts.kato_ms = 0;
     opts.timeout = TIMEOUT;
     let s = Session::connect(opts).map_err(|e| failure(&u, e))?;
-    let nsid = match u.nsid {
-        Some(n) => n,
-        None => s.kv_namespace().map_err(|e| failure(&u, e))?.ok_or_else(|| {
-            Failure { code: 2, message: format!("{} at {} serves no key-value namespace; start the target with `insitu target start --private IMG --kv-store SIZE`", u.nqn, u.address()) }
-        })?,
-    };
-    Ok((u, s, nsid))
+    let found = s.kv_namespace().map_err(|e| failure(&u, e))?.ok_or_else(|| {
+        Failure { code: 2, message: format!("{} at {} serves no key-value namespace; start the target with `insitu target start --private IMG --kv-store SIZE`", u.nqn, u.address()) }
+    })?;
+    // A block namespace would answer the KV opcodes as Reads and Writes, or refuse them
+    // with a bare status: name the right one instead.
+    if let Some(n) = u.nsid.filter(|n| *n != found) {
+        return Err(Failure { code: 2, message: format!("namespace {n} of {} at {} is not a key-value namespace; its key-value namespace is {found} (leave /NSID out of the URL to use it)", u.nqn, u.address()) });
+    }
+    Ok((u, s, found))
 }
 
 /// An initiator error as a message; a refused connection says how to start a target.
