@@ -225,7 +225,7 @@ pub(crate) fn io_engine(a: FileArgs, json_out: bool) -> Result<i32, Failure> {
             let (chunk, depth) = (human(r["chunk_bytes"].as_u64().unwrap_or(0)), &r["depth"]);
             println!("  {:<30} {chunk:>6} x {depth:<3} {:>7.3} GB/s", r["engine"].as_str().unwrap_or(""), num(r, "gbps"));
         }
-        println!("  best io_uring shape / today's path: {:.2}x", num(&out, "best_uring_to_today"));
+        println!("  best io_uring scan / EXEC: {:.2}x", num(&out, "best_uring_to_exec"));
     });
     Ok(0)
 }

@@ -391,10 +391,10 @@ enum BenchCmd {
     /// over the fabric vs plain TCP on loopback with the same requests, and an embedded
     /// crc32c EXEC vs the same EXEC over the fabric.
     Fabric(bench_cmd::FileArgs),
-    /// The offload kernels' I/O engine: an embedded crc32c EXEC (today's read path, a
-    /// read-ahead thread making one pread at a time) vs crc32c over the same bytes read
-    /// through io_uring (direct I/O, registered buffers, several reads in flight, polled
-    /// completions) at several depths and chunk sizes, from cold caches.
+    /// The offload kernels' I/O engine: an embedded crc32c EXEC (its read path: an io_uring
+    /// read-ahead, four 2 MiB reads in flight) vs crc32c over the same bytes read on one
+    /// thread through io_uring (direct I/O, registered buffers, several reads in flight,
+    /// polled completions) at several depths and chunk sizes, from cold caches.
     IoEngine(bench_cmd::FileArgs),
     /// Concurrent EXECs on one memory-backed namespace: crc32c throughput with 1, 2, 4, 8
     /// EXECs at once, with the namespace's buffer pool and without, and the pool's memory.

@@ -62,6 +62,9 @@ pub struct Namespace {
     pub(crate) visibility: Visibility,
     /// Buffers for EXEC streams and block reads, reused from command to command.
     pub(crate) pool: BufferPool,
+    /// io_uring read-ahead engines of finished EXECs, kept for the next ones (a ring and
+    /// its registered buffers cost milliseconds to set up).
+    pub(crate) scanners: std::sync::Mutex<Vec<insitu_media::UringScanner>>,
 }
 
 impl Namespace {
@@ -87,7 +90,7 @@ impl Namespace {
         }
         // A window read needs up to one alignment unit of slack at each end.
         let pool = BufferPool::new(crate::CHUNK + 2 * DIRECT_ALIGN, cfg.idle_buffers);
-        Ok(Namespace { media, offset: cfg.offset, size, lba_size: cfg.lba_size, visibility: cfg.visibility, pool })
+        Ok(Namespace { media, offset: cfg.offset, size, lba_size: cfg.lba_size, visibility: cfg.visibility, pool, scanners: Default::default() })
     }
 
     /// Size in bytes.
