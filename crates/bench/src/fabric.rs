@@ -191,7 +191,7 @@ fn spot_check(s: &Session, backing: &Backing, size: u64) -> Result<(), Error> {
 }
 
 /// The crc32c digest of a result, as hex.
-fn digest(r: &ExecResult) -> String {
+pub(crate) fn digest(r: &ExecResult) -> String {
     match r.records.first().and_then(|rec| rec.iter().find(|(k, _)| k == "digest")) {
         Some((_, Value::Str(hex))) => hex.clone(),
         Some((_, other)) => format!("{other:?}"),

@@ -17,7 +17,7 @@ use crate::size::human;
 use crate::Error;
 use insitu_media::{Backing, ReadPurpose, UringScanner};
 use insitu_target::{NamespaceConfig, Target};
-use insitu_wire::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
+use insitu_wire::{Descriptor, ExecResult, Extent, VirtualObject, SECTOR};
 use serde_json::{json, Value as Json};
 use std::fs::File;
 use std::ops::ControlFlow;
@@ -66,7 +66,7 @@ pub fn io_engine(opts: &IoEngineOptions) -> Result<Json, Error> {
         let started = Instant::now();
         let out = target.exec(1, &desc).map_err(|e| format!("embedded EXEC: {e}"))?;
         exec_secs.push(started.elapsed().as_secs_f64());
-        digests.push(("exec".to_string(), exec_digest(&ExecResult::decode(&out.result).map_err(|e| format!("EXEC result: {e}"))?)));
+        digests.push(("exec".to_string(), crate::fabric::digest(&ExecResult::decode(&out.result).map_err(|e| format!("EXEC result: {e}"))?)));
         for (i, s) in scanners.iter_mut().enumerate() {
             drop_caches(&path);
             let started = Instant::now();
@@ -106,14 +106,6 @@ pub fn io_engine(opts: &IoEngineOptions) -> Result<Json, Error> {
     });
     drop(work);
     Ok(report)
-}
-
-/// The crc32c digest an EXEC reported.
-fn exec_digest(r: &ExecResult) -> String {
-    match r.records.first().and_then(|rec| rec.iter().find(|(k, _)| k == "digest")) {
-        Some((_, Value::Str(hex))) => hex.clone(),
-        other => format!("{other:?}"),
-    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -97,34 +97,13 @@ fn serve(mut s: TcpStream, request: usize, file: Option<&File>) -> io::Result<()
     loop {
         match s.read_exact(&mut ask) {
             Ok(()) => match file {
-                Some(f) => send_range(&s, f, u64::from_le_bytes(ask), request)?,
+                Some(f) => insitu_media::send_file_range(s.as_fd(), f, u64::from_le_bytes(ask), request)?,
                 None => s.write_all(&data)?,
             },
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         }
     }
-}
-
-/// Sends `len` bytes of `file` at `offset` to `s` with `sendfile`.
-fn send_range(s: &TcpStream, file: &File, offset: u64, len: usize) -> io::Result<()> {
-    let mut off = libc::off_t::try_from(offset).map_err(|_| io::Error::other("offset out of range"))?;
-    let mut left = len;
-    while left > 0 {
-        // SAFETY: both descriptors are open for the call and `off` is a valid off_t.
-        let n = unsafe { libc::sendfile(s.as_raw_fd(), file.as_raw_fd(), &raw mut off, left) };
-        match n {
-            n if n > 0 => left -= n as usize,
-            0 => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("the file ends before byte {}", offset + len as u64))),
-            _ => {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Takes `span` bytes of `[0, total)` at a time from `next` and fetches each in `request`

@@ -489,7 +489,6 @@ pub(crate) struct Queue {
     threads: Mutex<Vec<JoinHandle<()>>>,
     cpda: u8,
     in_capsule: AtomicUsize,
-    timeout: Duration,
 }
 
 fn dial(addr: &str, timeout: Duration) -> Result<TcpStream, InitiatorError> {
@@ -571,7 +570,6 @@ impl Queue {
             threads: Mutex::new(vec![sender]),
             cpda,
             in_capsule: AtomicUsize::new(0),
-            timeout,
         })
     }
 
@@ -599,7 +597,7 @@ impl Queue {
     /// Takes a free command identifier for [`Queue::start`]. With `block` false, returns
     /// `Ok(None)` when none is free instead of waiting for one.
     pub fn reserve(&self, block: bool) -> Result<Option<Reserved>, QError> {
-        let cid = if block { Some(self.cids.acquire(self.timeout).ok_or(QError::Timeout)?) } else { self.cids.try_acquire() };
+        let cid = if block { Some(self.cids.acquire(self.shared.timeout).ok_or(QError::Timeout)?) } else { self.cids.try_acquire() };
         Ok(cid.map(Reserved))
     }
 
@@ -632,7 +630,7 @@ impl Queue {
             cmd.set_sgl(0, data_out.len().max(in_len) as u32, SGL_TRANSPORT_DATA_BLOCK);
             &[]
         };
-        let ticket = Ticket { q: self, cid, rx, leases: [lent_in, lent_out], finished: false, deadline: Instant::now() + self.timeout, _buffers: PhantomData };
+        let ticket = Ticket { q: self, cid, rx, leases: [lent_in, lent_out], finished: false, deadline: Instant::now() + self.shared.timeout, _buffers: PhantomData };
         if let Err(e) = self.shared.send(&Pdu::CapsuleCmd { sqe: cmd, data: Vec::new() }, capsule_data, self.cpda) {
             // The command fails through its slot when the queue closes.
             self.close(&format!("send failed: {e}"));

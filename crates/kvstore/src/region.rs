@@ -118,27 +118,6 @@ impl RegionBackend {
     }
 }
 
-/// Makes `len` bytes at `offset` of `file` read as zeros: a punched hole, or written zeros
-/// where the file system cannot punch one.
-fn zero(file: &File, offset: u64, len: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "range too large"));
-    };
-    // SAFETY: a plain system call on an open descriptor; no memory is passed.
-    if unsafe { libc::fallocate(file.as_raw_fd(), libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, off, n) } == 0 {
-        return Ok(());
-    }
-    let zeros = vec![0u8; 1 << 20];
-    let mut done = 0;
-    while done < len {
-        let take = (len - done).min(zeros.len() as u64) as usize;
-        file.write_all_at(&zeros[..take], offset + done)?;
-        done += take as u64;
-    }
-    Ok(())
-}
-
 impl redb::StorageBackend for RegionBackend {
     fn len(&self) -> Result<u64, io::Error> {
         Ok(*self.len.lock().unwrap_or_else(PoisonError::into_inner))
@@ -157,7 +136,7 @@ impl redb::StorageBackend for RegionBackend {
         }
         if new > *len {
             // New positions must read as zeros; the region may hold older data.
-            zero(&self.file, self.base + HEADER_BYTES + *len, new - *len)?;
+            insitu_media::zero_file_range(&self.file, self.base + HEADER_BYTES + *len, new - *len)?;
         }
         self.write_header(new)?;
         *len = new;

@@ -322,7 +322,7 @@ pub fn encode_list<'a>(keys: impl IntoIterator<Item = &'a [u8]>, buffer: usize) 
         n += 1;
     }
     out[..4].copy_from_slice(&n.to_le_bytes());
-    out.truncate(buffer.max(0));
+    out.truncate(buffer);
     (out, n as usize)
 }
 

@@ -201,30 +201,13 @@ impl Backing {
     /// (`sendfile`), for media in memory with no pacing; `Ok(false)` (nothing sent) for
     /// other media, which must be read into a buffer.
     pub fn send_from_page_cache(&self, out: std::os::fd::BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<bool> {
-        use std::os::fd::AsRawFd;
         if !self.can_send_from_page_cache() {
             return Ok(false);
         }
         if offset.checked_add(len as u64).is_none_or(|e| e > self.len) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("read of {len} bytes at {offset} is beyond the end ({})", self.len)));
         }
-        let mut off = offset as libc::off_t;
-        let mut left = len;
-        while left > 0 {
-            // SAFETY: both descriptors are open for the call; `off` is a valid off_t.
-            let n = unsafe { libc::sendfile(out.as_raw_fd(), self.buffered.as_raw_fd(), &raw mut off, left) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if n == 0 {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read at {off}: the file ended")));
-            }
-            left -= n as usize;
-        }
+        send_file_range(out, &self.buffered, offset, len)?;
         self.counters.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
         Ok(true)
     }
@@ -267,26 +250,12 @@ impl Backing {
         if offset.checked_add(len).is_none_or(|e| e > self.len) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("zeroing {len} bytes at {offset} is beyond the end ({})", self.len)));
         }
-        let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "range too large"));
-        };
         if let Some(p) = &self.pacing {
             p.on_discard(offset, len);
         }
-        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        // SAFETY: plain syscall on an open fd; no memory is passed.
-        let rc = unsafe { libc::fallocate(self.buffered.as_raw_fd(), mode, off, n) };
-        if rc == 0 {
-            return Ok(());
+        if zero_file_range(&self.buffered, offset, len)? {
+            self.counters.written_bytes.fetch_add(len, Ordering::Relaxed);
         }
-        let zeros = vec![0u8; 1 << 20];
-        let mut done = 0;
-        while done < len {
-            let take = (len - done).min(zeros.len() as u64) as usize;
-            self.buffered.write_all_at(&zeros[..take], offset + done)?;
-            done += take as u64;
-        }
-        self.counters.written_bytes.fetch_add(len, Ordering::Relaxed);
         Ok(())
     }
 
@@ -337,6 +306,50 @@ fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
 
 fn with_path(e: io::Error, path: &Path, what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+}
+
+/// Sends `len` bytes of `file` at `offset` to the socket `out` with `sendfile`: the kernel
+/// hands the file's cached pages to the socket, with no copy through user memory.
+pub fn send_file_range(out: std::os::fd::BorrowedFd<'_>, file: &File, offset: u64, len: usize) -> io::Result<()> {
+    let mut off = libc::off_t::try_from(offset).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset out of range"))?;
+    let mut left = len;
+    while left > 0 {
+        // SAFETY: both descriptors are open for the call; `off` is a valid off_t.
+        let n = unsafe { libc::sendfile(out.as_raw_fd(), file.as_raw_fd(), &raw mut off, left) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read at {off}: the file ended")));
+        }
+        left -= n as usize;
+    }
+    Ok(())
+}
+
+/// Makes `len` bytes of `file` at `offset` read as zeros: a punched hole, or zeros written
+/// where the file system cannot punch one. Returns whether zeros were written.
+pub fn zero_file_range(file: &File, offset: u64, len: u64) -> io::Result<bool> {
+    let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "range too large"));
+    };
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    // SAFETY: plain syscall on an open fd; no memory is passed.
+    if unsafe { libc::fallocate(file.as_raw_fd(), mode, off, n) } == 0 {
+        return Ok(false);
+    }
+    let zeros = vec![0u8; 1 << 20];
+    let mut done = 0;
+    while done < len {
+        let take = (len - done).min(zeros.len() as u64) as usize;
+        file.write_all_at(&zeros[..take], offset + done)?;
+        done += take as u64;
+    }
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -127,23 +127,36 @@ pub(crate) fn run(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Si
 fn read_from_page_cache(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Sink, job: &Job, started: Instant) -> bool {
     let cmd = &job.cmd;
     let nsid = cmd.nsid();
-    let Some(ns) = target.namespace(nsid).filter(|ns| ns.media().can_send_from_page_cache()) else { return false };
-    let bytes = (u64::from(cmd.cdw(12) & 0xFFFF) + 1) * u64::from(ns.lba_size());
-    let slba = u64::from(cmd.cdw(10)) | (u64::from(cmd.cdw(11)) << 32);
-    if bytes as usize > shared.cfg.max_transfer() || (cmd.sgl().1 as u64) < bytes {
-        return false; // refused by the ordinary path
+    if !target.namespace(nsid).is_some_and(|ns| ns.media().can_send_from_page_cache()) {
+        return false;
     }
-    let Ok((media, offset)) = target.read_source(nsid, slba, bytes as usize) else { return false };
+    let Ok(bytes) = read_bytes(shared, target, cmd) else { return false }; // refused by the ordinary path
+    let slba = u64::from(cmd.cdw(10)) | (u64::from(cmd.cdw(11)) << 32);
+    let Ok((media, offset)) = target.read_source(nsid, slba, bytes) else { return false };
     // A failed send ends the connection; only a connection that cannot send this way
     // leaves the command to the ordinary path.
-    if let Ok(false) = sink.complete_from_media(cmd.cid(), job.sqhd, media, offset, bytes as usize) {
+    if let Ok(false) = sink.complete_from_media(cmd.cid(), job.sqhd, media, offset, bytes) {
         return false;
     }
     ctrl.read_cmds.fetch_add(1, Ordering::Relaxed);
     let (nsid, function) = metric_labels(target, cmd, &job.data);
-    let cost = CommandCost { function, status: 0, took: started.elapsed(), link_bytes: bytes, media_bytes: bytes };
+    let cost = CommandCost { function, status: 0, took: started.elapsed(), link_bytes: bytes as u64, media_bytes: bytes as u64 };
     shared.metrics.record(cmd.opcode(), nsid, &cost);
     true
+}
+
+/// The bytes a Read asks for, or the status that refuses it: no such namespace, more than
+/// MDTS, or an SGL shorter than the data.
+fn read_bytes(shared: &Shared, target: &Target, cmd: &Command) -> Result<usize, u16> {
+    let lba = target.namespace(cmd.nsid()).map(|ns| u64::from(ns.lba_size())).ok_or(status(0, 0x0B))?;
+    let bytes = ((u64::from(cmd.cdw(12) & 0xFFFF) + 1) * lba) as usize;
+    if bytes > shared.cfg.max_transfer() {
+        return Err(INVALID_FIELD);
+    }
+    if (cmd.sgl().1 as usize) < bytes {
+        return Err(SGL_LENGTH_INVALID);
+    }
+    Ok(bytes)
 }
 
 fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, data: HostData) -> Done {
@@ -158,14 +171,10 @@ fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, d
     }
     match cmd.opcode() {
         opcode::READ => {
-            let Some(lba) = lba() else { return Done::status(status(0, 0x0B)) };
-            let bytes = (nlb * lba) as usize;
-            if bytes > shared.cfg.max_transfer() {
-                return Done::status(INVALID_FIELD);
-            }
-            if (cmd.sgl().1 as usize) < bytes {
-                return Done::status(SGL_LENGTH_INVALID);
-            }
+            let bytes = match read_bytes(shared, target, cmd) {
+                Ok(b) => b,
+                Err(s) => return Done::status(s),
+            };
             ctrl.read_cmds.fetch_add(1, Ordering::Relaxed);
             match target.read_blocks(nsid, slba, bytes) {
                 Ok(blocks) => Done { media: bytes as u64, data: Some(Returned::Blocks(blocks)), ..Done::ok() },
