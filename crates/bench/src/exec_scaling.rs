@@ -60,7 +60,7 @@ pub fn exec_scaling(opts: &ExecScalingOptions) -> Result<Json, Error> {
     let descriptors: Vec<Vec<u8>> = (0..opts.objects as u64)
         .map(|i| {
             let sectors = size / SECTOR;
-            Descriptor::new("crc32c", vec![VirtualObject { length: size, extents: vec![Extent::data(i * sectors, sectors as u32)] }]).encode()
+            Descriptor::new("crc32c", vec![VirtualObject { offset: 0, length: size, extents: vec![Extent::data(i * sectors, sectors as u32)] }]).encode()
         })
         .collect();
     let target = |idle_buffers: usize| -> Result<Target, Error> {

@@ -143,9 +143,9 @@ fn descriptor(size: u64, result_object: bool) -> Vec<u8> {
         extents.push(Extent::data(at, n as u32));
         at += n;
     }
-    let mut d = Descriptor::new("crc32c", vec![VirtualObject { length: size, extents }]);
+    let mut d = Descriptor::new("crc32c", vec![VirtualObject { offset: 0, length: size, extents }]);
     if result_object {
-        d.result = Some(VirtualObject { length: RESULT_AREA, extents: vec![Extent::data(sectors, (RESULT_AREA / SECTOR) as u32)] });
+        d.result = Some(VirtualObject { offset: 0, length: RESULT_AREA, extents: vec![Extent::data(sectors, (RESULT_AREA / SECTOR) as u32)] });
     }
     d.encode()
 }

@@ -55,7 +55,7 @@ pub fn io_engine(opts: &IoEngineOptions) -> Result<Json, Error> {
     let media = Backing::open(&path, true).map_err(|e| e.to_string())?;
     let mut target = Target::new();
     target.add_namespace(&path, NamespaceConfig::default()).map_err(|e| format!("{}: {e}", path.display()))?;
-    let desc = Descriptor::new("crc32c", vec![VirtualObject { length: size, extents: vec![Extent::data(0, (size / SECTOR) as u32)] }]).encode();
+    let desc = Descriptor::new("crc32c", vec![VirtualObject { offset: 0, length: size, extents: vec![Extent::data(0, (size / SECTOR) as u32)] }]).encode();
     let mut scanners = SHAPES.iter().map(|&(chunk, depth)| UringScanner::new(depth, chunk)).collect::<Result<Vec<_>, _>>().map_err(|e| format!("io_uring is not available here: {e}"))?;
 
     let mut exec_secs = Vec::new();

@@ -69,7 +69,7 @@ pub fn from_extents(extents: &[FiemapExtent], length: u64, device_offset: u64, p
     }
     out.zeros_until(length.next_multiple_of(SECTOR));
     out.trim(length);
-    Ok(VirtualObject { length, extents: out.extents })
+    Ok(VirtualObject { offset: 0, length, extents: out.extents })
 }
 
 #[derive(Default)]

@@ -116,8 +116,8 @@ fn read_only_exec_in_flight_is_retried() {
     let s = Session::connect(opts(&p.addr)).unwrap();
     let data = pattern(1 << 20, 9);
     s.write(1, 0, &data).unwrap();
-    let mut d = Descriptor::new("crc32c", vec![VirtualObject { length: data.len() as u64, extents: vec![Extent::data(0, 2048)] }]);
-    d.result = Some(VirtualObject { length: 4096, extents: vec![Extent::data(8192, 8)] });
+    let mut d = Descriptor::new("crc32c", vec![VirtualObject { offset: 0, length: data.len() as u64, extents: vec![Extent::data(0, 2048)] }]);
+    d.result = Some(VirtualObject { offset: 0, length: 4096, extents: vec![Extent::data(8192, 8)] });
     p.cut_next(); // the EXEC capsule is lost and its connection dies
     let cqe = s.exec_idempotent(1, &d.encode()).unwrap();
     assert_eq!(s.stats().reconnects, 1);

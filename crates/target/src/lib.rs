@@ -22,7 +22,7 @@
 //! let mut target = Target::new();
 //! let nsid = target.add_namespace(&img, NamespaceConfig::default()).unwrap();
 //! target.write(nsid, 8, &b"hello world\n".repeat(128)).unwrap(); // 3 blocks at LBA 8
-//! let obj = VirtualObject { length: 1200, extents: vec![Extent::data(8, 3)] };
+//! let obj = VirtualObject { offset: 0, length: 1200, extents: vec![Extent::data(8, 3)] };
 //! let out = target.exec(nsid, &Descriptor::new("wc", vec![obj]).encode()).unwrap();
 //! let result = ExecResult::decode(&out.result).unwrap();
 //! assert_eq!(result.records[0][0], ("lines".to_string(), Value::U64(100)));

@@ -38,18 +38,24 @@ pub(crate) struct Segment {
     pub(crate) len: u64,
 }
 
-/// Translates an object's extents to media segments, cut to the object's length.
+/// Translates an object's extents to media segments, from its offset and cut to its length.
 pub(crate) fn segments(ns: &Namespace, obj: &VirtualObject) -> Vec<Segment> {
     let mut left = obj.length;
+    let mut skip = u64::from(obj.offset);
     let mut out: Vec<Segment> = Vec::new();
     for e in &obj.extents {
         if left == 0 {
             break;
         }
-        let len = e.bytes().min(left);
+        let skipped = skip.min(e.bytes());
+        skip -= skipped;
+        let len = (e.bytes() - skipped).min(left);
+        if len == 0 {
+            continue;
+        }
         left -= len;
         let media_offset = match e.kind {
-            ExtentKind::Data => Some(ns.offset + e.start_sector * SECTOR),
+            ExtentKind::Data => Some(ns.offset + e.start_sector * SECTOR + skipped),
             ExtentKind::Zero => None,
         };
         // Merge runs that continue each other on the media, so fragmented lists read in

@@ -57,7 +57,7 @@ fn exec_streams_fragmented_objects_with_holes_on(t: &Target, data: &[u8]) {
     // extent larger than one read chunk.
     let extents = vec![Extent::data(9000, 3), Extent::zero(2), Extent::data(17, 5000), Extent::data(1, 1)];
     let length = (3 + 2 + 5000) * 512 + 300;
-    let obj = VirtualObject { length, extents };
+    let obj = VirtualObject { offset: 0, length, extents };
     let mut expect = Vec::new();
     expect.extend_from_slice(&data[9000 * 512..9003 * 512]);
     expect.extend_from_slice(&[0u8; 1024]);
@@ -92,7 +92,7 @@ fn many_inputs_return_one_record_each_in_order() {
 }
 
 fn many_inputs_on(t: &Target, data: &[u8]) {
-    let objs: Vec<VirtualObject> = (0..5u64).map(|i| VirtualObject { length: 1000 + i, extents: vec![Extent::data(i * 100, 2)] }).collect();
+    let objs: Vec<VirtualObject> = (0..5u64).map(|i| VirtualObject { offset: 0, length: 1000 + i, extents: vec![Extent::data(i * 100, 2)] }).collect();
     let out = t.exec(1, &Descriptor::new("crc32c", objs).encode()).unwrap();
     let recs = records(&out);
     assert_eq!(recs.len(), 5);
@@ -104,6 +104,32 @@ fn many_inputs_on(t: &Target, data: &[u8]) {
 }
 
 #[test]
+fn objects_starting_inside_a_sector_skip_their_offset() {
+    for (_d, t, data) in targets_on_disk_and_in_memory() {
+        // An offset within the first extent, one that ends the first extent exactly
+        // (a one-sector extent skipped up to its last byte), and one across a hole.
+        let cases = [
+            (80u32, 4000u64, vec![Extent::data(30, 8)]),
+            (511, 1000, vec![Extent::data(5, 1), Extent::data(70, 2)]),
+            (300, 900, vec![Extent::zero(1), Extent::data(9, 2)]),
+        ];
+        for (offset, length, extents) in cases {
+            let mut whole = Vec::new();
+            for e in &extents {
+                match e.kind {
+                    insitu_wire::ExtentKind::Data => whole.extend_from_slice(&data[e.start_sector as usize * 512..][..e.bytes() as usize]),
+                    insitu_wire::ExtentKind::Zero => whole.extend(std::iter::repeat_n(0u8, e.bytes() as usize)),
+                }
+            }
+            let expect = &whole[offset as usize..offset as usize + length as usize];
+            let obj = VirtualObject { offset, length, extents };
+            let out = t.exec(1, &Descriptor::new("crc32c", vec![obj]).encode()).unwrap();
+            assert_eq!(field(&records(&out)[0], "digest"), &Value::Str(format!("{:08x}", crc32c_of(expect))), "offset {offset}");
+        }
+    }
+}
+
+#[test]
 fn outputs_land_in_their_extents_and_nothing_else_changes() {
     for (_d, t, data) in targets_on_disk_and_in_memory() {
         outputs_on(&t, &data);
@@ -111,8 +137,8 @@ fn outputs_land_in_their_extents_and_nothing_else_changes() {
 }
 
 fn outputs_on(t: &Target, data: &[u8]) {
-    let input = VirtualObject { length: 20 * 512 - 7, extents: vec![Extent::data(100, 20)] };
-    let output = VirtualObject { length: 20 * 512, extents: vec![Extent::data(5000, 10), Extent::data(4000, 10)] };
+    let input = VirtualObject { offset: 0, length: 20 * 512 - 7, extents: vec![Extent::data(100, 20)] };
+    let output = VirtualObject { offset: 0, length: 20 * 512, extents: vec![Extent::data(5000, 10), Extent::data(4000, 10)] };
     let mut d = Descriptor::new("sort", vec![input]);
     d.outputs.push(output);
     let out = t.exec(1, &d.encode()).unwrap();
@@ -139,16 +165,16 @@ fn outputs_on(t: &Target, data: &[u8]) {
 #[test]
 fn bad_descriptors_are_refused_before_any_media_read() {
     let (_d, t, _) = target_with(Visibility::Sharable);
-    let ok = VirtualObject { length: 512, extents: vec![Extent::data(0, 1)] };
+    let ok = VirtualObject { offset: 0, length: 512, extents: vec![Extent::data(0, 1)] };
     let ns_sectors = (NS_BYTES / 512) as u64;
     let mut cases: Vec<(Vec<u8>, Status)> = Vec::new();
     cases.push((b"garbage".to_vec(), Status::BAD_DESCRIPTOR));
     let good = Descriptor::new("crc32c", vec![ok.clone()]).encode();
     cases.push((good[..good.len() - 1].to_vec(), Status::BAD_DESCRIPTOR));
     cases.push((Descriptor::new("nope", vec![ok.clone()]).encode(), Status::UNKNOWN_FUNCTION));
-    let past_end = VirtualObject { length: 1024, extents: vec![Extent::data(ns_sectors - 1, 2)] };
+    let past_end = VirtualObject { offset: 0, length: 1024, extents: vec![Extent::data(ns_sectors - 1, 2)] };
     cases.push((Descriptor::new("crc32c", vec![past_end]).encode(), Status::LBA_OUT_OF_RANGE));
-    let overflow = VirtualObject { length: 512, extents: vec![Extent::data(u64::MAX - 1, 4)] };
+    let overflow = VirtualObject { offset: 0, length: 512, extents: vec![Extent::data(u64::MAX - 1, 4)] };
     cases.push((Descriptor::new("crc32c", vec![overflow]).encode(), Status::LBA_OUT_OF_RANGE));
     let mut bad_regex = Descriptor::new("grep", vec![ok.clone()]);
     bad_regex.args = vec![("pattern".into(), Value::Str("(".into())), ("regex".into(), Value::Bool(true))];
@@ -157,11 +183,11 @@ fn bad_descriptors_are_refused_before_any_media_read() {
     unknown_arg.args = vec![("bogus".into(), Value::U64(1))];
     cases.push((unknown_arg.encode(), Status::BAD_ARGUMENT));
     let mut overlap = Descriptor::new("sort", vec![ok.clone()]);
-    overlap.outputs.push(VirtualObject { length: 512, extents: vec![Extent::data(0, 1)] });
+    overlap.outputs.push(VirtualObject { offset: 0, length: 512, extents: vec![Extent::data(0, 1)] });
     cases.push((overlap.encode(), Status::INVALID_FIELD));
     cases.push((Descriptor::new("sort", vec![ok.clone()]).encode(), Status::INVALID_FIELD));
     let mut two_inputs = Descriptor::new("sort", vec![ok.clone(), ok]);
-    two_inputs.outputs.push(VirtualObject { length: 512, extents: vec![Extent::data(8, 1)] });
+    two_inputs.outputs.push(VirtualObject { offset: 0, length: 512, extents: vec![Extent::data(8, 1)] });
     cases.push((two_inputs.encode(), Status::INVALID_FIELD));
     for (bytes, status) in cases {
         let err = t.exec(1, &bytes).unwrap_err();
@@ -174,7 +200,7 @@ fn bad_descriptors_are_refused_before_any_media_read() {
 #[test]
 fn private_and_missing_namespaces_are_refused() {
     let (_d, t, _) = target_with(Visibility::Private);
-    let obj = VirtualObject { length: 512, extents: vec![Extent::data(0, 1)] };
+    let obj = VirtualObject { offset: 0, length: 512, extents: vec![Extent::data(0, 1)] };
     let err = t.exec(1, &Descriptor::new("crc32c", vec![obj.clone()]).encode()).unwrap_err();
     assert_eq!(err.status, Status::INVALID_NAMESPACE);
     assert!(err.message.contains("private"), "{err}");
@@ -205,9 +231,9 @@ fn block_commands_check_ranges() {
 #[test]
 fn results_go_to_the_result_object_when_one_is_given() {
     let (_d, t, _) = target_with(Visibility::Sharable);
-    let input = VirtualObject { length: 4096, extents: vec![Extent::data(0, 8)] };
+    let input = VirtualObject { offset: 0, length: 4096, extents: vec![Extent::data(0, 8)] };
     let mut d = Descriptor::new("wc", vec![input.clone()]);
-    d.result = Some(VirtualObject { length: 1024, extents: vec![Extent::data(3000, 2)] });
+    d.result = Some(VirtualObject { offset: 0, length: 1024, extents: vec![Extent::data(3000, 2)] });
     let out = t.exec(1, &d.encode()).unwrap();
     assert!(out.result_in_object);
     let mut stored = vec![0u8; 1024];
@@ -216,7 +242,7 @@ fn results_go_to_the_result_object_when_one_is_given() {
     assert_eq!(ExecResult::decode(&stored[..out.result.len()]).unwrap(), ExecResult::decode(&out.result).unwrap());
     // Too small a result object: refused, nothing written there.
     let mut small = Descriptor::new("wc", vec![input]);
-    small.result = Some(VirtualObject { length: 8, extents: vec![Extent::data(4000, 1)] });
+    small.result = Some(VirtualObject { offset: 0, length: 8, extents: vec![Extent::data(4000, 1)] });
     assert_eq!(t.exec(1, &small.encode()).unwrap_err().status, Status::RESULT_TOO_LARGE);
 }
 
@@ -233,7 +259,7 @@ fn a_compute_budget_is_charged_with_the_kernels_cpu_time() {
     let (_d, t, _) = target_with(Visibility::Sharable);
     let tally = Arc::new(Tally::default());
     let t = t.with_compute_budget(tally.clone());
-    let obj = VirtualObject { length: 6 << 20, extents: vec![Extent::data(0, 12 * 1024)] };
+    let obj = VirtualObject { offset: 0, length: 6 << 20, extents: vec![Extent::data(0, 12 * 1024)] };
     t.exec(1, &Descriptor::new("sha256", vec![obj]).encode()).unwrap();
     // sha256 over 6 MiB takes milliseconds of CPU, charged chunk by chunk.
     assert!(tally.1.load(Ordering::Relaxed) >= 3, "charged {} times", tally.1.load(Ordering::Relaxed));
@@ -241,10 +267,10 @@ fn a_compute_budget_is_charged_with_the_kernels_cpu_time() {
     // Two inputs share one meter: nothing is charged twice, so the total cannot exceed the
     // CPU the calling thread (which runs the kernel) really used.
     tally.0.store(0, Ordering::Relaxed);
-    let half = VirtualObject { length: 2 << 20, extents: vec![Extent::data(0, 4096)] };
-    let other = VirtualObject { length: 2 << 20, extents: vec![Extent::data(4096, 4096)] };
+    let half = VirtualObject { offset: 0, length: 2 << 20, extents: vec![Extent::data(0, 4096)] };
+    let other = VirtualObject { offset: 0, length: 2 << 20, extents: vec![Extent::data(4096, 4096)] };
     let mut d = Descriptor::new("vector-add", vec![half, other]);
-    d.outputs.push(VirtualObject { length: 2 << 20, extents: vec![Extent::data(8192, 4096)] });
+    d.outputs.push(VirtualObject { offset: 0, length: 2 << 20, extents: vec![Extent::data(8192, 4096)] });
     let before = thread_cpu_ns();
     t.exec(1, &d.encode()).unwrap();
     let used = thread_cpu_ns() - before;

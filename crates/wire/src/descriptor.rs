@@ -91,9 +91,14 @@ impl Extent {
 }
 
 /// An object the target is made aware of for one command: its bytes are the concatenation of
-/// its extents, cut to `length`.
+/// its extents from byte `offset` on, cut to `length`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct VirtualObject {
+    /// Bytes of the extents' concatenation before the object's first byte: less than one
+    /// sector, so that a byte range of a file that starts inside a sector is an object
+    /// (an erasure-coded fragment after its header, a record of a larger file). Zero for
+    /// output objects.
+    pub offset: u32,
     /// Exact length in bytes. For an output object: its capacity.
     pub length: u64,
     /// Extents in object order; together at least `length` bytes.
@@ -104,6 +109,42 @@ impl VirtualObject {
     /// Total bytes covered by the extents.
     pub fn extent_bytes(&self) -> u64 {
         self.extents.iter().map(Extent::bytes).sum()
+    }
+
+    /// The object of bytes `[start, start + len)` of this one: the extents that hold them,
+    /// the first cut to the sector that holds `start`. `None` when the range runs past the
+    /// object's length.
+    pub fn range(&self, start: u64, len: u64) -> Option<VirtualObject> {
+        if start.checked_add(len)? > self.length {
+            return None;
+        }
+        if len == 0 {
+            return Some(VirtualObject::default());
+        }
+        let first = start + u64::from(self.offset); // in the extents' bytes
+        let end = first + len;
+        let mut out = VirtualObject { offset: (first % SECTOR) as u32, length: len, extents: Vec::new() };
+        let mut at = 0u64; // extents' bytes before the current extent
+        for e in &self.extents {
+            let (lo, hi) = (at, at + e.bytes());
+            at = hi;
+            if hi <= first - first % SECTOR {
+                continue;
+            }
+            if lo >= end {
+                break;
+            }
+            // Whole sectors of this extent from the one holding `first` (or its start) to
+            // the one holding the last byte (or its end).
+            let skip = (first.max(lo) - lo) / SECTOR;
+            let last = (end.min(hi) - lo).div_ceil(SECTOR);
+            let sectors = (last - skip) as u32;
+            out.extents.push(match e.kind {
+                ExtentKind::Data => Extent::data(e.start_sector + skip, sectors),
+                ExtentKind::Zero => Extent::zero(sectors),
+            });
+        }
+        Some(out)
     }
 }
 
@@ -165,7 +206,7 @@ impl Descriptor {
         for obj in self.inputs.iter().chain(&self.outputs).chain(&self.result) {
             out.extend_from_slice(&obj.length.to_le_bytes());
             out.extend_from_slice(&len_u32(obj.extents.len()).to_le_bytes());
-            out.extend_from_slice(&[0u8; 4]);
+            out.extend_from_slice(&obj.offset.to_le_bytes());
             for e in &obj.extents {
                 out.extend_from_slice(&e.start_sector.to_le_bytes());
                 out.extend_from_slice(&e.sectors.to_le_bytes());
@@ -347,7 +388,12 @@ fn decode_object(cur: &mut Cursor<'_>, limits: &Limits, is_output: bool) -> Resu
         return Err(DecodeError::TooMany { field: "object length bytes", count: length, max: limits.max_object_len });
     }
     let n = cur.u32("extent count")?;
-    reserved(cur, 4)?;
+    let offset_at = cur.position();
+    let offset = cur.u32("object offset")?;
+    if u64::from(offset) >= SECTOR || (is_output && offset != 0) {
+        let why = if is_output { "must be 0 for an output object".to_string() } else { format!("must be less than {SECTOR}, found {offset}") };
+        return Err(bad("object offset", offset_at, why));
+    }
     if n > limits.max_extents_per_object {
         return Err(DecodeError::TooMany { field: "extents in one object", count: n.into(), max: limits.max_extents_per_object.into() });
     }
@@ -382,10 +428,11 @@ fn decode_object(cur: &mut Cursor<'_>, limits: &Limits, is_output: bool) -> Resu
         covered = covered.saturating_add(u64::from(sectors) * SECTOR);
         extents.push(Extent { kind, start_sector, sectors });
     }
-    if covered < length {
-        return Err(bad("object length", at, format!("{length} bytes but extents cover only {covered}")));
+    if covered < length + u64::from(offset) {
+        let from = if offset == 0 { String::new() } else { format!(" from offset {offset}") };
+        return Err(bad("object length", at, format!("{length} bytes{from} but extents cover only {covered}")));
     }
-    Ok(VirtualObject { length, extents })
+    Ok(VirtualObject { offset, length, extents })
 }
 
 fn reserved(cur: &mut Cursor<'_>, n: usize) -> Result<(), DecodeError> {

@@ -14,7 +14,7 @@
 //! ```
 //! use insitu_wire::{Descriptor, Extent, Limits, Value, VirtualObject};
 //!
-//! let obj = VirtualObject { length: 5000, extents: vec![Extent::data(2048, 8), Extent::zero(2)] };
+//! let obj = VirtualObject { offset: 0, length: 5000, extents: vec![Extent::data(2048, 8), Extent::zero(2)] };
 //! let mut d = Descriptor::new("grep", vec![obj]);
 //! d.args.push(("pattern".into(), Value::Str("foo".into())));
 //! let bytes = d.encode();

@@ -53,11 +53,13 @@ fn extent(allow_zero: bool) -> impl Strategy<Value = Extent> {
 }
 
 /// A structurally valid object: `length` anywhere from 0 to what the extents cover.
+/// Input objects may start inside their first sector.
 fn object(allow_zero: bool) -> impl Strategy<Value = VirtualObject> {
-    (prop::collection::vec(extent(allow_zero), 0..5), any::<u64>()).prop_map(|(extents, seed)| {
+    (prop::collection::vec(extent(allow_zero), 0..5), any::<u64>(), 0..512u32).prop_map(move |(extents, seed, offset)| {
         let covered: u64 = extents.iter().map(Extent::bytes).sum();
-        let length = seed % (covered.min(1 << 48) + 1);
-        VirtualObject { length, extents }
+        let offset = if allow_zero && covered > 0 { offset } else { 0 };
+        let length = seed % (covered.min(1 << 48) - u64::from(offset) + 1);
+        VirtualObject { offset, length, extents }
     })
 }
 
@@ -245,7 +247,7 @@ fn crowded_extent(allow_zero: bool) -> impl Strategy<Value = Extent> {
 
 fn crowded_object(allow_zero: bool) -> impl Strategy<Value = VirtualObject> {
     prop::collection::vec(crowded_extent(allow_zero), 0..4)
-        .prop_map(|extents| VirtualObject { length: extents.iter().map(Extent::bytes).sum(), extents })
+        .prop_map(|extents| VirtualObject { offset: 0, length: extents.iter().map(Extent::bytes).sum(), extents })
 }
 
 fn crowded_descriptor() -> impl Strategy<Value = Descriptor> {
@@ -349,7 +351,7 @@ proptest! {
 /// Fixed cases for the rules, named so a failure reads as a sentence.
 #[test]
 fn check_extents_examples() {
-    let input = |extents: Vec<Extent>| VirtualObject { length: 0, extents };
+    let input = |extents: Vec<Extent>| VirtualObject { offset: 0, length: 0, extents };
     let d = |inputs: Vec<VirtualObject>, outputs: Vec<VirtualObject>| Descriptor {
         function: "f".into(),
         args: vec![],
@@ -429,4 +431,43 @@ fn huge_list_counts_fail_fast() {
         Descriptor::decode(&bytes, &Limits::default()),
         Err(DecodeError::TooMany { field: "list elements", .. })
     ));
+}
+
+/// Where each byte of a small object comes from: its namespace byte address, or `None` for
+/// a zero byte.
+fn byte_sources(obj: &VirtualObject) -> Vec<Option<u64>> {
+    let all = obj.extents.iter().flat_map(|e| {
+        (0..e.bytes()).map(move |i| match e.kind {
+            ExtentKind::Data => Some(e.start_sector * SECTOR + i),
+            ExtentKind::Zero => None,
+        })
+    });
+    all.skip(obj.offset as usize).take(obj.length as usize).collect()
+}
+
+proptest! {
+    #![proptest_config(cases(512))]
+
+    /// A range of an object is an object whose bytes are exactly those of the range.
+    #[test]
+    fn a_range_holds_the_bytes_of_the_range(
+        extents in prop::collection::vec((0u64..1000, 1u32..4, any::<bool>()), 0..5),
+        offset in 0u32..512, cut in any::<u64>(), start in any::<u64>(), len in any::<u64>(),
+    ) {
+        let extents: Vec<Extent> = extents.into_iter().map(|(s, n, zero)| if zero { Extent::zero(n) } else { Extent::data(s, n) }).collect();
+        let covered: u64 = extents.iter().map(Extent::bytes).sum();
+        let offset = if covered == 0 { 0 } else { offset };
+        let length = (covered - u64::from(offset)).saturating_sub(cut % 600);
+        let obj = VirtualObject { offset, length, extents };
+        let start = start % (length + 1);
+        let len = len % (length - start + 1);
+        let part = obj.range(start, len).expect("in range");
+        prop_assert!(part.offset < 512);
+        prop_assert!(part.extent_bytes() >= u64::from(part.offset) + part.length);
+        prop_assert_eq!(byte_sources(&part), byte_sources(&obj)[start as usize..(start + len) as usize].to_vec());
+        // Round trip through the wire, as an input of a descriptor.
+        let d = Descriptor::new("wc", vec![part.clone()]);
+        prop_assert_eq!(Descriptor::decode(&d.encode(), &Limits::default()).map(|d| d.inputs[0].clone()), Ok(part));
+        prop_assert!(obj.range(start, length - start + 1).is_none());
+    }
 }

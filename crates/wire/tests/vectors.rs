@@ -105,7 +105,8 @@ fn object_from_json(j: &Json) -> VirtualObject {
             sectors: u32::try_from(e["sectors"].as_u64().expect("sectors")).expect("sectors fit u32"),
         })
         .collect();
-    VirtualObject { length: j["length"].as_u64().expect("length"), extents }
+    let offset = j["offset"].as_u64().map_or(0, |o| u32::try_from(o).expect("offset"));
+    VirtualObject { offset, length: j["length"].as_u64().expect("length"), extents }
 }
 
 fn descriptor_to_json(d: &Descriptor) -> Json {
@@ -147,7 +148,7 @@ fn error_kind(e: &DecodeError) -> String {
 // The vectors.
 
 fn obj(length: u64, extents: Vec<Extent>) -> VirtualObject {
-    VirtualObject { length, extents }
+    VirtualObject { offset: 0, length, extents }
 }
 
 fn minimal_crc32c() -> Descriptor {

@@ -106,7 +106,7 @@ fn target_scan(image: &Path, model: &DeviceModel, obj: &VirtualObject, result_se
     let server = Server::bind(cfg).map_err(|e| format!("cannot start a target with model {}: {e}", model.name))?.spawn();
     let session = Session::connect(ConnectOptions::new(server.local_addr().to_string(), NQN)).map_err(|e| format!("cannot connect to the target at {}: {e}", server.local_addr()))?;
     let mut d = Descriptor::new("crc32c", vec![obj.clone()]);
-    d.result = Some(VirtualObject { length: 4096, extents: vec![Extent::data(result_sector, (4096 / SECTOR) as u32)] });
+    d.result = Some(VirtualObject { offset: 0, length: 4096, extents: vec![Extent::data(result_sector, (4096 / SECTOR) as u32)] });
     let desc = d.encode();
     let started = Instant::now();
     session.exec(1, &desc).map_err(|e| format!("EXEC over NVMe/TCP with model {}: {e}", model.name))?;

@@ -55,7 +55,7 @@ impl Placer {
             self.next += (n * SECTOR).next_multiple_of(ALIGN);
             done += n;
         }
-        VirtualObject { length: len, extents: out }
+        VirtualObject { offset: 0, length: len, extents: out }
     }
 
     /// Bytes placed so far (the image size needed).
