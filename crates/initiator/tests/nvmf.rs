@@ -258,3 +258,26 @@ fn commands_rotate_over_every_io_queue() {
     assert_eq!(io.len(), 4, "an admin connection and four I/O connections: {after:?}");
     assert!(io.iter().all(|&b| b >= 2 * 65536), "every I/O queue carried two of the eight reads: {io:?}");
 }
+
+#[test]
+fn consecutive_reads_of_a_disk_are_merged_yet_answered_one_by_one() {
+    let f = target(Vec::new());
+    let s = Session::connect(ConnectOptions { max_io_bytes: Some(128 << 10), queue_depth: 8, io_queues: 1, ..opts(&f.addr) }).unwrap();
+    let data = pattern(5 << 20, 4);
+    s.write(1, 64, &data).unwrap();
+    let mut back = vec![0u8; data.len()];
+    let (r0, _) = host_commands(&s);
+    s.read_into(1, 64, &mut back).unwrap();
+    assert!(back == data, "merged reads returned other bytes");
+    assert_eq!(host_commands(&s).0 - r0, 40, "every command is answered");
+    // A run that crosses the end of the namespace: the commands inside it still read, the
+    // ones past the end fail with their own status.
+    let last = NS_BYTES / 512;
+    let mut tail = vec![0u8; 1 << 20];
+    match s.read_into(1, last - 1024, &mut tail) {
+        Err(InitiatorError::Status { sc, .. }) => assert_eq!(sc, 0x80, "LBA Out of Range"),
+        other => panic!("a read past the end must fail with a status, got {other:?}"),
+    }
+    let mut inside = vec![0u8; 512 << 10];
+    s.read_into(1, last - 1024, &mut inside).unwrap();
+}

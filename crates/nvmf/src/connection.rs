@@ -77,6 +77,11 @@ pub(crate) trait Transport: Read + Send {
     fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()>;
     /// Ends the connection in both directions.
     fn shutdown(&self);
+    /// Whether bytes are waiting to be read now (a read would not block). Transports that
+    /// cannot tell say no, which only forgoes merging reads.
+    fn has_pending_bytes(&self) -> bool {
+        false
+    }
 }
 
 impl Transport for TcpStream {
@@ -86,6 +91,13 @@ impl Transport for TcpStream {
 
     fn shutdown(&self) {
         let _ = TcpStream::shutdown(self, std::net::Shutdown::Both);
+    }
+
+    fn has_pending_bytes(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int for the connection's own open socket.
+        unsafe { libc::ioctl(self.as_raw_fd(), libc::FIONREAD, &mut n) == 0 && n > 0 }
     }
 }
 
@@ -232,7 +244,7 @@ fn serve_with(shared: Arc<Shared>, reader: Box<dyn Transport>, writer: Box<dyn W
     let link = shared.links.as_ref().map(|(to_host, _)| to_host.clone());
     let sink = Sink { stream: Arc::new(Mutex::new(writer)), link, digests: Digests::default(), hpda: 0, sqid: 0, metrics: shared.metrics.clone(), socket };
     let reader = BufReader::with_capacity(RECV_BUFFER, reader);
-    let mut conn = Conn { shared, reader, head: Vec::new(), sink, state: State::AwaitIcReq, sqhd: 0, sqsize: 1, pending: HashMap::new(), next_ttag: 0, peer };
+    let mut conn = Conn { shared, reader, head: Vec::new(), sink, state: State::AwaitIcReq, sqhd: 0, sqsize: 1, pending: HashMap::new(), next_ttag: 0, peer, reads: io::ReadRun::default() };
     let end = conn.run();
     match &conn.state {
         State::Admin(ctrl) => ctrl.subsys.remove_controller(ctrl.cntlid),
@@ -267,6 +279,8 @@ struct Conn {
     pending: HashMap<u16, Pending>,
     next_ttag: u16,
     peer: String,
+    /// Reads received back to back for consecutive blocks, not yet handed to a worker.
+    reads: io::ReadRun,
 }
 
 impl Conn {
@@ -329,6 +343,17 @@ impl Conn {
             if let Err(e) = self.step(pdu) {
                 return e;
             }
+            // Reads are held back only while more commands are already here to join them.
+            if !self.reads.is_empty() && self.reader.buffer().is_empty() && !self.reader.get_ref().has_pending_bytes() {
+                self.dispatch_reads();
+            }
+        }
+    }
+
+    /// Hands the held reads to the queue's workers, as one job.
+    fn dispatch_reads(&mut self) {
+        if let (Some(job), State::Io { jobs, .. }) = (self.reads.take(), &self.state) {
+            let _ = jobs.send(job);
         }
     }
 
@@ -384,13 +409,24 @@ impl Conn {
                 // A read of memory with no model to wait for costs less than a hand-off to a
                 // worker (a wake-up on another core): it runs here.
                 if cmd.opcode() == opcode::READ && target.namespace(cmd.nsid()).is_some_and(|ns| ns.media().is_in_memory() && !ns.media().is_paced()) {
-                    io::run(&self.shared, target, ctrl, &self.sink, io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd });
+                    io::run(&self.shared, target, ctrl, &self.sink, io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd, more: Vec::new() });
+                    return Ok(());
+                }
+                // Consecutive reads of a disk go to the media as one larger read.
+                if cmd.opcode() == opcode::READ && target.namespace(cmd.nsid()).is_some_and(|ns| !ns.media().is_paced()) {
+                    let job = io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd, more: Vec::new() };
+                    if let Some(held) = self.reads.push(job, target) {
+                        let _ = jobs.send(held);
+                    }
                     return Ok(());
                 }
                 let jobs = jobs.clone();
+                if let Some(held) = self.reads.take() {
+                    let _ = jobs.send(held);
+                }
                 // Opcode bits 1:0 = 01: data flows host to controller.
                 if cmd.opcode() & 3 != 1 {
-                    let _ = jobs.send(io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd });
+                    let _ = jobs.send(io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd, more: Vec::new() });
                     return Ok(());
                 }
                 self.write_direction(cmd, data, sqhd, jobs)
@@ -411,11 +447,11 @@ impl Conn {
                 if addr > data.len() as u64 || start + len > data.len() {
                     return Err(End::Fatal { fes: 0x04, reason: format!("in-capsule data: SGL offset {addr} + {len} exceeds {} bytes", data.len()) });
                 }
-                let _ = jobs.send(io::Job { cmd, data: io::HostData::Owned(data[start..start + len].to_vec()), sqhd });
+                let _ = jobs.send(io::Job { cmd, data: io::HostData::Owned(data[start..start + len].to_vec()), sqhd, more: Vec::new() });
                 Ok(())
             }
             SGL_TRANSPORT_DATA_BLOCK if len == 0 => {
-                let _ = jobs.send(io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd });
+                let _ = jobs.send(io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd, more: Vec::new() });
                 Ok(())
             }
             SGL_TRANSPORT_DATA_BLOCK => {
@@ -462,7 +498,7 @@ impl Conn {
             }
             let p = self.pending.remove(&cccid).expect("present");
             if let State::Io { jobs, .. } = &self.state {
-                let _ = jobs.send(io::Job { cmd: p.cmd, data: p.buf, sqhd: p.sqhd });
+                let _ = jobs.send(io::Job { cmd: p.cmd, data: p.buf, sqhd: p.sqhd, more: Vec::new() });
             }
         } else if last {
             return Err(End::Fatal { fes: 0x02, reason: format!("H2CData for command {cccid} ended early") });

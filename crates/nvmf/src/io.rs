@@ -20,6 +20,61 @@ pub(crate) struct Job {
     pub(crate) cmd: Command,
     pub(crate) data: HostData,
     pub(crate) sqhd: u16,
+    /// Reads of the blocks right after `cmd`'s (which is then a read too), each with its
+    /// submission queue head: the media reads them all at once (see [`ReadRun`]).
+    pub(crate) more: Vec<(Command, u16)>,
+}
+
+/// Most bytes one merged media read covers.
+const MERGED_READ_MAX: usize = 1 << 20;
+
+/// Reads that arrived back to back for consecutive blocks of one namespace. A host that
+/// streams a file sends a queue's worth of 128 KiB reads at once; a disk serves one 1 MiB
+/// read faster than eight 128 KiB ones on as many threads, so the connection holds reads
+/// while more are already received and hands a run of them to one worker as one job.
+#[derive(Default)]
+pub(crate) struct ReadRun {
+    first: Option<Job>,
+    /// Next block after the run, and the run's bytes.
+    next_lba: u64,
+    bytes: usize,
+}
+
+impl ReadRun {
+    /// Whether no read is held.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    /// Adds a read (`job.cmd` is a Read). Returns the run to dispatch now when the read does
+    /// not continue it (the read then starts a new run) or the run is full.
+    pub(crate) fn push(&mut self, job: Job, target: &Target) -> Option<Job> {
+        let nsid = job.cmd.nsid();
+        let Some(lba) = target.namespace(nsid).map(|ns| ns.lba_size() as usize) else {
+            return Some(job); // refused by the worker, alone
+        };
+        let slba = u64::from(job.cmd.cdw(10)) | (u64::from(job.cmd.cdw(11)) << 32);
+        let nlb = u64::from(job.cmd.cdw(12) & 0xFFFF) + 1;
+        let bytes = nlb as usize * lba;
+        let joins = self.first.as_ref().is_some_and(|f| f.cmd.nsid() == nsid && slba == self.next_lba && self.bytes + bytes <= MERGED_READ_MAX);
+        if joins {
+            let first = self.first.as_mut().expect("a run to join");
+            first.more.push((job.cmd, job.sqhd));
+            self.next_lba += nlb;
+            self.bytes += bytes;
+            return None;
+        }
+        let done = self.first.take();
+        self.first = Some(job);
+        self.next_lba = slba + nlb;
+        self.bytes = bytes;
+        done
+    }
+
+    /// The held run, leaving none.
+    pub(crate) fn take(&mut self) -> Option<Job> {
+        self.first.take()
+    }
 }
 
 /// Data a command brought from the host: in-capsule data, or a transfer received into an
@@ -107,8 +162,17 @@ fn failed(e: CommandError) -> Done {
 }
 
 /// Runs one I/O command and sends its completion.
-pub(crate) fn run(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Sink, job: Job) {
+pub(crate) fn run(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Sink, mut job: Job) {
     let started = Instant::now();
+    if !job.more.is_empty() {
+        let more = std::mem::take(&mut job.more);
+        if let Some(rest) = run_reads(shared, target, ctrl, sink, &job.cmd, job.sqhd, &more, started) {
+            for (cmd, sqhd) in std::iter::once((job.cmd, job.sqhd)).chain(rest) {
+                run(shared, target, ctrl, sink, Job { cmd, data: HostData::Owned(Vec::new()), sqhd, more: Vec::new() });
+            }
+        }
+        return;
+    }
     if job.cmd.opcode() == opcode::READ && read_from_page_cache(shared, target, ctrl, sink, &job, started) {
         return;
     }
@@ -120,6 +184,31 @@ pub(crate) fn run(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Si
     let cost = CommandCost { function, status: done.status, took: started.elapsed(), link_bytes: link_in + data.len() as u64, media_bytes: done.media };
     shared.metrics.record(cmd.opcode(), nsid, &cost);
     let _ = sink.complete(cmd.cid(), job.sqhd, done.status, done.dw0, done.dw1, data);
+}
+
+/// Reads `first` and the reads after it with one media read and completes each from its
+/// part. Gives the commands back, having sent nothing, when any is refused or the read
+/// fails, so that each is run alone and gets its own status.
+#[allow(clippy::too_many_arguments)]
+fn run_reads(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Sink, first: &Command, sqhd: u16, more: &[(Command, u16)], started: Instant) -> Option<Vec<(Command, u16)>> {
+    let cmds: Vec<(&Command, u16)> = std::iter::once((first, sqhd)).chain(more.iter().map(|(c, s)| (c, *s))).collect();
+    let sizes: Result<Vec<usize>, u16> = cmds.iter().map(|(c, _)| read_bytes(shared, target, c)).collect();
+    let slba = u64::from(first.cdw(10)) | (u64::from(first.cdw(11)) << 32);
+    let read = sizes.ok().and_then(|sizes| target.read_blocks(first.nsid(), slba, sizes.iter().sum()).ok().map(|b| (sizes, b)));
+    let Some((sizes, blocks)) = read else {
+        return Some(more.to_vec());
+    };
+    let mut at = 0;
+    for ((cmd, sqhd), n) in cmds.into_iter().zip(sizes) {
+        ctrl.read_cmds.fetch_add(1, Ordering::Relaxed);
+        let cost = CommandCost { function: String::new(), status: 0, took: started.elapsed(), link_bytes: n as u64, media_bytes: n as u64 };
+        shared.metrics.record(cmd.opcode(), cmd.nsid(), &cost);
+        if sink.complete(cmd.cid(), sqhd, 0, 0, 0, &blocks[at..at + n]).is_err() {
+            break; // the connection is gone
+        }
+        at += n;
+    }
+    None
 }
 
 /// A Read that the connection can send straight from the page cache (see
