@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Checksum kernels: `crc32c`, `xxh3`, `sha256` and `blake3`.
+//! Checksum kernels: `crc32c`, `xxh3`, `sha256`, `blake3` and `md5`.
 //!
 //! Verifying an object's integrity where it is stored saves moving the object to the host
-//! only to reduce it to a few bytes. All four kernels take no arguments, one or more input
+//! only to reduce it to a few bytes. All five kernels take no arguments, one or more input
 //! objects and no output object, and return one record per input:
 //! `[("digest", Str(lowercase hex))]`.
 //!
@@ -12,8 +12,12 @@
 //! | `xxh3`   | XXH3 64-bit, seed 0, 16 hex digits             | `xxhash.xxh3_64_hexdigest(d)`      |
 //! | `sha256` | SHA-256, 64 hex digits                         | `sha256sum`                        |
 //! | `blake3` | BLAKE3, 32-byte output, 64 hex digits          | `b3sum`                            |
+//! | `md5`    | MD5, 32 hex digits                             | `md5sum`                           |
 //!
-//! One generic kernel ([`Checksum`]) serves the four; each algorithm only supplies a
+//! `md5` is not for new integrity schemes; it is what object stores already record (Swift's
+//! `ETag` of every stored file), so their auditors can verify where the data lives.
+//!
+//! One generic kernel ([`Checksum`]) serves them all; each algorithm only supplies a
 //! [`Digest`] state that is fed chunk by chunk. `crc32c` is the throughput benchmark: its
 //! update is a single call into the crate's hardware (SSE 4.2) implementation per chunk.
 
@@ -27,6 +31,7 @@ pub(crate) fn kernels() -> Vec<Box<dyn Kernel>> {
         Box::new(Checksum::<Xxh3>::new()),
         Box::new(Checksum::<Sha256>::new()),
         Box::new(Checksum::<Blake3>::new()),
+        Box::new(Checksum::<Md5>::new()),
     ]
 }
 
@@ -100,6 +105,21 @@ impl Digest for Blake3 {
     }
     fn hex(self) -> String {
         self.0.finalize().to_hex().to_string()
+    }
+}
+
+/// MD5 state.
+#[derive(Default)]
+pub(crate) struct Md5(md5::Md5);
+
+impl Digest for Md5 {
+    const NAME: &'static str = "md5";
+    const SUMMARY: &'static str = "MD5 of each input, as 32 hex digits (like md5sum; what Swift's ETag records)";
+    fn update(&mut self, data: &[u8]) {
+        md5::Digest::update(&mut self.0, data);
+    }
+    fn hex(self) -> String {
+        hex::encode(md5::Digest::finalize(self.0))
     }
 }
 
@@ -200,6 +220,8 @@ mod tests {
     fn sha256_and_blake3_vectors() {
         assert_eq!(one("sha256", b""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
         assert_eq!(one("sha256", b"abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(one("md5", b""), "d41d8cd98f00b204e9800998ecf8427e");
+        assert_eq!(one("md5", b"abc"), "900150983cd24fb0d6963f7d28e17f72");
         assert_eq!(one("blake3", b""), "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262");
         assert_eq!(one("blake3", b"abc"), "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85");
     }
@@ -208,7 +230,7 @@ mod tests {
     fn matches_sha256sum_and_b3sum() {
         let inputs = [b"".to_vec(), b"hello\n".to_vec(), ramp(), random_bytes(1, 300_000, &ramp()[..256])];
         for data in &inputs {
-            for (kernel, program) in [("sha256", "sha256sum"), ("blake3", "b3sum")] {
+            for (kernel, program) in [("sha256", "sha256sum"), ("blake3", "b3sum"), ("md5", "md5sum")] {
                 let Some(out) = tool(program, &[], data) else { continue };
                 let want = String::from_utf8(out).unwrap();
                 let want = want.split_whitespace().next().unwrap().to_string();
@@ -234,7 +256,7 @@ mod tests {
     proptest! {
         #[test]
         fn chunking_does_not_matter(data in proptest::collection::vec(any::<u8>(), 0..3000), chunk in 1usize..600) {
-            for k in ["crc32c", "xxh3", "sha256", "blake3"] {
+            for k in ["crc32c", "xxh3", "sha256", "blake3", "md5"] {
                 prop_assert_eq!(&digests(k, &[&data], chunk)[0], &digests(k, &[&data], usize::MAX)[0]);
             }
         }

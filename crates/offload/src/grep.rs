@@ -21,6 +21,15 @@
 //!   are Rust's). A pattern holding `\A`, `\z` or a flag group `(?` is matched one line at
 //!   a time (slower) so that those keep their per-line meaning.
 //!
+//! With `edges=true` the input is taken as one piece of a larger object (an erasure-coded
+//! fragment, say) whose first and last lines continue in the pieces around it: only the
+//! lines that start after the piece's first `'\n'` and end at its last are searched, line
+//! numbers count from the first of them and offsets from the piece's start, and the record
+//! adds `newlines` (the piece's `'\n'` count), `head` (the bytes up to and including the
+//! first `'\n'`, or the whole piece when it has none) and `tail` (the bytes after the last
+//! `'\n'`). The host joins each tail to the next head and searches those lines itself.
+//! `edge_limit` (default 16 MiB) bounds `head` and `tail`; a longer one fails the command.
+//!
 //! Literal patterns are found with `memchr::memmem` over whole chunks, not line by line;
 //! each hit is then mapped to its line (with `ignore_case`, a literal is compiled as an
 //! escaped regex instead). Regular expressions also search the complete lines
@@ -36,11 +45,13 @@ use regex::bytes::{Regex, RegexBuilder};
 /// The `grep` kernel.
 pub(crate) struct Grep;
 
-static PARAMS: [Param; 4] = [
+static PARAMS: [Param; 6] = [
     Param { key: "pattern", ty: ParamType::Str, required: true, doc: "the literal or regular expression to find" },
     Param { key: "regex", ty: ParamType::Bool, required: false, doc: "pattern is a regular expression (default false: literal)" },
     Param { key: "ignore_case", ty: ParamType::Bool, required: false, doc: "ASCII case-insensitive matching (default false)" },
     Param { key: "max_matches", ty: ParamType::U64, required: false, doc: "most matching lines to list (default 1000000); count stays exact" },
+    Param { key: "edges", ty: ParamType::Bool, required: false, doc: "the input is a piece of a larger object: search its inner lines, return its head and tail (default false)" },
+    Param { key: "edge_limit", ty: ParamType::U64, required: false, doc: "most bytes of head or tail with edges (default 16777216)" },
 ];
 
 impl Kernel for Grep {
@@ -76,7 +87,8 @@ impl Kernel for Grep {
             let per_line = ["\\A", "\\z", "(?"].iter().any(|t| source.contains(t));
             Matcher::Regex { regex, per_line }
         };
-        Ok(Box::new(GrepJob { matcher, max_matches: args.u64_or("max_matches", 1_000_000) }))
+        let edges = args.bool_or("edges", false).then(|| args.u64_or("edge_limit", 16 << 20) as usize);
+        Ok(Box::new(GrepJob { matcher, max_matches: args.u64_or("max_matches", 1_000_000), edges }))
     }
 }
 
@@ -100,6 +112,8 @@ impl Matcher {
 struct GrepJob {
     matcher: Matcher,
     max_matches: u64,
+    /// With `edges`: the most bytes of a head or tail.
+    edges: Option<usize>,
 }
 
 impl Job for GrepJob {
@@ -112,6 +126,10 @@ impl Job for GrepJob {
         let mut records = Vec::with_capacity(inputs.len());
         for input in inputs.iter_mut() {
             let mut scan = Scan::new(&self.matcher, self.max_matches);
+            if let Some(limit) = self.edges {
+                records.push(edges(&mut scan, &mut **input, limit)?);
+                continue;
+            }
             while let Some(chunk) = input.next_chunk()? {
                 scan.feed(chunk);
             }
@@ -119,6 +137,59 @@ impl Job for GrepJob {
         }
         Ok(records)
     }
+}
+
+/// Searches the inner lines of a piece (see the module doc) and returns its edge record.
+fn edges(scan: &mut Scan<'_>, input: &mut dyn InputStream, limit: usize) -> Result<Record, KernelError> {
+    let too_long = |what: &str| KernelError::Failed(format!("the {what} line of this piece is longer than edge_limit ({limit} bytes)"));
+    let (mut head, mut tail) = (Vec::new(), Vec::new());
+    let (mut newlines, mut in_head) = (0u64, true);
+    while let Some(chunk) = input.next_chunk()? {
+        newlines += memchr::memchr_iter(b'\n', chunk).count() as u64;
+        let mut rest = chunk;
+        if in_head {
+            let Some(nl) = memchr::memchr(b'\n', rest) else {
+                head.extend_from_slice(rest);
+                if head.len() > limit {
+                    return Err(too_long("first"));
+                }
+                continue;
+            };
+            head.extend_from_slice(&rest[..=nl]);
+            if head.len() > limit {
+                return Err(too_long("first"));
+            }
+            in_head = false;
+            rest = &rest[nl + 1..];
+        }
+        // Whole lines go to the search now; the bytes after the last newline wait in `tail`
+        // until the next one completes them.
+        match memchr::memrchr(b'\n', rest) {
+            Some(nl) => {
+                scan.feed(&tail);
+                scan.feed(&rest[..=nl]);
+                tail.clear();
+                tail.extend_from_slice(&rest[nl + 1..]);
+            }
+            None => tail.extend_from_slice(rest),
+        }
+        if tail.len() > limit {
+            return Err(too_long("last"));
+        }
+    }
+    let mut record = std::mem::replace(scan, Scan::new(scan.matcher, scan.max)).finish();
+    // The search began after the head; offsets count from the piece's start.
+    for (key, value) in record.iter_mut() {
+        if let (true, Value::U64List(pairs)) = (key == "matches", value) {
+            pairs.chunks_exact_mut(2).for_each(|p| p[1] += head.len() as u64);
+        }
+    }
+    record.extend([
+        ("newlines".into(), Value::U64(newlines)),
+        ("head".into(), Value::Bytes(head)),
+        ("tail".into(), Value::Bytes(tail)),
+    ]);
+    Ok(record)
 }
 
 /// The search state over one object.
@@ -421,6 +492,75 @@ mod tests {
         assert!(bad(vec![("pattern".into(), Value::U64(1))]));
         assert!(bad(vec![s("pattern", "a"), s("color", "always")]));
         assert!(matches!(run_kernel("grep", &args("a", false, false), &[], 1, None), Err(KernelError::BadShape(_))));
+    }
+
+    /// Joins the edge records of consecutive pieces as a host does: each tail with the next
+    /// heads into whole lines, searched on their own.
+    fn joined(args: &[(String, Value)], pieces: &[&[u8]]) -> (u64, Vec<u64>) {
+        let mut edge_args = args.to_vec();
+        edge_args.push(("edges".into(), Value::Bool(true)));
+        let (records, _) = run_kernel("grep", &edge_args, pieces, 5, None).unwrap();
+        let (mut count, mut matches) = (0u64, Vec::new());
+        let (mut lines, mut at) = (0u64, 0u64);
+        let mut line: Vec<u8> = Vec::new(); // the line being joined, and where it starts
+        let mut line_at = 0u64;
+        let bytes = |r: &Record, k: &str| match field(r, k) {
+            Value::Bytes(b) => b.clone(),
+            other => panic!("{k}: {other:?}"),
+        };
+        let search = |line: &[u8], line_no: u64, start: u64, count: &mut u64, matches: &mut Vec<u64>| {
+            let (r, _) = run_kernel("grep", args, &[line], usize::MAX, None).unwrap();
+            if u64_field(&r[0], "count") == 1 {
+                *count += 1;
+                matches.extend([line_no, start]);
+            }
+        };
+        for (r, piece) in records.iter().zip(pieces) {
+            if line.is_empty() {
+                line_at = at;
+            }
+            line.extend(bytes(r, "head"));
+            if u64_field(r, "newlines") > 0 {
+                lines += 1;
+                search(&line, lines, line_at, &mut count, &mut matches);
+                count += u64_field(r, "count");
+                if let Value::U64List(l) = field(r, "matches") {
+                    matches.extend(l.chunks(2).flat_map(|p| [p[0] + lines, p[1] + at]));
+                }
+                lines += u64_field(r, "newlines") - 1;
+                line = bytes(r, "tail");
+                line_at = at + piece.len() as u64 - line.len() as u64;
+            }
+            at += piece.len() as u64;
+        }
+        if !line.is_empty() {
+            search(&line, lines + 1, line_at, &mut count, &mut matches);
+        }
+        // Lines are found in order except the joined ones; sort by line number.
+        let mut pairs: Vec<[u64; 2]> = matches.chunks(2).map(|p| [p[0], p[1]]).collect();
+        pairs.sort_unstable();
+        (count, pairs.concat())
+    }
+
+    proptest! {
+        #[test]
+        fn pieces_joined_by_their_edges_match_like_the_whole(data in proptest::collection::vec(prop_oneof![Just(b'a'), Just(b'b'), Just(b'\n'), Just(b'\r')], 0..120), cuts in proptest::collection::vec(0usize..120, 0..6), regex in any::<bool>()) {
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(data.len())).collect();
+            cuts.sort_unstable();
+            let mut pieces = Vec::new();
+            let mut at = 0;
+            for c in cuts.into_iter().chain([data.len()]) {
+                pieces.push(&data[at..c]);
+                at = c;
+            }
+            let a = if regex { args("^a.*b$", true, false) } else { args("ab", false, false) };
+            let (records, _) = run_kernel("grep", &a, &[&data], usize::MAX, None).unwrap();
+            let want = match field(&records[0], "matches") {
+                Value::U64List(l) => l.clone(),
+                _ => unreachable!(),
+            };
+            prop_assert_eq!(joined(&a, &pieces), (u64_field(&records[0], "count"), want));
+        }
     }
 
     proptest! {

@@ -20,8 +20,19 @@
 //!   So `words` is the number of word bytes that have no word byte before them since the last
 //!   separator. The state carries across chunk boundaries, so a word cut by a boundary counts
 //!   once.
+//!
+//! With `edges=true` each record also says how the input joins its neighbours, so that a
+//! host can add up the counts of consecutive pieces of one larger object (the fragments of an
+//! erasure-coded object, each counted where it is stored): `lead` is the class of the first
+//! byte that is not neutral (0 none, 1 separator, 2 word byte) and `in_word` whether a word
+//! is open at the end, counting from a separator before the input. A piece whose `lead` is 2
+//! continues a word that the piece before left open (its first word counted twice), and a
+//! piece with `lead` 0 leaves the state as it found it.
 
-use crate::{check_shape, Args, InputStream, Job, Kernel, KernelError, OutputSink, Record, Value};
+use crate::{check_shape, Args, InputStream, Job, Kernel, KernelError, OutputSink, Param, ParamType, Record, Value};
+
+static PARAMS: [Param; 1] =
+    [Param { key: "edges", ty: ParamType::Bool, required: false, doc: "also report lead and in_word, to join the counts of consecutive pieces (default false)" }];
 
 /// The `wc` kernel.
 pub(crate) struct Wc;
@@ -55,6 +66,8 @@ pub(crate) struct Counts {
     words: u64,
     bytes: u64,
     in_word: bool,
+    /// Class of the first byte that is not neutral; `NEUTRAL` while there is none.
+    lead: u8,
 }
 
 impl Counts {
@@ -62,6 +75,9 @@ impl Counts {
     pub(crate) fn update(&mut self, chunk: &[u8]) {
         self.bytes += chunk.len() as u64;
         self.lines += memchr::memchr_iter(b'\n', chunk).count() as u64;
+        if self.lead == NEUTRAL {
+            self.lead = chunk.iter().map(|&b| CLASS[usize::from(b)]).find(|&c| c != NEUTRAL).unwrap_or(NEUTRAL);
+        }
         let mut words = 0u64;
         let mut in_word = self.in_word;
         for &b in chunk {
@@ -81,6 +97,10 @@ impl Counts {
             ("bytes".into(), Value::U64(self.bytes)),
         ]
     }
+
+    fn edges(&self) -> [(String, Value); 2] {
+        [("lead".into(), Value::U64(u64::from(self.lead))), ("in_word".into(), Value::Bool(self.in_word))]
+    }
 }
 
 impl Kernel for Wc {
@@ -90,14 +110,19 @@ impl Kernel for Wc {
     fn summary(&self) -> &'static str {
         "line, word and byte counts of each input, like LC_ALL=C wc"
     }
+    fn params(&self) -> &'static [Param] {
+        &PARAMS
+    }
     fn prepare(&self, args: &Args<'_>) -> Result<Box<dyn Job>, KernelError> {
         args.check(self.params())?;
-        Ok(Box::new(WcJob))
+        Ok(Box::new(WcJob { edges: args.bool_or("edges", false) }))
     }
 }
 
 /// A prepared `wc` run.
-struct WcJob;
+struct WcJob {
+    edges: bool,
+}
 
 impl Job for WcJob {
     fn run(
@@ -112,7 +137,11 @@ impl Job for WcJob {
             while let Some(chunk) = input.next_chunk()? {
                 counts.update(chunk);
             }
-            records.push(counts.record());
+            let mut record = counts.record();
+            if self.edges {
+                record.extend(counts.edges());
+            }
+            records.push(record);
         }
         Ok(records)
     }
@@ -136,6 +165,38 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         let v: Vec<u64> = text.split_whitespace().map(|n| n.parse().unwrap()).collect();
         Some([v[0], v[1], v[2]])
+    }
+
+    /// Joins the edge records of consecutive pieces as a host does.
+    fn joined(pieces: &[&[u8]]) -> [u64; 3] {
+        let args = [("edges".to_string(), Value::Bool(true))];
+        let (records, _) = run_kernel("wc", &args, pieces, 7, None).unwrap();
+        let (mut total, mut open) = ([0u64; 3], false);
+        for r in &records {
+            let lead = u64_field(r, "lead");
+            total[0] += u64_field(r, "lines");
+            total[1] += u64_field(r, "words") - u64::from(open && lead == 2);
+            total[2] += u64_field(r, "bytes");
+            if lead != 0 {
+                open = matches!(r.iter().find(|(k, _)| k == "in_word"), Some((_, Value::Bool(true))));
+            }
+        }
+        total
+    }
+
+    proptest! {
+        #[test]
+        fn pieces_joined_by_their_edges_count_like_the_whole(data in proptest::collection::vec(prop_oneof![Just(b'a'), Just(b' '), Just(0x80u8), Just(b'\n'), Just(0x01u8)], 0..200), cuts in proptest::collection::vec(0usize..200, 0..6)) {
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(data.len())).collect();
+            cuts.sort_unstable();
+            let mut pieces = Vec::new();
+            let mut at = 0;
+            for c in cuts.into_iter().chain([data.len()]) {
+                pieces.push(&data[at..c]);
+                at = c;
+            }
+            prop_assert_eq!(joined(&pieces), wc(&data, usize::MAX));
+        }
     }
 
     fn check(data: &[u8]) {
