@@ -28,7 +28,7 @@ mod offloader;
 mod remote;
 mod vobj;
 
-pub use offloader::{model_sidecar, output_suffix, parse_args, FileResult, Mode, Offloader, Report, Request, Stats};
+pub use offloader::{model_sidecar, output_suffix, parse_args, run_in_memory, FileResult, Mode, Offloader, Report, Request, Stats};
 pub use vobj::{from_extents, virtual_object};
 
 use insitu_wire::CommandError;

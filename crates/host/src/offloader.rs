@@ -5,7 +5,7 @@ use crate::conventional::{device_read_bytes, make_cold, FileInput, FileOutput};
 use crate::device::{self, DeviceMap};
 use crate::pool::OutputPool;
 use crate::{virtual_object, OasError};
-use insitu_offload::{Args, InputStream, Kernel, OutputSink, ParamType, Registry};
+use insitu_offload::{Args, InputStream, Kernel, OutputSink, ParamType, Registry, SliceInput};
 use insitu_target::{NamespaceConfig, Target};
 use insitu_wire::{Descriptor, ExecResult, ExtentKind, Record, Value};
 use serde::Serialize;
@@ -92,6 +92,26 @@ pub struct Report {
     pub results: Vec<FileResult>,
     /// Totals.
     pub stats: Stats,
+}
+
+/// Input bytes one EXEC over ranges covers at most when its ranges are large, so that
+/// results carrying some of their bytes (grep's heads and tails) stay within a result object.
+const RANGE_RESULT_BUDGET: u64 = 16 << 20;
+
+/// Runs `function` on the host over inputs held in memory, with the same kernel a target
+/// runs: one result per input. A host joining the results of pieces computes the pieces it
+/// rebuilt (from parity) and the records cut at piece edges this way, so they agree with
+/// the offloaded pieces bit for bit.
+pub fn run_in_memory(registry: &Registry, function: &str, args: &[(String, Value)], inputs: &[&[u8]]) -> Result<Vec<FileResult>, OasError> {
+    let kernel = find_kernel(registry, function)?;
+    if kernel.output_count() > 0 {
+        return Err(OasError::BadRequest(format!("{function} writes an output object; in memory takes kernels whose result is inline")));
+    }
+    let job = kernel.prepare(&Args::new(args)).map_err(|e| OasError::BadRequest(format!("{function}: {e}")))?;
+    let mut streams: Vec<SliceInput<'_>> = inputs.iter().map(|d| SliceInput::new(d, 1 << 20)).collect();
+    let mut ins: Vec<&mut dyn InputStream> = streams.iter_mut().map(|i| i as &mut dyn InputStream).collect();
+    let records = job.run(&mut ins, &mut []).map_err(|e| OasError::BadRequest(format!("{function}: {e}")))?;
+    Ok(records.iter().map(|r| file_result(&[PathBuf::from("-")], r)).collect())
 }
 
 /// Suffix of the default output file of a kernel that writes one.
@@ -315,6 +335,75 @@ impl Offloader {
         Ok(t)
     }
 
+    /// Sends `d` to the target of the file at `path`: over the fabric when its file system is
+    /// attached (`remote`), else to the embedded target of its image.
+    fn run_descriptor(&self, remote: Option<&insitu_attach::Attachment>, target: Option<&Target>, map: &DeviceMap, path: &Path, d: Descriptor) -> Result<(Vec<u8>, Stats), OasError> {
+        match (remote, target) {
+            (Some(att), _) => crate::remote::exec(&self.remote, att, map, path, d).map(|o| (o.result, o.stats)),
+            (None, Some(t)) => {
+                let bytes = d.encode();
+                t.exec(1, &bytes).map_err(|e| OasError::Target { path: path.to_owned(), source: e }).map(|o| {
+                    let stats = Stats { bytes_to_host: o.result.len() as u64, bytes_from_host: bytes.len() as u64, media_bytes: o.media_read_bytes, seconds: 0.0, commands: 1 };
+                    (o.result, stats)
+                })
+            }
+            (None, None) => unreachable!("a target is opened when no attachment is found"),
+        }
+    }
+
+    /// Runs `function` over byte ranges `(start, length)` of one file, offloaded to the
+    /// target that holds it: one result per range, in order, as if each range were a file
+    /// of its own. A piece of a larger object (an erasure-coded fragment after its header)
+    /// is computed where it lies this way; kernels with an `edges` argument report what a
+    /// host needs to join the results of consecutive pieces.
+    pub fn exec_ranges(&self, function: &str, args: &[(String, Value)], path: &Path, ranges: &[(u64, u64)]) -> Result<(Vec<FileResult>, Stats), OasError> {
+        let started = Instant::now();
+        let kernel = find_kernel(&self.registry, function)?;
+        kernel.prepare(&Args::new(args)).map_err(|e| OasError::BadRequest(format!("{function}: {e}")))?;
+        if kernel.output_count() > 0 {
+            return Err(OasError::BadRequest(format!("{function} writes an output object; ranges take kernels whose result is inline")));
+        }
+        let io = |e| OasError::Io { path: path.to_owned(), source: e };
+        let file = File::open(path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        let map = device::resolve(meta.dev(), path)?;
+        let remote = insitu_attach::lookup_disk(&map.backing);
+        let target = match remote {
+            Some(_) => None,
+            None => Some(self.target_for(&map)?),
+        };
+        let whole = virtual_object(&file, path, &map)?;
+        let mut objects = Vec::with_capacity(ranges.len());
+        for &(start, len) in ranges {
+            let bad = || OasError::BadRequest(format!("{}: range {start}+{len} runs past the file's {} bytes", path.display(), meta.len()));
+            objects.push(whole.range(start, len).ok_or_else(bad)?);
+        }
+        // As many ranges per EXEC as a descriptor takes, fewer when they are large (their
+        // results may carry some of their bytes).
+        let largest = ranges.iter().map(|r| r.1).max().unwrap_or(0).max(1);
+        let per = (RANGE_RESULT_BUDGET / largest).clamp(1, kernel.max_inputs().clamp(1, insitu_wire::Limits::default().max_inputs as usize) as u64) as usize;
+        let mut stats = Stats::default();
+        let mut results = Vec::with_capacity(ranges.len());
+        for (batch, spans) in objects.chunks(per).zip(ranges.chunks(per)) {
+            let mut d = Descriptor::new(function, batch.to_vec());
+            d.args = args.to_vec();
+            let (bytes, s) = self.run_descriptor(remote.as_ref(), target.as_deref(), &map, path, d)?;
+            stats.add(&s);
+            let result = ExecResult::decode(&bytes).map_err(|e| OasError::BadRequest(format!("{}: the target sent an unreadable result: {e}", path.display())))?;
+            if result.records.len() != batch.len() {
+                return Err(OasError::BadRequest(format!("{}: the target sent {} records for {} ranges", path.display(), result.records.len(), batch.len())));
+            }
+            for (record, (start, len)) in result.records.iter().zip(spans) {
+                let mut fr = file_result(std::slice::from_ref(&path.to_path_buf()), record);
+                fr.fields.insert("start".into(), (*start).into());
+                fr.fields.insert("length".into(), (*len).into());
+                results.push(fr);
+            }
+        }
+        stats.seconds = started.elapsed().as_secs_f64();
+        Ok((results, stats))
+    }
+
     fn offload_one(&self, kernel: &dyn Kernel, req: &Request, group: &[PathBuf], out: Option<&Path>) -> FileOutcome {
         let path = &group[0];
         let io = |e| OasError::Io { path: path.to_owned(), source: e };
@@ -349,17 +438,7 @@ impl Offloader {
             }
             None => None,
         };
-        let ran = match (&remote, &target) {
-            (Some(att), _) => crate::remote::exec(&self.remote, att, &map, path, d).map(|o| (o.result, o.stats)),
-            (None, Some(t)) => {
-                let bytes = d.encode();
-                t.exec(1, &bytes).map_err(|e| OasError::Target { path: path.to_owned(), source: e }).map(|o| {
-                    let stats = Stats { bytes_to_host: o.result.len() as u64, bytes_from_host: bytes.len() as u64, media_bytes: o.media_read_bytes, seconds: 0.0, commands: 1 };
-                    (o.result, stats)
-                })
-            }
-            (None, None) => unreachable!("a target is opened when no attachment is found"),
-        };
+        let ran = self.run_descriptor(remote.as_ref(), target.as_deref(), &map, path, d);
         let (result_bytes, stats) = match ran {
             Ok(r) => r,
             Err(e) => {

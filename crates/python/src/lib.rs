@@ -73,6 +73,31 @@ fn exec_json(
     })
 }
 
+/// Runs `function` over byte ranges `(start, length)` of the file at `path`, offloaded to the
+/// target that holds it; returns `{"results": [...], "stats": {...}}` as JSON, one result
+/// per range.
+#[pyfunction]
+fn exec_ranges_json(py: Python<'_>, function: String, path: PathBuf, ranges: Vec<(u64, u64)>, args: Vec<String>) -> PyResult<String> {
+    py.allow_threads(|| {
+        let off = offloader();
+        let args = parse_args(off.registry(), &function, &args).map_err(to_py)?;
+        let (results, stats) = off.exec_ranges(&function, &args, &path, &ranges).map_err(to_py)?;
+        json(&serde_json::json!({"function": function, "results": results, "stats": stats}))
+    })
+}
+
+/// Runs `function` on the host over byte strings, with the kernel a target runs; returns
+/// the list of results as JSON, one per input.
+#[pyfunction]
+fn run_json(py: Python<'_>, function: String, inputs: Vec<Vec<u8>>, args: Vec<String>) -> PyResult<String> {
+    py.allow_threads(|| {
+        let off = offloader();
+        let args = parse_args(off.registry(), &function, &args).map_err(to_py)?;
+        let slices: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+        json(&insitu_host::run_in_memory(off.registry(), &function, &args, &slices).map_err(to_py)?)
+    })
+}
+
 /// Creates (`create=True`) or verifies a scrub manifest; returns the report as JSON.
 #[pyfunction]
 #[pyo3(signature = (directory, manifest, create=false, function="blake3".to_string(), conventional=false))]
@@ -110,7 +135,7 @@ fn decode_descriptor(bytes: &[u8]) -> PyResult<String> {
                 serde_json::json!({"kind": kind, "start_sector": e.start_sector, "sectors": e.sectors})
             })
             .collect();
-        serde_json::json!({"length": o.length, "extents": extents})
+        serde_json::json!({"offset": o.offset, "length": o.length, "extents": extents})
     };
     let doc = serde_json::json!({
         "function": d.function,
@@ -139,7 +164,8 @@ fn encode_descriptor(py: Python<'_>, text: &str) -> PyResult<PyObject> {
                 _ => Extent::data(e["start_sector"].as_u64().ok_or_else(|| bad("extent start_sector".into()))?, sectors),
             });
         }
-        Ok(VirtualObject { length: o["length"].as_u64().ok_or_else(|| bad("object length".into()))?, extents: out })
+        let offset = o["offset"].as_u64().unwrap_or(0).try_into().map_err(|_| bad("object offset".into()))?;
+        Ok(VirtualObject { offset, length: o["length"].as_u64().ok_or_else(|| bad("object length".into()))?, extents: out })
     };
     let objects = |key: &str| -> PyResult<Vec<VirtualObject>> { j[key].as_array().map(|a| a.iter().map(object).collect()).unwrap_or(Ok(Vec::new())) };
     let mut args = Vec::new();
@@ -202,6 +228,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kv_store::KvNamespace>()?;
     m.add_function(wrap_pyfunction!(exec_json, m)?)?;
     m.add_function(wrap_pyfunction!(scrub_json, m)?)?;
+    m.add_function(wrap_pyfunction!(exec_ranges_json, m)?)?;
+    m.add_function(wrap_pyfunction!(run_json, m)?)?;
     m.add_function(wrap_pyfunction!(decode_descriptor, m)?)?;
     m.add_function(wrap_pyfunction!(encode_descriptor, m)?)?;
     m.add_function(wrap_pyfunction!(functions_json, m)?)?;
