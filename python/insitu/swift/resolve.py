@@ -240,12 +240,18 @@ def read_metadata(path: Path) -> Dict[str, str]:
             break
     if not chunks:
         raise SwiftError(f"{path}: no user.swift.metadata (not a Swift object file)")
+    return parse_metadata(b"".join(chunks), str(path))
+
+
+def parse_metadata(raw: bytes, where: str) -> Dict[str, str]:
+    """The metadata pickle ``raw`` as text keys and values; a :class:`SwiftError` for anything
+    but a pickled mapping of plain values."""
     try:
-        meta = _PlainUnpickler(io.BytesIO(b"".join(chunks))).load()
+        meta = _PlainUnpickler(io.BytesIO(raw)).load()
     except Exception as e:  # any malformed pickle, whatever the unpickler raises
-        raise SwiftError(f"{path}: unreadable user.swift.metadata: {e}") from None
+        raise SwiftError(f"{where}: unreadable user.swift.metadata: {e}") from None
     if not isinstance(meta, dict):
-        raise SwiftError(f"{path}: user.swift.metadata is not a mapping")
+        raise SwiftError(f"{where}: user.swift.metadata is not a mapping")
     text = lambda v: v.decode("utf-8", "surrogateescape") if isinstance(v, bytes) else str(v)  # noqa: E731
     return {text(k): text(v) for k, v in meta.items()}
 
