@@ -139,6 +139,24 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Provisioning planner: how many computational drives beat a host for a kernel, an
+    /// erasure code and hardware (`insitu plan ec|llm|calibrate --help`). Runs in Python.
+    #[command(disable_help_flag = true)]
+    Plan {
+        /// Arguments of the Python command.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// An OpenStack Swift cluster with an erasure-coded policy on insitu targets
+    /// (`insitu swift up|down|status|once --help`). `wc`, `grep` and `exec` take
+    /// swift://ACCOUNT/CONTAINER/OBJECT with --swift-dir, and `scrub --swift-dir` audits a
+    /// Swift store. Runs in Python.
+    #[command(disable_help_flag = true)]
+    Swift {
+        /// Arguments of the Python command.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Run an NVMe/TCP target serving files or block devices as namespaces.
     #[command(subcommand)]
     Target(TargetCmd),
@@ -629,8 +647,8 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             let a = insitu_attach::detach(&dir).map_err(|e| lock_cmd::detach_hint(&dir, e.to_string()))?;
             done(json, &format!("detached {} from {}", a.url, a.dir.display()));
         }
-        Cmd::Llm { .. } | Cmd::Bench(BenchCmd::Llm { .. } | BenchCmd::Containers { .. }) => {
-            eprintln!("insitu: `llm`, `bench llm` and `bench containers` run in the Python entry point (the `insitu` command installed with the package); `llm` needs the LLM extra: `pip install 'insitu[llm]'`");
+        Cmd::Llm { .. } | Cmd::Plan { .. } | Cmd::Swift { .. } | Cmd::Bench(BenchCmd::Llm { .. } | BenchCmd::Containers { .. }) => {
+            eprintln!("insitu: `llm`, `plan`, `swift`, `bench llm`, `bench containers` and offload on swift:// objects run in the Python entry point (the `insitu` command installed with the package); `llm` needs the LLM extra: `pip install 'insitu[llm]'`");
             return Ok(2);
         }
         Cmd::Bench(BenchCmd::Scan { function, size, repeat, dir }) => return bench_cmd::scan(function, &size, repeat, dir, json),

@@ -218,6 +218,9 @@ impl Offloader {
         let outputs = self.plan_outputs(kernel, req, &groups)?;
         for p in &req.paths {
             let meta = fs::metadata(p).map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound if p.starts_with("swift:") => {
+                    OasError::BadRequest(format!("{}: Swift objects are resolved by the `insitu` command of the Python package, with --swift-dir", p.display()))
+                }
                 std::io::ErrorKind::NotFound => OasError::BadRequest(format!("{}: {e}", p.display())),
                 _ => OasError::Io { path: p.clone(), source: e },
             })?;
