@@ -69,11 +69,11 @@ def test_functions_list():
     fns = insitu.functions()
     assert fns == cli_json("functions")
     by_name = {f["name"]: f for f in fns}
-    assert set(by_name) == {"crc32c", "xxh3", "sha256", "blake3", "grep", "wc", "zstd", "sort", "csv-select",
-                            "count", "vector-add", "array-merge", "pagerank"}
-    assert {a["key"]: a["type"] for a in by_name["grep"]["args"]}.keys() == {"pattern", "regex", "ignore_case", "max_matches"}
+    assert set(by_name) == {"crc32c", "xxh3", "sha256", "blake3", "md5", "grep", "wc", "zstd", "rs-encode", "sort",
+                            "csv-select", "count", "vector-add", "array-merge", "pagerank"}
+    assert {a["key"]: a["type"] for a in by_name["grep"]["args"]}.keys() == {"pattern", "regex", "ignore_case", "max_matches", "edges", "edge_limit"}
     assert [a["required"] for a in by_name["grep"]["args"] if a["key"] == "pattern"] == [True]
-    assert {f["name"] for f in fns if f["outputs"] == 1} == {"zstd", "sort", "csv-select", "vector-add", "array-merge", "pagerank"}
+    assert {f["name"] for f in fns if f["outputs"] == 1} == {"zstd", "rs-encode", "sort", "csv-select", "vector-add", "array-merge", "pagerank"}
 
 
 def test_exception_classes():
@@ -88,7 +88,7 @@ def test_exception_classes():
 def test_request_errors(files, tdir):
     f = str(files[2])
     cases = [
-        (lambda: insitu.exec("md5", f), "unknown function"),
+        (lambda: insitu.exec("sha1", f), "unknown function"),
         (lambda: insitu.exec("zstd", f, level="abc"), "not an unsigned integer"),
         (lambda: insitu.exec("zstd", f, level=42), "1..=19"),
         (lambda: insitu.exec("zstd", f, speed=1), "unknown argument"),

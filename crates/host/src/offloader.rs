@@ -118,6 +118,7 @@ pub fn run_in_memory(registry: &Registry, function: &str, args: &[(String, Value
 pub fn output_suffix(function: &str) -> &'static str {
     match function {
         "zstd" => ".zst",
+        "rs-encode" => ".parity",
         "sort" => ".sorted",
         "csv-select" => ".select.csv",
         "vector-add" => ".sum",

@@ -30,6 +30,7 @@ mod args;
 mod checksum;
 mod csv_select;
 mod grep;
+mod rs_encode;
 mod sort;
 mod stream;
 #[cfg(test)]
@@ -158,8 +159,8 @@ impl Registry {
         Registry { kernels: BTreeMap::new() }
     }
 
-    /// The standard kernels: `crc32c`, `xxh3`, `sha256`, `blake3`, `grep`, `wc`, `zstd`,
-    /// `sort`, `csv-select`, and the analysis kernels `count`, `vector-add`, `array-merge`,
+    /// The standard kernels: `crc32c`, `xxh3`, `sha256`, `blake3`, `md5`, `grep`, `wc`,
+    /// `zstd`, `rs-encode`, `sort`, `csv-select`, and the analysis kernels `count`, `vector-add`, `array-merge`,
     /// `pagerank`.
     pub fn standard() -> Self {
         let mut r = Registry::empty();
@@ -169,6 +170,7 @@ impl Registry {
         r.register(Box::new(grep::Grep));
         r.register(Box::new(wc::Wc));
         r.register(Box::new(zstd_compress::Zstd));
+        r.register(Box::new(rs_encode::RsEncode));
         r.register(Box::new(sort::Sort));
         r.register(Box::new(csv_select::CsvSelect));
         r.register(Box::new(analytics::Count));

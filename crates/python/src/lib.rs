@@ -135,7 +135,14 @@ fn decode_descriptor(bytes: &[u8]) -> PyResult<String> {
                 serde_json::json!({"kind": kind, "start_sector": e.start_sector, "sectors": e.sectors})
             })
             .collect();
-        serde_json::json!({"offset": o.offset, "length": o.length, "extents": extents})
+        {
+            // `offset` appears only where it is set, so whole-file objects read as before.
+            let mut j = serde_json::json!({"length": o.length, "extents": extents});
+            if o.offset != 0 {
+                j["offset"] = o.offset.into();
+            }
+            j
+        }
     };
     let doc = serde_json::json!({
         "function": d.function,
