@@ -23,7 +23,7 @@ fn cases(ds: &Dataset) -> Vec<Case> {
     let text: Vec<PathBuf> = ds.logs.iter().chain(&ds.tables).cloned().collect();
     let s = |k: &str, v: &str| (k.to_string(), Value::Str(v.to_string()));
     let b = |k: &str, v: bool| (k.to_string(), Value::Bool(v));
-    let mut out: Vec<Case> = ["crc32c", "xxh3", "sha256", "blake3"]
+    let mut out: Vec<Case> = ["crc32c", "xxh3", "sha256", "blake3", "md5"]
         .into_iter()
         .map(|f| Case { label: f, function: f, args: vec![], paths: all.clone(), small_result: true })
         .collect();
@@ -37,8 +37,9 @@ fn cases(ds: &Dataset) -> Vec<Case> {
     });
     out.push(Case { label: "wc", function: "wc", args: vec![], paths: text, small_result: true });
     out.push(Case { label: "zstd", function: "zstd", args: vec![], paths: vec![ds.logs[2].clone()], small_result: false });
-    out.push(Case { label: "sort", function: "sort", args: vec![], paths: vec![ds.logs[3].clone()], small_result: false });
     let u = |k: &str, v: u64| (k.to_string(), Value::U64(v));
+    out.push(Case { label: "rs-encode 4+2", function: "rs-encode", args: vec![u("k", 4), u("m", 2), u("unit", 64 << 10)], paths: vec![ds.logs[1].clone()], small_result: false });
+    out.push(Case { label: "sort", function: "sort", args: vec![], paths: vec![ds.logs[3].clone()], small_result: false });
     out.push(Case { label: "count", function: "count", args: vec![u("min", 1000), u("max", 2_000_000)], paths: ds.arrays.clone(), small_result: true });
     out.push(Case { label: "vector-add", function: "vector-add", args: vec![], paths: ds.arrays.clone(), small_result: false });
     out.push(Case { label: "array-merge", function: "array-merge", args: vec![], paths: ds.arrays.clone(), small_result: false });
