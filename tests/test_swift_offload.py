@@ -48,6 +48,20 @@ def edgy(length: int, seed: int) -> bytes:
     return bytes(out)
 
 
+def csv_object(rows: int, seed: int) -> bytes:
+    """CSV with quoted fields holding commas, quotes, CR and LF, rows ending in LF, CRLF or
+    CR, blank lines, and UTF-8, so that quoting and records are cut at fragment edges."""
+    rng = random.Random(seed)
+    notes = ['"a,b"', '"line\nbreak"', '"say ""hi"""', "plain", '"cr\r\nlf"', "\u00e9t\u00e9", "", '"\n"']
+    ends = ["\n", "\r\n", "\r", "\n\n"]
+    out = "id,name,note\r\n"
+    for i in range(rows):
+        out += f"{i},n{rng.randrange(100)},{rng.choice(notes)}" + rng.choice(ends)
+    return out.encode()
+
+
+CSV_OBJECTS = {"table": csv_object(300, 4), "tiny-table": b"id,name,note\n10,x,a", "header-only": b"id,name,note\r\n"}
+
 OBJECTS = {
     "empty": b"",
     "one-byte": b"x",
@@ -56,7 +70,10 @@ OBJECTS = {
     "whole-segments": edgy(4 * SEGMENT, 2),
     "no-newline": b"ab" * 5000,
     "trailing-newline-on-edge": edgy(2 * SEGMENT - 1, 3) + b"\n",
+    **CSV_OBJECTS,
 }
+
+CSV_ARGS = [["--arg", "where=id>=10;note~a", "--arg", "columns=note,id"], []]
 
 GREPS = [("ab", []), ("error", ["-i"]), ("^a.*b$", ["-E"]), ("é", []), ("", [])]
 
@@ -94,6 +111,19 @@ def stored(swift_cluster):
     return swift_cluster
 
 
+def check_csv(cluster, oracle_dir: Path) -> None:
+    for name, data in CSV_OBJECTS.items():
+        src = oracle_dir / f"{name}.csv"
+        src.write_bytes(data)
+        for n, args in enumerate(CSV_ARGS):
+            want_path = oracle_dir / f"{name}.{n}.want.csv"
+            want = json.loads(insitu("exec", "csv-select", str(src), "--conventional", "--output", str(want_path), "--force", "--json", *args).stdout)["results"][0]
+            got_path = oracle_dir / f"{name}.{n}.got.csv"
+            got = json.loads(insitu("exec", "csv-select", f"swift://AUTH_test/c/{name}", "--swift-dir", str(cluster.dir), "--output", str(got_path), "--force", "--json", *args).stdout)["results"][0]
+            assert got_path.read_bytes() == want_path.read_bytes(), (name, args)
+            assert (got["rows_in"], got["rows_out"], got["output_length"]) == (want["rows_in"], want["rows_out"], want["output_length"])
+
+
 def check_all(cluster, expect_down: int) -> None:
     url, token = cluster.login()
     from insitu.swift import client
@@ -112,6 +142,10 @@ def check_all(cluster, expect_down: int) -> None:
 
 def test_wc_and_grep_equal_the_tools_on_the_downloaded_object(stored):
     check_all(stored, expect_down=0)
+
+
+def test_csv_select_equals_csv_select_on_the_downloaded_object(stored, ext4_fs):
+    check_csv(stored, ext4_fs.mkdir("swift-csv"))
 
 
 def test_pieces_are_scanned_on_the_targets(stored):
@@ -215,7 +249,7 @@ def test_scrub_quarantines_a_flipped_byte_and_swift_rebuilds_it(stored):
     assert client.get_object(url, token, "c", "scrubbed") == big
 
 
-def test_results_are_exact_with_m_targets_stopped(stored):
+def test_results_are_exact_with_m_targets_stopped(stored, ext4_fs):
     """Last in the module: it stops M of the cluster's targets."""
     state = stored.state()
     stopped = 0
@@ -227,3 +261,4 @@ def test_results_are_exact_with_m_targets_stopped(stored):
         stopped += 1
     assert state
     check_all(stored, expect_down=stored.m)
+    check_csv(stored, ext4_fs.mkdir("swift-csv-degraded"))

@@ -82,7 +82,7 @@ impl Op {
 
 /// One `COLUMN OP VALUE` test.
 #[derive(Debug, Clone)]
-struct Predicate {
+pub(crate) struct Predicate {
     column: String,
     op: Op,
     value: String,
@@ -91,7 +91,12 @@ struct Predicate {
 }
 
 impl Predicate {
-    fn parse(text: &str) -> Result<Predicate, KernelError> {
+    /// The column it tests.
+    pub(crate) fn column(&self) -> &str {
+        &self.column
+    }
+
+    pub(crate) fn parse(text: &str) -> Result<Predicate, KernelError> {
         let bad = |detail: &str| KernelError::BadArgument { key: "where".into(), detail: format!("{detail} in predicate {text:?}") };
         let at = text.find(['=', '!', '<', '>', '~']).ok_or_else(|| bad("no operator (= != < <= > >= ~)"))?;
         let next_is_eq = text.as_bytes().get(at + 1) == Some(&b'=');
@@ -114,7 +119,7 @@ impl Predicate {
         Ok(Predicate { column: column.into(), op, value: value.into(), number })
     }
 
-    fn holds(&self, field: &[u8]) -> bool {
+    pub(crate) fn holds(&self, field: &[u8]) -> bool {
         if self.op == Op::Contains {
             return memchr::memmem::find(field, self.value.as_bytes()).is_some();
         }
@@ -165,25 +170,31 @@ impl Kernel for CsvSelect {
     }
     fn prepare(&self, args: &Args<'_>) -> Result<Box<dyn Job>, KernelError> {
         args.check(self.params())?;
-        let predicates = match args.str("where") {
-            Some(w) => w.split(';').map(Predicate::parse).collect::<Result<Vec<_>, _>>()?,
-            None => Vec::new(),
-        };
-        let columns = match args.str("columns") {
-            Some(c) => {
-                let names: Vec<String> = c.split(',').map(|n| n.trim().to_string()).collect();
-                if names.iter().any(String::is_empty) {
-                    return Err(KernelError::BadArgument {
-                        key: "columns".into(),
-                        detail: format!("{c:?} names an empty column; give comma-separated column names"),
-                    });
-                }
-                Some(names)
-            }
-            None => None,
-        };
+        let (predicates, columns) = selection(args)?;
         Ok(Box::new(CsvSelectJob { predicates, columns }))
     }
+}
+
+/// The `where` predicates and `columns` of a selection, checked.
+pub(crate) fn selection(args: &Args<'_>) -> Result<(Vec<Predicate>, Option<Vec<String>>), KernelError> {
+    let predicates = match args.str("where") {
+        Some(w) => w.split(';').map(Predicate::parse).collect::<Result<Vec<_>, _>>()?,
+        None => Vec::new(),
+    };
+    let columns = match args.str("columns") {
+        Some(c) => {
+            let names: Vec<String> = c.split(',').map(|n| n.trim().to_string()).collect();
+            if names.iter().any(String::is_empty) {
+                return Err(KernelError::BadArgument {
+                    key: "columns".into(),
+                    detail: format!("{c:?} names an empty column; give comma-separated column names"),
+                });
+            }
+            Some(names)
+        }
+        None => None,
+    };
+    Ok((predicates, columns))
 }
 
 /// A prepared `csv-select` run.
@@ -193,7 +204,7 @@ struct CsvSelectJob {
 }
 
 /// Turns a csv crate error into a kernel error, recovering sink errors.
-fn csv_error(e: csv::Error) -> KernelError {
+pub(crate) fn csv_error(e: csv::Error) -> KernelError {
     if !e.is_io_error() {
         return KernelError::Failed(format!("malformed CSV: {e}"));
     }
@@ -204,7 +215,7 @@ fn csv_error(e: csv::Error) -> KernelError {
 }
 
 /// The index of column `name` in `header`.
-fn column_index(header: &ByteRecord, name: &str, key: &str) -> Result<usize, KernelError> {
+pub(crate) fn column_index(header: &ByteRecord, name: &str, key: &str) -> Result<usize, KernelError> {
     header.iter().position(|h| h == name.as_bytes()).ok_or_else(|| {
         let names: Vec<String> = header.iter().map(|h| format!("{:?}", String::from_utf8_lossy(h))).collect();
         KernelError::BadArgument { key: key.into(), detail: format!("no column {name:?}; the header has: {}", names.join(", ")) }

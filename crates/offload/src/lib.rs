@@ -28,6 +28,7 @@
 mod analytics;
 mod args;
 mod checksum;
+mod csv_piece;
 mod csv_select;
 mod grep;
 mod rs_encode;
@@ -160,7 +161,7 @@ impl Registry {
     }
 
     /// The standard kernels: `crc32c`, `xxh3`, `sha256`, `blake3`, `md5`, `grep`, `wc`,
-    /// `zstd`, `rs-encode`, `sort`, `csv-select`, and the analysis kernels `count`, `vector-add`, `array-merge`,
+    /// `zstd`, `rs-encode`, `sort`, `csv-select`, `csv-select-piece`, and the analysis kernels `count`, `vector-add`, `array-merge`,
     /// `pagerank`.
     pub fn standard() -> Self {
         let mut r = Registry::empty();
@@ -173,6 +174,7 @@ impl Registry {
         r.register(Box::new(rs_encode::RsEncode));
         r.register(Box::new(sort::Sort));
         r.register(Box::new(csv_select::CsvSelect));
+        r.register(Box::new(csv_piece::CsvPiece));
         r.register(Box::new(analytics::Count));
         r.register(Box::new(analytics::VECTOR_ADD));
         r.register(Box::new(analytics::ARRAY_MERGE));

@@ -28,7 +28,7 @@ from .. import _native
 from .resolve import HEADER_LEN, SwiftError, SwiftObject, resolve
 
 #: Functions whose results over consecutive pieces can be joined into the whole object's.
-JOINABLE = ("wc", "grep")
+JOINABLE = ("wc", "grep", "csv-select")
 
 #: Where Debian's pyeclib lives (for the system Python that Swift runs on).
 SYSTEM_SITE = "/usr/lib/python3/dist-packages"
@@ -110,37 +110,66 @@ def rebuild(obj: SwiftObject, wanted: Sequence[Tuple[int, int, int, int]]) -> Tu
     return out, read
 
 
-def run_pieces(obj: SwiftObject, function: str, args: List[str]) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
-    """Runs ``function`` with ``edges=true`` over every piece of the object, offloaded where
-    its archive can be read; returns the results in object order and the summed stats."""
-    pieces = obj.pieces()
-    edge_args = [*args, "edges=true"]
+#: Ranges per EXEC when a function's arguments name each input (csv-select-piece's starts).
+BATCH = 64
+#: Piece bytes per EXEC whose results may carry them back (see exec_ranges).
+BATCH_BYTES = 16 << 20
+
+
+def run_pieces(
+    obj: SwiftObject,
+    function: str,
+    args: List[str],
+    pieces: Optional[List[Tuple[int, int, int, int]]] = None,
+    skips: Optional[List[int]] = None,
+    per_input: Optional[Callable[[List[int]], List[str]]] = None,
+    stats: Optional[Dict[str, Any]] = None,
+) -> Tuple[List[Dict[str, Any]], Dict[str, Any]]:
+    """Runs ``function`` with ``args`` over pieces of the object (default: all, with
+    ``edges=true``), offloaded where its archive can be read, rebuilt and run on the host
+    where not; returns the results in object order and the summed stats. ``skips`` drops
+    leading bytes of pieces; ``per_input(indices)`` adds arguments for the pieces of one
+    EXEC, in their order (then at most :data:`BATCH` pieces go in one). Pieces are
+    ``(segment, fragment, offset, length)`` as :meth:`SwiftObject.pieces` gives them."""
+    if pieces is None:
+        pieces, args = obj.pieces(), [*args, "edges=true"]
+    skips = skips or [0] * len(pieces)
     by_archive: Dict[int, List[int]] = {}
     lost: List[int] = []
     for n, (s, i, _off, _len) in enumerate(pieces):
         (by_archive.setdefault(i, []) if i in obj.archives else lost).append(n)
     results: List[Optional[Dict[str, Any]]] = [None] * len(pieces)
-    stats = {"bytes_to_host": 0, "bytes_from_host": 0, "media_bytes": 0, "seconds": 0.0, "commands": 0}
+    if stats is None:
+        stats = {"bytes_to_host": 0, "bytes_from_host": 0, "media_bytes": 0, "seconds": 0.0, "commands": 0, "rebuild_bytes_read": 0, "fragments_rebuilt": []}
+    largest = max([p[3] for p in pieces] or [1])
+    per = max(1, min(BATCH, BATCH_BYTES // max(1, largest))) if per_input else len(pieces) or 1
 
-    def offload(i: int) -> Tuple[List[int], Dict[str, Any]]:
-        idx = by_archive[i]
-        ranges = [(obj.record_offset(pieces[n][0]) + HEADER_LEN, pieces[n][3]) for n in idx]
-        return idx, json.loads(_native.exec_ranges_json(function, str(obj.archives[i].path), ranges, edge_args))
+    def offload(i: int) -> List[Tuple[List[int], Dict[str, Any]]]:
+        done = []
+        idx_all = by_archive[i]
+        for at in range(0, len(idx_all), per):
+            idx = idx_all[at : at + per]
+            ranges = [(obj.record_offset(pieces[n][0]) + HEADER_LEN + skips[n], pieces[n][3] - skips[n]) for n in idx]
+            extra = per_input(idx) if per_input else []
+            done.append((idx, json.loads(_native.exec_ranges_json(function, str(obj.archives[i].path), ranges, [*args, *extra]))))
+        return done
 
     with ThreadPoolExecutor(max_workers=max(1, len(by_archive))) as pool:
-        for idx, report in pool.map(offload, sorted(by_archive)):
-            for n, r in zip(idx, report["results"]):
-                results[n] = r
-            for k in ("bytes_to_host", "bytes_from_host", "media_bytes", "commands"):
-                stats[k] += report["stats"][k]
-    rebuilt_bytes = 0
+        for batches in pool.map(offload, sorted(by_archive)):
+            for idx, report in batches:
+                for n, r in zip(idx, report["results"]):
+                    results[n] = r
+                for k in ("bytes_to_host", "bytes_from_host", "media_bytes", "commands"):
+                    stats[k] += report["stats"][k]
     if lost:
         data, rebuilt_bytes = rebuild(obj, [pieces[n] for n in lost])
-        for n, r in zip(lost, json.loads(_native.run_json(function, data, edge_args))):
+        data = [d[skips[n]:] for n, d in zip(lost, data)]
+        extra = per_input(lost) if per_input else []
+        for n, r in zip(lost, json.loads(_native.run_json(function, data, [*args, *extra]))):
             results[n] = r
         stats["bytes_to_host"] += rebuilt_bytes
-    stats["fragments_rebuilt"] = sorted({pieces[n][1] for n in lost})
-    stats["rebuild_bytes_read"] = rebuilt_bytes
+        stats["rebuild_bytes_read"] += rebuilt_bytes
+        stats["fragments_rebuilt"] = sorted(set(stats["fragments_rebuilt"]) | {pieces[n][1] for n in lost})
     return [r for r in results if r is not None], stats
 
 
@@ -187,7 +216,110 @@ def join_grep(records: List[Dict[str, Any]], pieces: List[Tuple[int, int, int, i
     return {"count": count, "matches": matches, "truncated": truncated}
 
 
-def run(function: str, url: str, swift_dir: Path, devices: Optional[Path], args: List[str]) -> Dict[str, Any]:
+def _piece_bytes(obj: SwiftObject, piece: Tuple[int, int, int, int]) -> bytes:
+    """A piece read by the host (through the attached file system), or rebuilt."""
+    s, i, _off, n = piece
+    if i in obj.archives:
+        with open(obj.archives[i].path, "rb") as f:
+            return os.pread(f.fileno(), n, obj.record_offset(s) + HEADER_LEN)
+    return rebuild(obj, [piece])[0][0]
+
+
+def csv_header(obj: SwiftObject, pieces: List[Tuple[int, int, int, int]]) -> Tuple[str, int, int]:
+    """The object's header record (its first record that is not blank), as text, where the
+    data after it starts, and the bytes read to find it: the host reads the object's first
+    pieces until the record ends, with the quoting rules of csv-select-piece."""
+    buf, read = bytearray(), 0
+    state, start = "f", None
+    for piece in pieces:
+        data = _piece_bytes(obj, piece)
+        read += len(data)
+        for b in data:
+            at = len(buf)
+            buf.append(b)
+            if state == "q":
+                state = "c" if b == 0x22 else "q"
+                continue
+            if b == 0x22:
+                if state == "m":
+                    raise SwiftError(f"{obj.url}: a quote inside an unquoted field of the header (not RFC 4180 quoting)")
+                state = "q"
+            elif b in (0x0A, 0x0D):
+                if start is not None:
+                    try:
+                        return bytes(buf[start:at]).decode("utf-8"), at + 1, read
+                    except UnicodeDecodeError:
+                        raise SwiftError(f"{obj.url}: the CSV header is not UTF-8") from None
+                state = "f"
+                continue
+            else:
+                state = "f" if b == 0x2C else "m"
+            if start is None:
+                start = at
+    if start is None:
+        return "", len(buf), read
+    try:
+        return bytes(buf[start:]).decode("utf-8"), len(buf), read
+    except UnicodeDecodeError:
+        raise SwiftError(f"{obj.url}: the CSV header is not UTF-8") from None
+
+
+def run_csv(obj: SwiftObject, args: List[str], output: Path) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """csv-select over the object: the header found by the host, each piece's quote count
+    (a first pass on the targets), then each piece selected from the state it starts in
+    (a second pass), and the records cut at edges selected on the host."""
+    header, data_at, header_read = csv_header(obj, obj.pieces())
+    if not header:
+        output.write_bytes(b"")
+        return {"output_length": 0, "rows_in": 0, "rows_out": 0, "output": str(output)}, {}
+    pieces, skips = [], []
+    for p in obj.pieces():
+        s, i, off, n = p
+        if off + n <= data_at:
+            continue
+        pieces.append(p)
+        skips.append(max(0, data_at - off))
+    base = [f"header={header}", *args]
+    stats: Optional[Dict[str, Any]] = None
+    starts: List[str] = []
+    if pieces:
+        scanned, stats = run_pieces(obj, "csv-select-piece", ["scan=true"], pieces, skips)
+        quotes, prev = 0, 0x0A
+        for r in scanned:
+            starts.append("q" if quotes % 2 else "c" if prev == 0x22 else "f" if prev in (0x2C, 0x0A, 0x0D) else "m")
+            quotes += r["quotes"]
+            prev = r["last"] if r["last"] != 256 else prev
+        results, stats = run_pieces(obj, "csv-select-piece", base, pieces, skips, lambda idx: ["starts=" + "".join(starts[n] for n in idx)], stats)
+    else:
+        results = []
+    # Records cut at edges, in order, selected on the host with the same kernel.
+    joined: List[bytes] = []
+    order: List[Tuple[str, int]] = []  # ("joined", j) or ("piece", n)
+    carry = bytearray()
+    for n, r in enumerate(results):
+        carry += bytes.fromhex(r["head"])
+        if r["cut"]:
+            joined.append(bytes(carry))
+            order += [("joined", len(joined) - 1), ("piece", n)]
+            carry = bytearray(bytes.fromhex(r["tail"]))
+    if carry:
+        joined.append(bytes(carry))
+        order.append(("joined", len(joined) - 1))
+    host = json.loads(_native.run_json("csv-select-piece", joined or [b""], [*base, "whole=true"]))
+    out = bytearray(bytes.fromhex(host[0]["header_out"]))
+    rows_in = rows_out = 0
+    for kind, j in order:
+        r = host[j] if kind == "joined" else results[j]
+        out += bytes.fromhex(r["rows"])
+        rows_in += r["rows_in"]
+        rows_out += r["rows_out"]
+    output.write_bytes(bytes(out))
+    stats = stats or {"bytes_to_host": 0, "bytes_from_host": 0, "media_bytes": 0, "commands": 0, "fragments_rebuilt": [], "rebuild_bytes_read": 0}
+    stats["bytes_to_host"] += header_read
+    return {"output_length": len(out), "rows_in": rows_in, "rows_out": rows_out, "output": str(output)}, stats
+
+
+def run(function: str, url: str, swift_dir: Path, devices: Optional[Path], args: List[str], output: Optional[Path] = None) -> Dict[str, Any]:
     """Runs ``function`` over the Swift object ``url``; the report has the shape of a plain
     file's (``insitu exec ... --json``), with ``fragments_rebuilt`` in its stats."""
     started = time.monotonic()
@@ -196,6 +328,11 @@ def run(function: str, url: str, swift_dir: Path, devices: Optional[Path], args:
     obj = resolve(url, swift_dir, devices, readable=device_check())
     if obj.missing and len(obj.missing) > obj.policy.m:
         raise SwiftError(f"{url}: {len(obj.missing)} devices are down ({', '.join(sorted(obj.missing.values()))}), more than the policy's {obj.policy.m} parity fragments can cover")
+    if function == "csv-select":
+        fields, stats = run_csv(obj, args, output or Path(url.rsplit("/", 1)[1] + ".select.csv"))
+        stats["seconds"] = time.monotonic() - started
+        stats["devices_down"] = sorted(obj.missing.values())
+        return {"function": function, "mode": "offload", "results": [{"path": url, **fields}], "stats": stats}
     records, stats = run_pieces(obj, function, args) if obj.length else ([], {"bytes_to_host": 0, "bytes_from_host": 0, "media_bytes": 0, "commands": 0, "fragments_rebuilt": [], "rebuild_bytes_read": 0})
     if function == "wc":
         fields: Dict[str, Any] = join_wc(records)
@@ -233,6 +370,8 @@ def main(argv: List[str]) -> int:
         p.add_argument("-c", "--count", action="store_true", help="print only the count")
     if verb == "exec":
         p.add_argument("--arg", dest="args", action="append", default=[], metavar="KEY=VALUE", help="function argument (repeatable)")
+        p.add_argument("-o", "--output", type=Path, help="csv-select: where to write the result (default: OBJECT.select.csv here)")
+        p.add_argument("--force", action="store_true", help="replace an existing result file")
     a = p.parse_args(rest)
     if verb == "grep":
         function = "grep"
@@ -242,9 +381,18 @@ def main(argv: List[str]) -> int:
     else:
         function, args = a.function, a.args
     reports = []
+    output = getattr(a, "output", None)
+    if function == "csv-select":
+        if len(a.objects) != 1 and output is not None:
+            print("insitu: --output needs exactly one object", file=sys.stderr)
+            return 2
+        dest = output or Path(a.objects[0].rsplit("/", 1)[-1] + ".select.csv")
+        if dest.exists() and not a.force:
+            print(f"insitu: {dest} exists; remove it or pass --force to replace it", file=sys.stderr)
+            return 2
     try:
         for url in a.objects:
-            reports.append(run(function, url, a.swift_dir, a.devices, args))
+            reports.append(run(function, url, a.swift_dir, a.devices, args, output))
     except (SwiftError, _native.InsituError) as e:
         print(f"insitu: {e}", file=sys.stderr)
         return 2
@@ -256,7 +404,9 @@ def main(argv: List[str]) -> int:
         print(json.dumps(report, indent=2))
         return 0
     for r in report["results"]:
-        if function == "wc":
+        if function == "csv-select":
+            print(f"{r['path']}: {r['rows_out']} of {r['rows_in']} rows -> {r['output']}")
+        elif function == "wc":
             print(f"{r['lines']:>8} {r['words']:>8} {r['bytes']:>10} {r['path']}")
         else:
             print(f"{r['path']}:{r['count']}")
