@@ -24,17 +24,13 @@ import tempfile
 import time
 
 import report
+from insitu._units import parse_size
 
 SYSTEM_SITE = "/usr/lib/python3/dist-packages"
 
 
-def size_of(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
-
-
 def measure(a: argparse.Namespace) -> dict:
-    size, unit = size_of(a.size), size_of(a.unit)
+    size, unit = parse_size(a.size), parse_size(a.unit)
     d = tempfile.mkdtemp(prefix="insitu-rs-bench-", dir="/var/tmp")
     image, mnt = os.path.join(d, "ec.img"), os.path.join(d, "mnt")
     try:

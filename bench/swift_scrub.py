@@ -24,6 +24,7 @@ import tempfile
 import time
 
 import report
+from insitu._units import parse_size
 
 
 def drop_caches() -> None:
@@ -44,7 +45,7 @@ def measure(a: argparse.Namespace) -> dict:
         up, _ = report.run(["swift", "up", d, "--ec", a.ec, "--size", a.device_size])
         url, token = client.auth(up["auth"], up["user"], up["key"])
         client.put_container(url, token, "bench")
-        size = report_size(a.size)
+        size = parse_size(a.size)
         for i in range(a.objects):
             client.put_object(url, token, "bench", f"o{i}", os.urandom(size))
         runs = {}
@@ -67,11 +68,6 @@ def measure(a: argparse.Namespace) -> dict:
     finally:
         subprocess.run([report.INSITU, "swift", "down", d], capture_output=True)
         shutil.rmtree(d, ignore_errors=True)
-
-
-def report_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
 
 
 def markdown(r: dict) -> str:

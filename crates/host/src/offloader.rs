@@ -164,6 +164,10 @@ fn find_kernel<'r>(registry: &'r Registry, function: &str) -> Result<&'r dyn Ker
 /// One file's result, cost, and bytes its reads returned (conventional path).
 type FileOutcome = Result<(FileResult, Stats, u64), OasError>;
 
+/// An open input file, its metadata, its device, and the attachment or embedded target
+/// that serves it.
+type OpenFile = (File, fs::Metadata, DeviceMap, Option<insitu_attach::Attachment>, Option<Arc<Target>>);
+
 /// Open embedded targets: backing path → ((device, inode, size) when opened, target).
 type TargetCache = HashMap<PathBuf, ((u64, u64, u64), Arc<Target>)>;
 
@@ -339,6 +343,21 @@ impl Offloader {
         Ok(t)
     }
 
+    /// Opens the file at `path` and finds what serves it: a namespace attached over the
+    /// fabric, or an image served by an embedded target.
+    fn open_on_target(&self, path: &Path) -> Result<OpenFile, OasError> {
+        let io = |e| OasError::Io { path: path.to_owned(), source: e };
+        let file = File::open(path).map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        let map = device::resolve(meta.dev(), path)?;
+        let remote = insitu_attach::lookup_disk(&map.backing);
+        let target = match remote {
+            Some(_) => None,
+            None => Some(self.target_for(&map)?),
+        };
+        Ok((file, meta, map, remote, target))
+    }
+
     /// Sends `d` to the target of the file at `path`: over the fabric when its file system is
     /// attached (`remote`), else to the embedded target of its image.
     fn run_descriptor(&self, remote: Option<&insitu_attach::Attachment>, target: Option<&Target>, map: &DeviceMap, path: &Path, d: Descriptor) -> Result<(Vec<u8>, Stats), OasError> {
@@ -367,15 +386,7 @@ impl Offloader {
         if kernel.output_count() > 0 {
             return Err(OasError::BadRequest(format!("{function} writes an output object; ranges take kernels whose result is inline")));
         }
-        let io = |e| OasError::Io { path: path.to_owned(), source: e };
-        let file = File::open(path).map_err(io)?;
-        let meta = file.metadata().map_err(io)?;
-        let map = device::resolve(meta.dev(), path)?;
-        let remote = insitu_attach::lookup_disk(&map.backing);
-        let target = match remote {
-            Some(_) => None,
-            None => Some(self.target_for(&map)?),
-        };
+        let (file, meta, map, remote, target) = self.open_on_target(path)?;
         let whole = virtual_object(&file, path, &map)?;
         let mut objects = Vec::with_capacity(ranges.len());
         for &(start, len) in ranges {
@@ -410,16 +421,7 @@ impl Offloader {
 
     fn offload_one(&self, kernel: &dyn Kernel, req: &Request, group: &[PathBuf], out: Option<&Path>) -> FileOutcome {
         let path = &group[0];
-        let io = |e| OasError::Io { path: path.to_owned(), source: e };
-        let file = File::open(path).map_err(io)?;
-        let meta = file.metadata().map_err(io)?;
-        let map = device::resolve(meta.dev(), path)?;
-        // A namespace attached over the fabric, or an image served by an embedded target.
-        let remote = insitu_attach::lookup_disk(&map.backing);
-        let target = match remote {
-            Some(_) => None,
-            None => Some(self.target_for(&map)?),
-        };
+        let (file, meta, map, remote, target) = self.open_on_target(path)?;
         let mut inputs = vec![virtual_object(&file, path, &map)?];
         let mut total = meta.len();
         for other in &group[1..] {

@@ -545,14 +545,8 @@ mod tests {
     proptest! {
         #[test]
         fn pieces_joined_by_their_edges_match_like_the_whole(data in proptest::collection::vec(prop_oneof![Just(b'a'), Just(b'b'), Just(b'\n'), Just(b'\r')], 0..120), cuts in proptest::collection::vec(0usize..120, 0..6), regex in any::<bool>()) {
-            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(data.len())).collect();
-            cuts.sort_unstable();
-            let mut pieces = Vec::new();
-            let mut at = 0;
-            for c in cuts.into_iter().chain([data.len()]) {
-                pieces.push(&data[at..c]);
-                at = c;
-            }
+            let owned = crate::testutil::pieces(&data, &cuts);
+            let pieces: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
             let a = if regex { args("^a.*b$", true, false) } else { args("ab", false, false) };
             let (records, _) = run_kernel("grep", &a, &[&data], usize::MAX, None).unwrap();
             let want = match field(&records[0], "matches") {

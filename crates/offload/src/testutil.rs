@@ -87,3 +87,16 @@ pub(crate) fn random_bytes(seed: u64, len: usize, alphabet: &[u8]) -> Vec<u8> {
         })
         .collect()
 }
+
+/// `data` cut at `cuts` (clamped to its length, in any order) into consecutive pieces.
+pub(crate) fn pieces(data: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
+    let mut cuts: Vec<usize> = cuts.iter().map(|c| (*c).min(data.len())).collect();
+    cuts.sort_unstable();
+    let mut out = Vec::new();
+    let mut at = 0;
+    for c in cuts.into_iter().chain([data.len()]) {
+        out.push(data[at..c].to_vec());
+        at = c;
+    }
+    out
+}

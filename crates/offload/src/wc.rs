@@ -187,14 +187,8 @@ mod tests {
     proptest! {
         #[test]
         fn pieces_joined_by_their_edges_count_like_the_whole(data in proptest::collection::vec(prop_oneof![Just(b'a'), Just(b' '), Just(0x80u8), Just(b'\n'), Just(0x01u8)], 0..200), cuts in proptest::collection::vec(0usize..200, 0..6)) {
-            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(data.len())).collect();
-            cuts.sort_unstable();
-            let mut pieces = Vec::new();
-            let mut at = 0;
-            for c in cuts.into_iter().chain([data.len()]) {
-                pieces.push(&data[at..c]);
-                at = c;
-            }
+            let owned = crate::testutil::pieces(&data, &cuts);
+            let pieces: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
             prop_assert_eq!(joined(&pieces), wc(&data, usize::MAX));
         }
     }
