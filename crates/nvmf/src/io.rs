@@ -53,8 +53,7 @@ impl ReadRun {
         let Some(lba) = target.namespace(nsid).map(|ns| ns.lba_size() as usize) else {
             return Some(job); // refused by the worker, alone
         };
-        let slba = u64::from(job.cmd.cdw(10)) | (u64::from(job.cmd.cdw(11)) << 32);
-        let nlb = u64::from(job.cmd.cdw(12) & 0xFFFF) + 1;
+        let (slba, nlb) = (slba(&job.cmd), nlb(&job.cmd));
         let bytes = nlb as usize * lba;
         let joins = self.first.as_ref().is_some_and(|f| f.cmd.nsid() == nsid && slba == self.next_lba && self.bytes + bytes <= MERGED_READ_MAX);
         if joins {
@@ -114,6 +113,16 @@ impl std::ops::DerefMut for HostData {
             HostData::Pooled { buf, len } => &mut buf.as_mut_slice()[..*len],
         }
     }
+}
+
+/// The starting LBA of an NVM command (dwords 10 and 11).
+fn slba(cmd: &Command) -> u64 {
+    u64::from(cmd.cdw(10)) | (u64::from(cmd.cdw(11)) << 32)
+}
+
+/// The number of logical blocks of an NVM command (dword 12, 0-based on the wire).
+fn nlb(cmd: &Command) -> u64 {
+    u64::from(cmd.cdw(12) & 0xFFFF) + 1
 }
 
 /// Data SGL Length Invalid.
@@ -193,8 +202,7 @@ pub(crate) fn run(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Si
 fn run_reads(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Sink, first: &Command, sqhd: u16, more: &[(Command, u16)], started: Instant) -> Option<Vec<(Command, u16)>> {
     let cmds: Vec<(&Command, u16)> = std::iter::once((first, sqhd)).chain(more.iter().map(|(c, s)| (c, *s))).collect();
     let sizes: Result<Vec<usize>, u16> = cmds.iter().map(|(c, _)| read_bytes(shared, target, c)).collect();
-    let slba = u64::from(first.cdw(10)) | (u64::from(first.cdw(11)) << 32);
-    let read = sizes.ok().and_then(|sizes| target.read_blocks(first.nsid(), slba, sizes.iter().sum()).ok().map(|b| (sizes, b)));
+    let read = sizes.ok().and_then(|sizes| target.read_blocks(first.nsid(), slba(first), sizes.iter().sum()).ok().map(|b| (sizes, b)));
     let Some((sizes, blocks)) = read else {
         return Some(more.to_vec());
     };
@@ -220,8 +228,7 @@ fn read_from_page_cache(shared: &Shared, target: &Target, ctrl: &Controller, sin
         return false;
     }
     let Ok(bytes) = read_bytes(shared, target, cmd) else { return false }; // refused by the ordinary path
-    let slba = u64::from(cmd.cdw(10)) | (u64::from(cmd.cdw(11)) << 32);
-    let Ok((media, offset)) = target.read_source(nsid, slba, bytes) else { return false };
+    let Ok((media, offset)) = target.read_source(nsid, slba(cmd), bytes) else { return false };
     // A failed send ends the connection; only a connection that cannot send this way
     // leaves the command to the ordinary path.
     if let Ok(false) = sink.complete_from_media(cmd.cid(), job.sqhd, media, offset, bytes) {
@@ -238,7 +245,7 @@ fn read_from_page_cache(shared: &Shared, target: &Target, ctrl: &Controller, sin
 /// MDTS, or an SGL shorter than the data.
 fn read_bytes(shared: &Shared, target: &Target, cmd: &Command) -> Result<usize, u16> {
     let lba = target.namespace(cmd.nsid()).map(|ns| u64::from(ns.lba_size())).ok_or(status(0, 0x0B))?;
-    let bytes = ((u64::from(cmd.cdw(12) & 0xFFFF) + 1) * lba) as usize;
+    let bytes = (nlb(cmd) * lba) as usize;
     if bytes > shared.cfg.max_transfer() {
         return Err(INVALID_FIELD);
     }
@@ -250,8 +257,7 @@ fn read_bytes(shared: &Shared, target: &Target, cmd: &Command) -> Result<usize, 
 
 fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, data: HostData) -> Done {
     let nsid = cmd.nsid();
-    let slba = u64::from(cmd.cdw(10)) | (u64::from(cmd.cdw(11)) << 32);
-    let nlb = u64::from(cmd.cdw(12) & 0xFFFF) + 1;
+    let (slba, nlb) = (slba(cmd), nlb(cmd));
     let lba = || target.namespace(nsid).map(|ns| u64::from(ns.lba_size()));
     // The key-value namespace speaks the KV command set, whose opcodes reuse NVM ones.
     if let Some(store) = target.kv_service(nsid) {
