@@ -127,7 +127,7 @@ impl Job for GrepJob {
         for input in inputs.iter_mut() {
             let mut scan = Scan::new(&self.matcher, self.max_matches);
             if let Some(limit) = self.edges {
-                records.push(edges(&mut scan, &mut **input, limit)?);
+                records.push(edges(scan, &mut **input, limit)?);
                 continue;
             }
             while let Some(chunk) = input.next_chunk()? {
@@ -140,7 +140,7 @@ impl Job for GrepJob {
 }
 
 /// Searches the inner lines of a piece (see the module doc) and returns its edge record.
-fn edges(scan: &mut Scan<'_>, input: &mut dyn InputStream, limit: usize) -> Result<Record, KernelError> {
+fn edges(mut scan: Scan<'_>, input: &mut dyn InputStream, limit: usize) -> Result<Record, KernelError> {
     let too_long = |what: &str| KernelError::Failed(format!("the {what} line of this piece is longer than edge_limit ({limit} bytes)"));
     let (mut head, mut tail) = (Vec::new(), Vec::new());
     let (mut newlines, mut in_head) = (0u64, true);
@@ -177,7 +177,7 @@ fn edges(scan: &mut Scan<'_>, input: &mut dyn InputStream, limit: usize) -> Resu
             return Err(too_long("last"));
         }
     }
-    let mut record = std::mem::replace(scan, Scan::new(scan.matcher, scan.max)).finish();
+    let mut record = scan.finish();
     // The search began after the head; offsets count from the piece's start.
     for (key, value) in record.iter_mut() {
         if let (true, Value::U64List(pairs)) = (key == "matches", value) {

@@ -62,11 +62,15 @@ def device_check() -> Callable[[Path], bool]:
     when its target answers; a device that is neither attached nor mounted has no target."""
     attached = _attachments()
 
+    answered: Dict[str, bool] = {}  # every policy's ring names the same devices
+
     def readable(dev_dir: Path) -> bool:
         real = os.path.realpath(dev_dir)
         url = attached.get(real)
         if url is not None:
-            return _reachable(url)
+            if real not in answered:
+                answered[real] = _reachable(url)
+            return answered[real]
         if os.path.ismount(real):
             return True  # a local image, served by an embedded target
         raise SwiftError(f"the ring names device {dev_dir.name}, which has no target: {dev_dir} is not a mounted insitu namespace")
@@ -110,6 +114,11 @@ def rebuild(obj: SwiftObject, wanted: Sequence[Tuple[int, int, int, int]]) -> Tu
     return out, read
 
 
+def new_stats() -> Dict[str, Any]:
+    """The stats of a run that has done nothing yet."""
+    return {"bytes_to_host": 0, "bytes_from_host": 0, "media_bytes": 0, "seconds": 0.0, "commands": 0, "rebuild_bytes_read": 0, "fragments_rebuilt": []}
+
+
 #: Ranges per EXEC when a function's arguments name each input (csv-select-piece's starts).
 BATCH = 64
 #: Piece bytes per EXEC whose results may carry them back (see exec_ranges).
@@ -140,7 +149,7 @@ def run_pieces(
         (by_archive.setdefault(i, []) if i in obj.archives else lost).append(n)
     results: List[Optional[Dict[str, Any]]] = [None] * len(pieces)
     if stats is None:
-        stats = {"bytes_to_host": 0, "bytes_from_host": 0, "media_bytes": 0, "seconds": 0.0, "commands": 0, "rebuild_bytes_read": 0, "fragments_rebuilt": []}
+        stats = new_stats()
     largest = max([p[3] for p in pieces] or [1])
     per = max(1, min(BATCH, BATCH_BYTES // max(1, largest))) if per_input else len(pieces) or 1
 
@@ -271,7 +280,7 @@ def run_csv(obj: SwiftObject, args: List[str], output: Path) -> Tuple[Dict[str, 
     header, data_at, header_read = csv_header(obj, obj.pieces())
     if not header:
         output.write_bytes(b"")
-        return {"output_length": 0, "rows_in": 0, "rows_out": 0, "output": str(output)}, {}
+        return {"output_length": 0, "rows_in": 0, "rows_out": 0, "output": str(output)}, new_stats()
     pieces, skips = [], []
     for p in obj.pieces():
         s, i, off, n = p
@@ -314,7 +323,7 @@ def run_csv(obj: SwiftObject, args: List[str], output: Path) -> Tuple[Dict[str, 
         rows_in += r["rows_in"]
         rows_out += r["rows_out"]
     output.write_bytes(bytes(out))
-    stats = stats or {"bytes_to_host": 0, "bytes_from_host": 0, "media_bytes": 0, "commands": 0, "fragments_rebuilt": [], "rebuild_bytes_read": 0}
+    stats = stats or new_stats()
     stats["bytes_to_host"] += header_read
     return {"output_length": len(out), "rows_in": rows_in, "rows_out": rows_out, "output": str(output)}, stats
 
@@ -333,7 +342,7 @@ def run(function: str, url: str, swift_dir: Path, devices: Optional[Path], args:
         stats["seconds"] = time.monotonic() - started
         stats["devices_down"] = sorted(obj.missing.values())
         return {"function": function, "mode": "offload", "results": [{"path": url, **fields}], "stats": stats}
-    records, stats = run_pieces(obj, function, args) if obj.length else ([], {"bytes_to_host": 0, "bytes_from_host": 0, "media_bytes": 0, "commands": 0, "fragments_rebuilt": [], "rebuild_bytes_read": 0})
+    records, stats = run_pieces(obj, function, args) if obj.length else ([], new_stats())
     if function == "wc":
         fields: Dict[str, Any] = join_wc(records)
     else:

@@ -359,7 +359,9 @@ def _newest(hash_dir: Path) -> Optional[Tuple[str, Path]]:
     best = None
     for n in names:
         if n.endswith(".data") or n.endswith(".ts"):
-            ts = n.split("#", 1)[0].rsplit(".", 1)[0] if n.endswith(".ts") else n.split("#", 1)[0].rsplit(".data", 1)[0]
+            # <ts>.data, <ts>#<frag>#d.data, <ts>.ts: the timestamp ends at the first '#' or at
+            # the suffix; Swift writes it fixed-width, so text order is time order.
+            ts = n.rsplit(".", 1)[0].split("#", 1)[0]
             key = (ts, n.endswith(".data"))
             if best is None or key > best[0]:
                 best = (key, n)
