@@ -3,6 +3,10 @@
 //! caches before every measurement and kinds alternating so drift affects them alike:
 //!
 //! * raw sequential direct reads of the file (1 MiB requests, one at a time);
+//! * raw direct reads with the fabric read's shape: 128 KiB requests, 32 in flight (one
+//!   thread per request, as an io_uring or libaio reader at that depth keeps the device
+//!   busy); a drive that serves small requests slower than large ones sets the fabric's
+//!   ceiling here, not at the 1 MiB rate;
 //! * 128 KiB reads at queue depth 32 over NVMe/TCP on loopback, from an in-process target;
 //! * EXEC crc32c over the data on an embedded [`Target`];
 //! * the same EXEC over the fabric, its result written to a result object at the end of
@@ -12,7 +16,7 @@
 //!   no NVMe framing; and, for reference, plain TCP from a buffer that stays in cache
 //!   ([`crate::tcp`]).
 //!
-//! Medians are reported, with the ratios fabric/raw, fabric/TCP (both) and fabric/embedded.
+//! Medians are reported, with the ratios fabric/raw (both), fabric/TCP (both) and fabric/embedded.
 //!
 //! Adding a measurement: a function that takes the [`Rig`] and returns seconds, a series in
 //! [`Samples`], a line in [`Samples::round`] and its keys in [`report`].
@@ -94,6 +98,44 @@ fn raw_read(backing: &Backing, size: u64) -> Result<f64, Error> {
         pos += n as u64;
     }
     Ok(started.elapsed().as_secs_f64())
+}
+
+/// Reads `[0, size)` of `backing` with direct I/O, `READ_IO` bytes per request and
+/// `QUEUE_DEPTH` requests in flight (one thread each, taking the next request from a shared
+/// counter); returns seconds.
+fn raw_read_shaped(backing: &Backing, size: u64) -> Result<f64, Error> {
+    let next = AtomicU64::new(0);
+    let error = Mutex::new(None);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..QUEUE_DEPTH {
+            scope.spawn(|| {
+                let mut buf = AlignedBuf::new(READ_IO + 2 * DIRECT_ALIGN);
+                loop {
+                    let off = next.fetch_add(READ_IO as u64, Ordering::Relaxed);
+                    if off >= size {
+                        return;
+                    }
+                    let n = (size - off).min(READ_IO as u64) as usize;
+                    match backing.read_window(&mut buf, off, n) {
+                        Ok(slice) => {
+                            std::hint::black_box(slice);
+                        }
+                        Err(e) => {
+                            *error.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("raw read of {} at {off}: {e}", backing.path().display()));
+                            next.store(size, Ordering::Relaxed);
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let secs = started.elapsed().as_secs_f64();
+    match error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e.into()),
+        None => Ok(secs),
+    }
 }
 
 /// Reads `[0, size)` of namespace 1 in `READ_IO` requests with `QUEUE_DEPTH` in flight, as
@@ -247,6 +289,8 @@ impl Rig {
 #[derive(Default)]
 struct Samples {
     raw: Vec<f64>,
+    /// Raw direct reads with the fabric read's request size and depth.
+    raw_shaped: Vec<f64>,
     fabric_read: Vec<f64>,
     embedded_exec: Vec<f64>,
     fabric_exec: Vec<f64>,
@@ -265,6 +309,8 @@ impl Samples {
     fn round(&mut self, rig: &Rig) -> Result<(), Error> {
         rig.cold();
         self.raw.push(raw_read(&rig.backing, rig.size)?);
+        rig.cold();
+        self.raw_shaped.push(raw_read_shaped(&rig.backing, rig.size)?);
         rig.cold();
         self.fabric_read.push(fabric_read(&rig.session, rig.size)?);
         let load = TcpLoad { request: READ_IO, connections: usize::from(IO_QUEUES), depth: QUEUE_DEPTH, span: READ_SPAN };
@@ -289,19 +335,21 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
     let size = rig.size;
     let rate = |v: &[f64]| gbps(size, median(&mut v.to_vec()));
     let (r, fr, e, fe) = (rate(&s.raw), rate(&s.fabric_read), rate(&s.embedded_exec), rate(&s.fabric_exec));
-    let (tcp, tcp_cached) = (rate(&s.tcp), rate(&s.tcp_cached));
+    let (tcp, tcp_cached, rs) = (rate(&s.tcp), rate(&s.tcp_cached), rate(&s.raw_shaped));
     let stats = rig.session.stats();
     json!({
         "command": command(),
         "size_bytes": size,
         "repeat": repeat,
         "raw_read_gbps": r,
+        "raw_read_shaped_gbps": rs,
         "fabric_read_gbps": fr,
         "embedded_exec_gbps": e,
         "fabric_exec_gbps": fe,
         "tcp_loopback_gbps": tcp,
         "tcp_loopback_cached_gbps": tcp_cached,
         "fabric_read_to_raw": fr / r,
+        "fabric_read_to_raw_shaped": fr / rs,
         "fabric_read_to_tcp": fr / tcp,
         "fabric_read_to_tcp_cached": fr / tcp_cached,
         "fabric_exec_to_embedded": fe / e,
@@ -313,7 +361,7 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
             "exec_extents": EXTENTS, "max_transfer_bytes": rig.session.max_transfer(),
         },
         "session_wire_bytes": {"sent": stats.bytes_sent, "received": stats.bytes_received, "reconnects": stats.reconnects},
-        "seconds": {"raw": s.raw, "fabric_read": s.fabric_read, "tcp_loopback": s.tcp, "tcp_loopback_cached": s.tcp_cached, "embedded_exec": s.embedded_exec, "fabric_exec": s.fabric_exec},
+        "seconds": {"raw": s.raw, "raw_shaped": s.raw_shaped, "fabric_read": s.fabric_read, "tcp_loopback": s.tcp, "tcp_loopback_cached": s.tcp_cached, "embedded_exec": s.embedded_exec, "fabric_exec": s.fabric_exec},
         "machine": machine(),
         "direct_io": rig.backing.is_direct(),
         "transport": "NVMe/TCP over loopback to an in-process insitu target, no digests",
@@ -325,10 +373,11 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
 /// NVMe/TCP target on 127.0.0.1 (any free port) and from an embedded target, and measures
 /// every kind `repeat` times, alternating, from cold caches.
 ///
-/// The report has `raw_read_gbps`, `fabric_read_gbps`, `embedded_exec_gbps`,
+/// The report has `raw_read_gbps`, `raw_read_shaped_gbps` (direct reads of the fabric read's
+/// request size and depth), `fabric_read_gbps`, `embedded_exec_gbps`,
 /// `fabric_exec_gbps`, `tcp_loopback_gbps` (plain TCP serving the file's bytes with the
 /// fabric read's shape) and `tcp_loopback_cached_gbps` (plain TCP from a buffer in cache; see
-/// [`crate::tcp`]) (medians), the ratios `fabric_read_to_raw`, `fabric_read_to_tcp`,
+/// [`crate::tcp`]) (medians), the ratios `fabric_read_to_raw`, `fabric_read_to_raw_shaped`, `fabric_read_to_tcp`,
 /// `fabric_read_to_tcp_cached` and `fabric_exec_to_embedded`, `fabric_exec_wire_bytes` and the seconds of every
 /// measurement. Fails if the fabric returns other bytes than the file or the EXEC results
 /// disagree; [`fabric_wire_check`] then tells whether the EXEC kept the data off the wire.
