@@ -55,6 +55,7 @@ bench: build
 	$(PY) bench/exec_scaling.py
 	$(PY) bench/llm.py
 	$(PY) bench/containers.py
+	$(PY) bench/kv.py
 
 # libFuzzer targets (nightly toolchain and cargo-fuzz): FUZZ_RUNS executions of each.
 FUZZ_RUNS ?= 10000000

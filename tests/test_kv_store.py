@@ -237,9 +237,10 @@ def test_restart_keeps_data(kv_target):
 
 
 def test_kill_9_during_a_write_stream_loses_no_acknowledged_store():
-    """The target is killed (SIGKILL) in the middle of a stream of Stores, four times over,
+    """The target is killed (SIGKILL) in the middle of a stream of Stores, six times over,
     and restarted on the same image each time: every Store acknowledged before a kill reads
-    back exactly, and the one in flight is either absent or whole."""
+    back exactly, the one in flight is either absent or whole, and `insitu target fsck` finds
+    the file system under the store clean."""
     import os
     import signal
     import threading
@@ -255,7 +256,7 @@ def test_kill_9_during_a_write_stream_loses_no_acknowledged_store():
         return random.Random(trial * 1_000_003 + i).randbytes(100 + (i * 977) % 8000)
 
     try:
-        for trial in range(4):
+        for trial in range(6):
             pid = t.start()["pid"]
             m = insitu.kv(t.url)
             for k, v in acked.items():  # every earlier trial's acknowledged Stores survived
@@ -278,7 +279,7 @@ def test_kill_9_during_a_write_stream_loses_no_acknowledged_store():
 
             w = threading.Thread(target=writer)
             w.start()
-            time.sleep(0.3 + 0.2 * trial)
+            time.sleep(0.3 + 0.15 * trial)
             os.kill(pid, signal.SIGKILL)
             w.join(60)
             assert not w.is_alive(), "the writer did not notice the target's death"
@@ -288,6 +289,9 @@ def test_kill_9_during_a_write_stream_loses_no_acknowledged_store():
                     break
                 time.sleep(0.05)
             assert sum(k.startswith(f"t{trial}-".encode()) for k in acked) > 0, "no Store completed before the kill"
+            # The file system under the store is consistent after every kill.
+            check = cli_json("target", "fsck", "--private", t.private, "--kv-store", KV_SIZE)
+            assert check["clean"] and check["problems"] == [] and check["files"] >= 1, check
         t.start()
         m = insitu.kv(t.url)
         for k, v in acked.items():

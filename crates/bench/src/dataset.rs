@@ -8,6 +8,7 @@ use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 /// SplitMix64: small, fast, and reproducible everywhere.
+#[derive(Debug, Clone)]
 pub struct Rng(u64);
 
 impl Rng {
@@ -28,6 +29,12 @@ impl Rng {
     /// Uniform in `0..n`.
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n.max(1)
+    }
+
+    /// Uniform in `[0, 1)`, with the 53 bits of precision a double holds (as Java's
+    /// `Random.nextDouble`, which the YCSB generators draw from).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
     /// Writes `bytes` random bytes to `w`, a MiB at a time.

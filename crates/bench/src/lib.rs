@@ -55,22 +55,29 @@ mod dataset;
 mod exec_scaling;
 mod fabric;
 mod io_engine;
+mod kv;
+mod genome;
 mod image;
 mod model;
 mod scan;
 mod size;
 mod tcp;
+mod ycsb;
+mod dbbench;
 
 pub use common::{command, machine};
 pub use dataset::{generate as generate_dataset, Dataset, Rng};
 pub use exec_scaling::{exec_scaling, ExecScalingOptions};
 pub use fabric::{fabric, fabric_wire_check, FabricOptions};
 pub use io_engine::{io_engine, IoEngineOptions};
+pub use kv::{kv, KvBenchOptions, KV_SYSTEMS, KV_WORKLOADS};
 pub use image::{create as create_image, mount as mount_image, umount as umount_image, Fs, Scratch};
 pub use model::{break_even, latency, model_check, scrub_scaling, BreakEvenOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScrubScalingOptions};
 pub use scan::{scan, ScanOptions};
 pub use size::{human, parse_size};
 pub use tcp::{tcp_loopback, Source as TcpSource, TcpLoad};
+pub use ycsb::{fnvhash64, key_for, Op, Workload, Ycsb, YcsbConfig, FIELD_COUNT, FIELD_LEN, MAX_SCAN_LEN, RECORD_LEN};
+pub use dbbench::{db_bench_key, DbBench, DbBenchValues, DB_BENCH_VALUE_SIZES};
 
 /// A benchmark that could not run, or whose two paths disagree. The message says what
 /// failed, on which object, and what to do.

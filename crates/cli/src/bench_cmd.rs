@@ -3,7 +3,7 @@
 //! the reports printed as text or JSON.
 
 use crate::Failure;
-use insitu_bench::{human, parse_size, BreakEvenOptions, ExecScalingOptions, FabricOptions, IoEngineOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScanOptions, ScrubScalingOptions};
+use insitu_bench::{human, parse_size, BreakEvenOptions, ExecScalingOptions, FabricOptions, IoEngineOptions, KvBenchOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScanOptions, ScrubScalingOptions};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -376,4 +376,68 @@ pub(crate) fn model_check(a: ModelCheckArgs, json_out: bool) -> Result<i32, Fail
         }
     });
     Ok(if out["failed"].as_u64().unwrap_or(0) > 0 { 1 } else { 0 })
+}
+
+/// Flags of `insitu bench kv`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct KvArgs {
+    /// YCSB records loaded before the YCSB workloads (10 fields of 100 B each).
+    #[arg(long, default_value_t = 50_000)]
+    records: u64,
+    /// Operations per workload; also the entries of each db_bench fill.
+    #[arg(long, default_value_t = 2_000)]
+    operations: u64,
+    /// Workloads, comma-separated: a,b,c,d,e,f (YCSB), fillseq, fillrandom, readseq,
+    /// readrandom (db_bench, each with 100 B and 4 KiB values) and genome (index a reference
+    /// sequence, then match a target sequence of short reads against it).
+    #[arg(long, value_delimiter = ',', default_value = "a,b,c,f,d,e,fillseq,fillrandom,readseq,readrandom,genome")]
+    workloads: Vec<String>,
+    /// Size of the genome job's reference sequence, in bases.
+    #[arg(long, default_value = "4M")]
+    genome_reference: String,
+    /// Size of the genome job's target sequence (100-base reads, one per line).
+    #[arg(long, default_value = "256M")]
+    genome_target: String,
+    /// Stacks, comma-separated: direct, redirect, syscall.
+    #[arg(long, value_delimiter = ',', default_value = "direct,redirect,syscall")]
+    systems: Vec<String>,
+    /// The fabric link of the redirection stack: 10gbe, 25gbe, 40gbe, 100gbe,
+    /// pcie-gen3-x4, pcie-gen4-x4, a payload rate in MB/s, or none.
+    #[arg(long, default_value = "25gbe")]
+    link: String,
+    /// Work directory for the images (default: a new directory under /var/tmp, removed
+    /// afterwards).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+/// `insitu bench kv`.
+pub(crate) fn kv(a: KvArgs, json_out: bool) -> Result<i32, Failure> {
+    let opts = KvBenchOptions {
+        records: a.records,
+        operations: a.operations,
+        workloads: a.workloads,
+        systems: a.systems,
+        link: Some(a.link),
+        dir: a.dir,
+        genome_reference_bases: parse_size(&a.genome_reference).map_err(|e| format!("--genome-reference: {e}"))? as usize,
+        genome_target_bytes: parse_size(&a.genome_target).map_err(|e| format!("--genome-target: {e}"))? as usize,
+        ..KvBenchOptions::default()
+    };
+    let out = insitu_bench::kv(&opts, &mut progress(json_out))?;
+    emit(json_out, &out, || {
+        println!("key-value stacks, {} records, {} operations per workload, redirect over {}:", out["records"], out["operations"], out["link"].as_str().unwrap_or(""));
+        println!("{:<16} {:<9} {:>10} {:>9} {:>9}", "workload", "system", "ops/s", "p50 µs", "p99 µs");
+        for r in out["results"].as_array().into_iter().flatten() {
+            println!("{:<16} {:<9} {:>10.0} {:>9.1} {:>9.1}", r["workload"].as_str().unwrap_or(""), r["system"].as_str().unwrap_or(""), num(r, "ops_per_s"), num(r, "p50_us"), num(r, "p99_us"));
+        }
+        for g in out["genome"].as_array().into_iter().flatten() {
+            println!("genome job on {:<9} {:>8.2} s, {} of {} reads matched", g["system"].as_str().unwrap_or(""), num(g, "seconds"), g["matched"], g["reads"]);
+        }
+        for (w, r) in out["ratios"].as_object().into_iter().flatten() {
+            let f = |k: &str| r[k].as_f64().map_or("-".to_string(), |v| format!("{v:.2}x"));
+            println!("  {w:<16} direct/redirect {:>7}  direct/syscall {:>7}", f("direct_to_redirect"), f("direct_to_syscall"));
+        }
+    });
+    Ok(0)
 }

@@ -330,6 +330,17 @@ enum TargetCmd {
     },
     /// List targets started with `insitu target start`.
     Status,
+    /// Check, without changing it, the file system (accelfs) that holds the key-value store
+    /// of a target started with `--private IMG --kv-store SIZE`; exit 1 if it has problems.
+    /// Run it while the target is stopped.
+    Fsck {
+        /// The private namespace image.
+        #[arg(long, value_name = "IMG")]
+        private: PathBuf,
+        /// The --kv-store size the target was started with.
+        #[arg(long, value_name = "SIZE")]
+        kv_store: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -429,6 +440,11 @@ enum BenchCmd {
     Latency(bench_cmd::LatencyArgs),
     /// Check that emulated drives and links deliver their configured rates (exit 1 if not).
     ModelCheck(bench_cmd::ModelCheckArgs),
+    /// Key-value stacks (HAYAGUI): the same engine on the target's direct stack, on the
+    /// host over an attached remote namespace (redirect), and over the kernel's file system
+    /// on a loop device (syscall); YCSB A-F and db_bench fill/read, seq/random, 100 B and
+    /// 4 KiB values; throughput and p50/p99 latency, every value read checked.
+    Kv(bench_cmd::KvArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -618,6 +634,7 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         }
         Cmd::Target(TargetCmd::Stop { listen }) => return target_cmd::stop(listen, json),
         Cmd::Target(TargetCmd::Status) => return target_cmd::status(json),
+        Cmd::Target(TargetCmd::Fsck { private, kv_store }) => return target_cmd::fsck(&private, &kv_store, json),
         Cmd::Lock { list: true, .. } => return lock_cmd::list(json),
         Cmd::Lock { path, .. } => return lock_cmd::lock(&path.unwrap_or_default(), json),
         Cmd::Unlock { path } => return lock_cmd::unlock(&path, json),
@@ -659,6 +676,7 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Cmd::Bench(BenchCmd::BreakEven(a)) => return bench_cmd::break_even(a, json),
         Cmd::Bench(BenchCmd::Latency(a)) => return bench_cmd::latency(a, json),
         Cmd::Bench(BenchCmd::ModelCheck(a)) => return bench_cmd::model_check(a, json),
+        Cmd::Bench(BenchCmd::Kv(a)) => return bench_cmd::kv(a, json),
         Cmd::Ethernet(c) => return ethernet_cmd::dispatch(c, json),
         Cmd::Kv(c) => return kv_cmd::dispatch(c, json),
         Cmd::Nvme(NvmeCmd::Identify { url, hostnqn }) => return nvme_cmd::identify(&url, hostnqn, json),

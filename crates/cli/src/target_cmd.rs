@@ -337,3 +337,25 @@ mod tests {
         assert!(route(b"\xff\xfe").is_none());
     }
 }
+
+/// `insitu target fsck`: checks the key-value store's file system; exit 1 with problems.
+pub(crate) fn fsck(private: &std::path::Path, kv_store: &str, json_out: bool) -> Result<i32, Failure> {
+    let bytes = insitu_bench::parse_size(kv_store).map_err(|e| format!("--kv-store: {e}"))?;
+    let r = insitu_nvmf::fsck_kv_store(private, bytes)?;
+    if json_out {
+        println!("{}", json!({"clean": r.is_clean(), "generation": r.generation, "files": r.files, "blocks": r.blocks, "free_blocks": r.free_blocks, "problems": r.problems, "notes": r.notes}));
+    } else {
+        match r.generation {
+            Some(g) => println!("{}: generation {g}, {} files, {} blocks, {} free", private.display(), r.files, r.blocks, r.free_blocks),
+            None => println!("{}: no file system", private.display()),
+        }
+        for p in &r.problems {
+            println!("  problem: {p}");
+        }
+        for n in &r.notes {
+            println!("  note: {n}");
+        }
+        println!("{}", if r.is_clean() { "clean" } else { "NOT clean" });
+    }
+    Ok(if r.is_clean() { 0 } else { 1 })
+}

@@ -9,7 +9,8 @@
 //! * [`KvStore`] (feature `engine`, on by default) is the engine: [redb] over a
 //!   [`redb::StorageBackend`], the pluggable storage interface. [`RegionBackend`] is the
 //!   backend the target uses: a byte range of its private namespace, which hosts never see.
-//!   A file of a target-side file system can take its place without touching the store.
+//!   [`FsFileBackend`] puts the store in a file of the target's own file system
+//!   ([`insitu_accelfs`]) instead, beside other files ([`KvStore::open_fs`]).
 //!
 //! Every Store and Delete is committed with immediate durability (redb's checksummed
 //! commit and a media sync) before it returns, so a target acknowledges only durable
@@ -29,15 +30,19 @@
 #![deny(missing_docs)]
 
 #[cfg(feature = "engine")]
+mod fs_backend;
+#[cfg(feature = "engine")]
 mod region;
 #[cfg(feature = "engine")]
 mod store;
 pub mod wire;
 
 #[cfg(feature = "engine")]
+pub use fs_backend::FsFileBackend;
+#[cfg(feature = "engine")]
 pub use region::{RegionBackend, HEADER_BYTES};
 #[cfg(feature = "engine")]
-pub use store::{KvStore, DEFAULT_MAX_VALUE};
+pub use store::{KvStore, CACHE_BYTES, DEFAULT_MAX_VALUE};
 
 /// What a store operation ran into. [`KvStoreError::status`] gives the NVMe status a
 /// target answers with.

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! [`KvStore`]: the key-value service's engine, redb over any [`redb::StorageBackend`].
 
+use crate::fs_backend::FsFileBackend;
 use crate::region::RegionBackend;
 use crate::wire::{Key, StoreMode};
 use crate::KvStoreError;
@@ -15,6 +16,11 @@ const TABLE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("kv");
 /// Largest value by default: 1 MiB, one NVMe/TCP transfer at the default MDTS.
 pub const DEFAULT_MAX_VALUE: usize = 1 << 20;
 
+/// redb's page cache, bytes. redb would otherwise let it grow to 1 GiB; a drive's
+/// controller has little DRAM, and a bound keeps the store's memory the same whatever
+/// storage is under it (the benchmarks compare stacks with the same engine settings).
+pub const CACHE_BYTES: usize = 16 << 20;
+
 /// A durable key-value store. Keys are 1–16 bytes ([`Key`]), values up to
 /// [`KvStore::max_value`] bytes. Every change is committed with immediate durability
 /// before the call returns. `Send + Sync`: readers run concurrently, writers one at a time.
@@ -22,7 +28,7 @@ pub struct KvStore {
     db: Database,
     max_value: usize,
     capacity: u64,
-    /// Set by a [`RegionBackend`] that ran out of room.
+    /// Set by a [`RegionBackend`] or [`FsFileBackend`] that ran out of room.
     full: Option<Arc<AtomicBool>>,
 }
 
@@ -43,11 +49,22 @@ impl KvStore {
         Ok(s)
     }
 
+    /// Opens (or creates) the store kept in the file `name` of `fs` (a file system on a
+    /// private namespace), creating the file if there is none. Its capacity is the file
+    /// system's; when the file system is full, changes fail with [`KvStoreError::Full`].
+    pub fn open_fs(fs: &insitu_accelfs::Fs, name: &str) -> Result<KvStore, KvStoreError> {
+        let backend = FsFileBackend::open(fs, name).map_err(|e| KvStoreError::Open(format!("the KV store file {name:?}: {e}")))?;
+        let (full, capacity) = (backend.full_flag(), backend.capacity());
+        let mut s = KvStore::with_backend(backend, capacity)?;
+        s.full = Some(full);
+        Ok(s)
+    }
+
     /// Opens (or creates) a store over any redb storage backend (the pluggable storage
     /// interface: a namespace region today, a file of the target's own file system later).
     /// `capacity` is what [`KvStore::capacity`] reports.
     pub fn with_backend(backend: impl redb::StorageBackend, capacity: u64) -> Result<KvStore, KvStoreError> {
-        let db = Database::builder().create_with_backend(backend).map_err(|e| KvStoreError::Open(format!("redb: {e}")))?;
+        let db = Database::builder().set_cache_size(CACHE_BYTES).create_with_backend(backend).map_err(|e| KvStoreError::Open(format!("redb: {e}")))?;
         let s = KvStore { db, max_value: DEFAULT_MAX_VALUE, capacity, full: None };
         // Create the table once so that readers always find it.
         let mut tx = s.db.begin_write().map_err(storage)?;
@@ -55,6 +72,16 @@ impl KvStore {
         tx.open_table(TABLE).map_err(storage)?;
         tx.commit().map_err(storage)?;
         Ok(s)
+    }
+
+    /// Opens (or creates) the store in the file `path` of any file system, through redb's
+    /// own file backend: the same engine with the kernel's file system under it (the
+    /// benchmarks' system-call and redirection baselines).
+    pub fn open_file(path: &std::path::Path) -> Result<KvStore, KvStoreError> {
+        let open = |e: std::io::Error| KvStoreError::Open(format!("{}: {e}", path.display()));
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).map_err(open)?;
+        let backend = redb::backends::FileBackend::new(file).map_err(|e| KvStoreError::Open(format!("{}: {e}", path.display())))?;
+        KvStore::with_backend(backend, u64::MAX)
     }
 
     /// A store in memory, for tests and examples.
@@ -96,6 +123,34 @@ impl KvStore {
             t.insert(key.as_bytes(), value)?;
             Ok(Ok(()))
         })
+    }
+
+    /// Stores every pair in one durable transaction (upserts), as a bulk load does: all or
+    /// nothing. Errors as [`KvStore::store`].
+    pub fn store_many<'a>(&self, pairs: impl IntoIterator<Item = (&'a Key, &'a [u8])>) -> Result<(), KvStoreError> {
+        self.write(|t| {
+            for (key, value) in pairs {
+                if value.len() > self.max_value {
+                    return Ok(Err(KvStoreError::ValueSize { len: value.len(), max: self.max_value }));
+                }
+                t.insert(key.as_bytes(), value)?;
+            }
+            Ok(Ok(()))
+        })
+    }
+
+    /// Up to `max` pairs in key order from `start` (that key or the next), as one
+    /// consistent snapshot.
+    pub fn scan(&self, start: &Key, max: usize) -> Result<Vec<(Key, Vec<u8>)>, KvStoreError> {
+        let tx = self.db.begin_read().map_err(storage)?;
+        let t = tx.open_table(TABLE).map_err(storage)?;
+        let mut out = Vec::new();
+        for entry in t.range(start.as_bytes()..).map_err(storage)?.take(max) {
+            let (k, v) = entry.map_err(storage)?;
+            let key = Key::new(k.value()).map_err(|e| KvStoreError::Storage(format!("stored key is invalid: {e}")))?;
+            out.push((key, v.value().to_vec()));
+        }
+        Ok(out)
     }
 
     /// The value of `key`, or [`KvStoreError::KeyNotFound`].
@@ -206,6 +261,13 @@ mod tests {
         s.delete(&k(b"a")).unwrap();
         assert!(matches!(s.delete(&k(b"a")), Err(KvStoreError::KeyNotFound)));
         assert_eq!(s.len().unwrap(), 1);
+        s.store_many([(&k(b"c"), &b"3"[..]), (&k(b"d"), &b"4"[..])]).unwrap();
+        let scanned: Vec<_> = s.scan(&k(b"bb"), 5).unwrap().into_iter().map(|(key, v)| (key.as_bytes().to_vec(), v)).collect();
+        assert_eq!(scanned, vec![(b"c".to_vec(), b"3".to_vec()), (b"d".to_vec(), b"4".to_vec())]);
+        assert!(matches!(s.store_many([(&k(b"e"), &b"5"[..]), (&k(b"f"), &vec![0u8; DEFAULT_MAX_VALUE + 1][..])]), Err(KvStoreError::ValueSize { .. })));
+        assert!(!s.exists(&k(b"e")).unwrap(), "a refused batch stores nothing");
+        s.delete(&k(b"c")).unwrap();
+        s.delete(&k(b"d")).unwrap();
         let big = vec![0u8; DEFAULT_MAX_VALUE + 1];
         assert!(matches!(s.store(&k(b"z"), &big, StoreMode::Upsert), Err(KvStoreError::ValueSize { .. })));
         assert!(!s.exists(&k(b"z")).unwrap());

@@ -58,6 +58,34 @@ fn kv_region(s: &SubsystemConfig, bytes: u64) -> Result<(usize, u64, u64), Strin
     Ok((at, file / 4096 * 4096 - len, len))
 }
 
+/// The file of the key-value service's store in the private namespace's file system.
+pub const KV_STORE_FILE: &str = "kv.redb";
+/// Buffer cache of that file system (redb keeps its own cache above it).
+const KV_FS_CACHE: usize = 8 << 20;
+
+/// The private data file system (accelfs) in `[offset, offset + len)` of `path`: opened,
+/// or formatted when the region is blank.
+fn open_kv_fs(path: &std::path::Path, offset: u64, len: u64) -> Result<insitu_accelfs::Fs, String> {
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(|e| format!("KV store in {}: {e}", path.display()))?;
+    let dev = insitu_accelfs::FileDevice::new(file, offset, len, path.display().to_string());
+    insitu_accelfs::Fs::open_or_format(dev, KV_FS_CACHE).map_err(|e| {
+        format!("the KV store's file system in the last {len} bytes of {}: {e} (a store made by an older insitu, or other data: use a blank image or zero that region; `insitu target fsck` checks it)", path.display())
+    })
+}
+
+/// Checks, without changing anything, the file system holding the key-value store of a
+/// target started with `--private path --kv-store bytes`.
+pub fn fsck_kv_store(path: &std::path::Path, bytes: u64) -> Result<insitu_accelfs::FsckReport, String> {
+    let file_len = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.len();
+    let len = bytes / 4096 * 4096;
+    if len == 0 || len > file_len / 4096 * 4096 {
+        return Err(format!("--kv-store {bytes} does not fit in {} ({file_len} bytes)", path.display()));
+    }
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let dev = insitu_accelfs::FileDevice::new(file, file_len / 4096 * 4096 - len, len, path.display().to_string());
+    insitu_accelfs::fsck(&dev).map_err(|e| e.to_string())
+}
+
 /// State shared by every connection of a server.
 pub(crate) struct Shared {
     pub(crate) cfg: TargetConfig,
@@ -138,8 +166,8 @@ impl Server {
             target.open_kv_store(page_bytes).map_err(|e| invalid(format!("KV cache in the private namespace: {e}")))?;
             if let Some((at, offset, len)) = kv_region {
                 let path = &s.namespaces[at].path;
-                let media = insitu_media::Backing::open(path, false).map_err(|e| invalid(format!("KV store in {}: {e}", path.display())))?;
-                let store = insitu_kvstore::KvStore::open_region(Arc::new(media), offset, len).map_err(|e| invalid(format!("subsystem {}: {e}", s.nqn)))?;
+                let fs = open_kv_fs(path, offset, len).map_err(invalid)?;
+                let store = insitu_kvstore::KvStore::open_fs(&fs, KV_STORE_FILE).map_err(|e| invalid(format!("subsystem {}: {e}", s.nqn)))?;
                 let store = store.with_max_value(insitu_kvstore::DEFAULT_MAX_VALUE.min(cfg.max_transfer()));
                 target.set_kv_service(store);
             }
