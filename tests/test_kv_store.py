@@ -23,8 +23,8 @@ KV_SIZE = "16M"
 class KvTarget:
     """A target daemon with a sharable namespace and a private one holding the KV store."""
 
-    def __init__(self):
-        self.dir = Path(tempfile.mkdtemp(prefix="insitu-kv-", dir="/var/tmp"))
+    def __init__(self, base: str = "/var/tmp"):
+        self.dir = Path(tempfile.mkdtemp(prefix="insitu-kv-", dir=base))
         self.shared = self.dir / "shared.img"
         self.private = self.dir / "private.img"
         for p, size in ((self.shared, 4 << 20), (self.private, 64 << 20)):
@@ -168,31 +168,32 @@ def test_python_mapping_semantics(kv_target):
     assert m.keys(prefix=b"py-") == []
 
 
-def test_python_model_3000_operations(kv_target):
-    import insitu
-
-    m = insitu.kv(kv_target.url)
-    rng = random.Random(0x4B56)
+def model_run(m, n: int, seed: int, values=(0, 1, 100, 4095, 4097, 20000)) -> None:
+    """`n` random Stores, Retrieves, Deletes, Exists and prefix Lists through `m` (an
+    ``insitu.kv`` mapping), each checked against a model dict; then the whole store."""
+    rng = random.Random(seed)
     prefixes = [b"m", b"ma", b"mb\x00", b"m\xff"]
     keys = [rng.choice(prefixes) + rng.randbytes(rng.randint(0, 12)) for _ in range(300)]
     keys = [k[:16] for k in keys]
     model = {}
     for k in m.keys(prefix=b"m"):
         model[k] = m[k]
-    ops = 0
-    for _ in range(3000):
+    counts = [0] * 5
+    for _ in range(n):
         op = rng.random()
         k = rng.choice(keys)
         if op < 0.40:
-            v = rng.randbytes(rng.choice([0, 1, 100, 4095, 4097, 20000]))
+            v = rng.randbytes(rng.choice(values))
             m[k] = v
             model[k] = v
+            counts[0] += 1
         elif op < 0.65:
             if k in model:
                 assert m[k] == model[k], k
             else:
                 with pytest.raises(KeyError):
                     m[k]
+            counts[1] += 1
         elif op < 0.80:
             if k in model:
                 del m[k]
@@ -200,18 +201,41 @@ def test_python_model_3000_operations(kv_target):
             else:
                 with pytest.raises(KeyError):
                     del m[k]
-        elif op < 0.95:
+            counts[2] += 1
+        elif op < 0.97:
             assert (k in m) == (k in model), k
+            counts[3] += 1
         else:
             p = k[: rng.randint(0, len(k))]
             assert m.keys(prefix=p) == sorted(x for x in model if x.startswith(p)), p
-        ops += 1
-    assert ops == 3000
+            counts[4] += 1
+    assert sum(counts) == n and min(counts) > 0, counts
     assert m.keys(prefix=b"m") == sorted(model)
     for k, v in model.items():
         assert m[k] == v
     for k in list(model):
         del m[k]
+
+
+def test_python_model_3000_operations(kv_target):
+    import insitu
+
+    model_run(insitu.kv(kv_target.url), 3000, 0x4B56)
+
+
+def test_python_model_200000_operations():
+    """Hundreds of thousands of operations through the Python API against a model, on a
+    target whose private namespace is in memory (the test is about semantics; every Store
+    and Delete is still committed and synced before it is acknowledged)."""
+    import insitu
+
+    t = KvTarget(base="/dev/shm" if Path("/dev/shm").is_dir() else "/var/tmp")
+    try:
+        t.start()
+        model_run(insitu.kv(t.url), 200_000, 0x5EED, values=(0, 1, 16, 100, 300, 4097))
+    finally:
+        t.stop()
+        shutil.rmtree(t.dir, ignore_errors=True)
 
 
 def test_restart_keeps_data(kv_target):

@@ -86,7 +86,7 @@ fn randomized_operations_match_a_model() {
     let dir = if Path::new("/dev/shm").is_dir() { tempfile::tempdir_in("/dev/shm").unwrap() } else { tempfile::tempdir().unwrap() };
     let h = serve(dir.path(), Some(48 << 20)).unwrap();
     let s = connect(&h);
-    let ops: u64 = std::env::var("KV_MODEL_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
+    let ops: u64 = std::env::var("KV_MODEL_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(200_000);
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
     let mut counts = [0u64; 5];
