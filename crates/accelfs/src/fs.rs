@@ -85,9 +85,27 @@ struct State {
     /// Whether `meta` differs from the last commit.
     dirty: bool,
     cache: Cache,
+    /// The last read-ahead of a stream: blocks `first..` of inode `ino`, read past the
+    /// cache (see `read_span`); dropped by any change to that file.
+    ahead: Option<Ahead>,
     /// Set when a failed device write left memory and device out of step.
     failed: Option<String>,
 }
+
+/// Blocks read ahead of a streaming reader.
+struct Ahead {
+    ino: u64,
+    first: u64,
+    data: Vec<u8>,
+}
+
+/// Most blocks one device read brings in for a read that misses the cache.
+const READ_RUN: u64 = 64;
+/// A miss of this many contiguous blocks is a stream, read past the cache.
+const STREAM_BLOCKS: u64 = 16;
+/// Blocks a stream reads ahead in one device read (1 MiB): a device serves one large read
+/// much faster than many small ones issued one at a time.
+const AHEAD_BLOCKS: u64 = 256;
 
 impl Fs {
     /// Makes an empty file system on `dev` (erasing what it held) and opens it, with a
@@ -175,6 +193,7 @@ impl Fs {
         let ino = s.meta.dir.remove(name).ok_or_else(|| Error::NotFound(name.into()))?;
         let inode = s.meta.inodes.remove(&ino).unwrap_or_default();
         s.cache.drop_from(ino, 0);
+        s.forget_ahead(ino);
         s.pending.extend(inode.extents);
         s.dirty = true;
         Ok(())
@@ -322,7 +341,7 @@ impl File {
 
 impl State {
     fn new(dev: Box<dyn BlockDevice>, block_count: u64, generation: u64, meta_extents: Vec<Extent>, meta: Meta, free: FreeList, cache_bytes: usize) -> State {
-        State { dev, block_count, generation, meta_extents, meta, free, pending: Vec::new(), dirty: false, cache: Cache::new(cache_bytes), failed: None }
+        State { dev, block_count, generation, meta_extents, meta, free, pending: Vec::new(), dirty: false, cache: Cache::new(cache_bytes), ahead: None, failed: None }
     }
 
     fn ok(&self) -> Result<(), Error> {
@@ -360,31 +379,70 @@ impl State {
     }
 
     /// Reads `buf.len()` bytes from `offset`, all within the file, through the cache.
+    /// Reads `buf.len()` bytes at `offset` of the file: cached blocks from the cache, the
+    /// others in runs of physically contiguous blocks, one device read per run (at most
+    /// `READ_RUN` blocks). A run of `STREAM_BLOCKS` or more is a stream: it is not cached,
+    /// so that scanning a large file does not evict what is hot, and it is read up to
+    /// `AHEAD_BLOCKS` ahead into `ahead`, where the next reads find it.
     fn read_span(&mut self, ino: u64, offset: u64, buf: &mut [u8]) -> Result<(), Error> {
+        let last_fb = (offset + buf.len() as u64).div_ceil(BS);
+        let mut run = Vec::new();
         let mut done = 0;
         while done < buf.len() {
             let pos = offset + done as u64;
             let (fb, within) = (pos / BS, (pos % BS) as usize);
-            let n = (BLOCK_SIZE - within).min(buf.len() - done);
             if let Some(b) = self.cache.get(ino, fb) {
+                let n = (BLOCK_SIZE - within).min(buf.len() - done);
                 buf[done..done + n].copy_from_slice(&b.data[within..within + n]);
-            } else {
-                let phys = self.phys(ino, fb)?;
-                let mut data = vec![0u8; BLOCK_SIZE].into_boxed_slice();
-                self.dev.read_at(&mut data, phys * BS).map_err(|e| Error::io(format!("reading block {phys} of {}", self.dev.describe()), e))?;
-                buf[done..done + n].copy_from_slice(&data[within..within + n]);
-                let v = self.cache.insert(ino, fb, phys, data, false);
-                self.write_back(v)?;
+                done += n;
+                continue;
             }
+            if let Some(a) = self.ahead.as_ref().filter(|a| a.ino == ino && fb >= a.first && fb < a.first + (a.data.len() as u64) / BS) {
+                let at = ((fb - a.first) * BS) as usize + within;
+                let n = (a.data.len() - at).min(buf.len() - done);
+                buf[done..done + n].copy_from_slice(&a.data[at..at + n]);
+                done += n;
+                continue;
+            }
+            let phys = self.phys(ino, fb)?;
+            let mut count = 1;
+            while count < READ_RUN && fb + count < last_fb && self.cache.get(ino, fb + count).is_none() && self.phys(ino, fb + count)? == phys + count {
+                count += 1;
+            }
+            if count >= STREAM_BLOCKS {
+                let inode = &self.meta.inodes[&ino];
+                while count < AHEAD_BLOCKS && inode.phys(fb + count) == Some(phys + count) && self.cache.get(ino, fb + count).is_none() {
+                    count += 1;
+                }
+            }
+            run.resize((count * BS) as usize, 0);
+            self.dev.read_at(&mut run, phys * BS).map_err(|e| Error::io(format!("reading blocks {phys}..{} of {}", phys + count, self.dev.describe()), e))?;
+            let n = (run.len() - within).min(buf.len() - done);
+            buf[done..done + n].copy_from_slice(&run[within..within + n]);
             done += n;
+            if count >= STREAM_BLOCKS {
+                self.ahead = Some(Ahead { ino, first: fb, data: std::mem::take(&mut run) });
+            } else {
+                for (i, block) in run.chunks_exact(BLOCK_SIZE).enumerate() {
+                    let v = self.cache.insert(ino, fb + i as u64, phys + i as u64, block.into(), false);
+                    self.write_back(v)?;
+                }
+            }
         }
         Ok(())
     }
 
-    /// Writes `data` at `offset` into blocks the file holds, through the cache.
+    /// Drops the read-ahead of `ino`: the file is changing.
+    fn forget_ahead(&mut self, ino: u64) {
+        if self.ahead.as_ref().is_some_and(|a| a.ino == ino) {
+            self.ahead = None;
+        }
+    }
+
     /// Writes `data` at `offset` of the file through the cache; with `through`, each block
     /// also goes to the device at once and stays cached clean.
     fn write_span(&mut self, ino: u64, offset: u64, data: &[u8], through: bool) -> Result<(), Error> {
+        self.forget_ahead(ino);
         let mut done = 0;
         while done < data.len() {
             let pos = offset + done as u64;
@@ -492,6 +550,7 @@ impl State {
     fn shrink(&mut self, ino: u64, to: u64) {
         let keep = blocks_for(to);
         self.cache.drop_from(ino, keep);
+        self.forget_ahead(ino);
         let inode = self.meta.inodes.get_mut(&ino).expect("checked by the caller");
         let mut left = keep;
         let mut kept = Vec::new();

@@ -12,7 +12,30 @@
 use crate::dataset::Rng;
 use crate::Error;
 use serde_json::{json, Value as Json};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
+
+/// Hashes a k-mer (already uniform-ish bits) with one multiply, for the lookup table.
+#[derive(Default)]
+struct KmerHasher(u64);
+
+impl Hasher for KmerHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, k: u64) {
+        self.0 = (k ^ (k >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// k-mer to its first position in the reference.
+type Index = HashMap<u64, u32, BuildHasherDefault<KmerHasher>>;
 
 /// Bytes per read call, as the paper's application loads its inputs.
 const BATCH: usize = 64 << 10;
@@ -173,10 +196,12 @@ pub(crate) fn run(files: &mut dyn Files) -> Result<(Found, Steps, f64), Error> {
     if loaded.len() != entries.len() * ENTRY {
         return Err(format!("the index read back has {} bytes, {} were filed", loaded.len(), entries.len() * ENTRY).into());
     }
-    let index: Vec<(u64, u32)> = loaded.chunks_exact(ENTRY).map(|c| (u64::from_le_bytes(c[..8].try_into().expect("8")), u32::from_le_bytes(c[8..].try_into().expect("4")))).collect();
-    if index != entries {
+    let read_back = loaded.chunks_exact(ENTRY).map(|c| (u64::from_le_bytes(c[..8].try_into().expect("8")), u32::from_le_bytes(c[8..].try_into().expect("4"))));
+    if !read_back.clone().eq(entries.iter().copied()) {
         return Err("the index read back differs from the one filed: the stack corrupts data".into());
     }
+    let mut index = Index::with_capacity_and_hasher(entries.len(), BuildHasherDefault::default());
+    index.extend(read_back);
     drop((entries, loaded));
     steps.load_index = t.elapsed().as_secs_f64();
     // 4. Match every read of the target.
@@ -212,22 +237,22 @@ pub(crate) fn run(files: &mut dyn Files) -> Result<(Found, Steps, f64), Error> {
     Ok((found, steps, started.elapsed().as_secs_f64()))
 }
 
-/// Fewest substitutions of `read` against the reference at a position one of its seeds
-/// points to, if at most `MAX_MISMATCH`.
-fn best_match(read: &[u8], bases: &[u8], index: &[(u64, u32)]) -> Option<u32> {
-    let mut best: Option<u32> = None;
+/// Substitutions of `read` against the reference at the position its first seed with a
+/// hit points to, if at most `MAX_MISMATCH` (later seeds are tried only when an earlier
+/// one finds nothing close, as seed-and-extend aligners do).
+fn best_match(read: &[u8], bases: &[u8], index: &Index) -> Option<u32> {
     for off in SEEDS {
         let Some(seed) = read.get(off..off + K) else { continue };
         let Some(kmer) = seed.iter().try_fold(0u64, |k, b| code(*b).map(|c| (k << 2) | c)) else { continue };
-        let Ok(i) = index.binary_search_by_key(&kmer, |e| e.0) else { continue };
-        let Some(start) = (index[i].1 as usize).checked_sub(off) else { continue };
+        let Some(&pos) = index.get(&kmer) else { continue };
+        let Some(start) = (pos as usize).checked_sub(off) else { continue };
         let Some(window) = bases.get(start..start + read.len()) else { continue };
         let mm = window.iter().zip(read).filter(|(a, b)| a != b).count() as u32;
-        if mm <= MAX_MISMATCH && best.is_none_or(|b| mm < b) {
-            best = Some(mm);
+        if mm <= MAX_MISMATCH {
+            return Some(mm);
         }
     }
-    best
+    None
 }
 
 /// The job's report for one stack.
