@@ -181,3 +181,40 @@ fn a_file_range_holds_a_file_system() {
     assert!(head.iter().all(|x| *x == 0));
     assert_eq!(dev().len(), 4 << 20);
 }
+
+#[test]
+fn streams_read_ahead_and_see_later_writes() {
+    let dev = MemDevice::new(16 << 20);
+    let fs = Fs::format(dev.clone(), 1 << 16).unwrap();
+    let f = fs.create("s").unwrap();
+    let data: Vec<u8> = (0..(3 << 20) + 777).map(|i| (i * 31 % 251) as u8).collect();
+    f.write_at(&data, 0).unwrap();
+    f.sync().unwrap();
+    // 64 KiB reads (streams: read ahead 1 MiB) at unaligned offsets, then odd sizes.
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    let mut at = 3u64;
+    got.extend_from_slice(&data[..3]);
+    loop {
+        let n = f.read_at(&mut buf, at).unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+        at += n as u64;
+    }
+    assert!(got == data, "a stream read back other bytes");
+    // A write inside the read-ahead window is seen by the next read, as is a shrink.
+    let mut probe = vec![0u8; 65536];
+    f.read_exact_at(&mut probe, 1 << 20).unwrap();
+    f.write_at(b"NEW", (1 << 20) + 70_000).unwrap();
+    f.read_exact_at(&mut probe, (1 << 20) + 65536).unwrap();
+    assert_eq!(&probe[70_000 - 65536..70_000 - 65536 + 3], b"NEW");
+    f.read_exact_at(&mut probe, 2 << 20).unwrap();
+    f.set_len((2 << 20) + 10).unwrap();
+    f.set_len(3 << 20).unwrap();
+    f.read_exact_at(&mut probe, 2 << 20).unwrap();
+    assert_eq!(&probe[..10], &data[2 << 20..(2 << 20) + 10]);
+    assert!(probe[10..].iter().all(|b| *b == 0), "bytes past a shrink read as zeros after regrowth");
+    assert!(fsck(&dev).unwrap().is_clean());
+}
