@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, cli_json, free_port, run_cli
+from helpers import INSITU, ROOT, cli_json, free_port, run_cli
 
 FIXTURES = ROOT / "tests" / "containers"
 DOCKER = shutil.which("docker")
@@ -338,6 +338,58 @@ def test_host_container_locks(env, tmp_path):
     finally:
         run_cli("detach", mnt)
         run_cli("target", "stop", "--listen", listen)
+
+
+def test_kv_store_is_every_containers_kv(env):
+    """The KV store's local API: with --kv-store and --docker every container gets the store
+    at /kv (a file per key); what a container writes, the host reads with `insitu kv`, and
+    the other way round. A name of more than 16 key bytes fails and stores nothing."""
+    d = env.d / "kv"
+    d.mkdir()
+    ns, kv_priv, priv = d / "ns.img", d / "kv-private.img", d / "private.img"
+    # The first private namespace keeps the KV store (and the KV cache in what is left);
+    # the last one, as always with --docker, the images and containers.
+    for p, size in [(ns, 64 << 20), (kv_priv, 64 << 20), (priv, 256 << 20)]:
+        with open(p, "wb") as f:
+            f.truncate(size)
+    listen, api, nqn = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}", "nqn.2024-01.io.insitu:kv-local"
+    cli_json("target", "start", "--listen", listen, "--nqn", nqn, "--namespace", ns, "--private", kv_priv, "--private", priv,
+             "--kv-store", "16M", "--docker", api, timeout=120)
+    denv = Env(env.d, api, env.registry, env.image, env.data_mnt, listen)
+    url = f"nvme-tcp://{listen}/{nqn}"
+    mnt = Path("/run/insitu") / f"kv-{listen.replace(':', '_')}"
+
+    def kv(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([INSITU, "kv", *args], capture_output=True, timeout=60)
+
+    try:
+        assert os.path.ismount(mnt), f"{mnt} is not mounted"
+        out = denv.ok("run", "--rm", env.image, "sh", "-c", "echo -n hello > /kv/greeting; cat /kv/greeting; echo; ls /kv")
+        lines = out.split("\n")
+        assert lines[0] == "hello" and "greeting" in lines[1:], out
+        r = kv("get", url, "greeting")
+        assert r.returncode == 0 and r.stdout == b"hello", r.stderr
+        assert kv("put", url, "fromhost", "v1").returncode == 0
+        assert kv("put", url, "0x00ff", "bin").returncode == 0
+        assert denv.ok("run", "--rm", env.image, "cat", "/kv/fromhost") == "v1"
+        # Keys that are not plain text are named in hex, as `insitu kv ls` prints them.
+        assert denv.ok("run", "--rm", env.image, "ls", "/kv").split() == ["0x00ff", "fromhost", "greeting"]
+        assert denv.ok("run", "--rm", env.image, "cat", "/kv/0x00ff") == "bin"
+        # 17 bytes: the write fails in the container, nothing is stored.
+        r = denv.docker("run", "--rm", env.image, "sh", "-c", "echo x > /kv/seventeen-bytes-x")
+        assert r.returncode != 0 and "too long" in r.stderr.lower(), r.stderr
+        keys = cli_json("kv", "ls", url)["keys"]
+        assert keys == ["0x00ff", "fromhost", "greeting"], keys
+        # Overwrite and delete from a container.
+        denv.ok("run", "--rm", env.image, "sh", "-c", "echo -n v2 > /kv/fromhost; rm /kv/greeting")
+        assert kv("get", url, "fromhost").stdout == b"v2"
+        assert kv("exists", url, "greeting").returncode == 1
+    finally:
+        run_cli("target", "stop", "--listen", listen)
+    assert not os.path.ismount(mnt) and not mnt.exists(), "stopping the target unmounts and removes /kv's source"
+    # A target without a KV store gives containers no /kv.
+    r = env.docker("run", "--rm", env.image, "ls", "/kv")
+    assert r.returncode != 0
 
 
 def test_bench_containers_runs_both_sides_and_they_agree(tmp_path):

@@ -70,6 +70,8 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
         sharable: a.namespaces.first().cloned(),
         state_dir: Path::new(RUN_DIR).join(format!("isp-{}", listen.to_string().replace([':', '[', ']'], "_"))),
         limits: container_limits(model.as_ref()),
+        // Set by start_containers once the KV store's directory is mounted.
+        kv_dir: None,
     });
     let cfg = TargetConfig {
         model,
@@ -140,9 +142,11 @@ fn container_limits(model: Option<&insitu_model::DeviceModel>) -> insitu_isp::ru
 
 /// Starts the container service (`--docker`), if asked for. SIGTERM and SIGINT then stop
 /// it before the process ends, so no container outlives its target and the private
-/// namespace is unmounted cleanly.
+/// namespace is unmounted cleanly. With a KV store (`--kv-store`), its local API is mounted
+/// first (`/run/insitu/kv-ADDR_PORT`, unmounted and removed on stop) and every container
+/// gets it at `/kv`.
 fn start_containers(server: &Server, cfg: Option<insitu_isp::ServiceConfig>) -> Result<(), Failure> {
-    let Some(cfg) = cfg else { return Ok(()) };
+    let Some(mut cfg) = cfg else { return Ok(()) };
     // SAFETY: sigset operations on a local set; the mask is set before any thread that
     // should inherit it is spawned.
     let set = unsafe {
@@ -152,6 +156,16 @@ fn start_containers(server: &Server, cfg: Option<insitu_isp::ServiceConfig>) -> 
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
+    };
+    // After the mask: the FUSE thread must leave SIGTERM to the sigwait below.
+    let kv = match server.kv_store() {
+        Some(store) => {
+            let dir = Path::new(RUN_DIR).join(format!("kv-{}", server.local_addr().to_string().replace([':', '[', ']'], "_")));
+            let m = insitu_kvfs::KvMount::mount(store, &dir).map_err(|e| format!("the KV store's local API for containers: {e}"))?;
+            cfg.kv_dir = Some(m.path().to_path_buf());
+            Some(m)
+        }
+        None => None,
     };
     let listen = cfg.listen;
     let s = insitu_isp::Service::start(cfg).map_err(|e| format!("containers: {e}"))?;
@@ -164,6 +178,8 @@ fn start_containers(server: &Server, cfg: Option<insitu_isp::ServiceConfig>) -> 
         unsafe { libc::sigwait(&set, &mut sig) };
         eprintln!("insitu-target: signal {sig}: stopping containers");
         drop(s);
+        // After the containers, which held it bound at /kv.
+        drop(kv);
         // SAFETY: leave without running atexit handlers, as the daemon does.
         unsafe { libc::_exit(0) }
     });

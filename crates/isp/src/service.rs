@@ -25,6 +25,10 @@ pub struct ServiceConfig {
     pub state_dir: PathBuf,
     /// Default container limits.
     pub limits: Limits,
+    /// The target's KV store as a directory (the `insitu-kvfs` mount the caller keeps
+    /// mounted while the service runs), bound read-write at `/kv` in every container;
+    /// `None`: the target has no KV store, and containers get no `/kv`.
+    pub kv_dir: Option<PathBuf>,
 }
 
 /// A running container service; stopping it stops its containers and unmounts.
@@ -55,7 +59,7 @@ impl Service {
             }
             None => None,
         };
-        let runtime = Runtime::open(&mount.join("containers"), &cfg.state_dir.join("runc"), images, view, cfg.limits).map_err(|e| e.to_string())?;
+        let runtime = Runtime::open(&mount.join("containers"), &cfg.state_dir.join("runc"), images, view, cfg.kv_dir, cfg.limits).map_err(|e| e.to_string())?;
         let server = DockerServer::spawn(cfg.listen, runtime.clone()).map_err(|e| format!("the Docker API on {}: {e}", cfg.listen))?;
         Ok(Service { server: Some(server), mount, runtime })
     }

@@ -200,6 +200,12 @@ impl Server {
         self.shared.metrics.clone()
     }
 
+    /// The key-value store of the first subsystem that has one (`kv_store` in the
+    /// configuration), for the target's local API (`insitu-kvfs`) to share with hosts.
+    pub fn kv_store(&self) -> Option<Arc<insitu_kvstore::KvStore>> {
+        self.shared.subsystems.iter().filter_map(|s| s.target()).find_map(|t| t.kv_service_nsid().and_then(|n| t.kv_service(n)).cloned())
+    }
+
     /// Tells `listener` of every lock taken and released on any subsystem's namespaces.
     pub fn set_lock_listener(&self, listener: Arc<dyn insitu_target::LockListener>) {
         for s in &self.shared.subsystems {

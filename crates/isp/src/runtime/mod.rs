@@ -80,6 +80,9 @@ impl RuntimeError {
     }
 }
 
+/// Where containers see the target's KV store (`insitu-kvfs`), when it has one.
+pub const KV_MOUNT: &str = "/kv";
+
 /// Limits applied to containers that ask for none (from the target's device model).
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -336,6 +339,8 @@ pub struct Runtime {
     runc_root: PathBuf,
     images: Arc<ImageStore>,
     view: Option<Arc<SharableView>>,
+    /// The KV store's directory on the target, every container's `/kv`.
+    kv_dir: Option<PathBuf>,
     limits: Limits,
     containers: Mutex<BTreeMap<String, Arc<Container>>>,
 }
@@ -343,13 +348,13 @@ pub struct Runtime {
 impl Runtime {
     /// A runtime keeping containers under `root` (in the private namespace), runc's state
     /// under `runc_root` (tmpfs: a restarted target has no running containers), images in
-    /// `images`, and `/data` from `view`. Containers left by an earlier run are listed as
-    /// exited.
-    pub fn open(root: &Path, runc_root: &Path, images: Arc<ImageStore>, view: Option<Arc<SharableView>>, limits: Limits) -> Result<Arc<Runtime>, RuntimeError> {
+    /// `images`, `/data` from `view`, and `/kv` (read-write) from `kv_dir`. Containers left
+    /// by an earlier run are listed as exited.
+    pub fn open(root: &Path, runc_root: &Path, images: Arc<ImageStore>, view: Option<Arc<SharableView>>, kv_dir: Option<PathBuf>, limits: Limits) -> Result<Arc<Runtime>, RuntimeError> {
         for d in [root, runc_root] {
             std::fs::create_dir_all(d).map_err(|e| RuntimeError::io(d, e))?;
         }
-        let rt = Runtime { root: root.into(), runc_root: runc_root.into(), images, view, limits, containers: Mutex::new(BTreeMap::new()) };
+        let rt = Runtime { root: root.into(), runc_root: runc_root.into(), images, view, kv_dir, limits, containers: Mutex::new(BTreeMap::new()) };
         let mut found = BTreeMap::new();
         for e in std::fs::read_dir(root).map_err(|e| RuntimeError::io(root, e))?.flatten() {
             let Ok(text) = std::fs::read(e.path().join("meta.json")) else { continue };
@@ -496,13 +501,17 @@ impl Runtime {
         Ok(c)
     }
 
-    /// The bind mounts of a container: `/data` (the sharable namespace, read-only), and
-    /// each `-v`: an absolute source is a path of the sharable namespace (read-only), a
-    /// bare name a volume in the private namespace (writable).
+    /// The bind mounts of a container: `/data` (the sharable namespace, read-only), `/kv`
+    /// (the KV store, read-write) and each `-v`: an absolute source is a path of the
+    /// sharable namespace (read-only), a bare name a volume in the private namespace
+    /// (writable).
     fn binds(&self, spec: &CreateSpec) -> Result<Vec<(String, String, bool)>, RuntimeError> {
         let mut out = Vec::new();
         if let Some(v) = &self.view {
             out.push((v.path().to_string_lossy().into_owned(), "/data".to_string(), true));
+        }
+        if let Some(kv) = &self.kv_dir {
+            out.push((kv.to_string_lossy().into_owned(), KV_MOUNT.to_string(), false));
         }
         for b in &spec.binds {
             let parts: Vec<&str> = b.split(':').collect();
@@ -637,4 +646,24 @@ fn random_id() -> String {
         b[..16].copy_from_slice(&t.to_le_bytes());
     }
     hex::encode(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime(dir: &Path, kv_dir: Option<PathBuf>) -> Arc<Runtime> {
+        let images = Arc::new(ImageStore::open(&dir.join("images")).unwrap());
+        Runtime::open(&dir.join("containers"), &dir.join("runc"), images, None, kv_dir, Limits::default()).unwrap()
+    }
+
+    #[test]
+    fn the_kv_store_is_every_containers_writable_kv_and_absent_without_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let kv = dir.path().join("kv-mount");
+        let binds = runtime(dir.path(), Some(kv.clone())).binds(&CreateSpec::default()).unwrap();
+        assert_eq!(binds, vec![(kv.to_string_lossy().into_owned(), KV_MOUNT.to_string(), false)]);
+        let binds = runtime(dir.path(), None).binds(&CreateSpec::default()).unwrap();
+        assert!(binds.iter().all(|(_, dst, _)| dst != KV_MOUNT), "no KV store, no /kv");
+    }
 }

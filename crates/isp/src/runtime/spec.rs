@@ -183,6 +183,16 @@ mod tests {
     }
 
     #[test]
+    fn a_writable_bind_such_as_kv_has_no_ro_but_keeps_nosuid_nodev() {
+        let binds = [("/run/insitu/kv-x".to_string(), "/kv".to_string(), false)];
+        let c = runtime_config(&input(&binds));
+        let kv = c["mounts"].as_array().unwrap().iter().find(|m| m["destination"] == "/kv").unwrap();
+        let opts: Vec<&str> = kv["options"].as_array().unwrap().iter().filter_map(|o| o.as_str()).collect();
+        assert_eq!((kv["source"].as_str(), kv["type"].as_str()), (Some("/run/insitu/kv-x"), Some("bind")));
+        assert!(!opts.contains(&"ro") && opts.contains(&"nosuid") && opts.contains(&"nodev"), "{opts:?}");
+    }
+
+    #[test]
     fn a_terminal_is_asked_of_runc_with_its_first_size() {
         let c = runtime_config(&SpecInput { tty: true, console_size: Some((40, 120)), ..input(&[]) });
         assert_eq!(c["process"]["terminal"], true);
