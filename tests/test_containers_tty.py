@@ -13,16 +13,21 @@ user's shell would.
 
 from __future__ import annotations
 
+import copy
 import errno
 import fcntl
 import json
 import os
 import pty
 import select
+import shutil
 import signal
+import socket
 import struct
 import subprocess
+import tempfile
 import termios
+import threading
 import time
 
 import pytest
@@ -96,8 +101,8 @@ def raw(env: Env, *args: str, timeout: float = 120) -> subprocess.CompletedProce
 def terminal(env):
     made: list[Terminal] = []
 
-    def run(args: list[str], rows: int = 24, cols: int = 80) -> Terminal:
-        t = Terminal(env, args, rows, cols)
+    def run(args: list[str], rows: int = 24, cols: int = 80, via: Env | None = None) -> Terminal:
+        t = Terminal(via or env, args, rows, cols)
         made.append(t)
         return t
 
@@ -223,3 +228,168 @@ def test_the_terminal_follows_the_cli_window(env, terminal):
     # lines when unset): a sane size either way.
     p = raw(env, "run", "-t", "--rm", "-e", "COLUMNS=120", env.image, "sh", "-c", "stty size; test -t 0 || echo no-stdin-tty")
     assert p.returncode == 0 and p.stdout == b"24 120\r\n", p.stdout
+
+
+def _running(env: Env, name: str) -> bool:
+    return name in env.ok("ps", "--format", "{{.Names}}").split()
+
+
+def _forward(a: socket.socket, b: socket.socket) -> None:
+    """Copies a to b, passing on the end of a's data as a half close."""
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+        b.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+@pytest.fixture
+def unix_env(env):
+    """The same world reached through a unix socket, as a local docker daemon is.
+
+    The docker CLI recognizes its own detach sequence only there: over tcp:// (v28) it
+    copies the terminal to the connection with the socket's ReadFrom, which wraps the
+    escape error so that the CLI takes the detach for an end of input and waits for the
+    container to exit. A forwarder here passes the unix socket's connections to the
+    target's TCP API unchanged.
+    """
+    d = tempfile.mkdtemp(prefix="insitu-dock-")
+    path = os.path.join(d, "docker.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(16)
+    host, port = env.api.rsplit(":", 1)
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection((host, int(port)))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_forward, args=(a, b), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    local = copy.copy(env)
+    local.env = {**env.env, "DOCKER_HOST": f"unix://{path}"}
+    yield local
+    listener.close()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_detach_keys_leave_the_container_running_and_attach_comes_back(unix_env, terminal, names):
+    env = unix_env
+    env.ok("pull", env.image)
+    names.append("tty-detach")
+    t = terminal(["run", "-it", "--name", "tty-detach", env.image, "sh"], via=env)
+    t.send(b"echo first-$((40+2))\n")
+    t.expect(b"first-42")
+    # ctrl-p ctrl-q: the CLI detaches (exit 0, as with Docker); the shell runs on.
+    t.send(b"\x10\x11")
+    assert t.finish() == 0, t.out
+    assert _running(env, "tty-detach")
+    # `docker attach` takes the terminal up again: the same shell, its input kept.
+    t = terminal(["attach", "tty-detach"], via=env)
+    time.sleep(0.5)  # the attach is under way before the typing starts
+    t.send(b"echo hi-$((1+1))\n")
+    t.expect(b"hi-2")
+    # A lone ctrl-p is not the sequence: it reaches the program, in its place.
+    t.send(b"od -An -c\n")
+    time.sleep(0.5)
+    t.send(b"x\x10y\n\x04")
+    t.expect(b"x 020   y")
+    t.send(b"exit 5\n")
+    assert t.finish() == 5, t.out
+    assert not _running(env, "tty-detach")
+
+
+def test_custom_detach_keys(unix_env, terminal, names):
+    env = unix_env
+    env.ok("pull", env.image)
+    names.append("tty-detach-keys")
+    t = terminal(["run", "-it", "--detach-keys", "ctrl-a,a", "--name", "tty-detach-keys", env.image, "sh"], via=env)
+    t.send(b"echo ready-$((3*3))\n")
+    t.expect(b"ready-9")
+    # ctrl-p ctrl-q is nothing special now: the program reads both (its terminal's
+    # flow control off, so that ctrl-q is not taken for XON); ctrl-a then a detaches.
+    t.send(b"stty -ixon; od -An -c\n")
+    time.sleep(0.5)
+    t.send(b"\x10\x11\n\x04")
+    t.expect(b"020 021")
+    t.send(b"\x01a")
+    assert t.finish() == 0, t.out
+    assert _running(env, "tty-detach-keys")
+    t = terminal(["attach", "--detach-keys", "ctrl-a,a", "tty-detach-keys"], via=env)
+    time.sleep(0.5)
+    t.send(b"echo back-$((5+5))\n")
+    t.expect(b"back-10")
+    # `docker attach` reports the detach as Docker's does ("read escape sequence", 1).
+    t.send(b"\x01a")
+    assert t.finish() == 1 and b"read escape sequence" in t.out, t.out
+    assert _running(env, "tty-detach-keys")
+    env.ok("rm", "-f", "tty-detach-keys")
+
+
+def _hijack(env: Env, path: str) -> tuple[socket.socket, bytes]:
+    """A raw attach: the 101 response's head, and the socket carrying the stream."""
+    host, port = env.api.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=30)
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: docker\r\nConnection: Upgrade\r\nUpgrade: tcp\r\nContent-Length: 0\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(1)
+        assert chunk, head
+        head += chunk
+    return s, head
+
+
+def _read_until(s: socket.socket, text: bytes, timeout: float = 30) -> bytes:
+    got = b""
+    deadline = time.time() + timeout
+    while text not in got:
+        assert time.time() < deadline, f"no {text!r}: got {got!r}"
+        chunk = s.recv(65536)
+        assert chunk, f"the stream ended without {text!r}: got {got!r}"
+        got += chunk
+    return got
+
+
+def test_the_server_watches_for_detach_keys(env, names):
+    """An API client gets the detach from the server (the docker CLI also watches on its side)."""
+    env.ok("pull", env.image)
+    names.append("tty-detach-api")
+    env.ok("create", "-it", "--name", "tty-detach-api", env.image, "sh")
+    env.ok("start", "tty-detach-api")
+    s, head = _hijack(env, "/v1.47/containers/tty-detach-api/attach?stream=1&stdin=1&stdout=1&stderr=1")
+    assert head.startswith(b"HTTP/1.1 101"), head
+    # A partial sequence then another byte reaches the shell; split over two writes, the
+    # whole sequence detaches, is swallowed, and the server closes the stream.
+    s.sendall(b"od -An -c\n")
+    time.sleep(0.5)
+    s.sendall(b"a\x10b\n\x04")
+    _read_until(s, b"a 020   b")
+    s.sendall(b"echo pre-$((6*7))\n\x10")
+    _read_until(s, b"pre-42")
+    time.sleep(0.2)
+    s.sendall(b"\x11")
+    s.settimeout(30)
+    while s.recv(65536):
+        pass
+    s.close()
+    assert _running(env, "tty-detach-api")
+    # A custom sequence, and what the shell saw: the detach keys never reached it.
+    s, head = _hijack(env, "/v1.47/containers/tty-detach-api/attach?stream=1&stdin=1&stdout=1&detachKeys=ctrl-a%2Ca")
+    assert head.startswith(b"HTTP/1.1 101"), head
+    s.sendall(b"echo again-$((2+3))\n")
+    _read_until(s, b"again-5")
+    s.sendall(b"\x01a")
+    while s.recv(65536):
+        pass
+    s.close()
+    assert _running(env, "tty-detach-api")
+    # A bad spec is refused with a message that says what is accepted.
+    st, data = env.request("POST", "/v1.47/containers/tty-detach-api/attach?stream=1&stdin=1&detachKeys=ctrl-P")
+    assert st == 400 and b"invalid detach keys" in data and b"ctrl-p,ctrl-q" in data, (st, data)
+    env.ok("rm", "-f", "tty-detach-api")

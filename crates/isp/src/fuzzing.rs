@@ -4,7 +4,7 @@
 //!
 //! * [`request_target`]: a request's path and query (`/v1.47/containers/ID/resize?h=40&w=80`)
 //!   and every query parameter read from it (kill's signal, resize's size, stop's timeout,
-//!   pull's `fromImage` + `tag`, which becomes an image reference).
+//!   pull's `fromImage` + `tag`, which becomes an image reference, attach's `detachKeys`).
 //! * [`json_body`]: a request body as JSON, then as a `containers/create` request.
 //! * [`image_reference`]: `[REGISTRY/]REPOSITORY[:TAG][@DIGEST]`.
 //! * [`image_documents`]: what a registry or a `docker load` archive sends: manifests,
@@ -16,6 +16,7 @@
 //! fuzzer finds a parser that lets through what it should refuse, not just a crash.
 
 use crate::api::containers::{create_spec, signal_name, timeout, window_size};
+use crate::api::detach::{keys_of, EscapeMatcher, Scan};
 use crate::api::images::pull_reference;
 use crate::api::Target;
 use crate::image::manifest::{is_sha256, parse_config, parse_manifest, parse_save_manifest, parse_time, Manifest};
@@ -51,6 +52,11 @@ fn query_readers(t: &Target) {
     if let Ok(sig) = signal_name(t) {
         let bare = sig.strip_prefix("SIG").unwrap_or(sig);
         assert!(!bare.is_empty() && bare.bytes().all(|b| b.is_ascii_alphanumeric()), "signal {sig:?} would reach runc's command line");
+    }
+    if let Ok(keys) = keys_of(t.get("detachKeys")) {
+        // An empty sequence would never detach; a sequence must detach on itself, all swallowed.
+        assert!(!keys.is_empty(), "detach keys {:?} gave an empty sequence", t.get("detachKeys"));
+        assert_eq!(EscapeMatcher::new(keys.clone()).scan(&keys), Scan::Detach(Vec::new()), "detach keys {keys:?}");
     }
     if let Some(from) = t.get("fromImage") {
         let _ = Reference::parse(&pull_reference(from, t.get("tag"))).map(|r| check_reference(&r));
@@ -112,6 +118,7 @@ mod tests {
     const SEEDS: &[&str] = &[
         "/v1.47/containers/3f2a/resize?h=40&w=120",
         "/v1.47/containers/x/kill?signal=SIGTERM",
+        "/v1.47/containers/x/attach?stream=1&stdin=1&stdout=1&detachKeys=ctrl-a%2Ca",
         "/v1.47/images/create?fromImage=127.0.0.1%3A5000%2Fbusybox&tag=latest",
         r#"{"Image":"busybox","Cmd":["sh"],"Tty":true,"OpenStdin":true,"HostConfig":{"ConsoleSize":[40,120],"NanoCpus":500000000}}"#,
         "127.0.0.1:5000/tools/bb:1.0@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
@@ -162,6 +169,11 @@ mod tests {
         fn random_queries_are_refused_not_panicked_on(q in "[a-zA-Z=&%0-9+:/@._-]{0,60}") {
             request_target(format!("/v1.47/containers/x/resize?{q}").as_bytes());
             request_target(format!("/images/create?fromImage={q}&tag={q}").as_bytes());
+        }
+
+        #[test]
+        fn random_detach_keys_are_refused_not_panicked_on(k in "(ctrl-|DEL|[a-z@^_,%\\\\\\[\\]-]){0,12}") {
+            request_target(format!("/v1.47/containers/x/attach?stdin=1&detachKeys={k}").as_bytes());
         }
 
         #[test]

@@ -11,10 +11,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use tokio::sync::{mpsc, watch};
+
 use super::body::{empty, error, json, stream, ApiBody};
+use super::detach::{self, EscapeMatcher, ParkedStdins, Scan};
 use super::images::rfc3339;
 use super::{read_json, Target};
-use crate::runtime::{frame, Container, CreateSpec, RunState, Runtime, RuntimeError};
+use crate::runtime::{frame, Container, CreateSpec, ExitEvent, RunState, Runtime, RuntimeError};
 
 fn fail(e: RuntimeError) -> Response<ApiBody> {
     error(e.http_status(), &e.to_string())
@@ -275,45 +278,59 @@ pub fn wait(rt: &Runtime, id: &str, t: &Target) -> Response<ApiBody> {
     resp
 }
 
-/// `POST /containers/{id}/attach?stream=1&stdin=1&stdout=1&stderr=1`: the connection is
-/// hijacked (101) and carries the container's input and output.
-pub fn attach(rt: &Runtime, id: &str, t: &Target, mut req: Request<Incoming>) -> Response<ApiBody> {
+/// `POST /containers/{id}/attach?stream=1&stdin=1&stdout=1&stderr=1&detachKeys=KEYS`: the
+/// connection is hijacked (101) and carries the container's input and output. This is
+/// the attach of `docker run -i`, `docker start -a` and `docker attach` alike.
+///
+/// With a terminal and standard input, the input is watched for the detach sequence
+/// (`detachKeys`, ctrl-p,ctrl-q by default; see [`super::detach`]): on it the attach ends
+/// and the container keeps running. When a TTY attach's input ends, detached or not, its
+/// output ends too (as Docker's) and the container's input is kept for the next attach.
+/// A bad `detachKeys` is refused on any attach, as Docker does.
+pub fn attach(rt: &Runtime, parked: &Arc<ParkedStdins>, id: &str, t: &Target, mut req: Request<Incoming>) -> Response<ApiBody> {
     let c = match rt.get(id) {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
+    let keys = match detach::keys_of(t.get("detachKeys")) {
+        Ok(k) => k,
+        Err(m) => return error(400, &m),
+    };
     let tty = c.spec.tty;
     let (want_out, want_err) = (t.flag("stdout"), t.flag("stderr"));
-    let stdin = if t.flag("stdin") { c.take_stdin() } else { None };
+    // Read before the input is taken, so that an input parked later is not kept for a
+    // run that began after this one ended.
+    let exits = c.exits();
+    let exits_before = exits.borrow().exits;
+    let stdin = if t.flag("stdin") { c.take_stdin().or_else(|| if tty { parked.take(&c.id) } else { None }) } else { None };
+    let stdin = StdinLease { tx: stdin, park: tty.then(|| (parked.clone(), c.id.clone(), exits, exits_before)) };
     let Some(mut out) = c.subscribe(true) else { return error(409, "the container is not running") };
     let upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         let Ok(upgraded) = upgrade.await else { return };
-        let (mut rd, mut wr) = tokio::io::split(TokioIo::new(upgraded));
-        if let Some(tx) = stdin {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 32 * 1024];
-                loop {
-                    match rd.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            if tx.send(Bytes::copy_from_slice(&buf[..n])).is_err() {
-                                break;
-                            }
-                        }
-                    }
+        let (rd, mut wr) = tokio::io::split(TokioIo::new(upgraded));
+        let input = stdin.tx.is_some().then(|| tokio::spawn(forward_input(rd, stdin, tty.then(|| EscapeMatcher::new(keys)))));
+        let output = async {
+            while let Some((s, data)) = out.recv().await {
+                if (s == crate::runtime::STDOUT && !want_out) || (s == crate::runtime::STDERR && !want_err) {
+                    continue;
                 }
-                // Dropping tx closes the container's standard input.
-            });
-        }
-        while let Some((s, data)) = out.recv().await {
-            if (s == crate::runtime::STDOUT && !want_out) || (s == crate::runtime::STDERR && !want_err) {
-                continue;
+                let bytes = if tty { data.to_vec() } else { frame(s, &data) };
+                if wr.write_all(&bytes).await.is_err() {
+                    return;
+                }
             }
-            let bytes = if tty { data.to_vec() } else { frame(s, &data) };
-            if wr.write_all(&bytes).await.is_err() {
-                return;
+        };
+        match input {
+            // A terminal's input ending (the detach sequence, or the client hanging up,
+            // which is how the docker CLI detaches) ends the attach.
+            Some(input) if tty => {
+                tokio::select! {
+                    _ = output => {}
+                    _ = input => {}
+                }
             }
+            _ => output.await,
         }
         let _ = wr.flush().await;
         let _ = wr.shutdown().await;
@@ -326,6 +343,51 @@ pub fn attach(rt: &Runtime, id: &str, t: &Target, mut req: Request<Incoming>) ->
         .header("Upgrade", "tcp")
         .body(http_body_util::BodyExt::boxed(http_body_util::Empty::new()))
         .expect("static response parts")
+}
+
+/// A container's standard input, held by one attach. Dropped, it closes the input of a
+/// container without a terminal (as Docker's `docker run -i` does at the client's end of
+/// input) and parks that of a TTY container (a terminal has no end of input to pass on,
+/// and `docker attach` may come back to it).
+struct StdinLease {
+    tx: Option<mpsc::UnboundedSender<Bytes>>,
+    park: Option<(Arc<ParkedStdins>, String, watch::Receiver<ExitEvent>, u64)>,
+}
+
+impl Drop for StdinLease {
+    fn drop(&mut self) {
+        if let (Some(tx), Some((parked, id, exits, before))) = (self.tx.take(), self.park.take()) {
+            parked.park(&id, tx, exits, before);
+        }
+    }
+}
+
+/// Copies the client's input to the container until it ends or, when `escape` watches
+/// for it, the detach sequence arrives (swallowed: the container never sees it).
+async fn forward_input<R: tokio::io::AsyncRead + Unpin>(mut rd: R, stdin: StdinLease, mut escape: Option<EscapeMatcher>) {
+    let Some(tx) = stdin.tx.as_ref() else { return };
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        let n = match rd.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let (data, detached) = match escape.as_mut().map(|m| m.scan(&buf[..n])) {
+            None => (Bytes::copy_from_slice(&buf[..n]), false),
+            Some(Scan::Forward(b)) => (Bytes::from(b), false),
+            Some(Scan::Detach(b)) => (Bytes::from(b), true),
+        };
+        if !data.is_empty() && tx.send(data).is_err() {
+            return;
+        }
+        if detached {
+            return;
+        }
+    }
+    // A sequence begun but never finished was the client's input after all.
+    if let Some(rest) = escape.as_mut().map(EscapeMatcher::finish).filter(|r| !r.is_empty()) {
+        let _ = tx.send(Bytes::from(rest));
+    }
 }
 
 /// The `h=ROWS&w=COLUMNS` of resize, both required.

@@ -6,11 +6,12 @@
 //! `/_ping` (API 1.47 advertised; newer CLIs refuse anything older than 1.24 and warn on
 //! very old ones), `/containers/{id}/wait` answering its headers before `start`, hijacked
 //! `attach` with the multiplexed stream framing (raw with a TTY), 404 at create for an
-//! unknown image (the CLI then pulls and retries), JSON progress for pull, and
-//! `{"message"}` errors with real status codes.
+//! unknown image (the CLI then pulls and retries), JSON progress for pull, detach keys
+//! on a TTY attach (see `detach`), and `{"message"}` errors with real status codes.
 
 mod body;
 pub(crate) mod containers;
+pub(crate) mod detach;
 pub(crate) mod images;
 mod system;
 
@@ -53,6 +54,7 @@ impl DockerServer {
         std_listener.set_nonblocking(true)?;
         let addr = std_listener.local_addr()?;
         let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let parked = Arc::new(detach::ParkedStdins::default());
         let tokio_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("insitu-docker").enable_all().build()?;
         let thread = std::thread::Builder::new().name("insitu-docker-api".into()).spawn(move || {
             tokio_rt.block_on(async move {
@@ -62,9 +64,9 @@ impl DockerServer {
                         _ = &mut stop_rx => break,
                         accepted = listener.accept() => {
                             let Ok((stream, _)) = accepted else { continue };
-                            let rt = runtime.clone();
+                            let (rt, parked) = (runtime.clone(), parked.clone());
                             tokio::spawn(async move {
-                                let svc = service_fn(move |req| route(rt.clone(), req));
+                                let svc = service_fn(move |req| route(rt.clone(), parked.clone(), req));
                                 let _ = http1::Builder::new().max_buf_size(MAX_HEAD).serve_connection(TokioIo::new(stream), svc).with_upgrades().await;
                             });
                         }
@@ -163,7 +165,7 @@ pub(crate) fn json_body(bytes: &[u8]) -> Result<serde_json::Value, String> {
     serde_json::from_slice(bytes).map_err(|e| format!("malformed JSON body: {e}"))
 }
 
-async fn route(rt: Arc<Runtime>, req: Request<Incoming>) -> Result<Response<ApiBody>, std::convert::Infallible> {
+async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request<Incoming>) -> Result<Response<ApiBody>, std::convert::Infallible> {
     let t = Target::parse(req.uri());
     let m = req.method().clone();
     let segs: Vec<&str> = t.segs.iter().map(String::as_str).collect();
@@ -185,7 +187,7 @@ async fn route(rt: Arc<Runtime>, req: Request<Incoming>) -> Result<Response<ApiB
         (&Method::POST, ["containers", id, "restart"]) => containers::restart(&rt, id, &t).await,
         (&Method::POST, ["containers", id, "kill"]) => containers::kill(&rt, id, &t).await,
         (&Method::POST, ["containers", id, "wait"]) => containers::wait(&rt, id, &t),
-        (&Method::POST, ["containers", id, "attach"]) => containers::attach(&rt, id, &t, req),
+        (&Method::POST, ["containers", id, "attach"]) => containers::attach(&rt, &parked, id, &t, req),
         (&Method::POST, ["containers", id, "resize"]) => containers::resize(&rt, id, &t),
         (&Method::GET, ["containers", id, "logs"]) => containers::logs(&rt, id, &t).await,
         (&Method::DELETE, ["containers", id]) => containers::remove(&rt, id, t.flag("force")).await,
