@@ -315,7 +315,8 @@ def test_lines_fit_transfers():
 def test_measured_ec_series_runs_drives_under_their_budget():
     if not ecbench.available():
         pytest.skip("ISA-L (libisal) is not installed")
-    pts = ecbench.measure_series(4, 2, 256 << 10, rounds=8, rate=0.25, max_drives=2, repeat=1)
+    # The fastest of three runs of each: a loaded machine (CI) disturbs single runs.
+    pts = ecbench.measure_series(4, 2, 256 << 10, rounds=16, rate=0.25, max_drives=2, repeat=3)
     assert [p["drives"] for p in pts] == [1, 2]
     # One drive at a quarter of a core takes several times the host's time for one job;
     # the host's time doubles with two jobs, the drives' does not.
