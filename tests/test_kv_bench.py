@@ -42,6 +42,13 @@ def test_a_subset_runs_only_what_was_asked():
     assert sorted((x["workload"], x["system"]) for x in r["results"]) == [("c", "direct"), ("readrandom-100", "direct"), ("readrandom-4096", "direct")]
 
 
+def test_insitu_kv_bench_is_the_same_benchmark():
+    r = cli_json("kv", "bench", "--records", 300, "--operations", 20, "--workloads", "a,fillseq", "--systems", "direct,syscall", timeout=300)
+    assert sorted((x["workload"], x["system"]) for x in r["results"]) == sorted(
+        (w, s) for w in ("a", "fillseq-100", "fillseq-4096") for s in ("direct", "syscall"))
+    assert set(r["ratios"]["a"]) == {"direct_to_syscall"}
+
+
 @pytest.mark.parametrize(
     "flags,words",
     [

@@ -83,11 +83,15 @@ pub(crate) enum KvCmd {
         #[arg(long)]
         hostnqn: Option<String>,
     },
+    /// The key-value benchmark: the same as `insitu bench kv` (direct stack vs redirection
+    /// vs system calls; YCSB A-F, db_bench, a genome job).
+    Bench(crate::bench_cmd::KvArgs),
 }
 
 /// Runs one `insitu kv` command.
 pub(crate) fn dispatch(cmd: KvCmd, json_out: bool) -> Result<i32, Failure> {
     match cmd {
+        KvCmd::Bench(a) => crate::bench_cmd::kv(a, json_out),
         KvCmd::Put { url, key, value, file, hostnqn } => {
             let k = parse_key(&key)?;
             let value = match (value, file) {
