@@ -8,6 +8,9 @@ use std::fs::File;
 use crate::size::human;
 use crate::Error;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
 
 /// The machine the benchmark ran on: cores, CPU model, memory and kernel.
 pub fn machine() -> Value {
@@ -67,6 +70,39 @@ pub(crate) fn median(v: &mut [f64]) -> f64 {
     }
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// Runs `work(state, item)` for every item in `0..items` on `threads` threads, each with
+/// its own `state()` and taking the next item from a shared counter, as a queue of
+/// requests in flight is kept full. The first error stops every thread and is returned;
+/// otherwise the seconds the whole took.
+pub(crate) fn timed_workers<S>(threads: usize, items: u64, state: impl Fn() -> S + Sync, work: impl Fn(&mut S, u64) -> Result<(), String> + Sync) -> Result<f64, Error> {
+    let next = AtomicU64::new(0);
+    let error = Mutex::new(None);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                let mut st = state();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= items {
+                        return;
+                    }
+                    if let Err(e) = work(&mut st, i) {
+                        *error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+                        next.store(items, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let secs = started.elapsed().as_secs_f64();
+    match error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e.into()),
+        None => Ok(secs),
+    }
 }
 
 /// Evicts every clean page cache page on the machine (needs root; best effort otherwise)

@@ -9,16 +9,13 @@
 //! is checked against the host's. Configurations alternate within each repetition so drift
 //! affects them alike; medians are reported.
 
-use crate::common::{command, gbps, machine, median, Work};
+use crate::common::{command, gbps, machine, median, timed_workers, Work};
 use crate::dataset::Rng;
 use crate::Error;
 use insitu_target::{NamespaceConfig, PoolStats, Target};
 use insitu_wire::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
 use serde_json::{json, Value as Json};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
-use std::time::Instant;
 
 /// What [`exec_scaling`] measures.
 #[derive(Debug, Clone)]
@@ -144,31 +141,11 @@ fn write_objects(path: &Path, size: u64, objects: usize) -> Result<Vec<String>, 
 
 /// `streams` threads take the next EXEC until `rounds` passes are done; returns seconds.
 fn run(t: &Target, descriptors: &[Vec<u8>], expect: &[String], streams: usize, rounds: usize) -> Result<f64, Error> {
-    let next = AtomicUsize::new(0);
-    let total = descriptors.len() * rounds;
-    let error = Mutex::new(None);
-    let started = Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..streams {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= total {
-                    return;
-                }
-                let obj = i % descriptors.len();
-                if let Err(e) = check(t, &descriptors[obj], &expect[obj], obj) {
-                    *error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
-                    next.store(total, Ordering::Relaxed);
-                    return;
-                }
-            });
-        }
-    });
-    let secs = started.elapsed().as_secs_f64();
-    match error.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some(e) => Err(e.into()),
-        None => Ok(secs),
-    }
+    let total = (descriptors.len() * rounds) as u64;
+    timed_workers(streams, total, || (), |(), i| {
+        let obj = i as usize % descriptors.len();
+        check(t, &descriptors[obj], &expect[obj], obj)
+    })
 }
 
 /// Runs one EXEC and compares its digest with the host's.

@@ -21,7 +21,7 @@
 //! Adding a measurement: a function that takes the [`Rig`] and returns seconds, a series in
 //! [`Samples`], a line in [`Samples::round`] and its keys in [`report`].
 
-use crate::common::{command, drop_caches, gbps, machine, median, Work};
+use crate::common::{command, drop_caches, gbps, machine, median, timed_workers, Work};
 use crate::dataset::Rng;
 use crate::size::human;
 use crate::tcp::{tcp_loopback, Source, TcpLoad};
@@ -34,8 +34,6 @@ use insitu_wire::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
 use serde_json::{json, Value as Json};
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Instant;
 
 /// What [`fabric`] measures.
@@ -104,38 +102,13 @@ fn raw_read(backing: &Backing, size: u64) -> Result<f64, Error> {
 /// `QUEUE_DEPTH` requests in flight (one thread each, taking the next request from a shared
 /// counter); returns seconds.
 fn raw_read_shaped(backing: &Backing, size: u64) -> Result<f64, Error> {
-    let next = AtomicU64::new(0);
-    let error = Mutex::new(None);
-    let started = Instant::now();
-    std::thread::scope(|scope| {
-        for _ in 0..QUEUE_DEPTH {
-            scope.spawn(|| {
-                let mut buf = AlignedBuf::new(READ_IO + 2 * DIRECT_ALIGN);
-                loop {
-                    let off = next.fetch_add(READ_IO as u64, Ordering::Relaxed);
-                    if off >= size {
-                        return;
-                    }
-                    let n = (size - off).min(READ_IO as u64) as usize;
-                    match backing.read_window(&mut buf, off, n) {
-                        Ok(slice) => {
-                            std::hint::black_box(slice);
-                        }
-                        Err(e) => {
-                            *error.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("raw read of {} at {off}: {e}", backing.path().display()));
-                            next.store(size, Ordering::Relaxed);
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    });
-    let secs = started.elapsed().as_secs_f64();
-    match error.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some(e) => Err(e.into()),
-        None => Ok(secs),
-    }
+    timed_workers(QUEUE_DEPTH, size.div_ceil(READ_IO as u64), || AlignedBuf::new(READ_IO + 2 * DIRECT_ALIGN), |buf, i| {
+        let off = i * READ_IO as u64;
+        let n = (size - off).min(READ_IO as u64) as usize;
+        let slice = backing.read_window(buf, off, n).map_err(|e| format!("raw read of {} at {off}: {e}", backing.path().display()))?;
+        std::hint::black_box(slice);
+        Ok(())
+    })
 }
 
 /// Reads `[0, size)` of namespace 1 in `READ_IO` requests with `QUEUE_DEPTH` in flight, as
@@ -143,34 +116,13 @@ fn raw_read_shaped(backing: &Backing, size: u64) -> Result<f64, Error> {
 /// `READ_SPAN` bytes with one call that the session splits into `READ_IO` commands and
 /// pipelines on one queue (the queue's depth is `QUEUE_DEPTH / IO_QUEUES`); returns seconds.
 fn fabric_read(s: &Session, size: u64) -> Result<f64, Error> {
-    let next = AtomicU64::new(0);
-    let error = Mutex::new(None);
-    let started = Instant::now();
-    std::thread::scope(|scope| {
-        for _ in 0..IO_QUEUES {
-            scope.spawn(|| {
-                let mut buf = vec![0u8; READ_SPAN];
-                loop {
-                    let off = next.fetch_add(READ_SPAN as u64, Ordering::Relaxed);
-                    if off >= size {
-                        return;
-                    }
-                    let n = (size - off).min(READ_SPAN as u64) as usize;
-                    if let Err(e) = s.read_into(1, off / SECTOR, &mut buf[..n]) {
-                        *error.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("fabric read at byte {off}: {e}"));
-                        next.store(size, Ordering::Relaxed);
-                        return;
-                    }
-                    std::hint::black_box(&buf);
-                }
-            });
-        }
-    });
-    let secs = started.elapsed().as_secs_f64();
-    match error.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some(e) => Err(e.into()),
-        None => Ok(secs),
-    }
+    timed_workers(usize::from(IO_QUEUES), size.div_ceil(READ_SPAN as u64), || vec![0u8; READ_SPAN], |buf, i| {
+        let off = i * READ_SPAN as u64;
+        let n = (size - off).min(READ_SPAN as u64) as usize;
+        s.read_into(1, off / SECTOR, &mut buf[..n]).map_err(|e| format!("fabric read at byte {off}: {e}"))?;
+        std::hint::black_box(&buf);
+        Ok(())
+    })
 }
 
 /// crc32c over `[0, size)` in `EXTENTS` extents; with `result_object`, the result goes to

@@ -372,6 +372,22 @@ fn ycsb_run(store: &KvStore, system: &str, gen: &mut Ycsb, model: &mut HashMap<V
     Ok(phase)
 }
 
+/// A db_bench fill: every entry stored (and remembered in `model`), each timed, from cold
+/// caches.
+fn fill(stack: &dyn Stack, store: &KvStore, system: &str, entries: impl Iterator<Item = ([u8; 16], Vec<u8>)>, model: &mut HashMap<Vec<u8>, Vec<u8>>) -> Result<Phase, Error> {
+    let mut phase = Phase::default();
+    cold(stack);
+    let started = Instant::now();
+    for (k, v) in entries {
+        let t = Instant::now();
+        put(store, system, &k, &v, model)?;
+        phase.lat_us.push(t.elapsed().as_secs_f64() * 1e6);
+        phase.ops += 1;
+    }
+    phase.secs = started.elapsed().as_secs_f64();
+    Ok(phase)
+}
+
 /// The db_bench phases on fresh stores: fillseq, then readseq and readrandom over what it
 /// wrote; fillrandom on another store. Returns `(workload, phase)` rows.
 fn db_bench(stack: &mut dyn Stack, system: &str, wanted: &[&str], n: u64, seed: u64, progress: &mut dyn FnMut(&str)) -> Result<Vec<(String, Phase)>, Error> {
@@ -383,15 +399,7 @@ fn db_bench(stack: &mut dyn Stack, system: &str, wanted: &[&str], n: u64, seed: 
         if want("fillseq") || want("readseq") || want("readrandom") {
             let store = stack.open(&format!("seq-{len}"))?;
             let mut model = HashMap::new();
-            let mut phase = Phase::default();
-            cold(stack);
-            let started = Instant::now();
-            for (k, v) in DbBench::FillSeq.entries(n, len, seed) {
-                let t = Instant::now();
-                put(&store, system, &k, &v, &mut model)?;
-                phase.lat_us.push(t.elapsed().as_secs_f64() * 1e6);
-            }
-            (phase.secs, phase.ops) = (started.elapsed().as_secs_f64(), n);
+            let phase = fill(stack, &store, system, DbBench::FillSeq.entries(n, len, seed), &mut model)?;
             if want("fillseq") {
                 progress(&format!("{system} {}", tag("fillseq")));
                 out.push((tag("fillseq"), phase));
@@ -439,16 +447,7 @@ fn db_bench(stack: &mut dyn Stack, system: &str, wanted: &[&str], n: u64, seed: 
         }
         if want("fillrandom") {
             let store = stack.open(&format!("random-{len}"))?;
-            let mut model = HashMap::new();
-            let mut phase = Phase::default();
-            cold(stack);
-            let started = Instant::now();
-            for (k, v) in DbBench::FillRandom.entries(n, len, seed.wrapping_add(1)) {
-                let t = Instant::now();
-                put(&store, system, &k, &v, &mut model)?;
-                phase.lat_us.push(t.elapsed().as_secs_f64() * 1e6);
-            }
-            (phase.secs, phase.ops) = (started.elapsed().as_secs_f64(), n);
+            let phase = fill(stack, &store, system, DbBench::FillRandom.entries(n, len, seed.wrapping_add(1)), &mut HashMap::new())?;
             progress(&format!("{system} {}", tag("fillrandom")));
             out.push((tag("fillrandom"), phase));
         }
@@ -489,6 +488,15 @@ fn ycsb_all(stack: &mut dyn Stack, system: &str, workloads: &[Workload], opts: &
     Ok(out)
 }
 
+/// `{"direct_to_redirect": .., "direct_to_syscall": ..}` for the baselines measured, from
+/// each stack's `value` and how much better direct is (`better(direct, baseline)`); `None`
+/// without a direct measurement.
+fn versus_baselines(value: impl Fn(&str) -> Option<f64>, better: impl Fn(f64, f64) -> f64) -> Option<Json> {
+    let d = value("direct")?;
+    let r: serde_json::Map<String, Json> = ["redirect", "syscall"].iter().filter_map(|b| value(b).map(|v| (format!("direct_to_{b}"), json!(better(d, v))))).collect();
+    Some(Json::Object(r))
+}
+
 /// Runs the key-value benchmark. Every row of `results` has `workload`, `system`,
 /// `ops_per_s`, `p50_us`, `p99_us`; `genome` has the genome job's seconds (whole and per
 /// step) and findings per stack; `ratios` gives, per workload, direct's throughput over each
@@ -515,9 +523,8 @@ pub fn kv(opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Json,
     // Room for the YCSB data (and its inserts) or the largest db_bench store, three times over.
     let data = (opts.records + opts.operations) * 1200 + opts.operations * 4200;
     let store_bytes = (data * 3 + genome_bytes * 2).max(64 << 20).next_multiple_of(1 << 20);
-    let mut work = Work::on_disk(opts.dir.clone(), "kv", store_bytes * 2)?;
+    let work = Work::on_disk(opts.dir.clone(), "kv", store_bytes * 2)?;
     let root = work.root().to_path_buf();
-    let _ = work.file("kv");
     let mut rows = Vec::new();
     let genome_data = opts.workloads.iter().any(|w| w == "genome").then(|| genome::GenomeData::generate(opts.genome_reference_bases, opts.genome_target_bytes, opts.seed));
     let (mut genome_found, mut genome_rows) = (Vec::new(), Vec::new());
@@ -561,27 +568,20 @@ pub fn kv(opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Json,
     let _ = std::fs::remove_dir(root.join("syscall"));
     let mut ratios = serde_json::Map::new();
     let rate = |w: &str, s: &str| rows.iter().find(|r| r["workload"] == w && r["system"] == s).and_then(|r| r["ops_per_s"].as_f64());
-    let mut names: Vec<&str> = rows.iter().filter_map(|r| r["workload"].as_str()).collect();
-    names.dedup();
-    for w in names {
-        if let Some(d) = rate(w, "direct") {
-            let mut r = serde_json::Map::new();
-            for base in ["redirect", "syscall"] {
-                if let Some(b) = rate(w, base) {
-                    r.insert(format!("direct_to_{base}"), json!(d / b));
-                }
-            }
-            ratios.insert(w.to_string(), Json::Object(r));
+    let mut names: Vec<&str> = Vec::new();
+    for w in rows.iter().filter_map(|r| r["workload"].as_str()) {
+        if !names.contains(&w) {
+            names.push(w);
         }
     }
-    if let Some(d) = genome_rows.iter().find(|r| r["system"] == "direct").and_then(|r| r["seconds"].as_f64()) {
-        let mut r = serde_json::Map::new();
-        for base in ["redirect", "syscall"] {
-            if let Some(b) = genome_rows.iter().find(|r| r["system"] == base).and_then(|r| r["seconds"].as_f64()) {
-                r.insert(format!("direct_to_{base}"), json!(b / d));
-            }
+    for w in names {
+        if let Some(r) = versus_baselines(|s| rate(w, s), |direct, base| direct / base) {
+            ratios.insert(w.to_string(), r);
         }
-        ratios.insert("genome".into(), Json::Object(r));
+    }
+    let secs = |s: &str| genome_rows.iter().find(|r| r["system"] == s).and_then(|r| r["seconds"].as_f64());
+    if let Some(r) = versus_baselines(secs, |direct, base| base / direct) {
+        ratios.insert("genome".into(), r);
     }
     Ok(json!({
         "command": command(),

@@ -634,7 +634,10 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         }
         Cmd::Target(TargetCmd::Stop { listen }) => return target_cmd::stop(listen, json),
         Cmd::Target(TargetCmd::Status) => return target_cmd::status(json),
-        Cmd::Target(TargetCmd::Fsck { private, kv_store }) => return target_cmd::fsck(&private, &kv_store, json),
+        Cmd::Target(TargetCmd::Fsck { private, kv_store }) => {
+            let bytes = parse_size(&kv_store).map_err(|e| format!("--kv-store: {e}"))?;
+            return target_cmd::fsck(&private, bytes, json);
+        }
         Cmd::Lock { list: true, .. } => return lock_cmd::list(json),
         Cmd::Lock { path, .. } => return lock_cmd::lock(&path.unwrap_or_default(), json),
         Cmd::Unlock { path } => return lock_cmd::unlock(&path, json),

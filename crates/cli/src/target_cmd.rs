@@ -355,8 +355,7 @@ mod tests {
 }
 
 /// `insitu target fsck`: checks the key-value store's file system; exit 1 with problems.
-pub(crate) fn fsck(private: &std::path::Path, kv_store: &str, json_out: bool) -> Result<i32, Failure> {
-    let bytes = insitu_bench::parse_size(kv_store).map_err(|e| format!("--kv-store: {e}"))?;
+pub(crate) fn fsck(private: &Path, bytes: u64, json_out: bool) -> Result<i32, Failure> {
     let r = insitu_nvmf::fsck_kv_store(private, bytes)?;
     if json_out {
         println!("{}", json!({"clean": r.is_clean(), "generation": r.generation, "files": r.files, "blocks": r.blocks, "free_blocks": r.free_blocks, "problems": r.problems, "notes": r.notes}));

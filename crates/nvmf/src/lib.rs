@@ -45,7 +45,13 @@ fn kv_region(s: &SubsystemConfig, bytes: u64) -> Result<(usize, u64, u64), Strin
     let Some(at) = s.namespaces.iter().position(|n| n.visibility == Vis::Private) else {
         return Err(format!("subsystem {}: a key-value store (--kv-store) lives in the target's private namespace, and there is none: add --private IMG", s.nqn));
     };
-    let path = &s.namespaces[at].path;
+    let (offset, len) = kv_store_span(&s.namespaces[at].path, bytes)?;
+    Ok((at, offset, len))
+}
+
+/// The byte offset and length in the private namespace image `path` of a key-value store
+/// of `bytes`: 4 KiB aligned at the file's end, leaving at least 1 MiB to the KV cache.
+fn kv_store_span(path: &std::path::Path, bytes: u64) -> Result<(u64, u64), String> {
     let file = std::fs::metadata(path).map_err(|e| format!("private namespace {}: {e}", path.display()))?.len();
     let len = bytes / 4096 * 4096;
     let min_rest = 1 << 20; // what the KV cache keeps, at least
@@ -55,7 +61,7 @@ fn kv_region(s: &SubsystemConfig, bytes: u64) -> Result<(usize, u64, u64), Strin
             path.display()
         ));
     }
-    Ok((at, file / 4096 * 4096 - len, len))
+    Ok((file / 4096 * 4096 - len, len))
 }
 
 /// The file of the key-value service's store in the private namespace's file system.
@@ -76,13 +82,9 @@ fn open_kv_fs(path: &std::path::Path, offset: u64, len: u64) -> Result<insitu_ac
 /// Checks, without changing anything, the file system holding the key-value store of a
 /// target started with `--private path --kv-store bytes`.
 pub fn fsck_kv_store(path: &std::path::Path, bytes: u64) -> Result<insitu_accelfs::FsckReport, String> {
-    let file_len = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?.len();
-    let len = bytes / 4096 * 4096;
-    if len == 0 || len > file_len / 4096 * 4096 {
-        return Err(format!("--kv-store {bytes} does not fit in {} ({file_len} bytes)", path.display()));
-    }
+    let (offset, len) = kv_store_span(path, bytes)?;
     let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let dev = insitu_accelfs::FileDevice::new(file, file_len / 4096 * 4096 - len, len, path.display().to_string());
+    let dev = insitu_accelfs::FileDevice::new(file, offset, len, path.display().to_string());
     insitu_accelfs::fsck(&dev).map_err(|e| e.to_string())
 }
 
