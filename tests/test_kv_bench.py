@@ -31,6 +31,10 @@ def test_every_workload_on_every_stack_with_the_contract_keys():
         # or earlier inserts), so none may be missing.
         assert x["not_found"] == 0, x
     assert r["verified"] is True
+    # One drive model governs every stack (HAYAGUI's drive class by default).
+    assert r["drive"] == "samsung-980pro" and r["drive_model"]["flash"]["page_bytes"] > 0
+    assert set(r["drive_applied"]) == set(SYSTEMS)
+    assert "flush" in r["drive_applied"]["syscall"], r["drive_applied"]
     for w in WORKLOADS + DB:
         ratio = r["ratios"][w]
         assert set(ratio) == {"direct_to_redirect", "direct_to_syscall"}
@@ -40,6 +44,12 @@ def test_every_workload_on_every_stack_with_the_contract_keys():
 def test_a_subset_runs_only_what_was_asked():
     r = cli_json("bench", "kv", "--records", 500, "--operations", 50, "--workloads", "c,readrandom", "--systems", "direct", timeout=300)
     assert sorted((x["workload"], x["system"]) for x in r["results"]) == [("c", "direct"), ("readrandom-100", "direct"), ("readrandom-4096", "direct")]
+
+
+def test_without_a_drive_model_every_stack_runs_at_real_speed():
+    r = cli_json("bench", "kv", "--records", 200, "--operations", 20, "--workloads", "c", "--drive", "none", timeout=300)
+    assert r["drive"] == "none" and r["drive_model"] is None
+    assert r["drive_applied"] == {s: "real speed" for s in SYSTEMS}
 
 
 def test_insitu_kv_bench_is_the_same_benchmark():
@@ -56,6 +66,7 @@ def test_insitu_kv_bench_is_the_same_benchmark():
         (["--records", "10", "--systems", "spdk"], ["unknown system", "redirect"]),
         (["--records", "0"], ["at least 1"]),
         (["--records", "10", "--link", "warp"], ["warp"]),
+        (["--records", "10", "--drive", "warp9"], ["--drive warp9"]),
     ],
 )
 def test_bad_flags_say_what_is_wrong(flags, words):

@@ -21,22 +21,30 @@
 //!
 //! Page caches are dropped before every measured phase; redb's cache is bounded
 //! ([`insitu_kvstore::CACHE_BYTES`]) on every stack.
+//!
+//! One drive model (`--drive`, HAYAGUI's Samsung 970 EVO class by default) governs every
+//! stack's media: `direct` books each block on it ([`PacedDevice`], as a target with
+//! `--model` paces its store), `redirect`'s target runs with it (and with the link), and
+//! `syscall`'s loop device is throttled by the kernel to its rates ([`crate::throttle`],
+//! which cannot add its per-request latency: see there).
 
 use crate::common::{command, drop_caches, machine, Work};
 use crate::genome::{self, Files};
 use crate::image::{Fs as MkFs, Scratch};
-use crate::model::parse_link;
+use crate::model::{parse_drive, parse_link};
+use crate::throttle::{device_of, FlushPaced, Limits, Throttle};
 use crate::dbbench::{db_bench_key, DbBench, DB_BENCH_VALUE_SIZES as DB_VALUES};
 use crate::ycsb::{Op, Workload, Ycsb, YcsbConfig, FIELD_LEN};
 use crate::Error;
 use insitu_kvstore::wire::{Key, StoreMode};
 use insitu_accelfs::{FileDevice, Fs};
-use insitu_kvstore::{KvStore, KvStoreError};
+use insitu_kvstore::{KvStore, KvStoreError, PacedDevice};
 use insitu_model::DeviceModel;
 use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
 use serde_json::{json, Value as Json};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// What [`kv`] measures.
@@ -56,6 +64,9 @@ pub struct KvBenchOptions {
     /// The fabric link of the redirection path (`--link`): a name such as 25gbe, MB/s, or
     /// `none`. Default 25gbe.
     pub link: Option<String>,
+    /// The drive model of every stack (`--drive`): a preset, PRESET@MB_S, custom:MB_S, or
+    /// `none` (real speed). Default samsung-980pro.
+    pub drive: Option<String>,
     /// Work directory for the images (default: a new directory under /var/tmp, removed).
     pub dir: Option<PathBuf>,
     /// Seed of the workload generators.
@@ -68,6 +79,9 @@ pub struct KvBenchOptions {
 
 /// Every workload name, in the order they run.
 pub const KV_WORKLOADS: &[&str] = &["a", "b", "c", "f", "d", "e", "fillseq", "fillrandom", "readseq", "readrandom", "genome"];
+/// The drive model when none is asked for: the class of HAYAGUI's drive (a Samsung 970
+/// EVO), a consumer TLC NVMe SSD.
+pub const KV_DEFAULT_DRIVE: &str = "samsung-980pro";
 /// Every stack name.
 pub const KV_SYSTEMS: &[&str] = &["direct", "redirect", "syscall"];
 /// Records per load transaction.
@@ -83,6 +97,7 @@ impl Default for KvBenchOptions {
             workloads: KV_WORKLOADS.iter().map(|s| s.to_string()).collect(),
             systems: KV_SYSTEMS.iter().map(|s| s.to_string()).collect(),
             link: None,
+            drive: None,
             dir: None,
             seed: 42,
             genome_reference_bases: 4 << 20,
@@ -103,18 +118,34 @@ trait Stack: Files {
 struct Direct {
     image: PathBuf,
     fs: Fs,
+    pacing: Option<Arc<dyn insitu_media::Pacing>>,
 }
 
 /// accelfs's buffer cache on the direct stack.
 const FS_CACHE: usize = 16 << 20;
 
 impl Direct {
-    fn new(image: PathBuf, size: u64) -> Result<Direct, Error> {
+    fn new(image: PathBuf, size: u64, drive: Option<&DeviceModel>) -> Result<Direct, Error> {
         let f = std::fs::File::create(&image).map_err(|e| format!("{}: {e}", image.display()))?;
         f.set_len(size).map_err(|e| format!("{}: {e}", image.display()))?;
-        let dev = FileDevice::open(&image).map_err(|e| format!("{}: {e}", image.display()))?;
-        let fs = Fs::format(dev, FS_CACHE).map_err(|e| format!("accelfs on {}: {e}", image.display()))?;
-        Ok(Direct { image, fs })
+        let pacing = match drive {
+            Some(d) => Some(Arc::new(d.pacer(size).map_err(|e| format!("drive model: {e}"))?) as Arc<dyn insitu_media::Pacing>),
+            None => None,
+        };
+        let fs = Direct::mount(&image, pacing.clone(), true)?;
+        Ok(Direct { image, fs, pacing })
+    }
+
+    /// accelfs on the image, formatted or opened, paced by the drive model if there is one.
+    fn mount(image: &Path, pacing: Option<Arc<dyn insitu_media::Pacing>>, format: bool) -> Result<Fs, Error> {
+        let dev = FileDevice::open(image).map_err(|e| format!("{}: {e}", image.display()))?;
+        let fs = match (pacing, format) {
+            (Some(p), true) => Fs::format(PacedDevice::new(dev, p, 0), FS_CACHE),
+            (Some(p), false) => Fs::open(PacedDevice::new(dev, p, 0), FS_CACHE),
+            (None, true) => Fs::format(dev, FS_CACHE),
+            (None, false) => Fs::open(dev, FS_CACHE),
+        };
+        fs.map_err(|e| format!("accelfs on {}: {e}", image.display()).into())
     }
 }
 
@@ -144,9 +175,8 @@ impl Files for Direct {
     }
     fn cold(&mut self) -> Result<(), Error> {
         // A fresh mount: accelfs's buffer cache starts empty.
-        let dev = FileDevice::open(&self.image).map_err(|e| format!("{}: {e}", self.image.display()))?;
         drop_caches(&self.image);
-        self.fs = Fs::open(dev, FS_CACHE).map_err(|e| format!("accelfs on {}: {e}", self.image.display()))?;
+        self.fs = Direct::mount(&self.image, self.pacing.clone(), false)?;
         Ok(())
     }
 }
@@ -161,13 +191,30 @@ impl Drop for Direct {
 struct Mounted {
     mnt: PathBuf,
     open: HashMap<String, std::fs::File>,
+    /// The drive model whose flushes every sync pays ([`FlushPaced`]), where the kernel
+    /// stack runs on a local device that nothing else paces.
+    flush_model: Option<Arc<insitu_model::Pacer>>,
+}
+
+impl Mounted {
+    fn new(mnt: PathBuf, flush_model: Option<Arc<insitu_model::Pacer>>) -> Mounted {
+        Mounted { mnt, open: HashMap::new(), flush_model }
+    }
 }
 
 impl Stack for Mounted {
     fn open(&mut self, name: &str) -> Result<KvStore, Error> {
         let path = self.mnt.join(format!("{name}.redb"));
         let _ = std::fs::remove_file(&path);
-        KvStore::open_file(&path).map_err(|e| format!("store {}: {e}", path.display()).into())
+        let err = |e: &dyn std::fmt::Display| format!("store {}: {e}", path.display());
+        match &self.flush_model {
+            Some(p) => {
+                let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(|e| err(&e))?;
+                let backend = redb::backends::FileBackend::new(file).map_err(|e| err(&e))?;
+                KvStore::with_backend(FlushPaced::new(backend, p.clone()), u64::MAX).map_err(|e| err(&e).into())
+            }
+            None => KvStore::open_file(&path).map_err(|e| err(&e).into()),
+        }
     }
     fn files(&self) -> Vec<PathBuf> {
         Vec::new()
@@ -181,7 +228,16 @@ impl Files for Mounted {
         let err = |e: std::io::Error| format!("{}: {e}", path.display());
         let mut f = std::fs::File::create(&path).map_err(err)?;
         std::io::Write::write_all(&mut f, data).map_err(err)?;
-        f.sync_all().map_err(err)?;
+        match &self.flush_model {
+            Some(p) => {
+                use insitu_media::Pacing;
+                let _ = p.on_write(0, data.len() as u64);
+                let done = p.on_flush();
+                f.sync_all().map_err(err)?;
+                p.wait_until(done);
+            }
+            None => f.sync_all().map_err(err)?,
+        }
         Ok(())
     }
     fn read_at(&mut self, name: &str, buf: &mut [u8], offset: u64) -> Result<usize, Error> {
@@ -244,12 +300,16 @@ impl Files for Redirect {
     }
 }
 
-fn redirect(root: &Path, size: u64, link: Option<insitu_model::LinkConfig>) -> Result<Redirect, Error> {
+fn redirect(root: &Path, size: u64, drive: Option<&DeviceModel>, link: Option<insitu_model::LinkConfig>) -> Result<Redirect, Error> {
     let image = root.join("redirect.img");
     let f = std::fs::File::create(&image).map_err(|e| format!("{}: {e}", image.display()))?;
     f.set_len(size).map_err(|e| format!("{}: {e}", image.display()))?;
     let nqn = "nqn.2024-01.io.insitu:bench-kv";
-    let model = link.map(|l| DeviceModel { name: "link".into(), description: "the fabric link only".into(), source: String::new(), flash: None, link: Some(l), engine_link: None, compute: None });
+    let model = match (drive, link) {
+        (Some(d), link) => Some(DeviceModel { link, ..d.clone() }),
+        (None, Some(l)) => Some(DeviceModel { name: "link".into(), description: "the fabric link only".into(), source: String::new(), flash: None, link: Some(l), engine_link: None, compute: None }),
+        (None, None) => None,
+    };
     let cfg = TargetConfig {
         listen: ([127, 0, 0, 1], 0).into(),
         subsystems: vec![SubsystemConfig { nqn: nqn.into(), namespaces: vec![NamespaceSpec::sharable(&image)], allow_hosts: vec![] }],
@@ -259,7 +319,7 @@ fn redirect(root: &Path, size: u64, link: Option<insitu_model::LinkConfig>) -> R
     let server = Server::bind(cfg).map_err(|e| format!("cannot start the redirection target: {e}"))?.spawn();
     let mnt = root.join("redirect-mnt");
     let url = format!("nvme-tcp://{}/{nqn}/1", server.local_addr());
-    let mut r = Redirect { mounted: Mounted { mnt: mnt.clone(), open: HashMap::new() }, server: Some(server), image, attached: false };
+    let mut r = Redirect { mounted: Mounted::new(mnt.clone(), None), server: Some(server), image, attached: false };
     insitu_attach::attach(&url, &mnt, Some(insitu_attach::Format::Ext4), None).map_err(|e| format!("cannot attach {url} at {} (the redirection baseline needs root, FUSE and loop devices): {e}", mnt.display()))?;
     r.attached = true;
     Ok(r)
@@ -517,6 +577,10 @@ pub fn kv(opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Json,
     }
     let link_name = opts.link.clone().unwrap_or_else(|| "25gbe".into());
     let link = parse_link(&link_name)?;
+    let drive_name = opts.drive.clone().unwrap_or_else(|| KV_DEFAULT_DRIVE.into());
+    // The drive's own host link is not used: the fabric's link is `link`.
+    let drive = parse_drive(&drive_name)?.map(|d| DeviceModel { link: None, ..d });
+    let mut applied = serde_json::Map::new();
     let ycsb: Vec<Workload> = KV_WORKLOADS[..6].iter().filter(|w| opts.workloads.iter().any(|x| x == *w)).map(|w| w.parse().expect("a YCSB workload name")).collect();
     let db: Vec<&str> = opts.workloads.iter().map(String::as_str).filter(|w| w.starts_with("fill") || w.starts_with("read")).collect();
     let genome_bytes = if opts.workloads.iter().any(|w| w == "genome") { (opts.genome_target_bytes + opts.genome_reference_bases * 3) as u64 } else { 0 };
@@ -530,13 +594,35 @@ pub fn kv(opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Json,
     let (mut genome_found, mut genome_rows) = (Vec::new(), Vec::new());
     for system in KV_SYSTEMS.iter().filter(|s| opts.systems.iter().any(|x| x == *s)) {
         let fs_bytes = store_bytes * 6;
-        let mut scratch = None;
+        let (mut scratch, mut throttle) = (None, None);
         let mut stack: Box<dyn Stack> = match *system {
-            "direct" => Box::new(Direct::new(root.join("direct.img"), fs_bytes)?),
-            "redirect" => Box::new(redirect(&root, fs_bytes, link.clone())?),
+            "direct" => {
+                applied.insert("direct".into(), json!(if drive.is_some() { "every block booked on the drive model" } else { "real speed" }));
+                Box::new(Direct::new(root.join("direct.img"), fs_bytes, drive.as_ref())?)
+            }
+            "redirect" => {
+                applied.insert("redirect".into(), json!(if drive.is_some() { "the target's media paced by the drive model" } else { "real speed" }));
+                Box::new(redirect(&root, fs_bytes, drive.as_ref(), link.clone())?)
+            }
             _ => {
                 let s = Scratch::new(Some(root.join("syscall")), "kv-syscall", fs_bytes, MkFs::Ext4)?;
-                let m = Mounted { mnt: s.mnt.clone(), open: HashMap::new() };
+                let (mut flush_model, mut how) = (None, json!("real speed"));
+                if let Some(d) = drive.as_ref().filter(|d| d.flash.is_some()) {
+                    let limits = Limits::of(d.flash.as_ref().expect("filtered"));
+                    flush_model = Some(Arc::new(d.pacer(fs_bytes).map_err(|e| format!("drive model: {e}"))?));
+                    how = match device_of(&s.mnt).and_then(|dev| Throttle::apply(dev, limits)) {
+                        Ok(t) => {
+                            throttle = Some(t);
+                            json!({"kernel_throttle": limits.to_json(), "flush": "each fsync lasts the model's flush"})
+                        }
+                        Err(why) => {
+                            progress(&format!("syscall: the kernel cannot throttle the loop device ({why}); only flushes follow the drive model"));
+                            json!({"kernel_throttle": {"not_applied": why}, "flush": "each fsync lasts the model's flush"})
+                        }
+                    };
+                }
+                let m = Mounted::new(s.mnt.clone(), flush_model);
+                applied.insert("syscall".into(), how);
                 scratch = Some(s);
                 Box::new(m)
             }
@@ -563,6 +649,7 @@ pub fn kv(opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Json,
             genome_rows.push(r);
         }
         drop(stack);
+        drop(throttle);
         drop(scratch);
     }
     let _ = std::fs::remove_dir(root.join("syscall"));
@@ -590,6 +677,9 @@ pub fn kv(opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Json,
         "workloads": opts.workloads,
         "systems": opts.systems,
         "link": link_name,
+        "drive": drive_name,
+        "drive_model": drive.as_ref().map_or(Json::Null, |d| serde_json::from_str(&d.to_json()).unwrap_or(Json::Null)),
+        "drive_applied": applied,
         "engine": format!("redb {} with a {} MiB cache, every change durable before it returns", "4", insitu_kvstore::CACHE_BYTES >> 20),
         "ycsb": {"field_count": crate::ycsb::FIELD_COUNT, "field_bytes": FIELD_LEN, "zipfian_constant": 0.99, "key_bytes": 16, "load_batch": LOAD_BATCH},
         "db_bench": {"value_bytes": DB_VALUES, "key_bytes": 16, "entries": opts.operations, "readseq_chunk": SCAN_CHUNK},

@@ -62,6 +62,7 @@ mod model;
 mod scan;
 mod size;
 mod tcp;
+mod throttle;
 mod ycsb;
 mod dbbench;
 
@@ -70,7 +71,7 @@ pub use dataset::{generate as generate_dataset, Dataset, Rng};
 pub use exec_scaling::{exec_scaling, ExecScalingOptions};
 pub use fabric::{fabric, fabric_wire_check, FabricOptions};
 pub use io_engine::{io_engine, IoEngineOptions};
-pub use kv::{kv, KvBenchOptions, KV_SYSTEMS, KV_WORKLOADS};
+pub use kv::{kv, KvBenchOptions, KV_DEFAULT_DRIVE, KV_SYSTEMS, KV_WORKLOADS};
 pub use image::{create as create_image, mount as mount_image, umount as umount_image, Fs, Scratch};
 pub use model::{break_even, latency, model_check, scrub_scaling, BreakEvenOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScrubScalingOptions};
 pub use scan::{scan, ScanOptions};

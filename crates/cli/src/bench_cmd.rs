@@ -405,6 +405,12 @@ pub(crate) struct KvArgs {
     /// pcie-gen3-x4, pcie-gen4-x4, a payload rate in MB/s, or none.
     #[arg(long, default_value = "25gbe")]
     link: String,
+    /// The drive model every stack runs on: a preset (samsung-980pro, intel-p4600,
+    /// daisyplus-openssd, newport, smartssd), PRESET@MB_S, custom:MB_S, or none (real
+    /// speed). The direct and redirection stacks book every transfer on it; the system-call
+    /// stack's loop device gets the kernel's block throttle at its rates.
+    #[arg(long, value_name = "SPEC", default_value = insitu_bench::KV_DEFAULT_DRIVE)]
+    drive: String,
     /// Work directory for the images (default: a new directory under /var/tmp, removed
     /// afterwards).
     #[arg(long)]
@@ -419,6 +425,7 @@ pub(crate) fn kv(a: KvArgs, json_out: bool) -> Result<i32, Failure> {
         workloads: a.workloads,
         systems: a.systems,
         link: Some(a.link),
+        drive: Some(a.drive),
         dir: a.dir,
         genome_reference_bases: parse_size(&a.genome_reference).map_err(|e| format!("--genome-reference: {e}"))? as usize,
         genome_target_bytes: parse_size(&a.genome_target).map_err(|e| format!("--genome-target: {e}"))? as usize,
@@ -426,7 +433,7 @@ pub(crate) fn kv(a: KvArgs, json_out: bool) -> Result<i32, Failure> {
     };
     let out = insitu_bench::kv(&opts, &mut progress(json_out))?;
     emit(json_out, &out, || {
-        println!("key-value stacks, {} records, {} operations per workload, redirect over {}:", out["records"], out["operations"], out["link"].as_str().unwrap_or(""));
+        println!("key-value stacks on drive model {}, {} records, {} operations per workload, redirect over {}:", out["drive"].as_str().unwrap_or(""), out["records"], out["operations"], out["link"].as_str().unwrap_or(""));
         println!("{:<16} {:<9} {:>10} {:>9} {:>9}", "workload", "system", "ops/s", "p50 µs", "p99 µs");
         for r in out["results"].as_array().into_iter().flatten() {
             println!("{:<16} {:<9} {:>10.0} {:>9.1} {:>9.1}", r["workload"].as_str().unwrap_or(""), r["system"].as_str().unwrap_or(""), num(r, "ops_per_s"), num(r, "p50_us"), num(r, "p99_us"));

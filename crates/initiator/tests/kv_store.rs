@@ -17,6 +17,10 @@ use std::path::Path;
 const KV_NSID: u32 = 3;
 
 fn serve(dir: &Path, kv_bytes: Option<u64>) -> std::io::Result<ServerHandle> {
+    serve_modelled(dir, kv_bytes, None)
+}
+
+fn serve_modelled(dir: &Path, kv_bytes: Option<u64>, model: Option<insitu_model::DeviceModel>) -> std::io::Result<ServerHandle> {
     let shared = dir.join("shared.img");
     let private = dir.join("private.img");
     for (p, len) in [(&shared, 4u64 << 20), (&private, 64 << 20)] {
@@ -29,6 +33,7 @@ fn serve(dir: &Path, kv_bytes: Option<u64>) -> std::io::Result<ServerHandle> {
         listen: "127.0.0.1:0".parse().unwrap(),
         subsystems: vec![SubsystemConfig { nqn: NQN.into(), namespaces: vec![NamespaceSpec::sharable(&shared), NamespaceSpec::private(&private)], allow_hosts: vec![] }],
         kv_store: kv_bytes,
+        model,
         ..TargetConfig::default()
     };
     Ok(Server::bind(cfg)?.spawn())
@@ -288,4 +293,22 @@ fn stored_data_survives_a_restart() {
     // the rest of the namespace, notices first), so neither is damaged.
     h.shutdown();
     assert!(serve(dir.path(), Some(8 << 20)).is_err());
+}
+
+#[test]
+fn a_modelled_drive_paces_the_store() {
+    // Programming a page takes 20 ms on this drive: every durable Store writes at least
+    // one page before it is acknowledged, so five cannot take less than 100 ms.
+    let flash = insitu_model::FlashConfig { program_us: 20_000.0, ..insitu_model::FlashConfig::default() };
+    let model = insitu_model::DeviceModel { name: "slow".into(), description: String::new(), source: String::new(), flash: Some(flash), link: None, engine_link: None, compute: None };
+    let dir = tempfile::tempdir().unwrap();
+    let h = serve_modelled(dir.path(), Some(16 << 20), Some(model)).unwrap();
+    let s = connect(&h);
+    let t = std::time::Instant::now();
+    for i in 0..5u64 {
+        s.kv_store(KV_NSID, &key(i), b"value", StoreMode::Upsert).unwrap();
+    }
+    let took = t.elapsed();
+    assert!(took >= std::time::Duration::from_millis(100), "five Stores on a 20 ms-per-program drive took {took:?}");
+    assert_eq!(s.kv_retrieve(KV_NSID, &key(3)).unwrap(), b"value");
 }

@@ -10,7 +10,8 @@
 //!   [`redb::StorageBackend`], the pluggable storage interface. [`RegionBackend`] is the
 //!   backend the target uses: a byte range of its private namespace, which hosts never see.
 //!   [`FsFileBackend`] puts the store in a file of the target's own file system
-//!   ([`insitu_accelfs`]) instead, beside other files ([`KvStore::open_fs`]).
+//!   ([`insitu_accelfs`]) instead, beside other files ([`KvStore::open_fs`]);
+//!   [`PacedDevice`] makes that file system's blocks cost what a drive model charges.
 //!
 //! Every Store and Delete is committed with immediate durability (redb's checksummed
 //! commit and a media sync) before it returns, so a target acknowledges only durable
@@ -32,6 +33,8 @@
 #[cfg(feature = "engine")]
 mod fs_backend;
 #[cfg(feature = "engine")]
+mod paced;
+#[cfg(feature = "engine")]
 mod region;
 #[cfg(feature = "engine")]
 mod store;
@@ -39,6 +42,8 @@ pub mod wire;
 
 #[cfg(feature = "engine")]
 pub use fs_backend::FsFileBackend;
+#[cfg(feature = "engine")]
+pub use paced::PacedDevice;
 #[cfg(feature = "engine")]
 pub use region::{RegionBackend, HEADER_BYTES};
 #[cfg(feature = "engine")]

@@ -56,8 +56,14 @@ pub trait Pacing: Send + Sync {
     /// `len` bytes at `offset` are about to be read for `purpose`; when would the device
     /// have delivered them there?
     fn on_read(&self, offset: u64, len: u64, purpose: ReadPurpose) -> Instant;
-    /// `len` bytes at `offset` are about to be written; when would the device be done?
+    /// `len` bytes at `offset` are about to be written; when would the device acknowledge
+    /// them? (A drive with a write-back cache acknowledges before it has programmed them.)
     fn on_write(&self, offset: u64, len: u64) -> Instant;
+    /// A flush is about to be made: when would every write acknowledged so far be durable
+    /// on the device? Now, by default (no write-back cache).
+    fn on_flush(&self) -> Instant {
+        Instant::now()
+    }
     /// `len` bytes at `offset` no longer hold data (hole punched); free by default.
     fn on_discard(&self, _offset: u64, _len: u64) {}
     /// Blocks until `deadline`.
@@ -259,9 +265,15 @@ impl Backing {
         Ok(())
     }
 
-    /// Makes every completed write durable (`fdatasync`).
+    /// Makes every completed write durable (`fdatasync`), taking as long as the timing
+    /// model's flush at least.
     pub fn flush(&self) -> io::Result<()> {
-        self.buffered.sync_data()
+        let paced = self.pacing.as_ref().map(|p| (p, p.on_flush()));
+        self.buffered.sync_data()?;
+        if let Some((p, deadline)) = paced {
+            p.wait_until(deadline);
+        }
+        Ok(())
     }
 }
 
@@ -452,6 +464,10 @@ mod tests {
         fn on_discard(&self, offset: u64, len: u64) {
             self.0.lock().unwrap().push((true, offset, len + 1));
         }
+        fn on_flush(&self) -> Instant {
+            self.0.lock().unwrap().push((true, u64::MAX, 0));
+            Instant::now() + std::time::Duration::from_millis(5)
+        }
     }
 
     #[test]
@@ -464,5 +480,9 @@ mod tests {
         m.write_at(b"abc", 7).unwrap();
         m.zero_range(4096, 512).unwrap();
         assert_eq!(*rec.0.lock().unwrap(), vec![(false, 100, 5000), (true, 7, 3), (true, 4096, 513)]);
+        let t = Instant::now();
+        m.flush().unwrap();
+        assert!(t.elapsed() >= std::time::Duration::from_millis(5), "a flush lasts as long as the model's");
+        assert_eq!(rec.0.lock().unwrap().last(), Some(&(true, u64::MAX, 0)));
     }
 }

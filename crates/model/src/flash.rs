@@ -222,6 +222,7 @@ mod tests {
             erase_us: 1000.0,
             channel_mb_s: 400.0,
             over_provisioning: 0.07,
+            power_loss_protection: false,
         }
     }
 

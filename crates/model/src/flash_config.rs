@@ -37,6 +37,11 @@ pub struct FlashConfig {
     /// Spare physical capacity as a fraction of the logical capacity (0.07 = 7 %).
     /// Default 0.07.
     pub over_provisioning: f64,
+    /// Whether the drive's write cache survives a power loss (capacitors, as data-center
+    /// drives have): a flush then returns once the cache holds the data, instead of
+    /// waiting for the pages to be programmed. Default false (a consumer drive).
+    #[serde(default)]
+    pub power_loss_protection: bool,
 }
 
 impl Default for FlashConfig {
@@ -52,6 +57,7 @@ impl Default for FlashConfig {
             erase_us: 3500.0,
             channel_mb_s: 1400.0,
             over_provisioning: 0.07,
+            power_loss_protection: false,
         }
     }
 }

@@ -215,6 +215,7 @@ mod tests {
             page_bytes: 4096,
             pages_per_block: ppb,
             over_provisioning: op,
+            power_loss_protection: false,
             ..FlashConfig::default()
         }
     }

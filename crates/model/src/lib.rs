@@ -53,12 +53,13 @@ mod link;
 mod pace;
 mod preset;
 mod stream;
+mod write_cache;
 
 pub use compute::{thread_cpu_ns, ComputeBudget, ComputeConfig};
 pub use error::ModelError;
 pub use flash::Flash;
 pub use flash_config::{FlashConfig, FlashStats};
 pub use link::{Link, LinkConfig, ETHERNET_TCP_EFFICIENCY, LINK_NAMES};
-pub use pace::{PaceStats, Pacer};
+pub use pace::{PaceStats, Pacer, WRITE_CACHE_NS};
 pub use preset::{custom, parse, preset, presets, DeviceModel};
 pub use stream::{ReadStream, ReadStreams, StreamSlot, READAHEAD_WINDOW, STREAMS};

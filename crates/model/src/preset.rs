@@ -124,6 +124,7 @@ fn flash((channels, dies, page_kib): (u32, u32, u32), (read_us, program_us, eras
         erase_us,
         channel_mb_s,
         over_provisioning: op,
+        power_loss_protection: false,
     }
 }
 
@@ -162,9 +163,10 @@ pub fn presets() -> Vec<DeviceModel> {
             source: "Target drive of the virtual-objects evaluation (8 x P4600 1.6 TB behind 40 GbE). Intel P4500/P4600 \
                      family spec: 3.2 GB/s sequential read, 85 us random read. Estimated: 12 channels x 4 dies sized to \
                      3.2 GB/s, 70 us read (85 us less a 4 KiB transfer), 1200/5000 us program/erase, 25 % OP \
-                     (mixed-use drive)."
+                     (mixed-use drive). Power-loss protection, as Intel's data-center drives have: a flush does \
+                     not wait for programs."
                 .into(),
-            flash: Some(flash((12, 4, 32), (70.0, 1200.0, 5000.0), 3200.0 / 12.0, 0.25)),
+            flash: Some(FlashConfig { power_loss_protection: true, ..flash((12, 4, 32), (70.0, 1200.0, 5000.0), 3200.0 / 12.0, 0.25) }),
             link: gen3.clone(),
             engine_link: None,
             compute: None,

@@ -70,11 +70,15 @@ pub const KV_STORE_FILE: &str = "kv.redb";
 const KV_FS_CACHE: usize = 8 << 20;
 
 /// The private data file system (accelfs) in `[offset, offset + len)` of `path`: opened,
-/// or formatted when the region is blank.
-fn open_kv_fs(path: &std::path::Path, offset: u64, len: u64) -> Result<insitu_accelfs::Fs, String> {
+/// or formatted when the region is blank; paced like its namespace when it has a model.
+fn open_kv_fs(path: &std::path::Path, offset: u64, len: u64, pacing: Option<Arc<dyn insitu_media::Pacing>>) -> Result<insitu_accelfs::Fs, String> {
     let file = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(|e| format!("KV store in {}: {e}", path.display()))?;
     let dev = insitu_accelfs::FileDevice::new(file, offset, len, path.display().to_string());
-    insitu_accelfs::Fs::open_or_format(dev, KV_FS_CACHE).map_err(|e| {
+    let opened = match pacing {
+        Some(p) => insitu_accelfs::Fs::open_or_format(insitu_kvstore::PacedDevice::new(dev, p, offset), KV_FS_CACHE),
+        None => insitu_accelfs::Fs::open_or_format(dev, KV_FS_CACHE),
+    };
+    opened.map_err(|e| {
         format!("the KV store's file system in the last {len} bytes of {}: {e} (a store made by an older insitu, or other data: use a blank image or zero that region; `insitu target fsck` checks it)", path.display())
     })
 }
@@ -149,6 +153,8 @@ impl Server {
                 Some(bytes) => Some(kv_region(s, bytes).map_err(invalid)?),
                 None => None,
             };
+            // The store's file system is paced with its namespace: one drive, one model.
+            let mut kv_pacing = None;
             for (i, ns) in s.namespaces.iter().enumerate() {
                 let mut nc = NamespaceConfig { lba_size: ns.lba_size, visibility: ns.visibility, ..NamespaceConfig::default() };
                 if let Some((at, offset, _)) = &kv_region {
@@ -161,6 +167,9 @@ impl Server {
                     // The host link is paced by the connections, on the bytes they carry.
                     let drive = insitu_model::DeviceModel { link: None, ..m.clone() };
                     nc.pacing = Some(Arc::new(drive.pacer(size.max(1 << 20)).map_err(model_err)?));
+                    if kv_region.as_ref().is_some_and(|(at, _, _)| *at == i) {
+                        kv_pacing.clone_from(&nc.pacing);
+                    }
                 }
                 target.add_namespace(&ns.path, nc).map_err(|e| invalid(format!("namespace {}: {e}", ns.path.display())))?;
             }
@@ -168,7 +177,7 @@ impl Server {
             target.open_kv_store(page_bytes).map_err(|e| invalid(format!("KV cache in the private namespace: {e}")))?;
             if let Some((at, offset, len)) = kv_region {
                 let path = &s.namespaces[at].path;
-                let fs = open_kv_fs(path, offset, len).map_err(invalid)?;
+                let fs = open_kv_fs(path, offset, len, kv_pacing).map_err(invalid)?;
                 let store = insitu_kvstore::KvStore::open_fs(&fs, KV_STORE_FILE).map_err(|e| invalid(format!("subsystem {}: {e}", s.nqn)))?;
                 let store = store.with_max_value(insitu_kvstore::DEFAULT_MAX_VALUE.min(cfg.max_transfer()));
                 target.set_kv_service(store);
@@ -206,6 +215,12 @@ impl Server {
     /// configuration), for the target's local API (`insitu-kvfs`) to share with hosts.
     pub fn kv_store(&self) -> Option<Arc<insitu_kvstore::KvStore>> {
         self.shared.subsystems.iter().filter_map(|s| s.target()).find_map(|t| t.kv_service_nsid().and_then(|n| t.kv_service(n)).cloned())
+    }
+
+    /// The target of the first subsystem that has one: the daemon's, on which the
+    /// container runtime fences the blocks of the files its containers write.
+    pub fn target(&self) -> Option<Arc<insitu_target::Target>> {
+        self.shared.subsystems.iter().find_map(|s| s.target().cloned())
     }
 
     /// Tells `listener` of every lock taken and released on any subsystem's namespaces.
