@@ -10,9 +10,10 @@ use crate::layout::{blocks_for, check_name, Extent, Inode, Meta, Superblock, BLO
 use crate::Error;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-/// A data allocation takes at most this many extents (a file system this fragmented is
-/// better reported full).
-const MAX_ALLOC_EXTENTS: usize = 64;
+/// Room the next commit's blob keeps for extents beyond today's. A data allocation takes
+/// whole free extents, largest first, and splits at most one, so however many extents it
+/// takes the blob grows by about one: the inode gains what the free list loses.
+const META_SLACK_EXTENTS: usize = 64;
 /// Zeroes are written in runs of this many blocks.
 const ZERO_RUN: u64 = 64;
 
@@ -482,14 +483,14 @@ impl State {
     /// Makes sure `need` blocks can be taken while leaving room for the next commit; makes
     /// that commit first if it frees enough.
     fn reserve(&mut self, need: u64) -> Result<(), Error> {
-        let meta = self.meta_reserve(MAX_ALLOC_EXTENTS);
+        let meta = self.meta_reserve(META_SLACK_EXTENTS);
         if self.free.total() >= need + meta {
             return Ok(());
         }
         let freeable: u64 = self.pending.iter().chain(&self.meta_extents).map(|e| e.count).sum();
         if self.free.total() + freeable >= need + 2 * meta {
             self.commit()?;
-            if self.free.total() >= need + self.meta_reserve(MAX_ALLOC_EXTENTS) {
+            if self.free.total() >= need + self.meta_reserve(META_SLACK_EXTENTS) {
                 return Ok(());
             }
         }
@@ -509,7 +510,7 @@ impl State {
             self.reserve(need)?;
             let new = match last_end {
                 Some(end) if self.free.take_at(end, need) => vec![Extent { start: end, count: need }],
-                _ => self.free.take(need, MAX_ALLOC_EXTENTS, false).ok_or(Error::NoSpace { needed: need, free: self.free.total() })?,
+                _ => self.free.take(need, usize::MAX, false).ok_or(Error::NoSpace { needed: need, free: self.free.total() })?,
             };
             if let Err(e) = self.zero(&new) {
                 new.iter().for_each(|e| self.free.insert(*e));

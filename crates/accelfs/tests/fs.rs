@@ -218,3 +218,34 @@ fn streams_read_ahead_and_see_later_writes() {
     assert!(probe[10..].iter().all(|b| *b == 0), "bytes past a shrink read as zeros after regrowth");
     assert!(fsck(&dev).unwrap().is_clean());
 }
+
+#[test]
+fn a_file_grows_over_more_free_extents_than_any_limit() {
+    let dev = MemDevice::new(1024 * BLOCK_SIZE as u64);
+    let fs = Fs::format(dev.clone(), 1 << 20).unwrap();
+    for i in 0..400 {
+        fs.create(&format!("f{i}")).unwrap().write_at(&[1u8; BLOCK_SIZE], 0).unwrap();
+    }
+    // Fill the rest but a few blocks, then free every other small file: 200 one-block holes.
+    let tail = fs.create("tail").unwrap();
+    let mut at = 0u64;
+    while fs.free_bytes() > 8 * BLOCK_SIZE as u64 {
+        tail.write_at(&[2u8; BLOCK_SIZE], at).unwrap();
+        at += BLOCK_SIZE as u64;
+    }
+    fs.sync().unwrap();
+    for i in (0..400).step_by(2) {
+        fs.remove(&format!("f{i}")).unwrap();
+    }
+    fs.sync().unwrap();
+    // 150 blocks in one write take well over a hundred free extents.
+    let data: Vec<u8> = (0..150 * BLOCK_SIZE).map(|i| (i % 251) as u8).collect();
+    let f = fs.create("scattered").unwrap();
+    f.write_at(&data, 0).unwrap();
+    fs.sync().unwrap();
+    assert!(fs.fsck().unwrap().is_clean());
+    drop((f, tail));
+    drop(fs);
+    let fs = Fs::open(dev, 1 << 20).unwrap();
+    assert!(read_all(&fs, "scattered") == data, "the scattered file reads back");
+}
