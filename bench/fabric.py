@@ -33,6 +33,9 @@ def markdown(r: dict) -> str:
         + (f", {r['fabric_read_to_raw_shaped']:.1%} of raw at its shape" if "raw_read_shaped_gbps" in r else "")
         + " |\n"
     )
+    if "fabric_read_to_raw_paired" in r:
+        s += (f"| fabric read over raw within each round (median of the rounds' ratios) | | "
+              f"{r['fabric_read_to_raw_paired']:.1%} of raw, {r['fabric_read_to_raw_shaped_paired']:.1%} of raw at its shape |\n")
     if "tcp_loopback_cached_gbps" in r:
         s += f"| plain TCP on loopback serving the file (sendfile), the same requests, connections and buffers, no NVMe framing | {r['tcp_loopback_gbps']:.3f} | "
         s += f"fabric read {r['fabric_read_to_tcp']:.1%} of it |\n"

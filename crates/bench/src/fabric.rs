@@ -288,6 +288,9 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
     let rate = |v: &[f64]| gbps(size, median(&mut v.to_vec()));
     let (r, fr, e, fe) = (rate(&s.raw), rate(&s.fabric_read), rate(&s.embedded_exec), rate(&s.fabric_exec));
     let (tcp, tcp_cached, rs) = (rate(&s.tcp), rate(&s.tcp_cached), rate(&s.raw_shaped));
+    // Each round reads raw just before the fabric: the ratio within a round cancels the
+    // drift of a shared disk between rounds, which the ratio of medians does not.
+    let paired = |raw: &[f64]| median(&mut raw.iter().zip(&s.fabric_read).map(|(r, f)| r / f).collect::<Vec<f64>>());
     let stats = rig.session.stats();
     json!({
         "command": command(),
@@ -302,6 +305,8 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
         "tcp_loopback_cached_gbps": tcp_cached,
         "fabric_read_to_raw": fr / r,
         "fabric_read_to_raw_shaped": fr / rs,
+        "fabric_read_to_raw_paired": paired(&s.raw),
+        "fabric_read_to_raw_shaped_paired": paired(&s.raw_shaped),
         "fabric_read_to_tcp": fr / tcp,
         "fabric_read_to_tcp_cached": fr / tcp_cached,
         "fabric_exec_to_embedded": fe / e,
@@ -329,7 +334,9 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
 /// request size and depth), `fabric_read_gbps`, `embedded_exec_gbps`,
 /// `fabric_exec_gbps`, `tcp_loopback_gbps` (plain TCP serving the file's bytes with the
 /// fabric read's shape) and `tcp_loopback_cached_gbps` (plain TCP from a buffer in cache; see
-/// [`crate::tcp`]) (medians), the ratios `fabric_read_to_raw`, `fabric_read_to_raw_shaped`, `fabric_read_to_tcp`,
+/// [`crate::tcp`]) (medians), the ratios `fabric_read_to_raw`, `fabric_read_to_raw_shaped`,
+/// their medians of per-round ratios `fabric_read_to_raw_paired` and
+/// `fabric_read_to_raw_shaped_paired` (steadier on a disk whose speed drifts), `fabric_read_to_tcp`,
 /// `fabric_read_to_tcp_cached` and `fabric_exec_to_embedded`, `fabric_exec_wire_bytes` and the seconds of every
 /// measurement. Fails if the fabric returns other bytes than the file or the EXEC results
 /// disagree; [`fabric_wire_check`] then tells whether the EXEC kept the data off the wire.
@@ -389,6 +396,9 @@ mod tests {
         let out = fabric(&FabricOptions { size: 2 << 20, repeat: 1, dir: Some(dir.path().to_path_buf()) }).unwrap();
         assert!(fabric_wire_check(&out).is_ok(), "{out}");
         assert_eq!(out["size_bytes"], 2 << 20);
+        // One round: its paired ratio is the ratio of the rates.
+        let (paired, plain) = (out["fabric_read_to_raw_paired"].as_f64().unwrap(), out["fabric_read_to_raw"].as_f64().unwrap());
+        assert!(paired > 0.0 && (paired - plain).abs() < 1e-9 * plain, "{paired} vs {plain}");
         assert!(!dir.path().join("fabric.img").exists(), "the work file is removed");
     }
 }
