@@ -9,6 +9,7 @@ pushed with skopeo. Everything talks to 127.0.0.1 only.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
 import json
@@ -59,22 +60,33 @@ class Env:
         return r.status, data
 
 
+@contextlib.contextmanager
+def busybox_registry(d: Path):
+    """Debian's docker-registry on a free loopback port, its data under `d`, holding a
+    busybox image built offline; yields (registry address, image reference)."""
+    port = free_port()
+    oci = d / "oci"
+    subprocess.run(["bash", FIXTURES / "busybox-oci.sh", oci, "latest"], check=True, capture_output=True)
+    subprocess.run(["bash", FIXTURES / "registry.sh", "start", d / "registry", str(port)], check=True, capture_output=True)
+    try:
+        image = f"127.0.0.1:{port}/busybox:latest"
+        subprocess.run(["bash", FIXTURES / "push.sh", oci, "latest", image], check=True, capture_output=True)
+        yield f"127.0.0.1:{port}", image
+    finally:
+        subprocess.run(["bash", FIXTURES / "registry.sh", "stop", d / "registry"], capture_output=True)
+
+
 @pytest.fixture(scope="module")
 def env():
     if os.geteuid() != 0:
         pytest.skip("containers need root (runc, overlayfs, loop devices)")
     need("docker", "runc", "docker-registry", "skopeo", "umoci")
     d = Path(tempfile.mkdtemp(prefix="insitu-containers-", dir="/var/tmp"))
-    reg_port = free_port()
-    started_registry = target_listen = None
+    target_listen = None
     data_mnt = d / "data-mnt"
+    registry = contextlib.ExitStack()
     try:
-        oci = d / "oci"
-        subprocess.run(["bash", FIXTURES / "busybox-oci.sh", oci, "latest"], check=True, capture_output=True)
-        subprocess.run(["bash", FIXTURES / "registry.sh", "start", d / "registry", str(reg_port)], check=True, capture_output=True)
-        started_registry = True
-        image = f"127.0.0.1:{reg_port}/busybox:latest"
-        subprocess.run(["bash", FIXTURES / "push.sh", oci, "latest", image], check=True, capture_output=True)
+        reg, image = registry.enter_context(busybox_registry(d))
         # The sharable namespace: ext4 the host fills with a data set.
         ns = d / "ns.img"
         cli_json("image", "create", ns, "--size", "256M", "--fs", "ext4")
@@ -92,12 +104,11 @@ def env():
         cli_json("target", "start", "--listen", target_listen, "--nqn", "nqn.2024-01.io.insitu:containers",
                  "--namespace", ns, "--private", priv, "--docker", api, timeout=120)
         (d / "docker-config").mkdir()
-        yield Env(d, api, f"127.0.0.1:{reg_port}", image, data_mnt, target_listen)
+        yield Env(d, api, reg, image, data_mnt, target_listen)
     finally:
         if target_listen:
             run_cli("target", "stop", "--listen", target_listen)
-        if started_registry:
-            subprocess.run(["bash", FIXTURES / "registry.sh", "stop", d / "registry"], capture_output=True)
+        registry.close()
         if data_mnt.exists():
             run_cli("image", "umount", data_mnt)
         shutil.rmtree(d, ignore_errors=True)

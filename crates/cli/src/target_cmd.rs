@@ -172,6 +172,9 @@ fn start_containers(server: &Server, cfg: Option<insitu_isp::ServiceConfig>) -> 
     eprintln!("insitu-target: Docker Engine API on tcp://{}", s.local_addr().unwrap_or(listen));
     // Namespace 1 is the containers' /data: a lock or release there refreshes their view.
     server.set_lock_listener(std::sync::Arc::new(ViewRefresh(s.runtime().clone())));
+    if let Some(t) = server.target() {
+        s.runtime().set_fence(std::sync::Arc::new(ContainerFence(t)));
+    }
     std::thread::spawn(move || {
         let mut sig = 0;
         // SAFETY: sigwait on the set built above, with a local out-parameter.
@@ -184,6 +187,23 @@ fn start_containers(server: &Server, cfg: Option<insitu_isp::ServiceConfig>) -> 
         unsafe { libc::_exit(0) }
     });
     Ok(())
+}
+
+/// Fences on namespace 1 (the containers' `/data`) for the files containers write: the
+/// same write fences as a host's LOCK, held for a container's run.
+struct ContainerFence(std::sync::Arc<insitu_target::Target>);
+
+impl insitu_isp::runtime::BlockFence for ContainerFence {
+    fn hold(&self, path: &str, extents: &[(u64, u64)]) -> Result<u64, String> {
+        let req = insitu_target::LockRequest { path: format!("{path} (container)"), extents: extents.to_vec() };
+        self.0.lock(1, req).map_err(|e| e.message)
+    }
+
+    fn release(&self, id: u64) {
+        if let Err(e) = self.0.unlock(1, id) {
+            eprintln!("insitu-target: releasing a container's fence {id:#x}: {}", e.message);
+        }
+    }
 }
 
 /// Refreshes the containers' view of namespace 1 when a lock there changes.

@@ -16,7 +16,9 @@
 //!    write-back error later.
 //!
 //! [`unlock`] reverses it: the bind mount goes, then UNLOCK releases the fence, and the
-//! target's containers see the host's changes from then on.
+//! target's containers see the host's changes from then on. It also drops this host's
+//! cached pages of the path's files, so that what a container wrote into them in place
+//! (`docker run -v /FILE:/DST:rw`) is read from the target, not from the page cache.
 //!
 //! Nothing is written to disk for a lock. A small record per lock in [`LOCK_DIR`] (a
 //! tmpfs) lets another process release it or list it; a reboot of the host or a restart of
@@ -201,6 +203,18 @@ fn tree(path: &Path) -> Result<Vec<PathBuf>, LockError> {
         }
     }
     Ok(out)
+}
+
+/// Drops the page cache of `path`'s files (best effort): a container may have written
+/// them on the target, below this host's file system, which would otherwise keep serving
+/// the bytes it read before. Pages still dirty or mapped stay.
+fn drop_cached(path: &Path) {
+    for f in tree(path).unwrap_or_default() {
+        if let Ok(file) = std::fs::File::open(&f) {
+            // SAFETY: posix_fadvise on a descriptor owned by `file`, open for the call.
+            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        }
+    }
 }
 
 /// Byte ranges of the namespace that hold `files`, 512-aligned, sorted and merged.
@@ -399,6 +413,7 @@ pub fn unlock(path: &Path) -> Result<Unlocked, LockError> {
             Err(e) => return Err(e),
         },
     };
+    drop_cached(&path);
     std::fs::remove_file(&rec).map_err(|e| host(&rec, "remove the lock record", e))?;
     Ok(Unlocked { lock, target_held, note })
 }

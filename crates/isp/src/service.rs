@@ -60,6 +60,8 @@ impl Service {
             None => None,
         };
         let runtime = Runtime::open(&mount.join("containers"), &cfg.state_dir.join("runc"), images, view, cfg.kv_dir, cfg.limits).map_err(|e| e.to_string())?;
+        // Ports are published where the API listens: whoever reaches the API reaches them.
+        runtime.set_publish_ip(cfg.listen.ip());
         let server = DockerServer::spawn(cfg.listen, runtime.clone()).map_err(|e| format!("the Docker API on {}: {e}", cfg.listen))?;
         Ok(Service { server: Some(server), mount, runtime })
     }

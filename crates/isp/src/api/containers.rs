@@ -17,7 +17,7 @@ use super::body::{empty, error, json, stream, ApiBody};
 use super::detach::{self, EscapeMatcher, ParkedStdins, Scan};
 use super::images::rfc3339;
 use super::{read_json, Target};
-use crate::runtime::{frame, Container, CreateSpec, ExitEvent, RunState, Runtime, RuntimeError};
+use crate::runtime::{exposed_ports, frame, port_bindings, Container, CreateSpec, ExitEvent, NetworkMode, RunState, Runtime, RuntimeError};
 
 fn fail(e: RuntimeError) -> Response<ApiBody> {
     error(e.http_status(), &e.to_string())
@@ -82,6 +82,13 @@ pub(crate) fn create_spec(body: &Value) -> Result<CreateSpec, String> {
         memory: number(&hc, "Memory")?.filter(|&m| m > 0),
         auto_remove: hc.get("AutoRemove").and_then(Value::as_bool).unwrap_or(false),
         labels,
+        network: NetworkMode::parse(match hc.get("NetworkMode") {
+            None | Some(Value::Null) => "",
+            Some(Value::String(s)) => s,
+            Some(_) => return Err("HostConfig.NetworkMode must be a string".into()),
+        })?,
+        ports: port_bindings(body, &hc)?,
+        exposed: exposed_ports(body)?,
     })
 }
 
@@ -141,13 +148,69 @@ pub fn list(rt: &Runtime, all: bool) -> Response<ApiBody> {
             let (state, status) = status(c);
             json!({
                 "Id": c.id, "Names": [format!("/{}", c.name)], "Image": image_name(c), "ImageID": c.image_id,
-                "Command": c.args.join(" "), "Created": secs(c.created), "Ports": [], "Labels": c.spec.labels,
-                "State": state, "Status": status, "HostConfig": {"NetworkMode": "none"},
+                "Command": c.args.join(" "), "Created": secs(c.created), "Ports": ps_ports(c), "Labels": c.spec.labels,
+                "State": state, "Status": status, "HostConfig": {"NetworkMode": c.spec.network.name()},
                 "NetworkSettings": {"Networks": {}}, "Mounts": mounts(c),
             })
         })
         .collect();
     json(StatusCode::OK, &Value::Array(list))
+}
+
+/// `ps`'s ports: those published now, and the exposed ones that are not; none for a
+/// container that does not run (as Docker lists them).
+fn ps_ports(c: &Container) -> Value {
+    if !matches!(c.state(), RunState::Running { .. }) {
+        return Value::Array(Vec::new());
+    }
+    let published = c.published();
+    let mut v: Vec<Value> = published
+        .iter()
+        .map(|p| json!({"IP": p.host.ip().to_string(), "PrivatePort": p.container_port, "PublicPort": p.host.port(), "Type": "tcp"}))
+        .collect();
+    for port in exposed(c) {
+        if !published.iter().any(|p| p.container_port == port) {
+            v.push(json!({"PrivatePort": port, "Type": "tcp"}));
+        }
+    }
+    Value::Array(v)
+}
+
+/// The container's TCP ports: exposed, or to be published.
+fn exposed(c: &Container) -> Vec<u16> {
+    let mut v: Vec<u16> = c.spec.exposed.iter().copied().chain(c.spec.ports.iter().map(|p| p.container_port)).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// `NetworkSettings.Ports` of `inspect` (what `docker port` reads): every port, with
+/// where it is published now or null.
+fn network_ports(c: &Container) -> Value {
+    let published = c.published();
+    let mut m = serde_json::Map::new();
+    for port in exposed(c) {
+        let here: Vec<Value> = published
+            .iter()
+            .filter(|p| p.container_port == port)
+            .map(|p| json!({"HostIp": p.host.ip().to_string(), "HostPort": p.host.port().to_string()}))
+            .collect();
+        m.insert(format!("{port}/tcp"), if here.is_empty() { Value::Null } else { Value::Array(here) });
+    }
+    Value::Object(m)
+}
+
+/// `HostConfig.PortBindings` as asked for.
+fn port_bindings_asked(c: &Container) -> Value {
+    let mut m = serde_json::Map::new();
+    for p in &c.spec.ports {
+        let e = m.entry(format!("{}/tcp", p.container_port)).or_insert_with(|| Value::Array(Vec::new()));
+        if let Value::Array(a) = e {
+            let port = if p.host_port == 0 { String::new() } else { p.host_port.to_string() };
+            a.push(json!({"HostIp": p.host_ip.map(|ip| ip.to_string()).unwrap_or_default(), "HostPort": port}));
+        }
+    }
+    Value::Object(m)
 }
 
 fn mounts(c: &Container) -> Value {
@@ -178,12 +241,14 @@ pub fn inspect(rt: &Runtime, id: &str) -> Response<ApiBody> {
                   "Dead": false, "Pid": pid, "ExitCode": code, "Error": "", "StartedAt": started, "FinishedAt": finished},
         "Image": c.image_id, "Name": format!("/{}", c.name), "RestartCount": c.restarts(), "Driver": "overlay",
         "Platform": "linux", "LogPath": "", "Mounts": mounts(&c),
-        "HostConfig": {"Binds": c.spec.binds, "AutoRemove": c.spec.auto_remove, "NetworkMode": "none",
+        "HostConfig": {"Binds": c.spec.binds, "AutoRemove": c.spec.auto_remove, "NetworkMode": c.spec.network.name(),
+                       "PortBindings": port_bindings_asked(&c), "PublishAllPorts": false,
                        "NanoCpus": c.spec.cpus.map_or(0, |x| (x * 1e9) as i64), "Memory": c.spec.memory.unwrap_or(0)},
         "Config": {"Hostname": &c.id[..12], "Image": c.spec.image, "Cmd": c.spec.cmd, "Entrypoint": c.spec.entrypoint,
                    "Env": c.env, "WorkingDir": c.cwd, "Tty": c.spec.tty, "OpenStdin": c.spec.open_stdin,
-                   "AttachStdin": false, "AttachStdout": !c.spec.tty, "AttachStderr": !c.spec.tty, "Labels": c.spec.labels},
-        "NetworkSettings": {"Networks": {}, "Ports": {}},
+                   "AttachStdin": false, "AttachStdout": !c.spec.tty, "AttachStderr": !c.spec.tty, "Labels": c.spec.labels,
+                   "ExposedPorts": exposed(&c).iter().map(|p| (format!("{p}/tcp"), json!({}))).collect::<serde_json::Map<String, Value>>()},
+        "NetworkSettings": {"Networks": {}, "Ports": network_ports(&c)},
     }))
 }
 
@@ -505,6 +570,12 @@ mod tests {
         assert!(tty.tty && tty.open_stdin);
         assert_eq!(tty.console_size, Some((40, 120)));
         assert_eq!(create_spec(&json!({"Image": "b", "HostConfig": {"ConsoleSize": [0, 0]}})).unwrap().console_size, None);
+        let net = create_spec(&json!({"Image": "b", "ExposedPorts": {"80/tcp": {}}, "HostConfig": {"NetworkMode": "default", "PortBindings": {"80/tcp": [{"HostIp": "127.0.0.1", "HostPort": "18080"}]}}})).unwrap();
+        assert_eq!((net.network, net.ports.len(), net.exposed.clone()), (NetworkMode::Default, 1, vec![80]));
+        assert_eq!(create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "host"}})).unwrap().network, NetworkMode::Host);
+        assert!(create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "mynet"}})).unwrap_err().contains("not supported"));
+        assert!(create_spec(&json!({"Image": "b", "HostConfig": {"PortBindings": {"53/udp": [{"HostPort": "53"}]}}})).unwrap_err().contains("TCP only"));
+        assert!(create_spec(&json!({"Image": "b", "ExposedPorts": {"x/tcp": {}}})).unwrap_err().contains("invalid port"));
         for bad in [json!([1]), json!([1, -1]), json!([70000, 1]), json!("40x120"), json!([1.5, 2])] {
             let e = create_spec(&json!({"Image": "b", "HostConfig": {"ConsoleSize": bad}})).unwrap_err();
             assert!(e.contains("ConsoleSize"), "{e}");

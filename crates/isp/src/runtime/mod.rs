@@ -15,12 +15,20 @@
 //! `removed` are all answered from one channel.
 
 mod console;
+mod extents;
+mod files;
+mod ports;
 mod process;
 pub mod spec;
 mod view;
 
+pub use extents::Unfit;
+pub use ports::{exposed_ports, parse_host_ip, parse_host_port, parse_port_key, port_bindings, NetworkMode, PortBinding, Published};
 pub use process::{frame, STDERR, STDOUT};
 pub use view::SharableView;
+
+use extents::ExtentMap;
+use files::WritableFiles;
 
 /// Whether `path` is a mount point.
 pub fn is_mounted(path: &Path) -> bool {
@@ -80,6 +88,19 @@ impl RuntimeError {
     }
 }
 
+/// Write fences on the sharable namespace's blocks, kept by the target that serves the
+/// namespace to hosts (`insitu_target::Target::lock`, the LOCK command's fences): while a
+/// container writes a file of the namespace in place, host writes to that file's blocks
+/// are refused, so neither side overwrites the other.
+pub trait BlockFence: Send + Sync {
+    /// Fences `extents`, (byte offset, byte length) on the namespace in multiples of 512,
+    /// which hold `path` (relative to the file system's root, for messages). Returns an id
+    /// for [`BlockFence::release`], or why the fence could not be taken.
+    fn hold(&self, path: &str, extents: &[(u64, u64)]) -> Result<u64, String>;
+    /// Releases fence `id`.
+    fn release(&self, id: u64);
+}
+
 /// Where containers see the target's KV store (`insitu-kvfs`), when it has one.
 pub const KV_MOUNT: &str = "/kv";
 
@@ -134,6 +155,15 @@ pub struct CreateSpec {
     pub auto_remove: bool,
     /// Labels.
     pub labels: BTreeMap<String, String>,
+    /// `--network`.
+    #[serde(default)]
+    pub network: NetworkMode,
+    /// `-p`: the ports to publish.
+    #[serde(default)]
+    pub ports: Vec<PortBinding>,
+    /// `ExposedPorts` (`--expose`, and those of `-p`), TCP.
+    #[serde(default)]
+    pub exposed: Vec<u16>,
 }
 
 /// Where a container is in its life.
@@ -214,6 +244,85 @@ struct Inner {
     /// The running process's terminal (TTY containers only).
     console: Option<Arc<Pty>>,
     restarts: u32,
+    /// Writable files of the sharable namespace the current run holds.
+    held: Vec<HeldFile>,
+    /// The current run's published ports.
+    proxy: Option<ports::Proxy>,
+}
+
+/// A writable file held by a run: its entry in [`WritableFiles`] and its fence.
+struct HeldFile {
+    ino: u64,
+    fence: Option<u64>,
+}
+
+/// One `-v` binding, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Bind {
+    /// A directory or file of the target bound as it is.
+    Path {
+        /// On the target.
+        src: String,
+        /// In the container.
+        dst: String,
+        /// Read-only.
+        ro: bool,
+    },
+    /// A file of the sharable namespace the host pre-allocated, written in place
+    /// (`-v /FILE:/DST:rw`); resolved to an entry of [`WritableFiles`] when the
+    /// container starts.
+    File {
+        /// Path relative to the namespace's root.
+        rel: String,
+        /// The source as the request gave it (for messages).
+        src: String,
+        /// In the container.
+        dst: String,
+    },
+}
+
+/// A `-v SRC:DST[:MODE]` string, parsed: where it comes from, where it goes, and whether
+/// it was asked writable (`rw`), read-only (`ro`) or neither. Refuses what is not a
+/// binding, a relative or climbing destination, a climbing source and unknown modes.
+pub(crate) fn parse_bind(b: &str) -> Result<(BindSource, String, Option<bool>), String> {
+    let parts: Vec<&str> = b.split(':').collect();
+    let (src, dst, mode) = match parts.as_slice() {
+        [s, d] => (*s, *d, ""),
+        [s, d, m] => (*s, *d, *m),
+        _ => return Err(format!("invalid volume specification {b:?}: use SRC:DST[:ro|rw]")),
+    };
+    if !dst.starts_with('/') || Path::new(dst).components().any(|c| c == Component::ParentDir) {
+        return Err(format!("invalid volume destination {dst:?}: an absolute path without '..'"));
+    }
+    if mode.split(',').any(|m| !matches!(m, "" | "ro" | "rw" | "z" | "Z")) {
+        return Err(format!("invalid mode {mode:?} in {b:?}: use ro or rw"));
+    }
+    let (ro, rw) = (mode.split(',').any(|m| m == "ro"), mode.split(',').any(|m| m == "rw"));
+    if ro && rw {
+        return Err(format!("invalid mode {mode:?} in {b:?}: ro or rw, not both"));
+    }
+    let access = if rw { Some(true) } else if ro { Some(false) } else { None };
+    let source = if src.starts_with('/') {
+        if Path::new(src).components().any(|c| c == Component::ParentDir) {
+            return Err(format!("invalid volume source {src:?}: '..' is not allowed"));
+        }
+        BindSource::Sharable(src.trim_start_matches('/').to_string())
+    } else {
+        if src.is_empty() || !src.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) {
+            return Err(format!("invalid volume name {src:?}: [a-zA-Z0-9][a-zA-Z0-9_.-]"));
+        }
+        BindSource::Volume(src.to_string())
+    };
+    Ok((source, dst.to_string(), access))
+}
+
+/// Where a `-v` binding comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum BindSource {
+    /// A path of the sharable namespace, relative to its root (`""`: the root).
+    Sharable(String),
+    /// A named volume in the private namespace.
+    Volume(String),
 }
 
 impl Container {
@@ -331,6 +440,17 @@ impl Container {
     pub fn restarts(&self) -> u32 {
         self.lock().restarts
     }
+
+    /// Where the current run's ports are published (empty when it does not run).
+    pub fn published(&self) -> Vec<Published> {
+        self.lock().proxy.as_ref().map(|p| p.ports().to_vec()).unwrap_or_default()
+    }
+
+    /// Closes the published ports and their connections (at the end of a run).
+    pub(crate) fn unpublish(&self) {
+        let proxy = self.lock().proxy.take();
+        drop(proxy);
+    }
 }
 
 /// All containers of a target.
@@ -343,6 +463,12 @@ pub struct Runtime {
     kv_dir: Option<PathBuf>,
     limits: Limits,
     containers: Mutex<BTreeMap<String, Arc<Container>>>,
+    /// The FUSE mount of writable files, made when a container first needs one.
+    files: Mutex<Option<Arc<WritableFiles>>>,
+    /// The fences that keep host writes off files containers write.
+    fence: Mutex<Option<Arc<dyn BlockFence>>>,
+    /// Where ports are published when a binding names no address.
+    publish_ip: Mutex<std::net::IpAddr>,
 }
 
 impl Runtime {
@@ -354,7 +480,18 @@ impl Runtime {
         for d in [root, runc_root] {
             std::fs::create_dir_all(d).map_err(|e| RuntimeError::io(d, e))?;
         }
-        let rt = Runtime { root: root.into(), runc_root: runc_root.into(), images, view, kv_dir, limits, containers: Mutex::new(BTreeMap::new()) };
+        let rt = Runtime {
+            root: root.into(),
+            runc_root: runc_root.into(),
+            images,
+            view,
+            kv_dir,
+            limits,
+            containers: Mutex::new(BTreeMap::new()),
+            files: Mutex::new(None),
+            fence: Mutex::new(None),
+            publish_ip: Mutex::new(std::net::Ipv4Addr::LOCALHOST.into()),
+        };
         let mut found = BTreeMap::new();
         for e in std::fs::read_dir(root).map_err(|e| RuntimeError::io(root, e))?.flatten() {
             let Ok(text) = std::fs::read(e.path().join("meta.json")) else { continue };
@@ -387,6 +524,21 @@ impl Runtime {
         self.view.as_ref()
     }
 
+    /// Sets the address ports are published on when a binding (`-p HOSTPORT:PORT`) names
+    /// none; 127.0.0.1 by default. An unspecified address (0.0.0.0, ::) is refused in
+    /// favour of loopback: publishing on every address must be asked for by name.
+    pub fn set_publish_ip(&self, ip: std::net::IpAddr) {
+        let ip = if ip.is_unspecified() { std::net::Ipv4Addr::LOCALHOST.into() } else { ip };
+        *self.publish_ip.lock().unwrap_or_else(|e| e.into_inner()) = ip;
+    }
+
+    /// Sets the fences taken on the blocks of every writable file a container holds
+    /// (`-v /FILE:/DST:rw`), for as long as it runs. Without one such files are served
+    /// all the same, and only the host's own lock (`insitu lock`) keeps its writers off.
+    pub fn set_fence(&self, fence: Arc<dyn BlockFence>) {
+        *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(fence);
+    }
+
     fn make(&self, m: Meta, layers: Vec<PathBuf>, dir: PathBuf) -> Arc<Container> {
         let (stdin_tx, stdin_rx) = if m.spec.open_stdin {
             let (t, r) = mpsc::unbounded_channel();
@@ -405,7 +557,7 @@ impl Runtime {
             created: SystemTime::UNIX_EPOCH + Duration::from_secs(m.created),
             dir,
             layers,
-            inner: Mutex::new(Inner { state: RunState::Created, subscribers: Vec::new(), stdin_tx, stdin_rx, console: None, restarts: 0 }),
+            inner: Mutex::new(Inner { state: RunState::Created, subscribers: Vec::new(), stdin_tx, stdin_rx, console: None, restarts: 0, held: Vec::new(), proxy: None }),
             exits: watch::channel(ExitEvent::default()).0,
         })
     }
@@ -488,7 +640,26 @@ impl Runtime {
         if !cwd.starts_with('/') {
             return Err(RuntimeError::BadRequest(format!("the working directory {cwd:?} is invalid: it needs to be an absolute path")));
         }
-        self.binds(&spec)?;
+        if !spec.ports.is_empty() && spec.network != NetworkMode::Default {
+            return Err(RuntimeError::BadRequest(format!(
+                "conflicting options: port publishing (-p) and --network {}: {}",
+                spec.network.name(),
+                if spec.network == NetworkMode::Host { "with the target's network the container's ports are the target's already" } else { "a container without a network has no ports to publish" }
+            )));
+        }
+        let files: Vec<_> = self.binds(&spec)?.into_iter().filter_map(|b| match b {
+            Bind::File { rel, src, dst } => Some((rel, src, dst)),
+            Bind::Path { .. } => None,
+        }).collect();
+        if !files.is_empty() {
+            if let Some(v) = &self.view {
+                // The host may have made the file since the view was last refreshed.
+                v.refresh()?;
+            }
+            for (rel, src, dst) in &files {
+                self.probe(rel, src, dst)?;
+            }
+        }
         let dir = self.root.join(&id);
         std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::io(&dir, e))?;
         let created = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
@@ -503,54 +674,143 @@ impl Runtime {
 
     /// The bind mounts of a container: `/data` (the sharable namespace, read-only), `/kv`
     /// (the KV store, read-write) and each `-v`: an absolute source is a path of the
-    /// sharable namespace (read-only), a bare name a volume in the private namespace
-    /// (writable).
-    fn binds(&self, spec: &CreateSpec) -> Result<Vec<(String, String, bool)>, RuntimeError> {
+    /// sharable namespace (read-only, or a pre-allocated file written in place with
+    /// `:rw`), a bare name a volume in the private namespace (writable).
+    fn binds(&self, spec: &CreateSpec) -> Result<Vec<Bind>, RuntimeError> {
         let mut out = Vec::new();
         if let Some(v) = &self.view {
-            out.push((v.path().to_string_lossy().into_owned(), "/data".to_string(), true));
+            out.push(Bind::Path { src: v.path().to_string_lossy().into_owned(), dst: "/data".to_string(), ro: true });
         }
         if let Some(kv) = &self.kv_dir {
-            out.push((kv.to_string_lossy().into_owned(), KV_MOUNT.to_string(), false));
+            out.push(Bind::Path { src: kv.to_string_lossy().into_owned(), dst: KV_MOUNT.to_string(), ro: false });
         }
         for b in &spec.binds {
-            let parts: Vec<&str> = b.split(':').collect();
-            let (src, dst, mode) = match parts.as_slice() {
-                [s, d] => (*s, *d, ""),
-                [s, d, m] => (*s, *d, *m),
-                _ => return Err(RuntimeError::BadRequest(format!("invalid volume specification {b:?}: use SRC:DST[:ro]"))),
-            };
-            if !dst.starts_with('/') || Path::new(dst).components().any(|c| c == Component::ParentDir) {
-                return Err(RuntimeError::BadRequest(format!("invalid volume destination {dst:?}: an absolute path without '..'")));
-            }
-            if mode.split(',').any(|m| !matches!(m, "" | "ro" | "rw" | "z" | "Z")) {
-                return Err(RuntimeError::BadRequest(format!("invalid mode {mode:?} in {b:?}: use ro or rw")));
-            }
-            let rw = mode.split(',').any(|m| m == "rw");
-            if src.starts_with('/') {
-                if Path::new(src).components().any(|c| c == Component::ParentDir) {
-                    return Err(RuntimeError::BadRequest(format!("invalid volume source {src:?}: '..' is not allowed")));
+            let (source, dst, access) = parse_bind(b).map_err(RuntimeError::BadRequest)?;
+            match source {
+                BindSource::Sharable(rel) => {
+                    let src = format!("/{rel}");
+                    let Some(v) = &self.view else {
+                        return Err(RuntimeError::BadRequest(format!("{src}: this target has no sharable namespace to bind from")));
+                    };
+                    if access == Some(true) {
+                        out.push(Bind::File { rel, src, dst });
+                        continue;
+                    }
+                    let joined = v.path().join(&rel);
+                    // A symbolic link of the host's file system must not lead the bind to
+                    // the target's own files.
+                    let path = match std::fs::canonicalize(&joined) {
+                        Ok(p) => inside_view(v, &p, &src)?,
+                        Err(_) => joined,
+                    };
+                    out.push(Bind::Path { src: path.to_string_lossy().into_owned(), dst, ro: true });
                 }
-                let Some(v) = &self.view else {
-                    return Err(RuntimeError::BadRequest(format!("{src}: this target has no sharable namespace to bind from")));
-                };
-                if rw {
-                    return Err(RuntimeError::BadRequest(format!(
-                        "{src}: paths of the sharable namespace are read-only to containers (the host owns its file system); \
-                         write results to a volume of the target's private space instead, e.g. -v results:{dst}")));
+                BindSource::Volume(name) => {
+                    let path = self.root.parent().unwrap_or(&self.root).join("volumes").join(name);
+                    std::fs::create_dir_all(&path).map_err(|e| RuntimeError::io(&path, e))?;
+                    out.push(Bind::Path { src: path.to_string_lossy().into_owned(), dst, ro: access == Some(false) });
                 }
-                let path = v.path().join(src.trim_start_matches('/'));
-                out.push((path.to_string_lossy().into_owned(), dst.to_string(), true));
-            } else {
-                if src.is_empty() || !src.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) {
-                    return Err(RuntimeError::BadRequest(format!("invalid volume name {src:?}: [a-zA-Z0-9][a-zA-Z0-9_.-]")));
-                }
-                let path = self.root.parent().unwrap_or(&self.root).join("volumes").join(src);
-                std::fs::create_dir_all(&path).map_err(|e| RuntimeError::io(&path, e))?;
-                out.push((path.to_string_lossy().into_owned(), dst.to_string(), mode.split(',').any(|m| m == "ro")));
             }
         }
         Ok(out)
+    }
+
+    /// The file `src` (`rel` below the view's root) as a container may write it: a
+    /// regular file of the sharable namespace whose every byte lives in a written extent
+    /// of its own. Looked up on the view as it is now (refresh it first).
+    fn probe(&self, rel: &str, src: &str, dst: &str) -> Result<(ExtentMap, std::fs::Metadata), RuntimeError> {
+        let bad = |why: String| RuntimeError::BadRequest(format!("{src}: {why}"));
+        let Some(v) = &self.view else { return Err(bad("this target has no sharable namespace to bind from".into())) };
+        let Some(image) = v.image() else { return Err(bad("this target has no sharable namespace to bind from".into())) };
+        let canonical = std::fs::canonicalize(v.path().join(rel))
+            .map_err(|e| bad(format!("{e} in the sharable namespace (create and pre-allocate it on the host, then `sync`)")))?;
+        let path = inside_view(v, &canonical, src)?;
+        let meta = std::fs::metadata(&path).map_err(|e| bad(e.to_string()))?;
+        if meta.is_dir() {
+            return Err(bad(format!(
+                "a directory, and directories of the sharable namespace are read-only to containers (the host owns its file system): \
+                 bind a file the host pre-allocated instead (e.g. -v {}/out.bin:{dst}:rw), or write to a volume of the target's \
+                 private space (-v results:{dst})",
+                src.trim_end_matches('/')
+            )));
+        }
+        if !meta.is_file() {
+            return Err(bad("not a regular file; containers write only regular files the host pre-allocated".into()));
+        }
+        let file = std::fs::File::open(&path).map_err(|e| bad(e.to_string()))?;
+        let raw = extents::fiemap(&file).map_err(|e| bad(format!("its extents cannot be read (FIEMAP: {e}); the sharable namespace's file system must report them (ext4, xfs)")))?;
+        let device = media_len(image).map_err(|e| RuntimeError::io(image, e))?;
+        let map = ExtentMap::new(meta.len(), &raw, device).map_err(|u| bad(format!("cannot be written by a container: {u}")))?;
+        Ok((map, meta))
+    }
+
+    /// Resolves a container's bindings for a run: each writable file gets its entry in the
+    /// FUSE mount and a fence on its blocks, recorded in the container so that the run's
+    /// end releases them. On error nothing stays held.
+    pub(crate) fn mounts(&self, c: &Container) -> Result<Vec<(String, String, bool)>, RuntimeError> {
+        let binds = self.binds(&c.spec)?;
+        let mut out = Vec::with_capacity(binds.len());
+        for b in binds {
+            match b {
+                Bind::Path { src, dst, ro } => out.push((src, dst, ro)),
+                Bind::File { rel, src, dst } => match self.hold_file(c, &rel, &src, &dst) {
+                    Ok(path) => out.push((path.to_string_lossy().into_owned(), dst, false)),
+                    Err(e) => {
+                        self.release_files(c);
+                        return Err(e);
+                    }
+                },
+            }
+        }
+        Ok(out)
+    }
+
+    fn hold_file(&self, c: &Container, rel: &str, src: &str, dst: &str) -> Result<PathBuf, RuntimeError> {
+        let (map, meta) = self.probe(rel, src, dst)?;
+        let files = self.writable_files()?;
+        let extents = map.fence();
+        let (ino, path) = files.add(map, &meta, src)?;
+        let fence = self.fence.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let id = match fence.map(|f| f.hold(rel, &extents)).transpose() {
+            Ok(id) => id,
+            Err(e) => {
+                files.remove(ino);
+                return Err(RuntimeError::Setup(format!("{src}: cannot fence its blocks against host writes: {e}")));
+            }
+        };
+        c.lock().held.push(HeldFile { ino, fence: id });
+        Ok(path)
+    }
+
+    /// Releases the writable files of a container's run: their entries go (the data is
+    /// on the media already) and so do their fences, which refreshes the view.
+    pub(crate) fn release_files(&self, c: &Container) {
+        let held = std::mem::take(&mut c.lock().held);
+        if held.is_empty() {
+            return;
+        }
+        let files = self.files.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let fence = self.fence.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for h in held {
+            if let Some(f) = &files {
+                f.remove(h.ino);
+            }
+            if let (Some(f), Some(id)) = (&fence, h.fence) {
+                f.release(id);
+            }
+        }
+    }
+
+    fn writable_files(&self) -> Result<Arc<WritableFiles>, RuntimeError> {
+        let mut g = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = &*g {
+            return Ok(f.clone());
+        }
+        let image = self.view.as_ref().and_then(|v| v.image()).ok_or_else(|| RuntimeError::BadRequest("this target has no sharable namespace".into()))?;
+        let dir = self.runc_root.parent().unwrap_or(&self.runc_root).join("files");
+        let f = Arc::new(WritableFiles::mount(&dir, image)?);
+        *g = Some(f.clone());
+        Ok(f)
     }
 
     /// `docker start`: starts a created or exited container (a running one is left alone).
@@ -562,11 +822,31 @@ impl Runtime {
         if c.layers.is_empty() && self.images.get(&c.image_id).is_err() {
             return Err(RuntimeError::Conflict(format!("the image of container {} was removed", c.name)));
         }
+        let started = self.run(&c).await;
+        if started.is_err() {
+            c.unpublish();
+            self.release_files(&c);
+            // As dockerd: a `--rm` container that cannot start is removed, or the CLI,
+            // which waits for its removal, would wait for ever.
+            if c.spec.auto_remove {
+                let _ = self.remove(&c.id, true).await;
+            }
+        }
+        started.map(|_| true)
+    }
+
+    /// Refreshes the view, publishes the container's ports, then starts its process.
+    async fn run(self: &Arc<Self>, c: &Arc<Container>) -> Result<(), RuntimeError> {
         if let Some(v) = &self.view {
             // The container starts on the host's latest data.
             v.refresh()?;
         }
-        process::start(self, &c).await.map(|_| true)
+        if !c.spec.ports.is_empty() {
+            let ip = *self.publish_ip.lock().unwrap_or_else(|e| e.into_inner());
+            let proxy = ports::publish(&c.spec.ports, ip, &self.runc_root, &c.id)?;
+            c.lock().proxy = Some(proxy);
+        }
+        process::start(self, c).await
     }
 
     /// `docker stop`: SIGTERM, then SIGKILL after `timeout`. False if it was not running.
@@ -577,10 +857,10 @@ impl Runtime {
         }
         let mut rx = c.exits();
         let before = rx.borrow().exits;
-        let _ = process::signal(self, &c.id, "TERM").await;
+        let _ = self.signal_running(&c, "TERM").await;
         let ended = tokio::time::timeout(timeout, rx.wait_for(|e| e.exits > before)).await.is_ok();
         if !ended {
-            let _ = process::signal(self, &c.id, "KILL").await;
+            let _ = self.signal_running(&c, "KILL").await;
             let _ = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|e| e.exits > before)).await;
         }
         Ok(true)
@@ -600,7 +880,22 @@ impl Runtime {
         if !matches!(c.state(), RunState::Running { .. }) {
             return Err(RuntimeError::Conflict(format!("Cannot kill container: {key}: container {} is not running", &c.id[..12])));
         }
-        process::signal(self, &c.id, signal).await
+        self.signal_running(&c, signal).await
+    }
+
+    /// Signals a running container. Its state turns Running when `runc run` is spawned,
+    /// a moment before runc has made the container: a signal in that moment finds no
+    /// container, so it is tried again while the container still counts as running.
+    async fn signal_running(&self, c: &Container, signal: &str) -> Result<(), RuntimeError> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        loop {
+            match process::signal(self, &c.id, signal).await {
+                Err(_) if std::time::Instant::now() < deadline && matches!(c.state(), RunState::Running { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                r => return r,
+            }
+        }
     }
 
     /// `docker rm`: refuses a running container unless `force` (which kills it first).
@@ -613,7 +908,7 @@ impl Runtime {
             }
             let mut rx = c.exits();
             let before = rx.borrow().exits;
-            let _ = process::signal(self, &c.id, "KILL").await;
+            let _ = self.signal_running(&c, "KILL").await;
             let _ = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|e| e.exits > before)).await;
         }
         if self.all().remove(&c.id).is_none() {
@@ -631,10 +926,28 @@ impl Runtime {
         for c in all {
             let _ = self.stop(&c.id, Duration::from_secs(2)).await;
         }
+        drop(self.files.lock().unwrap_or_else(|e| e.into_inner()).take());
         if let Some(v) = &self.view {
             v.close();
         }
     }
+}
+
+/// `path` (canonical) if it lies in the view of the sharable namespace, on its file system.
+fn inside_view(v: &SharableView, path: &Path, src: &str) -> Result<PathBuf, RuntimeError> {
+    use std::os::unix::fs::MetadataExt;
+    let root = v.path();
+    let same_fs = || Some(std::fs::metadata(&root).ok()?.dev() == std::fs::metadata(path).ok()?.dev());
+    if !path.starts_with(&root) || same_fs() == Some(false) {
+        return Err(RuntimeError::BadRequest(format!("{src}: leads outside the sharable namespace (a symbolic link?); bind the path it points to")));
+    }
+    Ok(path.to_path_buf())
+}
+
+/// Bytes of a file or block device.
+fn media_len(p: &Path) -> std::io::Result<u64> {
+    use std::io::Seek;
+    std::fs::File::open(p)?.seek(std::io::SeekFrom::End(0))
 }
 
 fn random_id() -> String {
@@ -662,8 +975,41 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let kv = dir.path().join("kv-mount");
         let binds = runtime(dir.path(), Some(kv.clone())).binds(&CreateSpec::default()).unwrap();
-        assert_eq!(binds, vec![(kv.to_string_lossy().into_owned(), KV_MOUNT.to_string(), false)]);
+        assert_eq!(binds, vec![Bind::Path { src: kv.to_string_lossy().into_owned(), dst: KV_MOUNT.to_string(), ro: false }]);
         let binds = runtime(dir.path(), None).binds(&CreateSpec::default()).unwrap();
-        assert!(binds.iter().all(|(_, dst, _)| dst != KV_MOUNT), "no KV store, no /kv");
+        assert!(binds.iter().all(|b| !matches!(b, Bind::Path { dst, .. } if dst == KV_MOUNT)), "no KV store, no /kv");
+    }
+
+    #[test]
+    fn bind_strings_are_parsed_and_bad_ones_refused() {
+        let s = |x: &str| BindSource::Sharable(x.into());
+        assert_eq!(parse_bind("/d/x:/in:ro"), Ok((s("d/x"), "/in".into(), Some(false))));
+        assert_eq!(parse_bind("/out.bin:/out:rw"), Ok((s("out.bin"), "/out".into(), Some(true))));
+        assert_eq!(parse_bind("results:/out"), Ok((BindSource::Volume("results".into()), "/out".into(), None)));
+        assert_eq!(parse_bind("/:/all:z,ro"), Ok((s(""), "/all".into(), Some(false))));
+        for bad in ["x", "a:b:c:d", "/x:rel", "/x:/a/../b", "/../x:/y", "v:/y:rx", "/x:/y:ro,rw", "bad name:/y", ":/y"] {
+            assert!(parse_bind(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_writable_sharable_path_needs_a_sharable_namespace() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = CreateSpec { binds: vec!["/out.bin:/out:rw".into()], ..Default::default() };
+        let e = runtime(dir.path(), None).binds(&spec).unwrap_err();
+        assert_eq!(e.http_status(), 400);
+        assert!(e.to_string().contains("no sharable namespace"), "{e}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parsed_binds_never_climb_and_are_absolute(b in "[/a-z.:_-]{0,24}") {
+            if let Ok((src, dst, _)) = parse_bind(&b) {
+                proptest::prop_assert!(dst.starts_with('/') && !dst.split('/').any(|c| c == ".."));
+                if let BindSource::Sharable(rel) = src {
+                    proptest::prop_assert!(!rel.starts_with('/') && !rel.split('/').any(|c| c == ".."));
+                }
+            }
+        }
     }
 }

@@ -37,7 +37,7 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
     let dir = c.dir.clone();
     let rootfs = dir.join("rootfs");
     mount_rootfs(&c.layers, &dir, &rootfs)?;
-    let binds = rt.binds(&c.spec)?;
+    let binds = rt.mounts(c)?;
     let short = &c.id[..12];
     let cgroup = format!("/insitu/{}", c.id);
     let config = runtime_config(&SpecInput {
@@ -53,6 +53,7 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
         cgroup: &cgroup,
         tty: c.spec.tty,
         console_size: c.spec.console_size,
+        host_network: c.spec.network == super::NetworkMode::Host,
         data_read_bps: rt.limits.data_read_bps.zip(rt.view.as_ref().and_then(|v| v.device())).map(|(bps, (major, minor))| (major, minor, bps)),
     });
     let cfg_path = dir.join("config.json");
@@ -210,6 +211,10 @@ async fn finish(rt: &Arc<Runtime>, c: &Arc<Container>, code: i32) {
     let _ = std::fs::write(c.dir.join("exit-code"), code.to_string());
     let _ = Command::new("runc").arg("--root").arg(&rt.runc_root).args(["delete", "--force", &c.id]).output().await;
     let _ = unmount(&c.dir.join("rootfs"));
+    // Before waiters hear of the exit: once `docker wait` returns, the host may take its
+    // files back.
+    rt.release_files(c);
+    c.unpublish();
     c.exited(code);
     if c.spec.auto_remove {
         let _ = rt.remove(&c.id, true).await;

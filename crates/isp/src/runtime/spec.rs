@@ -42,6 +42,9 @@ pub struct SpecInput<'a> {
     /// container may read from it: the device model's internal read rate, so that a
     /// container reads its data no faster than the modelled drive delivers it.
     pub data_read_bps: Option<(u32, u32, u64)>,
+    /// Whether the container shares the target daemon's network namespace
+    /// (`--network host`) instead of having one of its own with loopback only.
+    pub host_network: bool,
 }
 
 /// Docker's default capabilities: enough for ordinary programs, nothing that administers
@@ -109,6 +112,10 @@ pub fn runtime_config(s: &SpecInput) -> Value {
         resources["blockIO"] = json!({"throttleReadBpsDevice": [{"major": major, "minor": minor, "rate": rate}]});
     }
     let caps: Vec<&str> = CAPS.to_vec();
+    let mut namespaces = vec![json!({"type": "pid"}), json!({"type": "network"}), json!({"type": "ipc"}), json!({"type": "uts"}), json!({"type": "mount"}), json!({"type": "cgroup"})];
+    if s.host_network {
+        namespaces.retain(|n| n["type"] != "network");
+    }
     let mut config = json!({
         "ociVersion": "1.0.2",
         "process": {
@@ -127,7 +134,7 @@ pub fn runtime_config(s: &SpecInput) -> Value {
         "linux": {
             "cgroupsPath": s.cgroup,
             "resources": resources,
-            "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "cgroup"}],
+            "namespaces": namespaces,
             "rootfsPropagation": "rslave",
             "seccomp": {
                 "defaultAction": "SCMP_ACT_ALLOW",
@@ -154,6 +161,7 @@ mod tests {
         SpecInput {
             rootfs: Path::new("/x/rootfs"), args: &[], env: &[], cwd: "/", hostname: "h", binds,
             cpus: Some(1.5), memory: Some(64 << 20), pids: 256, cgroup: "/insitu/c", tty: false, console_size: None, data_read_bps: None,
+            host_network: false,
         }
     }
 
@@ -180,6 +188,9 @@ mod tests {
         assert_eq!(devs[0]["allow"], false);
         assert!(devs.iter().skip(1).all(|d| d["type"] == "c"));
         assert_eq!(c["process"]["terminal"], false);
+        let own_net = |c: &Value| c["linux"]["namespaces"].as_array().unwrap().iter().any(|n| n["type"] == "network");
+        assert!(own_net(&c), "a network namespace of its own by default");
+        assert!(!own_net(&runtime_config(&SpecInput { host_network: true, ..input(&binds) })), "--network host shares the target's");
     }
 
     #[test]

@@ -39,6 +39,11 @@ impl SharableView {
         Ok(SharableView { image: image.map(Path::to_path_buf), dir: dir.to_path_buf(), generation: Mutex::new(0), device: Mutex::new(None) })
     }
 
+    /// The namespace's image or block device, if any.
+    pub fn image(&self) -> Option<&Path> {
+        self.image.as_deref()
+    }
+
     /// The directory containers bind at `/data`.
     pub fn path(&self) -> PathBuf {
         self.dir.join("data")
