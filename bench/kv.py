@@ -10,6 +10,7 @@ bench/results/kv.{json,md,png}. Usage: bench/kv.py [-- --records N --operations 
 re-renders a result. $INSITU overrides the insitu command (default: .venv/bin/insitu).
 """
 
+import json
 import sys
 
 import report
@@ -32,6 +33,13 @@ def markdown(r: dict) -> str:
     s += f"YCSB: {r['records']} records of {r['ycsb']['field_count']} x {r['ycsb']['field_bytes']} B, "
     s += f"{r['operations']} operations per workload, Zipfian {r['ycsb']['zipfian_constant']}; db_bench: {r['db_bench']['entries']} entries. "
     s += f"Redirection crosses NVMe/TCP paced as {r['link']}. Every value read was checked against what was written.\n\n"
+    if "drive_applied" in r:
+        s += f"Drive model `{r['drive']}` on every stack:\n\n"
+        for sname in SYSTEMS:
+            if sname in r["drive_applied"]:
+                how = r["drive_applied"][sname]
+                s += f"- {sname}: {how if isinstance(how, str) else json.dumps(how)}\n"
+        s += "\n"
     s += "| workload | system | ops/s | p50 µs | p99 µs | direct / this |\n|---|---|---:|---:|---:|---:|\n"
     for w in _workloads(r):
         d = rows.get((w, "direct"))
