@@ -47,7 +47,7 @@ def main() -> None:
                     self.method = method
 
         remote.TargetStore = Store
-        remote.params = (lambda *x, **y: base_params(*x, **y)._replace(pages=0)) if not capped else base_params
+        remote.params = (lambda *x, **y: base_params(*x, **{**y, "paged": False})._replace(pages=0)) if not capped else base_params
 
     pool = TargetPool.embedded(1, a.dir, 1 << 30, 1 << 30, None)
     try:

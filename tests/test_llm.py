@@ -165,8 +165,9 @@ def test_sparf_reads_at_most_a_quarter_of_dense(evals):
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "SmolLM2-135M (3 query heads per KV head, head size 64) is not sparse enough for 1/8: even exact "
-    "top-k attention over S/16 tokens costs +7% perplexity on this text, SparF without the page cap "
-    "+16-27%, with it about +40-55%. The media bound (previous test) holds."))
+    "Holds on this window (+2.1% at 0.217 of dense's media) but not on others of the same text "
+    "(+8.5% at 1,200 tokens, +19% at 1,024 with 127 scored, +18% at 2,500): SmolLM2-135M (3 query "
+    "heads per KV head, head size 64) spreads its attention too widely for page-granular 1/8, and "
+    "pages chosen by exact attention leave a similar gap. The media bound (previous test) holds."))
 def test_sparf_perplexity_within_5_percent_of_dense(evals):
     assert evals["sparf"]["perplexity"] <= 1.05 * evals["memory"]["perplexity"]

@@ -112,11 +112,16 @@ def test_sparf_reference_target_and_flexgen_agree(pool, tokens):
 
 
 def test_sparf_params_follow_the_ratio():
+    q = sparf.params(0.125, 64, 1024, paged=False)
+    assert (q.r, q.k, q.local) == (8, 64, 16)
+    # SparQ: r·S + 2·k·D is the ratio of dense's 2·S·D elements.
+    assert q.r * 1024 + 2 * q.k * 64 == 0.125 * 2 * 1024 * 64
+    # SparF: 9/8 of the ratio of the token pages, and every token of the pages in reach
+    # (the first, the chosen and the local tokens' pages).
     p = sparf.params(0.125, 64, 1024)
-    assert (p.r, p.k, p.local, p.pages) == (8, 64, 16, 8)
-    # r·S + 2·k·D is the ratio of dense's 2·S·D elements.
-    assert p.r * 1024 + 2 * p.k * 64 == 0.125 * 2 * 1024 * 64
-    assert sparf.params(0.125, 64, 3) == (8, 1, 1, 1)
+    assert (p.r, p.local, p.pages) == (8, 16, 9)
+    assert p.k == (9 + 2) * 16 + 16
+    assert sparf.params(0.125, 64, 3) == (8, 3 * 16 + 1, 1, 1)
     with pytest.raises(ValueError, match="ratio"):
         sparf.params(0, 64, 10)
 

@@ -187,7 +187,7 @@ class FlexGenStore(KVStore):
 
     def _sparf(self, i, b, layer, h, q, scale, p):
         row = self.rows[i][(b, layer)]
-        dims = sparf.select_dims(q, p.r)
+        dims = sparf.select_dims(q, p.r, shared=True)
         cols = torch.zeros(self.head_dim, row.n)
         for d in sorted(set(dims.flatten().tolist())):
             if row.dim:

@@ -11,8 +11,8 @@ link carries q, k, v and the outputs, never the cache.
 
 SparF (``method="sparf"``) takes ``r``, ``k``, ``local`` and the page cap from
 :func:`insitu.llm.sparf.params` at each step, for the longest sequence of the batch (one
-request carries one ``k``); ``"sparq"`` is the same selection without the page cap,
-counted at element granularity.
+request carries one ``k``); ``"sparq"`` is SparQ's selection (each query row its own
+components and ``k`` tokens, no page cap), counted at element granularity.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class TargetStore(KVStore):
             self.tokens = [n + 1 for n in self.tokens]
         p = (0, 0, 0, 0)
         if self.method != "dense":
-            p = params(self.ratio, D, max(self.tokens), self.tokens_per_page)
+            p = params(self.ratio, D, max(self.tokens), self.tokens_per_page, paged=self.method == "sparf")
         qg = q.reshape(B, self.kv_heads, self.group, D)
         futures = []
         for i, rng in enumerate(self.ranges):

@@ -39,12 +39,17 @@ pub enum Method {
     /// `r` is clamped to the head size; with `k` at least the number of tokens every token
     /// is kept, α is 1 and the call is computed (and counted) as [`Method::Dense`].
     ///
-    /// `pages` caps the token pages read besides those of the local tokens (0: no cap). With
-    /// grouped-query attention every query row picks its own tokens, and on real models
-    /// their union touches about half of the pages at a 1/8 ratio, so without a cap the
-    /// first loading step saves little. With a cap, the pages are chosen first, by the
-    /// highest approximate score any row gives a token in them, and each row's `k` tokens
-    /// come from those pages (flash-aware selection: the page is the unit the drive reads).
+    /// `pages` caps the token pages read besides the first one and those of the local
+    /// tokens (0: no cap). With grouped-query attention every query row picks its own
+    /// tokens, and on real models their union touches about half of the pages at a 1/8
+    /// ratio, so without a cap the first loading step saves little. With a cap the KV head
+    /// selects as a whole (flash-aware selection: the page is the unit the drive reads):
+    /// its rows share the `r` components of largest `Σ |q_row| / ‖q_row‖₁`, so `r`
+    /// dimension pages are read rather than up to `rows · r`; the token pages are chosen
+    /// before the tokens, the first page (the attention sink) and the local tokens' always,
+    /// and the `pages` others on which some row puts the most approximate weight (its ŝ
+    /// summed over the page); each row's `k` tokens come from those pages, all of them when
+    /// `k` is at least their count.
     SparF {
         /// Query components kept.
         r: usize,

@@ -54,13 +54,33 @@ pub(super) fn attend(
     // Checked before any page is read, so a store with a bad V sum costs no reads.
     let mean = v_mean(head)?;
 
-    // Step 1: each row's `r` largest-magnitude components, ascending.
+    // Step 1: each row's `r` largest-magnitude components, ascending. With a page budget
+    // the KV head's rows share one choice, the `r` largest of Σ |q_row| / ‖q_row‖₁: every
+    // row then scores with `r` components for `r` dimension pages, where separate choices
+    // would read up to `rows · r` pages and leave less of the budget for token pages.
     let mut dims = Vec::with_capacity(rows);
-    for qr in qd.chunks_exact(hd) {
+    if plan.budget > 0 {
+        let mut weight = vec![0f64; hd];
+        for qr in qd.chunks_exact(hd) {
+            let l1: f64 = qr.iter().map(|x| x.abs()).sum();
+            if l1 > 0.0 {
+                weight
+                    .iter_mut()
+                    .zip(qr)
+                    .for_each(|(w, x)| *w += x.abs() / l1);
+            }
+        }
         top_k(hd, plan.r, &mut order, |a, b| {
-            qr[b].abs().total_cmp(&qr[a].abs()).then(a.cmp(&b))
+            weight[b].total_cmp(&weight[a]).then(a.cmp(&b))
         });
-        dims.push(order.clone());
+        dims.resize(rows, order.clone());
+    } else {
+        for qr in qd.chunks_exact(hd) {
+            top_k(hd, plan.r, &mut order, |a, b| {
+                qr[b].abs().total_cmp(&qr[a].abs()).then(a.cmp(&b))
+            });
+            dims.push(order.clone());
+        }
     }
 
     // Steps 2-4: approximate scores from the dimension groups holding a selected component.
@@ -95,25 +115,33 @@ pub(super) fn attend(
         softmax(s);
     }
 
-    // With a page budget, the pages come first: those of the local tokens, and the
-    // `budget` others holding the best approximate score of any row. Tokens elsewhere are
+    // With a page budget, the pages come first: the first page (the attention sink most
+    // heads lean on), those of the local tokens, and the `budget` others on which some row
+    // puts the most approximate weight (the sum of its ŝ over the page's tokens: a page is
+    // worth reading for all its tokens, not for its single best one). Tokens elsewhere are
     // out of reach (ranked below every token in reach).
     let first_local = n - plan.local;
     let groups_n = layout.token_groups(n);
     let mut reach = vec![true; n];
     if plan.budget > 0 {
         let local_from = first_local / tpp;
-        let best: Vec<f64> = (0..groups_n)
+        let mass: Vec<f64> = (0..groups_n)
             .map(|g| {
                 let t = g * tpp..n.min((g + 1) * tpp);
-                shat.chunks_exact(n).flat_map(|s| s[t.clone()].iter().copied()).fold(0.0, f64::max)
+                shat.chunks_exact(n)
+                    .map(|s| s[t.clone()].iter().fold(0.0, |a, &x| a + x))
+                    .fold(0.0, f64::max)
             })
             .collect();
         let candidates = if plan.local > 0 { local_from.min(groups_n) } else { groups_n };
         let mut pick = Vec::new();
-        top_k(candidates, plan.budget, &mut pick, |a, b| best[b].total_cmp(&best[a]).then(a.cmp(&b)));
-        let mut allowed: Vec<bool> = (0..groups_n).map(|g| g >= candidates).collect();
-        pick.iter().for_each(|&g| allowed[g] = true);
+        if candidates > 1 {
+            top_k(candidates - 1, plan.budget, &mut pick, |a, b| {
+                mass[b + 1].total_cmp(&mass[a + 1]).then(a.cmp(&b))
+            });
+        }
+        let mut allowed: Vec<bool> = (0..groups_n).map(|g| g == 0 || g >= candidates).collect();
+        pick.iter().for_each(|&g| allowed[g + 1] = true);
         reach.iter_mut().enumerate().for_each(|(t, x)| *x = allowed[t / tpp]);
     }
     let k = plan.k.min(reach.iter().filter(|&&x| x).count()).max(1);

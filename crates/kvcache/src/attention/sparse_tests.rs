@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use proptest::prelude::*;
 
 use super::testutil::{
-    assert_close, dense_ref, layout, run, scale_of, sparf_ref, MemHead, Read, Rng, SHAPES,
+    assert_close, dense_ref, layout, run, scale_of, sparf_capped_ref, sparf_ref, MemHead, Read, Rng, SHAPES,
 };
 use super::Method;
 use crate::{AttendStats, Kind};
@@ -239,20 +239,57 @@ fn a_page_cap_bounds_the_token_pages_read() {
         let groups = l.token_groups(tokens);
         let uncapped = run(&h, &q, 0.3, Method::SparF { r, k, local, pages: 0 });
         h.take_reads();
-        // A cap no smaller than the pages there are changes nothing.
-        assert_eq!(run(&h, &q, 0.3, Method::SparF { r, k, local, pages: groups }), uncapped);
-        h.take_reads();
         for cap in [1, 4, 9] {
             let (out, stats) = run(&h, &q, 0.3, Method::SparF { r, k, local, pages: cap });
             assert!(out.iter().all(|x| x.is_finite()));
             let reads = h.take_reads();
-            let local_pages: HashSet<usize> = ((tokens - local) / l.tokens_per_page..groups).collect();
+            // The first page (the attention sink) is read besides the cap, like the local ones.
+            let mut local_pages: HashSet<usize> = ((tokens - local) / l.tokens_per_page..groups).collect();
+            local_pages.insert(0);
             for kind in [Kind::K, Kind::V] {
                 let read: HashSet<usize> =
                     reads.iter().filter_map(|r| match r { Read::Token(k2, g) if *k2 == kind => Some(*g), _ => None }).collect();
                 assert!(read.difference(&local_pages).count() <= cap, "{shape:?} cap {cap}: {kind:?} pages {read:?}");
             }
             assert!(stats.pages_read < uncapped.1.pages_read, "{shape:?} cap {cap}: {stats:?} vs {:?}", uncapped.1);
+        }
+    }
+}
+
+#[test]
+fn a_page_cap_shares_components_and_picks_pages_by_mass() {
+    let mut rng = Rng::new(12);
+    for shape in SHAPES {
+        let l = layout(shape);
+        for (tokens, group, r, k, local, pages) in [
+            (1100, 3, 4, 400, 17, 6),
+            (1100, 3, 8, 40, 5, 9),
+            (300, 1, 2, 300 - 1, 1, 3),
+            (300, 4, 3, 50, 0, 2),
+            (40, 2, 3, 30, 39, 1),
+        ] {
+            let h = MemHead::random(l, tokens, &mut rng);
+            let q = rng.vec(group * l.head_dim);
+            let plan = (r, k, local, pages);
+            let (out, stats) = run(&h, &q, 0.3, Method::SparF { r, k, local, pages });
+            let reads = h.take_reads();
+            let want = sparf_capped_ref(&h, &q, 0.3, plan);
+            let what = format!("{shape:?} tokens {tokens} group {group} plan {plan:?}");
+            let mut expected = HashSet::new();
+            for (g, (o, i, j)) in want.iter().enumerate() {
+                assert_close(&out[g * l.head_dim..][..l.head_dim], o, 1e-6, &what);
+                assert_eq!(i.len(), r.min(l.head_dim), "{what}");
+                expected.extend(i.iter().map(|d| Read::Dim(d / l.dims_per_page)));
+                for t in j {
+                    expected.insert(Read::Token(Kind::K, t / l.tokens_per_page));
+                    expected.insert(Read::Token(Kind::V, t / l.tokens_per_page));
+                }
+            }
+            // The rows share their components: one set of dimension pages for the head.
+            assert!(want.windows(2).all(|w| w[0].1 == w[1].1), "{what}");
+            assert_eq!(reads.len(), expected.len(), "{what}: a page read twice");
+            assert_eq!(reads.into_iter().collect::<HashSet<_>>(), expected, "{what}");
+            assert!(stats.pages_read > 0, "{what}");
         }
     }
 }

@@ -221,6 +221,76 @@ pub fn sparf_ref(
     (out, i, j)
 }
 
+/// SparF with a page cap of `pages` for the query rows `q` of one KV head, written out
+/// plainly: the rows share the `r` components of largest `Σ |q_row| / ‖q_row‖₁`; the pages
+/// in reach are the first, the local tokens' and the `pages` others of largest page mass
+/// (a row's ŝ summed over the page, the largest over the rows); each row keeps its `k`
+/// best tokens in reach, the local ones first. Per row: the output, the components and the
+/// tokens kept.
+pub fn sparf_capped_ref(
+    h: &MemHead,
+    q: &[f32],
+    scale: f64,
+    (r, k, local, pages): (usize, usize, usize, usize),
+) -> Vec<(Vec<f64>, Vec<usize>, Vec<usize>)> {
+    let (hd, n, tpp) = (h.layout.head_dim, h.tokens(), h.layout.tokens_per_page);
+    let rows: Vec<&[f32]> = q.chunks(hd).collect();
+    let mut weight = vec![0f64; hd];
+    for qr in &rows {
+        let l1: f64 = qr.iter().map(|x| f64::from(x.abs())).sum();
+        if l1 > 0.0 {
+            for d in 0..hd {
+                weight[d] += f64::from(qr[d].abs()) / l1;
+            }
+        }
+    }
+    let mut i: Vec<usize> = (0..hd).collect();
+    i.sort_by(|&a, &b| weight[b].total_cmp(&weight[a]).then(a.cmp(&b)));
+    i.truncate(r.min(hd));
+    i.sort();
+    let s_hats: Vec<Vec<f64>> = rows
+        .iter()
+        .map(|qr| {
+            let l1: f64 = qr.iter().map(|x| f64::from(x.abs())).sum();
+            let l1_i: f64 = i.iter().map(|&d| f64::from(qr[d].abs())).sum();
+            let factor = if l1_i > 0.0 { scale / (l1_i / l1).sqrt() } else { scale };
+            softmax(
+                &(0..n)
+                    .map(|t| i.iter().map(|&d| f64::from(qr[d]) * f64::from(h.k[t * hd + d])).fold(0.0, |a, x| a + x) * factor)
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    let local = local.min(n);
+    let groups = n.div_ceil(tpp);
+    let local_from = if local > 0 { ((n - local) / tpp).min(groups) } else { groups };
+    let mass = |g: usize| {
+        s_hats
+            .iter()
+            .map(|s| s[g * tpp..n.min((g + 1) * tpp)].iter().fold(0.0, |a, &x| a + x))
+            .fold(0.0, f64::max)
+    };
+    let mut others: Vec<usize> = (1..local_from).collect();
+    others.sort_by(|&a, &b| mass(b).total_cmp(&mass(a)).then(a.cmp(&b)));
+    others.truncate(pages);
+    let in_reach = |t: usize| t / tpp == 0 || t / tpp >= local_from || others.contains(&(t / tpp));
+    let mean: Vec<f64> = h.v_sum().iter().map(|s| s / n as f64).collect();
+    rows.iter()
+        .zip(&s_hats)
+        .map(|(qr, s_hat)| {
+            let is_local = |t: usize| t >= n - local;
+            let mut j: Vec<usize> = (0..n).filter(|&t| in_reach(t)).collect();
+            j.sort_by(|&a, &b| is_local(b).cmp(&is_local(a)).then(s_hat[b].total_cmp(&s_hat[a])).then(a.cmp(&b)));
+            j.truncate(k);
+            j.sort();
+            let alpha: f64 = j.iter().map(|&t| s_hat[t]).sum();
+            let att = attention(h, qr, scale, &j);
+            let out = att.iter().zip(&mean).map(|(a, m)| alpha * a + (1.0 - alpha) * m).collect();
+            (out, i.clone(), j)
+        })
+        .collect()
+}
+
 /// A small deterministic generator (xorshift64*), so failures reproduce.
 pub struct Rng(u64);
 
