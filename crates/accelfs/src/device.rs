@@ -30,6 +30,26 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// A boxed device is a device, so that a caller can choose one at run time (paced or not,
+/// say) and hand it to [`Fs`](crate::Fs) alike.
+impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        (**self).read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        (**self).write_at(buf, offset)
+    }
+    fn sync(&self) -> io::Result<()> {
+        (**self).sync()
+    }
+    fn len(&self) -> u64 {
+        (**self).len()
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+}
+
 fn out_of_range(offset: u64, n: usize, len: u64) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, format!("a {n}-byte transfer at offset {offset} reaches past the device's end ({len} bytes)"))
 }

@@ -37,7 +37,7 @@ use crate::dbbench::{db_bench_key, DbBench, DB_BENCH_VALUE_SIZES as DB_VALUES};
 use crate::ycsb::{Op, Workload, Ycsb, YcsbConfig, FIELD_LEN};
 use crate::Error;
 use insitu_kvstore::wire::{Key, StoreMode};
-use insitu_accelfs::{FileDevice, Fs};
+use insitu_accelfs::{BlockDevice, FileDevice, Fs};
 use insitu_kvstore::{KvStore, KvStoreError, PacedDevice};
 use insitu_model::DeviceModel;
 use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
@@ -138,13 +138,11 @@ impl Direct {
 
     /// accelfs on the image, formatted or opened, paced by the drive model if there is one.
     fn mount(image: &Path, pacing: Option<Arc<dyn insitu_media::Pacing>>, format: bool) -> Result<Fs, Error> {
-        let dev = FileDevice::open(image).map_err(|e| format!("{}: {e}", image.display()))?;
-        let fs = match (pacing, format) {
-            (Some(p), true) => Fs::format(PacedDevice::new(dev, p, 0), FS_CACHE),
-            (Some(p), false) => Fs::open(PacedDevice::new(dev, p, 0), FS_CACHE),
-            (None, true) => Fs::format(dev, FS_CACHE),
-            (None, false) => Fs::open(dev, FS_CACHE),
-        };
+        let mut dev: Box<dyn BlockDevice> = Box::new(FileDevice::open(image).map_err(|e| format!("{}: {e}", image.display()))?);
+        if let Some(p) = pacing {
+            dev = Box::new(PacedDevice::new(dev, p, 0));
+        }
+        let fs = if format { Fs::format(dev, FS_CACHE) } else { Fs::open(dev, FS_CACHE) };
         fs.map_err(|e| format!("accelfs on {}: {e}", image.display()).into())
     }
 }
@@ -228,16 +226,11 @@ impl Files for Mounted {
         let err = |e: std::io::Error| format!("{}: {e}", path.display());
         let mut f = std::fs::File::create(&path).map_err(err)?;
         std::io::Write::write_all(&mut f, data).map_err(err)?;
-        match &self.flush_model {
-            Some(p) => {
-                use insitu_media::Pacing;
-                let _ = p.on_write(0, data.len() as u64);
-                let done = p.on_flush();
-                f.sync_all().map_err(err)?;
-                p.wait_until(done);
-            }
-            None => f.sync_all().map_err(err)?,
+        let model = self.flush_model.as_deref().map(|p| p as &dyn insitu_media::Pacing);
+        if let Some(p) = model {
+            let _ = p.on_write(0, data.len() as u64);
         }
+        insitu_media::paced_flush(model, || f.sync_all()).map_err(err)?;
         Ok(())
     }
     fn read_at(&mut self, name: &str, buf: &mut [u8], offset: u64) -> Result<usize, Error> {

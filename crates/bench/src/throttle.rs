@@ -78,11 +78,7 @@ impl<B: redb::StorageBackend> redb::StorageBackend for FlushPaced<B> {
         self.inner.set_len(len)
     }
     fn sync_data(&self) -> std::io::Result<()> {
-        use insitu_media::Pacing;
-        let done = self.pacing.on_flush();
-        self.inner.sync_data()?;
-        self.pacing.wait_until(done);
-        Ok(())
+        insitu_media::paced_flush(Some(&*self.pacing), || self.inner.sync_data())
     }
     fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
         use insitu_media::Pacing;

@@ -53,10 +53,7 @@ impl<D: BlockDevice> BlockDevice for PacedDevice<D> {
 
     /// Waits, like the drive's flush, until the writes its cache acknowledged are durable.
     fn sync(&self) -> io::Result<()> {
-        let done = self.pacing.on_flush();
-        self.inner.sync()?;
-        self.pacing.wait_until(done);
-        Ok(())
+        insitu_media::paced_flush(Some(&*self.pacing), || self.inner.sync())
     }
 
     fn len(&self) -> u64 {

@@ -268,13 +268,19 @@ impl Backing {
     /// Makes every completed write durable (`fdatasync`), taking as long as the timing
     /// model's flush at least.
     pub fn flush(&self) -> io::Result<()> {
-        let paced = self.pacing.as_ref().map(|p| (p, p.on_flush()));
-        self.buffered.sync_data()?;
-        if let Some((p, deadline)) = paced {
-            p.wait_until(deadline);
-        }
-        Ok(())
+        paced_flush(self.pacing.as_deref(), || self.buffered.sync_data())
     }
+}
+
+/// Runs `sync` (a real flush) under `pacing`: the modelled flush is booked first and waited
+/// for after, so the flush takes the longer of the real and the modelled time.
+pub fn paced_flush(pacing: Option<&dyn Pacing>, sync: impl FnOnce() -> io::Result<()>) -> io::Result<()> {
+    let deadline = pacing.map(|p| (p, p.on_flush()));
+    sync()?;
+    if let Some((p, d)) = deadline {
+        p.wait_until(d);
+    }
+    Ok(())
 }
 
 /// The range `[start, stop)` a direct read of `[offset, end)` covers: widened to

@@ -73,12 +73,11 @@ const KV_FS_CACHE: usize = 8 << 20;
 /// or formatted when the region is blank; paced like its namespace when it has a model.
 fn open_kv_fs(path: &std::path::Path, offset: u64, len: u64, pacing: Option<Arc<dyn insitu_media::Pacing>>) -> Result<insitu_accelfs::Fs, String> {
     let file = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(|e| format!("KV store in {}: {e}", path.display()))?;
-    let dev = insitu_accelfs::FileDevice::new(file, offset, len, path.display().to_string());
-    let opened = match pacing {
-        Some(p) => insitu_accelfs::Fs::open_or_format(insitu_kvstore::PacedDevice::new(dev, p, offset), KV_FS_CACHE),
-        None => insitu_accelfs::Fs::open_or_format(dev, KV_FS_CACHE),
-    };
-    opened.map_err(|e| {
+    let mut dev: Box<dyn insitu_accelfs::BlockDevice> = Box::new(insitu_accelfs::FileDevice::new(file, offset, len, path.display().to_string()));
+    if let Some(p) = pacing {
+        dev = Box::new(insitu_kvstore::PacedDevice::new(dev, p, offset));
+    }
+    insitu_accelfs::Fs::open_or_format(dev, KV_FS_CACHE).map_err(|e| {
         format!("the KV store's file system in the last {len} bytes of {}: {e} (a store made by an older insitu, or other data: use a blank image or zero that region; `insitu target fsck` checks it)", path.display())
     })
 }
