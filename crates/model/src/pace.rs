@@ -289,7 +289,8 @@ impl insitu_media::Pacing for Pacer {
         let Some(flash) = &self.flash else { return self.deadline(now) };
         let mut flash = lock(flash);
         let mut cache = lock(&self.write_cache);
-        let done = cache.flush(&mut flash, now);
+        let (done, booked) = cache.flush(&mut flash, now);
+        self.counters.writes.fetch_add(booked, Relaxed);
         let durable = if flash.config().power_loss_protection { done.saturating_sub(WRITE_CACHE_NS) } else { done };
         self.deadline(durable.max(now))
     }
@@ -314,8 +315,10 @@ mod tests {
         let cfg = FlashConfig { channels: 1, dies_per_channel: 1, page_bytes: 4096, program_us: 1000.0, channel_mb_s: 4096.0, power_loss_protection: true, ..FlashConfig::default() };
         let p = Pacer::new(Some(Flash::new(cfg, 1 << 20).unwrap()), None);
         p.on_write(0, 4096);
+        p.on_write(4096, 512);
         assert!(p.on_flush() <= Instant::now(), "the cache is durable: nothing to wait for");
-        assert_eq!(p.flash_stats().unwrap().host_pages_written, 1, "the page is still programmed");
+        assert_eq!(p.stats().writes, 2, "the whole page at once, the partial one at the flush");
+        assert_eq!(p.flash_stats().unwrap().host_pages_written, 2, "the pages are still programmed");
     }
 
     #[test]

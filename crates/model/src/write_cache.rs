@@ -66,14 +66,17 @@ impl WriteCache {
         booked
     }
 
-    /// Programs every open page at `now`; returns when all booked programs complete, ns.
-    pub(crate) fn flush(&mut self, flash: &mut Flash, now: u64) -> u64 {
+    /// Programs every open page at `now`; returns when all booked programs complete, ns,
+    /// and how many programs the flush booked.
+    pub(crate) fn flush(&mut self, flash: &mut Flash, now: u64) -> (u64, u64) {
+        let mut booked = 0;
         while let Some(lpn) = self.order.pop_front() {
             if self.open.contains_key(&lpn) {
                 self.program(flash, now, lpn);
+                booked += 1;
             }
         }
-        self.programmed_ns
+        (self.programmed_ns, booked)
     }
 
     /// When every program booked so far completes, ns.
@@ -111,10 +114,10 @@ mod tests {
         for _ in 0..10 {
             assert_eq!(c.write(&mut f, 0, 32768, 4096), 0);
         }
-        let done = c.flush(&mut f, 0);
-        assert_eq!(f.stats().host_pages_written, 2, "the flush programs the partial page once");
+        let (done, booked) = c.flush(&mut f, 0);
+        assert_eq!((f.stats().host_pages_written, booked), (2, 1), "the flush programs the partial page once");
         assert!(done >= 2_000_000, "two programs on one die: {done}");
-        assert_eq!(c.flush(&mut f, done), done, "nothing left to program");
+        assert_eq!(c.flush(&mut f, done), (done, 0), "nothing left to program");
     }
 
     #[test]
