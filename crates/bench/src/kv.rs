@@ -31,7 +31,7 @@
 use crate::common::{command, drop_caches, machine, Work};
 use crate::genome::{self, Files};
 use crate::image::{Fs as MkFs, Scratch};
-use crate::model::{parse_drive, parse_link};
+use crate::model::{drive_json, parse_drive, parse_link};
 use crate::throttle::{device_of, FlushPaced, Limits, Throttle};
 use crate::dbbench::{db_bench_key, DbBench, DB_BENCH_VALUE_SIZES as DB_VALUES};
 use crate::ycsb::{Op, Workload, Ycsb, YcsbConfig, FIELD_LEN};
@@ -671,7 +671,7 @@ pub fn kv(opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Json,
         "systems": opts.systems,
         "link": link_name,
         "drive": drive_name,
-        "drive_model": drive.as_ref().map_or(Json::Null, |d| serde_json::from_str(&d.to_json()).unwrap_or(Json::Null)),
+        "drive_model": drive_json(drive.as_ref()),
         "drive_applied": applied,
         "engine": format!("redb {} with a {} MiB cache, every change durable before it returns", "4", insitu_kvstore::CACHE_BYTES >> 20),
         "ycsb": {"field_count": crate::ycsb::FIELD_COUNT, "field_bytes": FIELD_LEN, "zipfian_constant": 0.99, "key_bytes": 16, "load_batch": LOAD_BATCH},

@@ -94,8 +94,12 @@ pub(crate) fn parse_link(s: &str) -> Result<Option<LinkConfig>, Error> {
 
 /// The models as JSON: the drive with its derived rates, and the link.
 pub(crate) fn models_json(m: &Models) -> Value {
-    let drive = m.drive.as_ref().map_or(Value::Null, |d| serde_json::from_str(&d.to_json()).unwrap_or(Value::Null));
-    json!({"drive": drive, "link": {"name": m.link_name, "config": m.link}})
+    json!({"drive": drive_json(m.drive.as_ref()), "link": {"name": m.link_name, "config": m.link}})
+}
+
+/// A drive model as JSON, with its derived rates; `null` for none.
+pub(crate) fn drive_json(d: Option<&DeviceModel>) -> Value {
+    d.map_or(Value::Null, |d| serde_json::from_str(&d.to_json()).unwrap_or(Value::Null))
 }
 
 #[cfg(test)]
