@@ -367,14 +367,31 @@ pub fn attach(rt: &Runtime, parked: &Arc<ParkedStdins>, id: &str, t: &Target, mu
     // run that began after this one ended.
     let exits = c.exits();
     let exits_before = exits.borrow().exits;
-    let stdin = if t.flag("stdin") { c.take_stdin().or_else(|| if tty { parked.take(&c.id) } else { None }) } else { None };
-    let stdin = StdinLease { tx: stdin, park: tty.then(|| (parked.clone(), c.id.clone(), exits, exits_before)) };
+    let want_in = t.flag("stdin");
+    let stdin = if want_in { c.take_stdin().or_else(|| if tty { parked.take(&c.id) } else { None }) } else { None };
+    let park = tty.then(|| (parked.clone(), c.id.clone(), exits, exits_before));
     let Some(mut out) = c.subscribe(true) else { return error(409, "the container is not running") };
     let upgrade = hyper::upgrade::on(&mut req);
+    let (parked, id) = (parked.clone(), c.id.clone());
     tokio::spawn(async move {
         let Ok(upgraded) = upgrade.await else { return };
         let (rd, mut wr) = tokio::io::split(TokioIo::new(upgraded));
-        let input = stdin.tx.is_some().then(|| tokio::spawn(forward_input(rd, stdin, tty.then(|| EscapeMatcher::new(keys)))));
+        // A TTY's input may still be held by the attach that just detached (see
+        // `ParkedStdins::take_within`); without a terminal it is handed over once only.
+        let waits = want_in && tty && stdin.is_none();
+        let input = (stdin.is_some() || waits).then(|| {
+            tokio::spawn(async move {
+                let tx = match stdin {
+                    Some(tx) => Some(tx),
+                    None => parked.take_within(&id, PARKED_INPUT_PATIENCE).await,
+                };
+                match tx {
+                    Some(tx) => forward_input(rd, StdinLease { tx: Some(tx), park }, tty.then(|| EscapeMatcher::new(keys))).await,
+                    // No input to give: the attach carries output until the run ends.
+                    None => std::future::pending().await,
+                }
+            })
+        });
         let output = async {
             while let Some((s, data)) = out.recv().await {
                 if (s == crate::runtime::STDOUT && !want_out) || (s == crate::runtime::STDERR && !want_err) {
@@ -409,6 +426,10 @@ pub fn attach(rt: &Runtime, parked: &Arc<ParkedStdins>, id: &str, t: &Target, mu
         .body(http_body_util::BodyExt::boxed(http_body_util::Empty::new()))
         .expect("static response parts")
 }
+
+/// How long a TTY attach waits for the container's input to be released by the attach
+/// before it (a detach is seen by the server a moment after the client hangs up).
+const PARKED_INPUT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A container's standard input, held by one attach. Dropped, it closes the input of a
 /// container without a terminal (as Docker's `docker run -i` does at the client's end of

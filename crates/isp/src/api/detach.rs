@@ -22,7 +22,8 @@ use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::sync::{mpsc, watch};
+use std::time::Duration;
+use tokio::sync::{mpsc, watch, Notify};
 
 use crate::runtime::ExitEvent;
 
@@ -142,6 +143,7 @@ impl EscapeMatcher {
 pub(crate) struct ParkedStdins {
     slots: Mutex<HashMap<String, (u64, mpsc::UnboundedSender<Bytes>)>>,
     tickets: AtomicU64,
+    parked: Notify,
 }
 
 impl ParkedStdins {
@@ -157,6 +159,7 @@ impl ParkedStdins {
         let Ok(handle) = tokio::runtime::Handle::try_current() else { return };
         let ticket = self.tickets.fetch_add(1, Ordering::Relaxed);
         self.lock().insert(id.to_string(), (ticket, tx));
+        self.parked.notify_waiters();
         let (me, id) = (self.clone(), id.to_string());
         handle.spawn(async move {
             // An error is the container dropped: its run is over too.
@@ -171,6 +174,26 @@ impl ParkedStdins {
     /// The parked input of container `id`, if its run still reads it.
     pub(crate) fn take(&self, id: &str) -> Option<mpsc::UnboundedSender<Bytes>> {
         self.lock().remove(id).map(|(_, tx)| tx).filter(|tx| !tx.is_closed())
+    }
+
+    /// The parked input of container `id`, waiting up to `patience` for it to be parked.
+    ///
+    /// A client that detaches hangs up, and the server sees that end of input a moment
+    /// later; a `docker attach` made right after can arrive first, while the ended
+    /// attach still holds the input. Without the wait its typing would go nowhere.
+    pub(crate) async fn take_within(&self, id: &str, patience: Duration) -> Option<mpsc::UnboundedSender<Bytes>> {
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            let parked = self.parked.notified();
+            tokio::pin!(parked);
+            parked.as_mut().enable();
+            if let Some(tx) = self.take(id) {
+                return Some(tx);
+            }
+            if tokio::time::timeout_at(deadline, parked).await.is_err() {
+                return None;
+            }
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, mpsc::UnboundedSender<Bytes>)>> {
@@ -294,5 +317,25 @@ mod tests {
             }
             prop_assert_eq!(scan_all(&keys, &reads), model(&keys, &input));
         }
+    }
+
+    /// The race a `docker attach` right after a detach runs: the new attach asks for the
+    /// input before the ended one has parked it. It must wait for it, not go without.
+    #[tokio::test]
+    async fn an_input_parked_a_moment_after_the_ask_is_taken() {
+        let parked = Arc::new(ParkedStdins::default());
+        let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
+        let (_exits_tx, exits) = watch::channel(ExitEvent::default());
+        let later = parked.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            later.park("c1", tx, exits, 0);
+        });
+        assert!(parked.take("c1").is_none(), "nothing is parked yet");
+        let got = parked.take_within("c1", Duration::from_secs(5)).await.expect("the input, once parked");
+        got.send(Bytes::from_static(b"x")).unwrap();
+        assert_eq!(rx.recv().await.unwrap(), Bytes::from_static(b"x"));
+        // Nobody parks for another container: the wait ends empty at its limit.
+        assert!(parked.take_within("c2", Duration::from_millis(20)).await.is_none());
     }
 }
