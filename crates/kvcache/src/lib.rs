@@ -63,6 +63,35 @@ pub trait HeadPages: Sync {
     /// `tokens_per_page`, fewer for the last group) of K or V into `out` as f32 rows of
     /// `head_dim`, token after token. Returns the rows loaded and what it cost.
     fn load_token_group(&self, kind: Kind, group: usize, out: &mut [f32]) -> Result<(usize, Loaded), KvError>;
+    /// Loads the token groups `groups` of K or V, group `groups[i]` into `out` from row
+    /// `i * tokens_per_page`, and returns the rows each gave and what they cost together.
+    /// A store on a drive reads them as one batch (the drive overlaps the pages over its
+    /// dies); by default they are loaded one after the other.
+    fn load_token_groups(&self, kind: Kind, groups: &[usize], out: &mut [f32]) -> Result<(Vec<usize>, Loaded), KvError> {
+        let per = self.layout().tokens_per_page * self.layout().head_dim;
+        let mut total = Loaded::default();
+        let mut rows = Vec::with_capacity(groups.len());
+        for (&g, out) in groups.iter().zip(out.chunks_mut(per)) {
+            let (n, cost) = self.load_token_group(kind, g, out)?;
+            rows.push(n);
+            total += cost;
+        }
+        Ok((rows, total))
+    }
+    /// Loads the token groups `groups` of both K and V in one batch: K as
+    /// [`HeadPages::load_token_groups`] puts it into `out`, V after it, group `groups[i]`
+    /// from row `(groups.len() + i) * tokens_per_page`. Returns the rows of each group.
+    fn load_token_groups_kv(&self, groups: &[usize], out: &mut [f32]) -> Result<(Vec<usize>, Loaded), KvError> {
+        let half = groups.len() * self.layout().tokens_per_page * self.layout().head_dim;
+        let (k, v) = out.split_at_mut(half.min(out.len()));
+        let (rows, mut loaded) = self.load_token_groups(Kind::K, groups, k)?;
+        let (v_rows, v_loaded) = self.load_token_groups(Kind::V, groups, v)?;
+        if v_rows != rows {
+            return Err(KvError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("K and V token groups {groups:?} hold {rows:?} and {v_rows:?} rows"))));
+        }
+        loaded += v_loaded;
+        Ok((rows, loaded))
+    }
     /// Loads dimension group `group` of K (dimensions `group * layout.dims_per_page ..`, at
     /// most `dims_per_page`) for every token into `out`, dimension-major: `out[j * tokens()
     /// + t]` is dimension `group * dims_per_page + j` of token `t`.

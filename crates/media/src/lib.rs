@@ -21,10 +21,12 @@
 #![deny(missing_docs)]
 
 mod aligned;
+mod batch;
 mod pool;
 mod uring;
 
 pub use aligned::{AlignedBuf, DIRECT_ALIGN};
+use batch::read_full;
 pub use pool::{BufferPool, PoolStats, PooledBuf};
 pub use uring::UringScanner;
 
@@ -198,6 +200,51 @@ impl Backing {
         Ok(&buf.as_slice()[skip..skip + len])
     }
 
+    /// Reads every `(offset, len)` of `spans` for `purpose` as one batch and returns their
+    /// bytes, in order, as slices of `buf` (grown when too small).
+    ///
+    /// A drive given a queue of reads works on all of them at once, over its channels and
+    /// dies; reading one page, waiting for it, then asking for the next serialises what
+    /// the drive would overlap. So every span is booked on the timing model before any is
+    /// read, the real reads follow, and the call waits once, for the last span to arrive.
+    /// Callers merge adjacent pages into one span, which is one system call. A span past
+    /// the end is an error and nothing is read.
+    pub fn read_batch_for<'b>(&self, spans: &[(u64, usize)], buf: &'b mut AlignedBuf, purpose: ReadPurpose) -> io::Result<Vec<&'b [u8]>> {
+        let mut need = 0usize;
+        for &(offset, len) in spans {
+            let end = offset.checked_add(len as u64).filter(|e| *e <= self.len).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("read of {len} bytes at {offset} is beyond the end ({})", self.len))
+            })?;
+            let (start, stop) = aligned_span(offset, end);
+            need += (stop - start) as usize;
+        }
+        if buf.len() < need {
+            *buf = AlignedBuf::new(need);
+        }
+        let deadline = self.pacing.as_ref().map(|p| (p, spans.iter().map(|&(o, l)| p.on_read(o, l as u64, purpose)).max()));
+        let mut at = 0usize;
+        let mut reads = Vec::with_capacity(spans.len());
+        for &(offset, len) in spans {
+            let (start, stop) = aligned_span(offset, offset + len as u64);
+            reads.push(batch::Read { offset: start, at, len: (stop - start) as usize });
+            at += (stop - start) as usize;
+        }
+        let got = batch::read_all(&self.direct, &reads, buf.as_mut_slice())?;
+        for (r, got) in reads.iter().zip(got) {
+            self.counters.read_bytes.fetch_add(got as u64, Ordering::Relaxed);
+            let want = (self.len.min(r.offset + r.len as u64) - r.offset) as usize;
+            if got < want {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read at {}: {got} of {want} bytes", r.offset)));
+            }
+        }
+        let places: Vec<usize> = reads.iter().zip(spans).map(|(r, &(offset, _))| r.at + (offset - r.offset) as usize).collect();
+        if let Some((p, Some(deadline))) = deadline {
+            p.wait_until(deadline);
+        }
+        let buf: &'b AlignedBuf = buf;
+        Ok(places.into_iter().zip(spans).map(|(at, &(_, len))| &buf.as_slice()[at..at + len]).collect())
+    }
+
     /// Whether [`Backing::send_from_page_cache`] sends (media in memory, not paced).
     pub fn can_send_from_page_cache(&self) -> bool {
         self.in_memory && self.pacing.is_none()
@@ -309,18 +356,6 @@ fn in_memory(file: &File) -> bool {
     rc == 0 && (ty == TMPFS_MAGIC || ty == RAMFS_MAGIC)
 }
 
-fn read_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
-}
 
 fn with_path(e: io::Error, path: &Path, what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
@@ -422,6 +457,28 @@ mod tests {
             let want: Vec<u8> = (off as usize..off as usize + len).map(|i| (i * 31 % 251) as u8).collect();
             assert_eq!(got, want, "offset {off} len {len}");
         }
+    }
+
+    #[test]
+    fn a_batch_returns_each_span_and_books_all_before_reading() {
+        let (_d, path) = store(6 * 4096 + 100);
+        let rec = Arc::new(Recorder::default());
+        let m = Backing::open(&path, true).unwrap().with_pacing(rec.clone());
+        let spans = [(2 * 4096u64, 2 * 4096usize), (0, 4096), (511, 3), (5 * 4096 + 7, 4096 + 93)];
+        let mut buf = AlignedBuf::new(4096); // too small: grown
+        let got: Vec<Vec<u8>> = m.read_batch_for(&spans, &mut buf, ReadPurpose::Offload).unwrap().into_iter().map(<[u8]>::to_vec).collect();
+        for (&(off, len), got) in spans.iter().zip(&got) {
+            let want: Vec<u8> = (off as usize..off as usize + len).map(|i| (i * 31 % 251) as u8).collect();
+            assert_eq!(got, &want, "offset {off} len {len}");
+        }
+        let booked: Vec<(bool, u64, u64)> = spans.iter().map(|&(o, l)| (false, o, l as u64)).collect();
+        assert_eq!(*rec.0.lock().unwrap(), booked);
+        // One span past the end: an error, and nothing booked or read.
+        rec.0.lock().unwrap().clear();
+        let before = m.counters().read_bytes.load(Ordering::Relaxed);
+        assert!(m.read_batch_for(&[(0, 4096), (6 * 4096, 101)], &mut buf, ReadPurpose::Host).is_err());
+        assert!(rec.0.lock().unwrap().is_empty());
+        assert_eq!(m.counters().read_bytes.load(Ordering::Relaxed), before);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 use crate::controller::Controller;
 use insitu_fabric::{opcode, Command};
 use insitu_kvcache::wire::{encode_info, Admin, Append, Attend, AttendResult};
-use insitu_kvcache::{attend_all, AttendStats, KvError, KvStore, Task};
+use insitu_kvcache::{AttendStats, KvError, KvStore, Task};
 use insitu_target::Target;
 use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
@@ -144,6 +144,6 @@ fn attend(store: &KvStore, a: Attend) -> Result<AttendResult, KvError> {
     let rows = a.group * a.head_dim;
     let mut out = vec![0f32; a.q.len()];
     let tasks = views.iter().zip(a.q.chunks(rows)).zip(out.chunks_mut(rows)).map(|((head, q), out)| Task { head, q, out }).collect();
-    let stats: AttendStats = attend_all(tasks, a.scale, a.method)?;
+    let stats: AttendStats = store.attend_all(tasks, a.scale, a.method)?;
     Ok(AttendResult { entries: a.seqs.len(), heads: a.heads, group: a.group, head_dim: a.head_dim, stats, out })
 }

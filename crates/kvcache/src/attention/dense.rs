@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Exact attention over every token.
 //!
-//! Two passes: every K page (scores of all query rows), then every V page (weighted sums).
+//! Two passes: every K page (scores of all query rows), then every V page (weighted sums),
+//! read as [`PagedRows`] (K and V in one batch of reads when they fit in one).
 //! Holding one score per token and row costs 8 bytes per token and row, little next to the
 //! cache, and keeps the softmax exact instead of rescaled page after page.
 
 use super::kernels::{axpy_rows, dot_rows, exp_shifted};
-use super::load_rows;
+use super::PagedRows;
 use crate::{AttendStats, HeadPages, Kind, KvError};
 
 /// Dense attention of the `q.len() / head_dim` rows of `q` into `out` (shapes checked by
@@ -22,43 +23,39 @@ pub(super) fn attend(
     let tokens = head.tokens();
     let rows = q.len() / hd;
     let qd: Vec<f64> = q.iter().map(|&x| f64::from(x)).collect();
-    let mut buf = vec![0f32; tpp * hd];
+    let all: Vec<usize> = (0..layout.token_groups(tokens)).collect();
+    let mut pages = PagedRows::new(head, &all);
     let mut row_scores = vec![0f64; rows];
-    let mut stats = AttendStats::default();
 
     // Pass 1: scores[row * tokens + t] = q_row · k_t * scale.
     let mut scores = vec![0f64; rows * tokens];
-    for group in 0..layout.token_groups(tokens) {
-        let (n, loaded) = load_rows(head, Kind::K, group, &mut buf)?;
-        stats.pages_read += loaded.pages;
-        stats.media_bytes += loaded.bytes;
-        let base = group * tpp;
+    pages.pass(Kind::K, |batch, buf| {
+        // The batch's groups are consecutive: its rows are tokens base.. in order.
+        let base = batch[0] * tpp;
+        let n = tokens.min(base + batch.len() * tpp) - base;
         for (t, k) in buf[..n * hd].chunks_exact(hd).enumerate() {
             dot_rows(&qd, k, &mut row_scores);
             for (row, s) in row_scores.iter().enumerate() {
                 scores[row * tokens + base + t] = s * scale;
             }
         }
-    }
+    })?;
     // Unnormalised weights; the division by their sum happens once per output element.
     let sums: Vec<f64> = scores.chunks_exact_mut(tokens).map(exp_shifted).collect();
 
     // Pass 2: acc_row = Σ_t w_row,t v_t.
     let mut acc = vec![0f64; rows * hd];
-    for group in 0..layout.token_groups(tokens) {
-        let (n, loaded) = load_rows(head, Kind::V, group, &mut buf)?;
-        stats.pages_read += loaded.pages;
-        stats.media_bytes += loaded.bytes;
-        let base = group * tpp;
+    pages.pass(Kind::V, |batch, buf| {
+        let base = batch[0] * tpp;
+        let n = tokens.min(base + batch.len() * tpp) - base;
         for (row, a) in acc.chunks_exact_mut(hd).enumerate() {
             axpy_rows(a, &scores[row * tokens + base..][..n], &buf[..n * hd]);
         }
-    }
+    })?;
     for ((o, a), sum) in out.chunks_exact_mut(hd).zip(acc.chunks_exact(hd)).zip(sums) {
         for (o, a) in o.iter_mut().zip(a) {
             *o = (a / sum) as f32;
         }
     }
-    stats.rows_used = 2 * tokens as u64;
-    Ok(stats)
+    Ok(AttendStats { pages_read: pages.loaded.pages, media_bytes: pages.loaded.bytes, rows_used: 2 * tokens as u64 })
 }

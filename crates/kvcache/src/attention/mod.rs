@@ -206,24 +206,72 @@ fn element_stats(layout: &crate::Layout, dims: usize, tokens: usize, rows: u64) 
     }
 }
 
-/// Loads token group `group` of `kind` into `buf` and checks that the store gave the rows
-/// the layout implies: a short page would otherwise pair scores with the wrong tokens.
-fn load_rows(
-    head: &dyn HeadPages,
-    kind: Kind,
-    group: usize,
-    buf: &mut [f32],
-) -> Result<(usize, Loaded), KvError> {
-    let tpp = head.layout().tokens_per_page;
-    let want = tpp.min(head.tokens() - group * tpp);
-    let (rows, loaded) = head.load_token_group(kind, group, buf)?;
-    if rows != want {
-        return Err(KvError::Io(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("{kind:?} token group {group} gave {rows} rows, {want} expected"),
-        )));
+/// Token groups loaded per batch of reads: enough for a drive to overlap them over its
+/// dies (4,096 tokens of a 64-element f32 head), few enough that a long context's rows
+/// need not all be held at once.
+pub(crate) const GROUPS_PER_BATCH: usize = 256;
+
+/// The K and V rows of some token groups, for an attention's two passes (K for the scores,
+/// then V for the weighted sum). When the groups fit in one batch, K and V are read
+/// together, one wait on the drive instead of two; otherwise each pass reads its kind
+/// batch by batch.
+pub(super) struct PagedRows<'a> {
+    head: &'a dyn HeadPages,
+    groups: &'a [usize],
+    buf: Vec<f32>,
+    together: bool,
+    /// What the reads cost so far.
+    pub loaded: Loaded,
+}
+
+impl<'a> PagedRows<'a> {
+    /// Rows of `groups` (ascending) of `head`; nothing is read yet.
+    pub fn new(head: &'a dyn HeadPages, groups: &'a [usize]) -> Self {
+        let per = head.layout().tokens_per_page * head.layout().head_dim;
+        let together = groups.len() <= GROUPS_PER_BATCH;
+        let slots = if together { 2 * groups.len() } else { GROUPS_PER_BATCH };
+        PagedRows { head, groups, buf: vec![0f32; slots * per], together, loaded: Loaded::default() }
     }
-    Ok((rows, loaded))
+
+    /// Hands `each` every batch of groups with its `kind` rows (group `batch[i]` from row
+    /// `i * tokens_per_page`). K's pass must come first.
+    pub fn pass(&mut self, kind: Kind, mut each: impl FnMut(&[usize], &[f32])) -> Result<(), KvError> {
+        let per = self.head.layout().tokens_per_page * self.head.layout().head_dim;
+        if self.together {
+            if kind == Kind::K {
+                let (rows, loaded) = self.head.load_token_groups_kv(self.groups, &mut self.buf)?;
+                check_rows(self.head, Kind::K, self.groups, &rows)?;
+                self.loaded += loaded;
+            }
+            let half = self.groups.len() * per;
+            let rows = if kind == Kind::K { &self.buf[..half] } else { &self.buf[half..] };
+            each(self.groups, rows);
+            return Ok(());
+        }
+        for batch in self.groups.chunks(GROUPS_PER_BATCH) {
+            let (rows, loaded) = self.head.load_token_groups(kind, batch, &mut self.buf)?;
+            check_rows(self.head, kind, batch, &rows)?;
+            self.loaded += loaded;
+            each(batch, &self.buf);
+        }
+        Ok(())
+    }
+}
+
+/// Checks that the store gave each group the rows the layout implies: a short page would
+/// otherwise pair scores with the wrong tokens.
+fn check_rows(head: &dyn HeadPages, kind: Kind, groups: &[usize], rows: &[usize]) -> Result<(), KvError> {
+    let tpp = head.layout().tokens_per_page;
+    for (&group, &rows) in groups.iter().zip(rows) {
+        let want = tpp.min(head.tokens() - group * tpp);
+        if rows != want {
+            return Err(KvError::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{kind:?} token group {group} gave {rows} rows, {want} expected"),
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The mean of V (`v_sum / tokens`), checked against the head size.

@@ -14,7 +14,7 @@
 use std::ops::Range;
 
 use super::kernels::{axpy, dot, exp_shifted, softmax, top_k};
-use super::{element_stats, load_rows, v_mean, Count};
+use super::{element_stats, v_mean, Count, PagedRows};
 use crate::{AttendStats, HeadPages, Kind, KvError, Loaded};
 
 /// What to keep, already clamped: `r <= head_dim`, `k < tokens`, `local <= tokens`.
@@ -169,30 +169,33 @@ pub(super) fn attend(
     let groups: Vec<usize> = (0..layout.token_groups(n))
         .filter(|&g| tok_used[g * tpp..n.min((g + 1) * tpp)].contains(&true))
         .collect();
-    let mut tbuf = vec![0f32; tpp * hd];
+    let mut pages = PagedRows::new(head, &groups);
     let mut scores: Vec<Vec<f64>> = toks.iter().map(|j| vec![0f64; j.len()]).collect();
-    for &group in &groups {
-        loaded += load_rows(head, Kind::K, group, &mut tbuf)?.1;
-        let base = group * tpp;
-        for ((qr, j), sc) in qd.chunks_exact(hd).zip(&toks).zip(&mut scores) {
-            for i in span(j, base, base + tpp) {
-                sc[i] = dot(qr, &tbuf[(j[i] - base) * hd..][..hd]) * scale;
+    pages.pass(Kind::K, |batch, buf| {
+        for (&group, page) in batch.iter().zip(buf.chunks_exact(tpp * hd)) {
+            let base = group * tpp;
+            for ((qr, j), sc) in qd.chunks_exact(hd).zip(&toks).zip(&mut scores) {
+                for i in span(j, base, base + tpp) {
+                    sc[i] = dot(qr, &page[(j[i] - base) * hd..][..hd]) * scale;
+                }
             }
         }
-    }
+    })?;
     let sums: Vec<f64> = scores.iter_mut().map(|s| exp_shifted(s)).collect();
 
     // Step 11: out = α · softmax(s) · V[j] + (1 − α) · mean(V).
     let mut acc = vec![0f64; rows * hd];
-    for &group in &groups {
-        loaded += load_rows(head, Kind::V, group, &mut tbuf)?.1;
-        let base = group * tpp;
-        for ((a, j), w) in acc.chunks_exact_mut(hd).zip(&toks).zip(&scores) {
-            for i in span(j, base, base + tpp) {
-                axpy(a, w[i], &tbuf[(j[i] - base) * hd..][..hd]);
+    pages.pass(Kind::V, |batch, buf| {
+        for (&group, page) in batch.iter().zip(buf.chunks_exact(tpp * hd)) {
+            let base = group * tpp;
+            for ((a, j), w) in acc.chunks_exact_mut(hd).zip(&toks).zip(&scores) {
+                for i in span(j, base, base + tpp) {
+                    axpy(a, w[i], &page[(j[i] - base) * hd..][..hd]);
+                }
             }
         }
-    }
+    })?;
+    loaded += pages.loaded;
     for (((o, a), sum), alpha) in out
         .chunks_exact_mut(hd)
         .zip(acc.chunks_exact(hd))

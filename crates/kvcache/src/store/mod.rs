@@ -151,7 +151,14 @@ pub struct KvStore {
     data_base: u64,
     data_pages: u32,
     state: Mutex<State>,
+    /// Threads the attention of a command's heads runs on (see [`KvStore::attend_all`]).
+    workers: rayon::ThreadPool,
 }
+
+/// Attention threads per core. A head's attention waits on the drive more than it
+/// computes, so more heads than cores keep reads in flight: with one thread per core the
+/// drive sees at most that many requests at once.
+const ATTENTION_THREADS_PER_CORE: usize = 4;
 
 /// A read view of one (sequence, layer, head), steady while it lives.
 pub struct HeadView {
@@ -186,9 +193,21 @@ impl KvStore {
         for r in records {
             apply(&mut state.seqs, r, page_bytes)?;
         }
-        let store = KvStore { media, page_bytes, data_base, data_pages, state: Mutex::new(state) };
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let workers = rayon::ThreadPoolBuilder::new()
+            .num_threads(cores * ATTENTION_THREADS_PER_CORE)
+            .thread_name(|i| format!("kv-attend-{i}"))
+            .build()
+            .map_err(|e| KvError::Io(std::io::Error::other(format!("cannot start the attention threads: {e}"))))?;
+        let store = KvStore { media, page_bytes, data_base, data_pages, state: Mutex::new(state), workers };
         store.recover()?;
         Ok(store)
+    }
+
+    /// [`crate::attend_all`] on this store's attention threads, whose number suits a drive
+    /// rather than the cores alone.
+    pub fn attend_all(&self, tasks: Vec<crate::Task<'_>>, scale: f32, method: crate::Method) -> Result<crate::AttendStats, KvError> {
+        self.workers.install(|| crate::attend_all(tasks, scale, method))
     }
 
     /// After replay: keep what whole pages hold, rebuild the DRAM tails and sums of V from
@@ -498,16 +517,87 @@ fn apply(seqs: &mut HashMap<u64, Seq>, r: Record, page_bytes: usize) -> Result<(
     Ok(())
 }
 
+/// Most pages one read of adjacent pages covers.
+const PAGES_PER_READ: usize = 256;
+
 impl HeadView {
-    fn read(&self, page: u32, out: &mut [f32]) -> Result<Loaded, KvError> {
-        let pb = self.layout.page_bytes;
-        let mut buf = AlignedBuf::new(pb + 2 * insitu_media::DIRECT_ALIGN);
-        let bytes = self.media.read_window_for(&mut buf, self.data_base + u64::from(page) * pb as u64, pb, ReadPurpose::Offload)?;
-        match self.layout.dtype {
-            Dtype::F32 => bytes.chunks_exact(4).zip(out.iter_mut()).for_each(|(c, o)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            Dtype::F16 => bytes.chunks_exact(2).zip(out.iter_mut()).for_each(|(c, o)| *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
+    /// Reads `pages` (each `(slot, page)`: flash page `page` decoded into
+    /// `out[slot * per..][..per]`) as one batch: every page is on the drive's queue at once,
+    /// and adjacent pages bound for adjacent slots are one read.
+    fn read_pages(&self, pages: &[(usize, u32)], out: &mut [f32], per: usize) -> Result<Loaded, KvError> {
+        if pages.is_empty() {
+            return Ok(Loaded::default());
         }
-        Ok(Loaded { pages: 1, bytes: pb as u64 })
+        let pb = self.layout.page_bytes;
+        let mut runs: Vec<(usize, u32, usize)> = Vec::new(); // (first slot, first page, pages)
+        for &(slot, page) in pages {
+            match runs.last_mut() {
+                Some((s, p, n)) if *n < PAGES_PER_READ && slot == *s + *n && u64::from(page) == u64::from(*p) + *n as u64 => *n += 1,
+                _ => runs.push((slot, page, 1)),
+            }
+        }
+        let spans: Vec<(u64, usize)> = runs.iter().map(|&(_, p, n)| (self.data_base + u64::from(p) * pb as u64, n * pb)).collect();
+        let mut buf = AlignedBuf::new(spans.iter().map(|s| s.1).sum::<usize>() + 2 * insitu_media::DIRECT_ALIGN * spans.len());
+        let read = self.media.read_batch_for(&spans, &mut buf, ReadPurpose::Offload)?;
+        for (&(slot, _, n), bytes) in runs.iter().zip(read) {
+            decode(self.layout.dtype, bytes, &mut out[slot * per..(slot + n) * per]);
+        }
+        Ok(Loaded { pages: pages.len() as u64, bytes: (pages.len() * pb) as u64 })
+    }
+}
+
+impl HeadView {
+    /// Token groups `groups` of each of `kinds`, one batch of reads: kind `kinds[j]`'s group
+    /// `groups[i]` goes to row `(j * groups.len() + i) * tokens_per_page` of `out`.
+    fn load_groups(&self, kinds: &[Kind], groups: &[usize], out: &mut [f32]) -> Result<(Vec<usize>, Loaded), KvError> {
+        let (d, tpp) = (self.layout.head_dim, self.layout.tokens_per_page);
+        let per = tpp * d;
+        let held = self.head.k_pages.len(); // K and V fill pages together
+        if self.head.v_pages.len() != held {
+            return Err(KvError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("the head holds {held} K pages and {} V pages", self.head.v_pages.len()))));
+        }
+        let tail_rows = self.head.k_tail.len() / d;
+        let mut rows = Vec::with_capacity(groups.len());
+        for &g in groups {
+            if g < held {
+                rows.push(tpp);
+            } else if g == held && tail_rows > 0 {
+                rows.push(tail_rows);
+            } else {
+                return Err(bad(format!("token group {g} is beyond the {} tokens held", self.head.tokens)));
+            }
+        }
+        let slots = kinds.len() * groups.len();
+        if out.len() < slots.saturating_sub(1) * per + rows.last().map_or(0, |r| r * d) {
+            return Err(bad(format!("a buffer of {} elements for {} token groups", out.len(), slots)));
+        }
+        let mut on_flash = Vec::with_capacity(slots);
+        for (j, kind) in kinds.iter().enumerate() {
+            let pages = match kind {
+                Kind::K => &self.head.k_pages,
+                Kind::V => &self.head.v_pages,
+            };
+            on_flash.extend(groups.iter().enumerate().filter(|(_, &g)| g < held).map(|(i, &g)| (j * groups.len() + i, pages[g])));
+        }
+        let loaded = self.read_pages(&on_flash, out, per)?;
+        if let Some(i) = groups.iter().position(|&g| g == held) {
+            for (j, kind) in kinds.iter().enumerate() {
+                let tail = match kind {
+                    Kind::K => &self.head.k_tail,
+                    Kind::V => &self.head.v_tail,
+                };
+                out[(j * groups.len() + i) * per..][..tail.len()].copy_from_slice(tail);
+            }
+        }
+        Ok((rows, loaded))
+    }
+}
+
+/// Little-endian elements of `dtype` in `bytes` into `out`, as f32.
+fn decode(dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
+    match dtype {
+        Dtype::F32 => bytes.chunks_exact(4).zip(out.iter_mut()).for_each(|(c, o)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        Dtype::F16 => bytes.chunks_exact(2).zip(out.iter_mut()).for_each(|(c, o)| *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
     }
 }
 
@@ -521,30 +611,26 @@ impl HeadPages for HeadView {
     }
 
     fn load_token_group(&self, kind: Kind, group: usize, out: &mut [f32]) -> Result<(usize, Loaded), KvError> {
-        let (pages, tail) = match kind {
-            Kind::K => (&self.head.k_pages, &self.head.k_tail),
-            Kind::V => (&self.head.v_pages, &self.head.v_tail),
-        };
-        let d = self.layout.head_dim;
-        if let Some(p) = pages.get(group) {
-            let n = self.layout.tokens_per_page;
-            return Ok((n, self.read(*p, &mut out[..n * d])?));
-        }
-        if group == pages.len() && !tail.is_empty() {
-            out[..tail.len()].copy_from_slice(tail);
-            return Ok((tail.len() / d, Loaded::default()));
-        }
-        Err(bad(format!("token group {group} is beyond the {} tokens held", self.head.tokens)))
+        let (rows, loaded) = self.load_token_groups(kind, &[group], out)?;
+        Ok((rows[0], loaded))
+    }
+
+    fn load_token_groups(&self, kind: Kind, groups: &[usize], out: &mut [f32]) -> Result<(Vec<usize>, Loaded), KvError> {
+        self.load_groups(&[kind], groups, out)
+    }
+
+    fn load_token_groups_kv(&self, groups: &[usize], out: &mut [f32]) -> Result<(Vec<usize>, Loaded), KvError> {
+        self.load_groups(&[Kind::K, Kind::V], groups, out)
     }
 
     fn load_dim_group(&self, group: usize, out: &mut [f32]) -> Result<Loaded, KvError> {
         let l = &self.layout;
         let (s, tpd, dpp) = (self.head.tokens, l.tokens_per_dim_page, l.dims_per_page);
         let pages = self.head.d_pages.get(group).ok_or_else(|| bad(format!("dimension group {group} is outside the head")))?;
-        let mut loaded = Loaded::default();
-        let mut page = vec![0f32; tpd * dpp];
-        for (b, p) in pages.iter().enumerate() {
-            loaded += self.read(*p, &mut page)?;
+        let per = tpd * dpp;
+        let mut blocks = vec![0f32; pages.len() * per];
+        let loaded = self.read_pages(&pages.iter().copied().enumerate().collect::<Vec<_>>(), &mut blocks, per)?;
+        for (b, page) in blocks.chunks_exact(per).enumerate() {
             for j in 0..dpp {
                 out[j * s + b * tpd..j * s + (b + 1) * tpd].copy_from_slice(&page[j * tpd..(j + 1) * tpd]);
             }

@@ -87,6 +87,61 @@ fn appended_rows_read_back_from_pages_and_the_group_buffer() {
     assert_eq!(s.info(1).unwrap().tokens, vec![0, t]);
 }
 
+/// Batched loads (any set of groups: adjacent pages, scattered ones, the DRAM tail, more
+/// than one read's worth) give the rows appended, and dense attention over the store equals
+/// a plain computation over those rows.
+#[test]
+fn batched_loads_give_the_appended_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path(), 64 << 20);
+    s.create(1, 1, H, D, Dtype::F32, 1).unwrap();
+    // 64 tokens a page: a prefill of 300 pages (adjacent), then tokens one at a time (pages
+    // of the two heads interleave), then a tail in DRAM.
+    let t1 = 64 * 300;
+    let (k1, v1) = (rows(H * t1 * D, 1.0), rows(H * t1 * D, 2.0));
+    s.append(1, 0, t1, &k1, &v1).unwrap();
+    let mut truth: Vec<(Vec<f32>, Vec<f32>)> = (0..H).map(|h| (head_rows(&k1, h, t1).to_vec(), head_rows(&v1, h, t1).to_vec())).collect();
+    for i in 0..64 * 3 + 9 {
+        let (k, v) = (rows(H * D, 7.0 + i as f32), rows(H * D, 9.0 + i as f32));
+        s.append(1, 0, 1, &k, &v).unwrap();
+        for (h, (tk, tv)) in truth.iter_mut().enumerate() {
+            tk.extend_from_slice(&k[h * D..(h + 1) * D]);
+            tv.extend_from_slice(&v[h * D..(h + 1) * D]);
+        }
+    }
+    let view = s.head(1, 0, 1).unwrap();
+    let l = *view.layout();
+    let (n, per) = (view.tokens(), l.tokens_per_page * D);
+    let last = l.token_groups(n) - 1;
+    let all: Vec<usize> = (0..=last).collect();
+    for groups in [all.clone(), vec![0, 2, 3, 4, 299, 300, 302], vec![last], vec![1, last], vec![301]] {
+        for (kind, want) in [(Kind::K, &truth[1].0), (Kind::V, &truth[1].1)] {
+            let mut out = vec![f32::NAN; groups.len() * per];
+            let (got_rows, loaded) = view.load_token_groups(kind, &groups, &mut out).unwrap();
+            assert_eq!(loaded.pages as usize, groups.iter().filter(|&&g| g != last).count());
+            for ((slot, &g), r) in groups.iter().enumerate().zip(got_rows) {
+                assert_eq!(r, l.tokens_per_page.min(n - g * l.tokens_per_page));
+                assert_eq!(out[slot * per..][..r * D], want[g * per..][..r * D], "{kind:?} group {g} of {groups:?}");
+            }
+        }
+    }
+    assert!(view.load_token_groups(Kind::K, &[last + 1], &mut vec![0f32; per]).is_err());
+    let q = rows(3 * D, 5.0);
+    let mut out = vec![0f32; 3 * D];
+    attend(&view, &q, 0.25, Method::Dense, &mut out).unwrap();
+    let (tk, tv) = &truth[1];
+    for (qr, o) in q.chunks(D).zip(out.chunks(D)) {
+        let sc: Vec<f64> = tk.chunks(D).map(|k| qr.iter().zip(k).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum::<f64>() * 0.25).collect();
+        let m = sc.iter().cloned().fold(f64::MIN, f64::max);
+        let w: Vec<f64> = sc.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = w.iter().sum();
+        for d in 0..D {
+            let want: f64 = w.iter().zip(tv.chunks(D)).map(|(w, v)| w * f64::from(v[d])).sum::<f64>() / z;
+            assert!((f64::from(o[d]) - want).abs() < 1e-5, "dense over the store: {} vs {want}", o[d]);
+        }
+    }
+}
+
 #[test]
 fn f16_pages_hold_rounded_values() {
     let dir = tempfile::tempdir().unwrap();
