@@ -96,6 +96,16 @@ pub trait HeadPages: Sync {
     /// most `dims_per_page`) for every token into `out`, dimension-major: `out[j * tokens()
     /// + t]` is dimension `group * dims_per_page + j` of token `t`.
     fn load_dim_group(&self, group: usize, out: &mut [f32]) -> Result<Loaded, KvError>;
+    /// Loads dimension groups `groups` of K as [`HeadPages::load_dim_group`] does, group
+    /// `groups[i]` into `out[i * dims_per_page * tokens()..]`, as one batch of reads.
+    fn load_dim_groups(&self, groups: &[usize], out: &mut [f32]) -> Result<Loaded, KvError> {
+        let each = self.layout().dims_per_page * self.tokens();
+        let mut total = Loaded::default();
+        for (&g, out) in groups.iter().zip(out.chunks_mut(each)) {
+            total += self.load_dim_group(g, out)?;
+        }
+        Ok(total)
+    }
     /// The sum of every V row in f64 (for SparF's mean of V), kept by the store.
     fn v_sum(&self) -> Vec<f64>;
 }

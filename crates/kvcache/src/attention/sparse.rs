@@ -87,16 +87,14 @@ pub(super) fn attend(
     let mut dim_used = vec![false; hd];
     dims.iter().flatten().for_each(|&d| dim_used[d] = true);
     let mut shat = vec![0f64; rows * n];
-    let mut buf = vec![0f32; dpp * n];
-    for group in 0..layout.dim_groups() {
+    let used: Vec<usize> = (0..layout.dim_groups()).filter(|g| dim_used[g * dpp..(g + 1) * dpp].contains(&true)).collect();
+    let mut buf = vec![0f32; used.len() * dpp * n];
+    loaded += head.load_dim_groups(&used, &mut buf)?;
+    for (&group, dims_of) in used.iter().zip(buf.chunks_exact(dpp * n)) {
         let first = group * dpp;
-        if !dim_used[first..first + dpp].contains(&true) {
-            continue;
-        }
-        loaded += head.load_dim_group(group, &mut buf)?;
         for (row, (ds, s)) in dims.iter().zip(shat.chunks_exact_mut(n)).enumerate() {
             for &d in &ds[span(ds, first, first + dpp)] {
-                axpy(s, qd[row * hd + d], &buf[(d - first) * n..][..n]);
+                axpy(s, qd[row * hd + d], &dims_of[(d - first) * n..][..n]);
             }
         }
     }

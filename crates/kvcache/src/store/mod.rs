@@ -624,21 +624,37 @@ impl HeadPages for HeadView {
     }
 
     fn load_dim_group(&self, group: usize, out: &mut [f32]) -> Result<Loaded, KvError> {
+        self.load_dim_groups(&[group], out)
+    }
+
+    fn load_dim_groups(&self, groups: &[usize], out: &mut [f32]) -> Result<Loaded, KvError> {
         let l = &self.layout;
         let (s, tpd, dpp) = (self.head.tokens, l.tokens_per_dim_page, l.dims_per_page);
-        let pages = self.head.d_pages.get(group).ok_or_else(|| bad(format!("dimension group {group} is outside the head")))?;
-        let per = tpd * dpp;
-        let mut blocks = vec![0f32; pages.len() * per];
-        let loaded = self.read_pages(&pages.iter().copied().enumerate().collect::<Vec<_>>(), &mut blocks, per)?;
-        for (b, page) in blocks.chunks_exact(per).enumerate() {
-            for j in 0..dpp {
-                out[j * s + b * tpd..j * s + (b + 1) * tpd].copy_from_slice(&page[j * tpd..(j + 1) * tpd]);
-            }
+        let mut lists = Vec::with_capacity(groups.len());
+        for &g in groups {
+            lists.push(self.head.d_pages.get(g).ok_or_else(|| bad(format!("dimension group {g} is outside the head")))?);
         }
-        let done = pages.len() * tpd;
-        for (i, row) in self.head.d_tail.chunks_exact(l.head_dim).enumerate() {
-            for j in 0..dpp {
-                out[j * s + done + i] = row[group * dpp + j];
+        if out.len() < groups.len() * dpp * s {
+            return Err(bad(format!("a buffer of {} elements for {} dimension groups of {s} tokens", out.len(), groups.len())));
+        }
+        // Every page of every group, one batch: page b of group i in slot i * blocks + b.
+        let blocks = lists.iter().map(|p| p.len()).max().unwrap_or(0);
+        let per = tpd * dpp;
+        let slots: Vec<(usize, u32)> = lists.iter().enumerate().flat_map(|(i, p)| p.iter().enumerate().map(move |(b, &page)| (i * blocks + b, page))).collect();
+        let mut pages = vec![0f32; groups.len() * blocks * per];
+        let loaded = self.read_pages(&slots, &mut pages, per)?;
+        for (i, (&g, list)) in groups.iter().zip(&lists).enumerate() {
+            let out = &mut out[i * dpp * s..(i + 1) * dpp * s];
+            for (b, page) in pages[i * blocks * per..].chunks_exact(per).take(list.len()).enumerate() {
+                for j in 0..dpp {
+                    out[j * s + b * tpd..j * s + (b + 1) * tpd].copy_from_slice(&page[j * tpd..(j + 1) * tpd]);
+                }
+            }
+            let done = list.len() * tpd;
+            for (t, row) in self.head.d_tail.chunks_exact(l.head_dim).enumerate() {
+                for j in 0..dpp {
+                    out[j * s + done + t] = row[g * dpp + j];
+                }
             }
         }
         Ok(loaded)

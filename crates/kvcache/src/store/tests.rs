@@ -87,8 +87,8 @@ fn appended_rows_read_back_from_pages_and_the_group_buffer() {
     assert_eq!(s.info(1).unwrap().tokens, vec![0, t]);
 }
 
-/// Batched loads (any set of groups: adjacent pages, scattered ones, the DRAM tail, more
-/// than one read's worth) give the rows appended, and dense attention over the store equals
+/// Batched loads (any set of token groups: adjacent pages, scattered ones, the DRAM tail,
+/// more than one read's worth; several dimension groups) give the rows appended, and dense attention over the store equals
 /// a plain computation over those rows.
 #[test]
 fn batched_loads_give_the_appended_rows() {
@@ -126,6 +126,15 @@ fn batched_loads_give_the_appended_rows() {
         }
     }
     assert!(view.load_token_groups(Kind::K, &[last + 1], &mut vec![0f32; per]).is_err());
+    // Dimension groups (one dimension each here), several in one batch.
+    let dim_groups = [0usize, 3, 7, 15];
+    let mut dims = vec![f32::NAN; dim_groups.len() * n];
+    view.load_dim_groups(&dim_groups, &mut dims).unwrap();
+    let all_dims = transpose(&truth[1].0, n);
+    for (i, &g) in dim_groups.iter().enumerate() {
+        assert_eq!(dims[i * n..(i + 1) * n], all_dims[g * n..(g + 1) * n], "dimension {g}");
+    }
+    assert!(view.load_dim_groups(&[16], &mut vec![0f32; n]).is_err());
     let q = rows(3 * D, 5.0);
     let mut out = vec![0f32; 3 * D];
     attend(&view, &q, 0.25, Method::Dense, &mut out).unwrap();
