@@ -544,9 +544,7 @@ impl HeadView {
         }
         Ok(Loaded { pages: pages.len() as u64, bytes: (pages.len() * pb) as u64 })
     }
-}
 
-impl HeadView {
     /// Token groups `groups` of each of `kinds`, one batch of reads: kind `kinds[j]`'s group
     /// `groups[i]` goes to row `(j * groups.len() + i) * tokens_per_page` of `out`.
     fn load_groups(&self, kinds: &[Kind], groups: &[usize], out: &mut [f32]) -> Result<(Vec<usize>, Loaded), KvError> {
