@@ -544,7 +544,12 @@ FIELDS = ["frame.number", "tcp.stream", "tcp.srcport", "tcp.dstport", "tcp.seq",
 
 
 def _tshark(tshark: str, pcap: Path, ports: List[int], *args: str) -> str:
-    decode = []
+    # A capture on loopback can record a connection's segments out of order (the sender's
+    # CPUs hand them to the capture, not the receiving socket). tshark leaves such segments
+    # out of its reassembly by default, and a 1 MiB H2CData PDU spanning them is then not
+    # decoded at all, though the target received it (1 CI run in many): reassemble them as
+    # the receiving TCP does.
+    decode = ["-o", "tcp.reassemble_out_of_order:TRUE"]
     for p in ports:
         decode += ["-d", f"tcp.port=={p},nvme-tcp"]
     p = subprocess.run([tshark, "-r", str(pcap), *decode, *args], capture_output=True, text=True, timeout=300)
