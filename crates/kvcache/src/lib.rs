@@ -87,7 +87,7 @@ pub trait HeadPages: Sync {
         let (rows, mut loaded) = self.load_token_groups(Kind::K, groups, k)?;
         let (v_rows, v_loaded) = self.load_token_groups(Kind::V, groups, v)?;
         if v_rows != rows {
-            return Err(KvError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("K and V token groups {groups:?} hold {rows:?} and {v_rows:?} rows"))));
+            return Err(KvError::invalid_data(format!("K and V token groups {groups:?} hold {rows:?} and {v_rows:?} rows")));
         }
         loaded += v_loaded;
         Ok((rows, loaded))
@@ -186,6 +186,12 @@ pub mod status {
 }
 
 impl KvError {
+    /// A store that gave back something its own layout rules out (a short page, a V sum of
+    /// the wrong size): an I/O error, as a device returning bad data is.
+    pub(crate) fn invalid_data(msg: String) -> KvError {
+        KvError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, msg))
+    }
+
     /// The NVMe status a command failing with this error completes with.
     pub fn status(&self) -> Status {
         match self {

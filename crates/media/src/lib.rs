@@ -176,10 +176,7 @@ impl Backing {
     /// The read covers the enclosing aligned range, so `buf` must hold `len` plus up to two
     /// alignment units; it is an error otherwise. Reading past the end is an error.
     pub fn read_window_for<'b>(&self, buf: &'b mut AlignedBuf, offset: u64, len: usize, purpose: ReadPurpose) -> io::Result<&'b [u8]> {
-        let end = offset.checked_add(len as u64).filter(|e| *e <= self.len).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, format!("read of {len} bytes at {offset} is beyond the end ({})", self.len))
-        })?;
-        let (start, stop) = aligned_span(offset, end);
+        let (start, stop) = self.direct_span(offset, len)?;
         let span = (stop - start) as usize;
         if span > buf.len() {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "read window larger than buffer"));
@@ -193,11 +190,18 @@ impl Backing {
             p.wait_until(deadline);
         }
         self.counters.read_bytes.fetch_add(got as u64, Ordering::Relaxed);
-        if got < want {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read at {start}: {got} of {want} bytes")));
-        }
+        whole_read(start, got, want)?;
         let skip = (offset - start) as usize;
         Ok(&buf.as_slice()[skip..skip + len])
+    }
+
+    /// The aligned range `[start, stop)` a direct read of `len` bytes at `offset` covers;
+    /// an error when those bytes are not all inside the store.
+    fn direct_span(&self, offset: u64, len: usize) -> io::Result<(u64, u64)> {
+        let end = offset.checked_add(len as u64).filter(|e| *e <= self.len).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, format!("read of {len} bytes at {offset} is beyond the end ({})", self.len))
+        })?;
+        Ok(aligned_span(offset, end))
     }
 
     /// Reads every `(offset, len)` of `spans` for `purpose` as one batch and returns their
@@ -210,32 +214,21 @@ impl Backing {
     /// Callers merge adjacent pages into one span, which is one system call. A span past
     /// the end is an error and nothing is read.
     pub fn read_batch_for<'b>(&self, spans: &[(u64, usize)], buf: &'b mut AlignedBuf, purpose: ReadPurpose) -> io::Result<Vec<&'b [u8]>> {
-        let mut need = 0usize;
-        for &(offset, len) in spans {
-            let end = offset.checked_add(len as u64).filter(|e| *e <= self.len).ok_or_else(|| {
-                io::Error::new(io::ErrorKind::InvalidInput, format!("read of {len} bytes at {offset} is beyond the end ({})", self.len))
-            })?;
-            let (start, stop) = aligned_span(offset, end);
-            need += (stop - start) as usize;
-        }
-        if buf.len() < need {
-            *buf = AlignedBuf::new(need);
-        }
-        let deadline = self.pacing.as_ref().map(|p| (p, spans.iter().map(|&(o, l)| p.on_read(o, l as u64, purpose)).max()));
-        let mut at = 0usize;
         let mut reads = Vec::with_capacity(spans.len());
+        let mut at = 0usize;
         for &(offset, len) in spans {
-            let (start, stop) = aligned_span(offset, offset + len as u64);
+            let (start, stop) = self.direct_span(offset, len)?;
             reads.push(batch::Read { offset: start, at, len: (stop - start) as usize });
             at += (stop - start) as usize;
         }
+        if buf.len() < at {
+            *buf = AlignedBuf::new(at);
+        }
+        let deadline = self.pacing.as_ref().map(|p| (p, spans.iter().map(|&(o, l)| p.on_read(o, l as u64, purpose)).max()));
         let got = batch::read_all(&self.direct, &reads, buf.as_mut_slice())?;
         for (r, got) in reads.iter().zip(got) {
             self.counters.read_bytes.fetch_add(got as u64, Ordering::Relaxed);
-            let want = (self.len.min(r.offset + r.len as u64) - r.offset) as usize;
-            if got < want {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read at {}: {got} of {want} bytes", r.offset)));
-            }
+            whole_read(r.offset, got, (self.len.min(r.offset + r.len as u64) - r.offset) as usize)?;
         }
         let places: Vec<usize> = reads.iter().zip(spans).map(|(r, &(offset, _))| r.at + (offset - r.offset) as usize).collect();
         if let Some((p, Some(deadline))) = deadline {
@@ -326,6 +319,14 @@ pub fn paced_flush(pacing: Option<&dyn Pacing>, sync: impl FnOnce() -> io::Resul
     sync()?;
     if let Some((p, d)) = deadline {
         p.wait_until(d);
+    }
+    Ok(())
+}
+
+/// An error unless a read at `start` got the `want` bytes the store holds there.
+fn whole_read(start: u64, got: usize, want: usize) -> io::Result<()> {
+    if got < want {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("short read at {start}: {got} of {want} bytes")));
     }
     Ok(())
 }

@@ -265,9 +265,8 @@ fn check_rows(head: &dyn HeadPages, kind: Kind, groups: &[usize], rows: &[usize]
     for (&group, &rows) in groups.iter().zip(rows) {
         let want = tpp.min(head.tokens() - group * tpp);
         if rows != want {
-            return Err(KvError::Io(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("{kind:?} token group {group} gave {rows} rows, {want} expected"),
+            return Err(KvError::invalid_data(format!(
+                "{kind:?} token group {group} gave {rows} rows, {want} expected"
             )));
         }
     }
@@ -278,13 +277,10 @@ fn check_rows(head: &dyn HeadPages, kind: Kind, groups: &[usize], rows: &[usize]
 fn v_mean(head: &dyn HeadPages) -> Result<Vec<f64>, KvError> {
     let sum = head.v_sum();
     if sum.len() != head.layout().head_dim {
-        return Err(KvError::Io(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!(
-                "the V sum has {} elements for a head of {}",
-                sum.len(),
-                head.layout().head_dim
-            ),
+        return Err(KvError::invalid_data(format!(
+            "the V sum has {} elements for a head of {}",
+            sum.len(),
+            head.layout().head_dim
         )));
     }
     let n = head.tokens() as f64;

@@ -74,6 +74,14 @@ impl Head {
         }
     }
 
+    /// The flushed pages and the DRAM tail of K or V.
+    fn rows(&self, kind: Kind) -> (&[u32], &[f32]) {
+        match kind {
+            Kind::K => (&self.k_pages, &self.k_tail),
+            Kind::V => (&self.v_pages, &self.v_tail),
+        }
+    }
+
     fn pages(&self) -> impl Iterator<Item = u32> + '_ {
         self.k_pages.iter().chain(&self.v_pages).chain(self.d_pages.iter().flatten()).copied()
     }
@@ -552,7 +560,7 @@ impl HeadView {
         let per = tpp * d;
         let held = self.head.k_pages.len(); // K and V fill pages together
         if self.head.v_pages.len() != held {
-            return Err(KvError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("the head holds {held} K pages and {} V pages", self.head.v_pages.len()))));
+            return Err(KvError::invalid_data(format!("the head holds {held} K pages and {} V pages", self.head.v_pages.len())));
         }
         let tail_rows = self.head.k_tail.len() / d;
         let mut rows = Vec::with_capacity(groups.len());
@@ -570,20 +578,14 @@ impl HeadView {
             return Err(bad(format!("a buffer of {} elements for {} token groups", out.len(), slots)));
         }
         let mut on_flash = Vec::with_capacity(slots);
-        for (j, kind) in kinds.iter().enumerate() {
-            let pages = match kind {
-                Kind::K => &self.head.k_pages,
-                Kind::V => &self.head.v_pages,
-            };
+        for (j, &kind) in kinds.iter().enumerate() {
+            let (pages, _) = self.head.rows(kind);
             on_flash.extend(groups.iter().enumerate().filter(|(_, &g)| g < held).map(|(i, &g)| (j * groups.len() + i, pages[g])));
         }
         let loaded = self.read_pages(&on_flash, out, per)?;
         if let Some(i) = groups.iter().position(|&g| g == held) {
-            for (j, kind) in kinds.iter().enumerate() {
-                let tail = match kind {
-                    Kind::K => &self.head.k_tail,
-                    Kind::V => &self.head.v_tail,
-                };
+            for (j, &kind) in kinds.iter().enumerate() {
+                let (_, tail) = self.head.rows(kind);
                 out[(j * groups.len() + i) * per..][..tail.len()].copy_from_slice(tail);
             }
         }
