@@ -71,10 +71,11 @@ def _fill(store, K, V):
     store.flush()
 
 
-@pytest.mark.parametrize("tokens", [40, 700, 1500])
-def test_sparf_reference_target_and_flexgen_agree(pool, tokens):
+@pytest.mark.parametrize("tokens, mean_v", [(40, False), (700, False), (1500, False), (1500, True)])
+def test_sparf_reference_target_and_flexgen_agree(pool, tokens, mean_v):
     """The same SparF on the same inputs three ways: torch on whole tensors, the target's
-    engine (page cap included), and FlexGen's host-side SparF over pages read back."""
+    engine (page cap included), and FlexGen's host-side SparF over pages read back; with
+    the kept tokens carrying all the weight, and mixed with the mean of V."""
     g = torch.Generator().manual_seed(tokens)
     Hkv, G = 3, 3
     K = torch.randn(Hkv, tokens, D, generator=g)
@@ -84,8 +85,8 @@ def test_sparf_reference_target_and_flexgen_agree(pool, tokens):
     q = torch.randn(1, Hkv * G, D, generator=g)
     k1, v1 = torch.randn(1, Hkv, D, generator=g), torch.randn(1, Hkv, D, generator=g)
     scale = D ** -0.5
-    target = TargetStore(pool, 1, Hkv, D, G, 1, method="sparf", ratio=0.125)
-    flex = FlexGenStore(pool, 1, Hkv, D, G, 1, max_tokens=tokens + 1, ratio=0.125)
+    target = TargetStore(pool, 1, Hkv, D, G, 1, method="sparf", ratio=0.125, mean_v=mean_v)
+    flex = FlexGenStore(pool, 1, Hkv, D, G, 1, max_tokens=tokens + 1, ratio=0.125, mean_v=mean_v)
     try:
         outs = []
         for store in (target, flex):
@@ -96,7 +97,7 @@ def test_sparf_reference_target_and_flexgen_agree(pool, tokens):
         target.close()
         flex.close()
     Kf, Vf = torch.cat([K, k1[0][:, None]], 1), torch.cat([V, v1[0][:, None]], 1)
-    p = sparf.params(0.125, D, tokens + 1)
+    p = sparf.params(0.125, D, tokens + 1, mean_v=mean_v)
     want = torch.cat([sparf.sparf(q[0, h * G:(h + 1) * G], Kf[h], Vf[h], scale, *p) for h in range(Hkv)])
     assert torch.allclose(outs[0][0].double(), want, atol=2e-5), (outs[0][0].double() - want).abs().max()
     assert torch.allclose(outs[1][0].double(), want, atol=2e-5), (outs[1][0].double() - want).abs().max()
@@ -121,7 +122,8 @@ def test_sparf_params_follow_the_ratio():
     p = sparf.params(0.125, 64, 1024)
     assert (p.r, p.local, p.pages) == (8, 16, 9)
     assert p.k == (9 + 2) * 16 + 16
-    assert sparf.params(0.125, 64, 3) == (8, 3 * 16 + 1, 1, 1)
+    assert sparf.params(0.125, 64, 3) == (8, 3 * 16 + 1, 1, 1, False)
+    assert sparf.params(0.125, 64, 3, mean_v=True).mean_v
     with pytest.raises(ValueError, match="ratio"):
         sparf.params(0, 64, 10)
 

@@ -253,6 +253,9 @@ pub struct Attend {
 }
 
 const FLAG_APPEND: u8 = 1;
+/// Sparse methods: the softmax over the kept tokens alone, not mixed with the mean of V (a
+/// clear bit keeps the paper's step 11, so requests from before the bit mean what they did).
+const FLAG_NO_MEAN_V: u8 = 2;
 
 impl Attend {
     /// Encodes the request.
@@ -260,13 +263,13 @@ impl Attend {
         let mut b = vec![0u8; ATTEND_HEADER_LEN];
         b[..4].copy_from_slice(ATTEND_MAGIC);
         b[4] = VERSION;
-        let (m, r, k, local, pages) = match self.method {
-            Method::Dense => (0u8, 0, 0, 0, 0),
-            Method::SparF { r, k, local, pages } => (1, r, k, local, pages),
-            Method::SparQ { r, k, local } => (2, r, k, local, 0),
+        let (m, r, k, local, pages, mean_v) = match self.method {
+            Method::Dense => (0u8, 0, 0, 0, 0, true),
+            Method::SparF { r, k, local, pages, mean_v } => (1, r, k, local, pages, mean_v),
+            Method::SparQ { r, k, local, mean_v } => (2, r, k, local, 0, mean_v),
         };
         b[5] = m;
-        b[6] = if self.new_kv.is_some() { FLAG_APPEND } else { 0 };
+        b[6] = if self.new_kv.is_some() { FLAG_APPEND } else { 0 } | if mean_v { 0 } else { FLAG_NO_MEAN_V };
         b[8..10].copy_from_slice(&(self.layer as u16).to_le_bytes());
         b[10..12].copy_from_slice(&(self.heads as u16).to_le_bytes());
         b[12..14].copy_from_slice(&(self.group as u16).to_le_bytes());
@@ -294,24 +297,26 @@ impl Attend {
         if b[4] != VERSION {
             return Err(bad(format!("KV attention request version {} (this target speaks {VERSION})", b[4])));
         }
-        if b[6] & !FLAG_APPEND != 0 {
+        if b[6] & !(FLAG_APPEND | FLAG_NO_MEAN_V) != 0 {
             return Err(bad(format!("unknown KV attention flags {:#04x}", b[6])));
         }
+        let mean_v = b[6] & FLAG_NO_MEAN_V == 0;
         let heads = check_range("KV heads", usize::from(u16_at(b, 10)), MAX_HEADS)?;
         let group = check_range("query heads per KV head", usize::from(u16_at(b, 12)), MAX_GROUP)?;
         let head_dim = check_range("head size", usize::from(u16_at(b, 14)), MAX_HEAD_DIM)?;
         let entries = check_range("batch entries", usize::from(u16_at(b, 16)), MAX_ENTRIES)?;
         let (r, k, local) = (usize::from(u16_at(b, 18)), u32_at(b, 20) as usize, u32_at(b, 24) as usize);
         let method = match b[5] {
+            0 if !mean_v => return Err(bad("KV attention flag 0x02 (no mean of V) needs a sparse method")),
             0 => Method::Dense,
             m @ (1 | 2) => {
                 if r == 0 || r > head_dim || k == 0 || local > k {
                     return Err(bad(format!("sparse attention needs 1 <= r <= {head_dim} (got {r}), k >= 1 (got {k}) and local <= k (got {local})")));
                 }
                 if m == 1 {
-                    Method::SparF { r, k, local, pages: u32_at(b, 32) as usize }
+                    Method::SparF { r, k, local, pages: u32_at(b, 32) as usize, mean_v }
                 } else {
-                    Method::SparQ { r, k, local }
+                    Method::SparQ { r, k, local, mean_v }
                 }
             }
             m => return Err(bad(format!("unknown attention method {m} (0 dense, 1 SparF, 2 SparQ)"))),
@@ -375,9 +380,10 @@ impl AttendResult {
     pub fn decode(b: &[u8]) -> Result<AttendResult, KvError> {
         check_magic(b, RESULT_MAGIC, RESULT_HEADER_LEN, "KV attention result")?;
         let (entries, heads, group, head_dim) = (usize::from(u16_at(b, 6)), usize::from(u16_at(b, 8)), usize::from(u16_at(b, 10)), usize::from(u16_at(b, 12)));
-        let n = entries * heads * group * head_dim;
-        if b.len() != RESULT_HEADER_LEN + 4 * n {
-            return Err(bad(format!("KV attention result is {} bytes, expected {}", b.len(), RESULT_HEADER_LEN + 4 * n)));
+        // In u128: four u16 fields and the element size overflow a u64.
+        let want = RESULT_HEADER_LEN as u128 + 4 * [entries, heads, group, head_dim].iter().map(|&x| x as u128).product::<u128>();
+        if b.len() as u128 != want {
+            return Err(bad(format!("KV attention result is {} bytes, expected {want}", b.len())));
         }
         let stats = AttendStats { pages_read: u64_at(b, 16), media_bytes: u64_at(b, 24), rows_used: u64_at(b, 32) };
         Ok(AttendResult { entries, heads, group, head_dim, stats, out: f32s(&b[RESULT_HEADER_LEN..]) })
@@ -435,13 +441,17 @@ mod tests {
             heads: 2,
             group: 3,
             head_dim: 4,
-            method: Method::SparF { r: 2, k: 8, local: 2, pages: 3 },
+            method: Method::SparF { r: 2, k: 8, local: 2, pages: 3, mean_v: true },
             scale: 0.5,
             seqs: vec![4, 5],
             q: (0..48).map(|x| x as f32).collect(),
             new_kv: Some((vec![1.0; 16], vec![2.0; 16])),
         };
         assert_eq!(Attend::decode(&at.encode()).unwrap(), at);
+        for method in [Method::SparF { r: 2, k: 8, local: 2, pages: 3, mean_v: false }, Method::SparQ { r: 1, k: 3, local: 0, mean_v: false }, Method::SparQ { r: 1, k: 3, local: 0, mean_v: true }] {
+            let at = Attend { method, new_kv: None, ..at.clone() };
+            assert_eq!(Attend::decode(&at.encode()).unwrap(), at);
+        }
         let r = AttendResult { entries: 1, heads: 1, group: 2, head_dim: 2, stats: AttendStats { pages_read: 3, media_bytes: 4096, rows_used: 9 }, out: vec![1.0, 2.0, 3.0, 4.0] };
         assert_eq!(AttendResult::decode(&r.encode()).unwrap(), r);
     }
@@ -455,6 +465,11 @@ mod tests {
         let mut b = at.encode();
         b[5] = 1; // SparF with r = 0
         assert!(Attend::decode(&b).unwrap_err().to_string().contains("r <="));
+        let mut b = at.encode();
+        b[6] = FLAG_NO_MEAN_V; // dense has no mean of V to leave out
+        assert!(Attend::decode(&b).unwrap_err().to_string().contains("needs a sparse method"));
+        b[6] = 4;
+        assert!(Attend::decode(&b).unwrap_err().to_string().contains("unknown KV attention flags"));
         let mut b = at.encode();
         b[28..32].copy_from_slice(&f32::NAN.to_le_bytes());
         assert!(Attend::decode(&b).is_err());

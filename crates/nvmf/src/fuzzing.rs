@@ -188,7 +188,7 @@ pub fn seed_inputs() -> Vec<(&'static str, Vec<u8>)> {
             (cmd(opcode::KV_APPEND, 0, &[], 0), Vec::new(), Some(append.encode())),
             attend(Method::Dense, 7),
             (cmd(opcode::KV_RESULT, 0, &[(10, 7)], 4096), Vec::new(), None),
-            attend(Method::SparF { r: 4, k: 8, local: 2, pages: 2 }, 8),
+            attend(Method::SparF { r: 4, k: 8, local: 2, pages: 2, mean_v: true }, 8),
             (cmd(opcode::KV_RESULT, 0, &[(10, 8)], 4096), Vec::new(), None),
             (cmd(opcode::KV_ADMIN, 0, &[], 0), Admin::Fork { parent: 1, child: 2 }.encode(), None),
             (cmd(opcode::KV_ADMIN, 0, &[(10, 9)], 0), Admin::Info { seq: 2 }.encode(), None),

@@ -180,9 +180,11 @@ impl KvTarget {
     /// `[len(seqs)][kv_heads][group][head_dim]`; `new_k`/`new_v` (f32
     /// `[len(seqs)][kv_heads][head_dim]`) are appended first when given (a decode step).
     /// `method` is "dense", "sparf" or "sparq" (with `r`, `k`, `local`; SparF reads at most
-    /// `pages` token pages besides the local tokens', 0 for no cap). Returns the
+    /// `pages` token pages besides the local tokens', 0 for no cap; `mean_v` mixes the
+    /// result with the mean of V by α, as the paper's step 11, else the kept tokens carry
+    /// all the weight). Returns the
     /// outputs (same shape as `q`) and `{"pages_read", "media_bytes", "rows_used"}`.
-    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None, pages=0))]
+    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None, pages=0, mean_v=true))]
     #[allow(clippy::too_many_arguments)]
     fn attend<'py>(
         &self,
@@ -199,11 +201,12 @@ impl KvTarget {
         new_k: Option<&[u8]>,
         new_v: Option<&[u8]>,
         pages: usize,
+        mean_v: bool,
     ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>)> {
         let method = match method {
             "dense" => Method::Dense,
-            "sparf" => Method::SparF { r, k, local, pages },
-            "sparq" => Method::SparQ { r, k, local },
+            "sparf" => Method::SparF { r, k, local, pages, mean_v },
+            "sparq" => Method::SparQ { r, k, local, mean_v },
             m => return Err(bad(format!("method {m:?}: use \"dense\", \"sparf\" or \"sparq\""))),
         };
         let q = f32s("q", q)?;

@@ -66,15 +66,17 @@ class FlexGenStore(KVStore):
     """K and V of ``batch`` sequences as blocks on ``pool``'s targets; attention on the host.
 
     ``ratio`` None: dense (read every page back). ``ratio`` set: SparF computed on the host,
-    reading only the pages it needs. ``max_tokens`` bounds each sequence.
+    reading only the pages it needs (``mean_v``: mixed with the mean of V by α, see
+    :mod:`insitu.llm.sparf`). ``max_tokens`` bounds each sequence.
     """
 
     def __init__(self, pool: TargetPool, layers: int, kv_heads: int, head_dim: int, group: int, batch: int,
-                 max_tokens: int, ratio: Optional[float] = None, hostnqn: Optional[str] = None):
+                 max_tokens: int, ratio: Optional[float] = None, hostnqn: Optional[str] = None,
+                 mean_v: bool = False):
         if PAGE % (4 * head_dim):
             raise ValueError(f"head size {head_dim}: a 4 KiB page must hold whole f32 rows")
         self.layers, self.kv_heads, self.head_dim, self.group = layers, kv_heads, head_dim, group
-        self.ratio, self.batch = ratio, batch
+        self.ratio, self.batch, self.mean_v = ratio, batch, mean_v
         self.tpp = PAGE // (4 * head_dim)
         self.groups_max = math.ceil(max_tokens / self.tpp)
         self.dim_tokens = math.ceil(max_tokens / DIM_PAGE_TOKENS) * DIM_PAGE_TOKENS if ratio else 0
@@ -176,7 +178,7 @@ class FlexGenStore(KVStore):
         for b in range(q.shape[0]):
             self._append(i, b, layer, k[b].unsqueeze(1), v[b].unsqueeze(1))
             row = self.rows[i][(b, layer)]
-            p = sparf.params(self.ratio, self.head_dim, row.n, self.tpp) if self.ratio else None
+            p = sparf.params(self.ratio, self.head_dim, row.n, self.tpp, mean_v=self.mean_v) if self.ratio else None
             for h in range(q.shape[1]):
                 if p is None or p.k >= row.n:
                     K, V = self._read_tokens(i, b, layer, h, range(row.tok // self.tpp))
@@ -196,6 +198,8 @@ class FlexGenStore(KVStore):
             cols[d, row.dim:] = row.k[h, row.dim - row.base:, d]
         shat = sparf.approx_scores(q, dims, cols, scale)
         toks, alpha = sparf.select_tokens(shat, p.k, p.local, p.pages, self.tpp)
+        if not p.mean_v:
+            alpha = torch.ones_like(alpha)
         groups = sorted({t // self.tpp for t in toks.flatten().tolist() if t < row.tok})
         K, V = self._read_tokens(i, b, layer, h, groups)
         return sparf.attend_selected(q, toks, alpha, K, V, row.v_sum[h] / row.n, scale)

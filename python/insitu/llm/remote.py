@@ -25,7 +25,7 @@ import torch
 
 from .. import _native
 from .hooks import KVStore
-from .sparf import params
+from .sparf import SparseParams, params
 from .targets import TargetPool, Worker, partition
 
 __all__ = ["TargetStore"]
@@ -42,17 +42,19 @@ class TargetStore(KVStore):
     """K and V of ``batch`` sequences on the targets of ``pool``; attention computed there.
 
     ``method`` is ``"dense"``, ``"sparf"`` or ``"sparq"``; the sparse ones need ``ratio``
-    (the share of the dense reads to keep, e.g. 0.125).
+    (the share of the dense reads to keep, e.g. 0.125), and mix their result with the mean
+    of V by α when ``mean_v`` (see :mod:`insitu.llm.sparf`).
     """
 
     def __init__(self, pool: TargetPool, layers: int, kv_heads: int, head_dim: int, group: int, batch: int,
-                 method: str = "dense", ratio: Optional[float] = None, hostnqn: Optional[str] = None):
+                 method: str = "dense", ratio: Optional[float] = None, hostnqn: Optional[str] = None,
+                 mean_v: bool = False):
         if method not in METHODS:
             raise ValueError(f"method {method!r}: use one of {', '.join(METHODS)}")
         if method != "dense" and ratio is None:
             raise ValueError(f"method {method!r} needs a sparse ratio (e.g. 0.125)")
         self.layers, self.kv_heads, self.head_dim, self.group = layers, kv_heads, head_dim, group
-        self.method, self.ratio = method, ratio
+        self.method, self.ratio, self.mean_v = method, ratio, mean_v
         self.ranges = partition(kv_heads, len(pool))
         self.targets: List = []
         self.workers: List[Worker] = []
@@ -104,9 +106,10 @@ class TargetStore(KVStore):
         B, hq, D = q.shape
         if layer == 0:
             self.tokens = [n + 1 for n in self.tokens]
-        p = (0, 0, 0, 0)
+        p = SparseParams(0, 0, 0)
         if self.method != "dense":
-            p = params(self.ratio, D, max(self.tokens), self.tokens_per_page, paged=self.method == "sparf")
+            p = params(self.ratio, D, max(self.tokens), self.tokens_per_page, paged=self.method == "sparf",
+                       mean_v=self.mean_v)
         qg = q.reshape(B, self.kv_heads, self.group, D)
         futures = []
         for i, rng in enumerate(self.ranges):
@@ -119,9 +122,9 @@ class TargetStore(KVStore):
 
     def _attend(self, i, layer, q, k, v, scale, p):
         B, h, G, D = q.shape
-        r, kk, local, pages = p
-        out, st = self.targets[i].attend(layer, self.seqs, f32_bytes(q), G, scale, self.method, r, kk, local,
-                                         f32_bytes(k), f32_bytes(v), pages if self.method == "sparf" else 0)
+        out, st = self.targets[i].attend(layer, self.seqs, f32_bytes(q), G, scale, self.method, p.r, p.k, p.local,
+                                         f32_bytes(k), f32_bytes(v), p.pages if self.method == "sparf" else 0,
+                                         p.mean_v)
         self._media[i] += st["media_bytes"]
         return torch.from_numpy(np.frombuffer(out, dtype="<f4").copy()).view(B, h, G, D)
 

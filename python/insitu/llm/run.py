@@ -249,20 +249,21 @@ def _score(m: Model, ids: List[int], prefill: int, attention: str, pool, sparf, 
 
 def evaluate(m: Model, text: str, attention: str = "memory", pool: Optional[TargetPool] = None,
              sparf: Optional[float] = None, context: Optional[int] = None, prefill: int = 32,
-             progress: bool = False, reference: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+             progress: bool = False, reference: Optional[Dict[str, Any]] = None, start: int = 0) -> Dict[str, Any]:
     """Decode-style perplexity of ``text``: ``prefill`` tokens as a prompt, then every
-    further token (up to ``context`` in all) fed through a decode step.
+    further token (up to ``context`` in all) fed through a decode step. The window begins
+    at token ``start`` of the text.
 
     Returns ``perplexity`` and ``tokens`` (the decode-step predictions scored), and
     ``agreement``: the share of those positions whose greedy next token equals that of
     dense in-memory attention (``reference``, a result of ``evaluate(..., "memory")``
     on the same text, is reused when given; else it is computed).
     """
-    ids = m.tokenizer(text)["input_ids"]
+    ids = m.tokenizer(text)["input_ids"][start:]
     if context:
         ids = ids[:context]
     if prefill < 1 or len(ids) < prefill + 2:
-        raise ValueError(f"the text has {len(ids)} tokens: need more than the {prefill} prefilled + 1")
+        raise ValueError(f"the text has {len(ids)} tokens from token {start}: need more than the {prefill} prefilled + 1")
     r = _score(m, ids, prefill, attention, pool, sparf, progress)
     if attention == "memory" and not sparf:
         ref = r

@@ -13,7 +13,12 @@ one KV head with cache ``K``, ``V`` (``[S, D]``) and a query row ``q`` (``[D]``)
    paper's ``ŝ + m``); ``α = Σ ŝ[toks]``. With a page cap, the token pages are chosen
    before the tokens, by approximate mass (see :func:`select_tokens`), as the target does
    for grouped-query heads;
-4. ``out = α · softmax(q·K[toks]ᵀ · scale) · V[toks] + (1 − α) · mean(V)``.
+4. ``out = α · softmax(q·K[toks]ᵀ · scale) · V[toks] + (1 − α) · mean(V)`` with
+   ``mean_v`` (the paper's step 11, SparQ's mean value reallocation), else
+   ``softmax(q·K[toks]ᵀ · scale) · V[toks]``: the kept tokens carry all the weight. The
+   latter is the default: on SmolLM2-135M the mean of V stands in poorly for the tokens
+   left out (GPL-3, 1,024 tokens prefilled, 127 scored, SparF 1/8: +19% perplexity with
+   the mix, +2.5% without; see docs/llm.md).
 
 With ``k ≥ S`` every token is kept and the result is dense attention. SparF and SparQ
 compute the same thing; they differ only in what they read (pages vs. elements), which
@@ -48,17 +53,19 @@ __all__ = [
 
 
 class SparseParams(NamedTuple):
-    """``r`` query components, ``k`` tokens and the ``local`` most recent tokens kept, and
-    the cap on token pages read besides the local tokens' (0: none)."""
+    """``r`` query components, ``k`` tokens and the ``local`` most recent tokens kept, the
+    cap on token pages read besides the local tokens' (0: none), and whether the result is
+    mixed with the mean of V by α."""
 
     r: int
     k: int
     local: int
     pages: int = 0
+    mean_v: bool = False
 
 
 def params(ratio: float, head_dim: int, tokens: int, tokens_per_page: int = 16,
-           paged: bool = True) -> SparseParams:
+           paged: bool = True, mean_v: bool = False) -> SparseParams:
     """The parameters of SparF (``paged``) or SparQ at a nominal ``ratio`` at ``tokens``
     tokens.
 
@@ -88,7 +95,7 @@ def params(ratio: float, head_dim: int, tokens: int, tokens_per_page: int = 16,
         # The first page, `pages` chosen ones and the local tokens' (at most one more page
         # than they fill): the reach, all of it used.
         k = (pages + 2) * tokens_per_page + local
-    return SparseParams(r, k, local, pages)
+    return SparseParams(r, k, local, pages, mean_v)
 
 
 def _top(key: torch.Tensor, n: int) -> torch.Tensor:
@@ -201,9 +208,10 @@ def dense(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, scale: float) -> to
 
 
 def sparf(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, scale: float, r: int, k: int, local: int,
-          pages: int = 0, tokens_per_page: int = 16) -> torch.Tensor:
+          pages: int = 0, mean_v: bool = False, tokens_per_page: int = 16) -> torch.Tensor:
     """SparF (or, with ``pages = 0``, SparQ) attention of the rows of ``q`` over the whole
-    ``K``, ``V``: ``[R, D]`` float64. Dense when ``k ≥ S``, as on the target."""
+    ``K``, ``V``: ``[R, D]`` float64. Dense when ``k ≥ S``, as on the target. ``mean_v``:
+    mix with the mean of V by α (else α is taken as 1)."""
     if r < 1 or k < 1:
         raise ValueError(f"sparse attention needs r and k above 0 (got r = {r}, k = {k})")
     if K.shape[0] == 0:
@@ -213,6 +221,8 @@ def sparf(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, scale: float, r: in
     dims = select_dims(q, r, shared=pages > 0)
     shat = approx_scores(q, dims, K.T, scale)
     toks, alpha = select_tokens(shat, k, local, pages, tokens_per_page)
+    if not mean_v:
+        alpha = torch.ones_like(alpha)
     return attend_selected(q, toks, alpha, K, V, V.double().mean(0), scale)
 
 

@@ -34,7 +34,8 @@ pub enum Method {
     /// SparF: the `r` largest-magnitude query components select dimension-indexed K pages
     /// (approximate scores, L1-ratio scaled); the `k` best tokens (the last `local` tokens
     /// always among them) select token-indexed K and V pages; only selected units enter the
-    /// computation (dual-step loading); the result is mixed with the mean of V by α.
+    /// computation (dual-step loading); with `mean_v` the result is mixed with the mean of V
+    /// by α (the paper's step 11), else it is the softmax over the kept tokens alone.
     ///
     /// `r` is clamped to the head size; with `k` at least the number of tokens every token
     /// is kept, α is 1 and the call is computed (and counted) as [`Method::Dense`].
@@ -59,6 +60,11 @@ pub enum Method {
         local: usize,
         /// Most token pages read besides the local tokens' (0: no cap).
         pages: usize,
+        /// Mix with the mean of V by α, the approximate weight of the kept tokens (step 11 of
+        /// Algorithm 1, SparQ's mean value reallocation). Off, the kept tokens carry all the
+        /// weight: on SmolLM2-135M at 1/8 that is the more accurate of the two (see
+        /// docs/llm.md), the mean of V standing in poorly for the tokens left out.
+        mean_v: bool,
     },
     /// SparQ: the same selection and arithmetic as SparF, with media reads counted at element
     /// granularity, as a store without page groups would need (for comparison).
@@ -74,6 +80,8 @@ pub enum Method {
         k: usize,
         /// Most recent tokens always kept.
         local: usize,
+        /// As for [`Method::SparF`].
+        mean_v: bool,
     },
 }
 
@@ -130,10 +138,10 @@ pub fn attend(
             "attention over an empty cache (append the current token first)".into(),
         ));
     }
-    let (r, k, local, count, budget) = match method {
+    let (r, k, local, count, budget, mean_v) = match method {
         Method::Dense => return dense::attend(head, q, f64::from(scale), out),
-        Method::SparF { r, k, local, pages } => (r, k, local, Count::Pages, pages),
-        Method::SparQ { r, k, local } => (r, k, local, Count::Elements, 0),
+        Method::SparF { r, k, local, pages, mean_v } => (r, k, local, Count::Pages, pages, mean_v),
+        Method::SparQ { r, k, local, mean_v } => (r, k, local, Count::Elements, 0, mean_v),
     };
     if r == 0 || k == 0 {
         return Err(bad(format!(
@@ -155,6 +163,7 @@ pub fn attend(
         local: local.min(tokens),
         count,
         budget,
+        mean_v,
     };
     sparse::attend(head, q, f64::from(scale), plan, out)
 }

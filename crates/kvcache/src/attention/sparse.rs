@@ -30,6 +30,8 @@ pub(super) struct Plan {
     pub count: Count,
     /// Most token pages chosen besides the local tokens' (0: no cap).
     pub budget: usize,
+    /// Mix with the mean of V by α (else α is 1).
+    pub mean_v: bool,
 }
 
 /// Sparse attention of the rows of `q` into `out` (shapes checked by the caller).
@@ -52,7 +54,7 @@ pub(super) fn attend(
     let mut order = Vec::with_capacity(n.max(hd));
     let mut loaded = Loaded::default();
     // Checked before any page is read, so a store with a bad V sum costs no reads.
-    let mean = v_mean(head)?;
+    let mean = if plan.mean_v { Some(v_mean(head)?) } else { None };
 
     // Step 1: each row's `r` largest-magnitude components, ascending. With a page budget
     // the KV head's rows share one choice, the `r` largest of Σ |q_row| / ‖q_row‖₁: every
@@ -181,7 +183,7 @@ pub(super) fn attend(
     })?;
     let sums: Vec<f64> = scores.iter_mut().map(|s| exp_shifted(s)).collect();
 
-    // Step 11: out = α · softmax(s) · V[j] + (1 − α) · mean(V).
+    // Step 11: out = α · softmax(s) · V[j] + (1 − α) · mean(V), or softmax(s) · V[j].
     let mut acc = vec![0f64; rows * hd];
     pages.pass(Kind::V, |batch, buf| {
         for (&group, page) in batch.iter().zip(buf.chunks_exact(tpp * hd)) {
@@ -200,8 +202,9 @@ pub(super) fn attend(
         .zip(sums)
         .zip(alpha)
     {
-        for ((o, a), m) in o.iter_mut().zip(a).zip(&mean) {
-            *o = (alpha * (a / sum) + (1.0 - alpha) * m) as f32;
+        match &mean {
+            Some(mean) => o.iter_mut().zip(a).zip(mean).for_each(|((o, a), m)| *o = (alpha * (a / sum) + (1.0 - alpha) * m) as f32),
+            None => o.iter_mut().zip(a).for_each(|(o, a)| *o = (a / sum) as f32),
         }
     }
 

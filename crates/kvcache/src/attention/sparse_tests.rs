@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use proptest::prelude::*;
 
 use super::testutil::{
-    assert_close, dense_ref, layout, run, scale_of, sparf_capped_ref, sparf_ref, MemHead, Read, Rng, SHAPES,
+    assert_close, attention, dense_ref, layout, run, scale_of, sparf_capped_ref, sparf_ref, MemHead, Read, Rng, SHAPES,
 };
 use super::Method;
 use crate::{AttendStats, Kind};
@@ -21,7 +21,7 @@ fn sparf_with_k_at_least_tokens_equals_dense() {
         let dense = run(&h, &q, 0.3, Method::Dense);
         h.take_reads();
         for k in [77, 78, 1000] {
-            assert_eq!(run(&h, &q, 0.3, Method::SparF { r: 4, k, local: 3, pages: 0 }), dense);
+            assert_eq!(run(&h, &q, 0.3, Method::SparF { r: 4, k, local: 3, pages: 0, mean_v: true }), dense);
             assert!(
                 !h.take_reads().iter().any(|r| matches!(r, Read::Dim(_))),
                 "no approximate pass needed"
@@ -45,7 +45,7 @@ fn sparf_matches_algorithm_1_reference() {
         ] {
             let h = MemHead::random(l, tokens, &mut rng);
             let q = rng.vec(3 * l.head_dim);
-            let (out, _) = run(&h, &q, 0.2, Method::SparF { r, k, local, pages: 0 });
+            let (out, _) = run(&h, &q, 0.2, Method::SparF { r, k, local, pages: 0, mean_v: true });
             for (g, qr) in q.chunks(l.head_dim).enumerate() {
                 let (want, i, j) = sparf_ref(&h, qr, 0.2, r, k, local);
                 assert_eq!((i.len(), j.len()), (r.min(l.head_dim), k));
@@ -80,7 +80,7 @@ fn sparf_with_a_zero_query_mixes_means_of_v() {
         Method::SparF {
             r: 3,
             k: 9,
-            local: 4, pages: 0 },
+            local: 4, pages: 0, mean_v: true },
     );
     assert_close(
         &out,
@@ -127,7 +127,7 @@ fn sparf_reads_only_pages_holding_selected_units() {
         ] {
             let h = MemHead::random(l, tokens, &mut rng);
             let q = rng.vec(group * l.head_dim);
-            let (_, stats) = run(&h, &q, 0.5, Method::SparF { r, k, local, pages: 0 });
+            let (_, stats) = run(&h, &q, 0.5, Method::SparF { r, k, local, pages: 0, mean_v: true });
             let reads = h.take_reads();
             let (want, distinct) = expected_reads(&h, &q, r, k, local);
             assert_eq!(reads.len(), want.len(), "a page read twice");
@@ -164,8 +164,8 @@ fn sparq_outputs_equal_sparf_with_element_counts() {
         for (group, r, k) in [(1, 4, 16), (2, 8, 50), (1, 4, 400)] {
             let h = MemHead::random(l, 300, &mut rng);
             let q = rng.vec(group * l.head_dim);
-            let (f, _) = run(&h, &q, 0.5, Method::SparF { r, k, local: 4, pages: 0 });
-            let (s, stats) = run(&h, &q, 0.5, Method::SparQ { r, k, local: 4 });
+            let (f, _) = run(&h, &q, 0.5, Method::SparF { r, k, local: 4, pages: 0, mean_v: true });
+            let (s, stats) = run(&h, &q, 0.5, Method::SparQ { r, k, local: 4, mean_v: true });
             assert_eq!(f, s, "same arithmetic");
             let size = l.dtype.size() as u64;
             let bytes = if k >= 300 {
@@ -216,8 +216,8 @@ proptest! {
         let q = rng.vec(group * l.head_dim);
         let scale = scale_of(&h);
         let (dense, _) = run(&h, &q, scale, Method::Dense);
-        let (sparf, stats) = run(&h, &q, scale, Method::SparF { r, k, local, pages: 0 });
-        prop_assert_eq!(&run(&h, &q, scale, Method::SparQ { r, k, local }).0, &sparf);
+        let (sparf, stats) = run(&h, &q, scale, Method::SparF { r, k, local, pages: 0, mean_v: true });
+        prop_assert_eq!(&run(&h, &q, scale, Method::SparQ { r, k, local, mean_v: true }).0, &sparf);
         for (g, qr) in q.chunks(l.head_dim).enumerate() {
             let o = g * l.head_dim..(g + 1) * l.head_dim;
             assert_close(&dense[o.clone()], &dense_ref(&h, qr, f64::from(scale)), 1e-6, "dense");
@@ -237,10 +237,10 @@ fn a_page_cap_bounds_the_token_pages_read() {
         let q = rng.vec(3 * l.head_dim);
         let (r, k, local) = (4, 70, 17);
         let groups = l.token_groups(tokens);
-        let uncapped = run(&h, &q, 0.3, Method::SparF { r, k, local, pages: 0 });
+        let uncapped = run(&h, &q, 0.3, Method::SparF { r, k, local, pages: 0, mean_v: true });
         h.take_reads();
         for cap in [1, 4, 9] {
-            let (out, stats) = run(&h, &q, 0.3, Method::SparF { r, k, local, pages: cap });
+            let (out, stats) = run(&h, &q, 0.3, Method::SparF { r, k, local, pages: cap, mean_v: true });
             assert!(out.iter().all(|x| x.is_finite()));
             let reads = h.take_reads();
             // The first page (the attention sink) is read besides the cap, like the local ones.
@@ -271,7 +271,7 @@ fn a_page_cap_shares_components_and_picks_pages_by_mass() {
             let h = MemHead::random(l, tokens, &mut rng);
             let q = rng.vec(group * l.head_dim);
             let plan = (r, k, local, pages);
-            let (out, stats) = run(&h, &q, 0.3, Method::SparF { r, k, local, pages });
+            let (out, stats) = run(&h, &q, 0.3, Method::SparF { r, k, local, pages, mean_v: true });
             let reads = h.take_reads();
             let want = sparf_capped_ref(&h, &q, 0.3, plan);
             let what = format!("{shape:?} tokens {tokens} group {group} plan {plan:?}");
@@ -290,6 +290,38 @@ fn a_page_cap_shares_components_and_picks_pages_by_mass() {
             assert_eq!(reads.len(), expected.len(), "{what}: a page read twice");
             assert_eq!(reads.into_iter().collect::<HashSet<_>>(), expected, "{what}");
             assert!(stats.pages_read > 0, "{what}");
+        }
+    }
+}
+
+#[test]
+fn without_the_mean_of_v_the_kept_tokens_carry_all_the_weight() {
+    let mut rng = Rng::new(13);
+    for shape in SHAPES {
+        let l = layout(shape);
+        for (tokens, group, plan) in [(1100, 3, (8, 200, 16, 9)), (300, 1, (2, 40, 4, 0)), (300, 2, (3, 50, 0, 2))] {
+            let h = MemHead::random(l, tokens, &mut rng);
+            let q = rng.vec(group * l.head_dim);
+            let (r, k, local, pages) = plan;
+            let (mixed, _) = run(&h, &q, 0.3, Method::SparF { r, k, local, pages, mean_v: true });
+            let (out, stats) = run(&h, &q, 0.3, Method::SparF { r, k, local, pages, mean_v: false });
+            let what = format!("{shape:?} tokens {tokens} group {group} plan {plan:?}");
+            assert_ne!(out, mixed, "{what}: the mix with the mean of V changes the result");
+            let kept: Vec<Vec<usize>> = if pages > 0 {
+                sparf_capped_ref(&h, &q, 0.3, plan).into_iter().map(|(_, _, j)| j).collect()
+            } else {
+                q.chunks(l.head_dim).map(|qr| sparf_ref(&h, qr, 0.3, r, k, local).2).collect()
+            };
+            for ((o, qr), j) in out.chunks(l.head_dim).zip(q.chunks(l.head_dim)).zip(&kept) {
+                assert_close(o, &attention(&h, qr, 0.3, j), 1e-5, &what);
+            }
+            // The same selections, so the same pages.
+            let (_, with_mean) = run(&h, &q, 0.3, Method::SparF { r, k, local, pages, mean_v: true });
+            assert_eq!(stats, with_mean, "{what}");
+            let sparq = run(&h, &q, 0.3, Method::SparQ { r, k, local, mean_v: false });
+            if pages == 0 {
+                assert_eq!(sparq.0, out, "{what}: SparQ computes what SparF does");
+            }
         }
     }
 }

@@ -71,12 +71,11 @@ fn rows_of_a_group_equal_separate_single_row_calls() {
             Method::SparF {
                 r: 5,
                 k: 20,
-                local: 3, pages: 0 },
+                local: 3, pages: 0, mean_v: true },
             Method::SparQ {
                 r: 2,
                 k: 7,
-                local: 0,
-            },
+                local: 0, mean_v: true },
         ] {
             let (out, _) = run(&h, &q, 0.4, m);
             for (qr, o) in q.chunks(shape.0).zip(out.chunks(shape.0)) {
@@ -101,7 +100,7 @@ fn attend_all_equals_sequential_attend_and_returns_the_first_error() {
         Method::SparF {
             r: 4,
             k: 16,
-            local: 2, pages: 0 },
+            local: 2, pages: 0, mean_v: true },
     ] {
         let mut outs: Vec<Vec<f32>> = qs.iter().map(|q| vec![0f32; q.len()]).collect();
         let tasks = heads
@@ -143,7 +142,7 @@ fn bad_shapes_are_bad_requests() {
     let mut rng = Rng::new(10);
     let h = MemHead::random(layout(SHAPES[0]), 20, &mut rng);
     let q = rng.vec(32);
-    let sparse = |r, k| Method::SparF { r, k, local: 0, pages: 0 };
+    let sparse = |r, k| Method::SparF { r, k, local: 0, pages: 0, mean_v: true };
     let cases: [(&[f32], usize, f32, Method); 8] = [
         (&q[..31], 31, 0.5, Method::Dense),
         (&q[..0], 0, 0.5, Method::Dense),
@@ -158,8 +157,7 @@ fn bad_shapes_are_bad_requests() {
             Method::SparQ {
                 r: 0,
                 k: 4,
-                local: 1,
-            },
+                local: 1, mean_v: true },
         ),
         (&q[..16], 32, 0.5, sparse(4, 4)),
     ];
@@ -224,7 +222,7 @@ fn store_faults_are_io_errors() {
     let sparse = Method::SparF {
         r: 16,
         k: 29,
-        local: 29, pages: 0 };
+        local: 29, pages: 0, mean_v: true };
     for m in [Method::Dense, sparse] {
         let err = attend(&short, &q, 0.5, m, &mut [0f32; 16]).unwrap_err();
         assert!(

@@ -141,7 +141,7 @@ fn dot(q: &[f32], k: &[f32]) -> f64 {
 }
 
 /// Softmax attention of one query row over the tokens `j` of `h`.
-fn attention(h: &MemHead, q: &[f32], scale: f64, j: &[usize]) -> Vec<f64> {
+pub fn attention(h: &MemHead, q: &[f32], scale: f64, j: &[usize]) -> Vec<f64> {
     let hd = h.layout.head_dim;
     let s = softmax(
         &j.iter()

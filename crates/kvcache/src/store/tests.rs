@@ -260,7 +260,7 @@ fn a_reopened_store_has_every_flushed_page() {
     assert_eq!(rv, head_rows(&v, 1, t)[..1088 * D]);
     assert_eq!(dims, transpose(&rk, 1088), "the dimension tail is rebuilt from token pages");
     let mut out = vec![0f32; D];
-    attend(&s.head(1, 0, 1).unwrap(), &q, 0.25, Method::SparF { r: 4, k: 1088, local: 0, pages: 0 }, &mut out).unwrap();
+    attend(&s.head(1, 0, 1).unwrap(), &q, 0.25, Method::SparF { r: 4, k: 1088, local: 0, pages: 0, mean_v: true }, &mut out).unwrap();
     assert_eq!(out, want);
     // Appending goes on where the pages end, and frees release shared pages exactly once.
     s.append(1, 0, 10, &rows(H * 10 * D, 3.0), &rows(H * 10 * D, 4.0)).unwrap();
