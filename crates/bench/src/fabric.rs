@@ -111,6 +111,25 @@ fn raw_read_shaped(backing: &Backing, size: u64) -> Result<f64, Error> {
     })
 }
 
+/// Reads `[0, size)` of `backing` with direct I/O in the streams the fabric read makes:
+/// `IO_QUEUES` threads, each taking the next `READ_SPAN` bytes and reading them in `RAW_IO`
+/// requests (what the target would ask of the drive if it merged each queue's window into
+/// one read); returns seconds. Next to [`raw_read`] (one stream) it shows what four
+/// streams cost on this drive.
+fn raw_read_streams(backing: &Backing, size: u64) -> Result<f64, Error> {
+    timed_workers(usize::from(IO_QUEUES), size.div_ceil(READ_SPAN as u64), || AlignedBuf::new(RAW_IO + 2 * DIRECT_ALIGN), |buf, i| {
+        let end = ((i + 1) * READ_SPAN as u64).min(size);
+        let mut off = i * READ_SPAN as u64;
+        while off < end {
+            let n = (end - off).min(RAW_IO as u64) as usize;
+            let slice = backing.read_window(buf, off, n).map_err(|e| format!("raw read of {} at {off}: {e}", backing.path().display()))?;
+            std::hint::black_box(slice);
+            off += n as u64;
+        }
+        Ok(())
+    })
+}
+
 /// Reads `[0, size)` of namespace 1 in `READ_IO` requests with `QUEUE_DEPTH` in flight, as
 /// a kernel initiator drives its queues: one thread per I/O queue, each reading the next
 /// `READ_SPAN` bytes with one call that the session splits into `READ_IO` commands and
@@ -243,6 +262,8 @@ struct Samples {
     raw: Vec<f64>,
     /// Raw direct reads with the fabric read's request size and depth.
     raw_shaped: Vec<f64>,
+    /// Raw direct reads in the streams the fabric's queues make once merged.
+    raw_streams: Vec<f64>,
     fabric_read: Vec<f64>,
     embedded_exec: Vec<f64>,
     fabric_exec: Vec<f64>,
@@ -263,6 +284,8 @@ impl Samples {
         self.raw.push(raw_read(&rig.backing, rig.size)?);
         rig.cold();
         self.raw_shaped.push(raw_read_shaped(&rig.backing, rig.size)?);
+        rig.cold();
+        self.raw_streams.push(raw_read_streams(&rig.backing, rig.size)?);
         rig.cold();
         self.fabric_read.push(fabric_read(&rig.session, rig.size)?);
         let load = TcpLoad { request: READ_IO, connections: usize::from(IO_QUEUES), depth: QUEUE_DEPTH, span: READ_SPAN };
@@ -287,7 +310,7 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
     let size = rig.size;
     let rate = |v: &[f64]| gbps(size, median(&mut v.to_vec()));
     let (r, fr, e, fe) = (rate(&s.raw), rate(&s.fabric_read), rate(&s.embedded_exec), rate(&s.fabric_exec));
-    let (tcp, tcp_cached, rs) = (rate(&s.tcp), rate(&s.tcp_cached), rate(&s.raw_shaped));
+    let (tcp, tcp_cached, rs, rst) = (rate(&s.tcp), rate(&s.tcp_cached), rate(&s.raw_shaped), rate(&s.raw_streams));
     // Each round reads raw just before the fabric: the ratio within a round cancels the
     // drift of a shared disk between rounds, which the ratio of medians does not.
     let paired = |raw: &[f64]| median(&mut raw.iter().zip(&s.fabric_read).map(|(r, f)| r / f).collect::<Vec<f64>>());
@@ -298,6 +321,7 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
         "repeat": repeat,
         "raw_read_gbps": r,
         "raw_read_shaped_gbps": rs,
+        "raw_read_streams_gbps": rst,
         "fabric_read_gbps": fr,
         "embedded_exec_gbps": e,
         "fabric_exec_gbps": fe,
@@ -307,6 +331,8 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
         "fabric_read_to_raw_shaped": fr / rs,
         "fabric_read_to_raw_paired": paired(&s.raw),
         "fabric_read_to_raw_shaped_paired": paired(&s.raw_shaped),
+        "fabric_read_to_raw_streams": fr / rst,
+        "fabric_read_to_raw_streams_paired": paired(&s.raw_streams),
         "fabric_read_to_tcp": fr / tcp,
         "fabric_read_to_tcp_cached": fr / tcp_cached,
         "fabric_exec_to_embedded": fe / e,
@@ -318,7 +344,7 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
             "exec_extents": EXTENTS, "max_transfer_bytes": rig.session.max_transfer(),
         },
         "session_wire_bytes": {"sent": stats.bytes_sent, "received": stats.bytes_received, "reconnects": stats.reconnects},
-        "seconds": {"raw": s.raw, "raw_shaped": s.raw_shaped, "fabric_read": s.fabric_read, "tcp_loopback": s.tcp, "tcp_loopback_cached": s.tcp_cached, "embedded_exec": s.embedded_exec, "fabric_exec": s.fabric_exec},
+        "seconds": {"raw": s.raw, "raw_shaped": s.raw_shaped, "raw_streams": s.raw_streams, "fabric_read": s.fabric_read, "tcp_loopback": s.tcp, "tcp_loopback_cached": s.tcp_cached, "embedded_exec": s.embedded_exec, "fabric_exec": s.fabric_exec},
         "machine": machine(),
         "direct_io": rig.backing.is_direct(),
         "transport": "NVMe/TCP over loopback to an in-process insitu target, no digests",
@@ -331,7 +357,9 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
 /// every kind `repeat` times, alternating, from cold caches.
 ///
 /// The report has `raw_read_gbps`, `raw_read_shaped_gbps` (direct reads of the fabric read's
-/// request size and depth), `fabric_read_gbps`, `embedded_exec_gbps`,
+/// request size and depth), `raw_read_streams_gbps` (1 MiB direct reads in the fabric's streams,
+/// see [`raw_read_streams`], with `fabric_read_to_raw_streams` and its paired median),
+/// `fabric_read_gbps`, `embedded_exec_gbps`,
 /// `fabric_exec_gbps`, `tcp_loopback_gbps` (plain TCP serving the file's bytes with the
 /// fabric read's shape) and `tcp_loopback_cached_gbps` (plain TCP from a buffer in cache; see
 /// [`crate::tcp`]) (medians), the ratios `fabric_read_to_raw`, `fabric_read_to_raw_shaped`,
@@ -399,6 +427,9 @@ mod tests {
         // One round: its paired ratio is the ratio of the rates.
         let (paired, plain) = (out["fabric_read_to_raw_paired"].as_f64().unwrap(), out["fabric_read_to_raw"].as_f64().unwrap());
         assert!(paired > 0.0 && (paired - plain).abs() < 1e-9 * plain, "{paired} vs {plain}");
+        for key in ["raw_read_streams_gbps", "fabric_read_to_raw_streams", "fabric_read_to_raw_streams_paired", "tcp_loopback_gbps", "fabric_read_to_tcp"] {
+            assert!(out[key].as_f64().is_some_and(|x| x > 0.0), "{key} in {out}");
+        }
         assert!(!dir.path().join("fabric.img").exists(), "the work file is removed");
     }
 }
