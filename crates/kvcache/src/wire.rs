@@ -477,6 +477,12 @@ mod tests {
         b[4] = 9;
         assert!(Admin::decode(&b).unwrap_err().to_string().contains("unknown KV admin operation"));
         assert!(Append::decode(b"KVAP").is_err());
+        // Shape fields whose product overflows u64 once scaled to bytes: refused, not wrapped.
+        let mut b = AttendResult { entries: 1, heads: 1, group: 1, head_dim: 1, stats: AttendStats::default(), out: vec![0.0] }.encode();
+        for at in [6, 8, 10, 12] {
+            b[at..at + 2].copy_from_slice(&u16::MAX.to_le_bytes());
+        }
+        assert!(AttendResult::decode(&b).unwrap_err().to_string().contains("expected"));
     }
 
     proptest! {
