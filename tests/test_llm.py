@@ -148,6 +148,16 @@ def evals(model, text, tmp_path_factory):
         }
 
 
+def test_eval_windows_start_where_asked(model, text):
+    ids = model.tokenizer(text)["input_ids"]
+    first = run.evaluate(model, text, "memory", context=48, prefill=16)
+    assert run.evaluate(model, text, "memory", context=48, prefill=16, start=0)["nll"] == first["nll"]
+    later = run.evaluate(model, text, "memory", context=48, prefill=16, start=300)
+    assert later["tokens"] == first["tokens"] and later["nll"] != first["nll"]
+    with pytest.raises(ValueError, match="from token"):
+        run.evaluate(model, text, "memory", context=48, prefill=16, start=len(ids) - 10)
+
+
 def test_dense_eval_equals_memory(evals):
     assert evals["dense"]["tokens"] == CONTEXT - PREFILL - 1
     assert evals["dense"]["agreement"] == 1.0

@@ -145,6 +145,7 @@ def test_sparf_keeping_every_token_is_dense():
     (["llm", "generate", "--prompt", "x", "--max-new-tokens", "0", "--attention", "memory"], "use 1 or more"),
     (["llm", "generate", "--max-new-tokens", "2", "--attention", "memory"], "--prompt"),
     (["llm", "eval", "--text", "f", "--attention", "gpu"], "invalid choice"),
+    (["llm", "eval", "--text", "f", "--attention", "memory", "--start", "-1"], "use 0 or more"),
     (["llm", "generate", "--prompt", "x", "--per-line", "--max-new-tokens", "2", "--attention", "memory"], "--per-line needs"),
 ])
 def test_cli_usage_errors(args, message):

@@ -45,14 +45,22 @@ def _ratio(s: str) -> float:
     return v
 
 
-def _positive(s: str) -> int:
+def _whole(s: str, least: int) -> int:
     try:
         v = int(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{s!r} is not a whole number") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v}: use 1 or more")
+    if v < least:
+        raise argparse.ArgumentTypeError(f"{v}: use {least} or more")
     return v
+
+
+def _count(s: str) -> int:
+    return _whole(s, 0)
+
+
+def _positive(s: str) -> int:
+    return _whole(s, 1)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -100,6 +108,8 @@ def parser() -> argparse.ArgumentParser:
                        description="Perplexity of a text, every scored token predicted by a decode step.")
     e.add_argument("--text", required=True, metavar="FILE", help="the text to score")
     e.add_argument("--context", type=_positive, metavar="N", help="use at most the first N tokens (default: all)")
+    e.add_argument("--start", type=_count, default=0, metavar="N",
+                   help="begin the window at token N of the text (default: 0), to score other windows")
     e.add_argument("--prefill", type=_positive, default=32, metavar="N",
                    help="tokens given as the prompt before decode steps begin (default: 32)")
     _common(e)
@@ -158,10 +168,10 @@ def _evaluate(a) -> dict:
     with open(a.text, encoding="utf-8") as f:
         text = f.read()
     m = run.load(a.model, a.device)
-    n = len(m.tokenizer(text)["input_ids"])
+    n = max(0, len(m.tokenizer(text)["input_ids"]) - a.start)
     pool = _pool(a, m, 1, min(n, a.context or n))
     try:
-        r = run.evaluate(m, text, a.attention, pool, a.sparf, a.context, a.prefill, progress=_progress(a))
+        r = run.evaluate(m, text, a.attention, pool, a.sparf, a.context, a.prefill, progress=_progress(a), start=a.start)
     finally:
         if pool is not None:
             pool.close()

@@ -278,6 +278,7 @@ def evaluate(m: Model, text: str, attention: str = "memory", pool: Optional[Targ
         "tokens": n,
         "agreement": same / n,
         "prefill_tokens": prefill,
+        "start": start,
         "greedy": r["greedy"],
         "nll": r["nll"],
         "tokens_per_s": n / r["seconds"],
