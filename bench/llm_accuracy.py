@@ -80,9 +80,9 @@ def main() -> None:
     # Over the windows: perplexity ratios to dense by geometric mean (each window's text has
     # its own perplexity), agreement and media ratios by plain mean.
     summary = []
+    dense = [next(x for x in w["rows"] if x["method"] == "dense") for w in windows]
     for i, row in enumerate(windows[0]["rows"]):
         per = [w["rows"][i] for w in windows]
-        dense = [next(x for x in w["rows"] if x["method"] == "dense") for w in windows]
         vs = [x["perplexity"] / d["perplexity"] for x, d in zip(per, dense)]
         media = [x["media_bytes"] / d["media_bytes"] for x, d in zip(per, dense) if d["media_bytes"] and x["media_bytes"]]
         summary.append({"method": row["method"], "ratio": row["ratio"], "mean_v": row["mean_v"],

@@ -84,17 +84,23 @@ fn write_file(path: &std::path::Path, size: u64) -> Result<(), Error> {
     Ok(())
 }
 
+/// Reads `[start, end)` of `backing` with direct I/O into `buf`, `RAW_IO` bytes at a time.
+fn read_range(backing: &Backing, buf: &mut AlignedBuf, start: u64, end: u64) -> Result<(), String> {
+    let mut pos = start;
+    while pos < end {
+        let n = (end - pos).min(RAW_IO as u64) as usize;
+        let slice = backing.read_window(buf, pos, n).map_err(|e| format!("raw read of {} at {pos}: {e}", backing.path().display()))?;
+        std::hint::black_box(slice);
+        pos += n as u64;
+    }
+    Ok(())
+}
+
 /// Reads `[0, size)` of `backing` with direct I/O, `RAW_IO` bytes at a time; returns seconds.
 fn raw_read(backing: &Backing, size: u64) -> Result<f64, Error> {
     let mut buf = AlignedBuf::new(RAW_IO + 2 * DIRECT_ALIGN);
     let started = Instant::now();
-    let mut pos = 0;
-    while pos < size {
-        let n = (size - pos).min(RAW_IO as u64) as usize;
-        let slice = backing.read_window(&mut buf, pos, n).map_err(|e| format!("raw read of {} at {pos}: {e}", backing.path().display()))?;
-        std::hint::black_box(slice);
-        pos += n as u64;
-    }
+    read_range(backing, &mut buf, 0, size)?;
     Ok(started.elapsed().as_secs_f64())
 }
 
@@ -118,15 +124,7 @@ fn raw_read_shaped(backing: &Backing, size: u64) -> Result<f64, Error> {
 /// streams cost on this drive.
 fn raw_read_streams(backing: &Backing, size: u64) -> Result<f64, Error> {
     timed_workers(usize::from(IO_QUEUES), size.div_ceil(READ_SPAN as u64), || AlignedBuf::new(RAW_IO + 2 * DIRECT_ALIGN), |buf, i| {
-        let end = ((i + 1) * READ_SPAN as u64).min(size);
-        let mut off = i * READ_SPAN as u64;
-        while off < end {
-            let n = (end - off).min(RAW_IO as u64) as usize;
-            let slice = backing.read_window(buf, off, n).map_err(|e| format!("raw read of {} at {off}: {e}", backing.path().display()))?;
-            std::hint::black_box(slice);
-            off += n as u64;
-        }
-        Ok(())
+        read_range(backing, buf, i * READ_SPAN as u64, ((i + 1) * READ_SPAN as u64).min(size))
     })
 }
 

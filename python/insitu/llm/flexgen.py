@@ -198,11 +198,9 @@ class FlexGenStore(KVStore):
             cols[d, row.dim:] = row.k[h, row.dim - row.base:, d]
         shat = sparf.approx_scores(q, dims, cols, scale)
         toks, alpha = sparf.select_tokens(shat, p.k, p.local, p.pages, self.tpp)
-        if not p.mean_v:
-            alpha = torch.ones_like(alpha)
         groups = sorted({t // self.tpp for t in toks.flatten().tolist() if t < row.tok})
         K, V = self._read_tokens(i, b, layer, h, groups)
-        return sparf.attend_selected(q, toks, alpha, K, V, row.v_sum[h] / row.n, scale)
+        return sparf.attend_selected(q, toks, alpha, K, V, row.v_sum[h] / row.n if p.mean_v else None, scale)
 
     def _read_tokens(self, i, b, layer, h, groups) -> Tuple[torch.Tensor, torch.Tensor]:
         """K and V (``[n, D]``) of the row: the page pairs of ``groups`` read back (runs of

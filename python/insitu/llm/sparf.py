@@ -35,7 +35,7 @@ can run them on partial tensors: :func:`approx_scores` reads only the selected c
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -186,8 +186,9 @@ def select_tokens(shat: torch.Tensor, k: int, local: int, pages: int = 0,
 
 
 def attend_selected(q: torch.Tensor, toks: torch.Tensor, alpha: torch.Tensor, k_rows: torch.Tensor,
-                    v_rows: torch.Tensor, v_mean: torch.Tensor, scale: float) -> torch.Tensor:
-    """Steps 8–11: exact attention over the chosen tokens, mixed with ``mean(V)`` by ``α``.
+                    v_rows: torch.Tensor, v_mean: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+    """Steps 8–11: exact attention over the chosen tokens, mixed with ``mean(V)`` by ``α``;
+    with ``v_mean`` None, not mixed (the kept tokens carry all the weight, ``α`` unused).
 
     ``k_rows``/``v_rows`` are K and V (``[S, D]``); only the rows named in ``toks`` are
     read. Returns ``[R, D]`` float64.
@@ -196,7 +197,8 @@ def attend_selected(q: torch.Tensor, toks: torch.Tensor, alpha: torch.Tensor, k_
     out = []
     for qr, t, a in zip(q, toks, alpha):
         w = torch.softmax((k_rows[t].double() @ qr) * scale, dim=-1)
-        out.append(a * (w @ v_rows[t].double()) + (1 - a) * v_mean.double())
+        kept = w @ v_rows[t].double()
+        out.append(kept if v_mean is None else a * kept + (1 - a) * v_mean.double())
     return torch.stack(out)
 
 
@@ -221,9 +223,7 @@ def sparf(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, scale: float, r: in
     dims = select_dims(q, r, shared=pages > 0)
     shat = approx_scores(q, dims, K.T, scale)
     toks, alpha = select_tokens(shat, k, local, pages, tokens_per_page)
-    if not mean_v:
-        alpha = torch.ones_like(alpha)
-    return attend_selected(q, toks, alpha, K, V, V.double().mean(0), scale)
+    return attend_selected(q, toks, alpha, K, V, V.double().mean(0) if mean_v else None, scale)
 
 
 def pages_needed(dims: torch.Tensor, toks: torch.Tensor, tokens: int, tokens_per_page: int = 16,

@@ -303,7 +303,7 @@ fn without_the_mean_of_v_the_kept_tokens_carry_all_the_weight() {
             let h = MemHead::random(l, tokens, &mut rng);
             let q = rng.vec(group * l.head_dim);
             let (r, k, local, pages) = plan;
-            let (mixed, _) = run(&h, &q, 0.3, Method::SparF { r, k, local, pages, mean_v: true });
+            let (mixed, with_mean) = run(&h, &q, 0.3, Method::SparF { r, k, local, pages, mean_v: true });
             let (out, stats) = run(&h, &q, 0.3, Method::SparF { r, k, local, pages, mean_v: false });
             let what = format!("{shape:?} tokens {tokens} group {group} plan {plan:?}");
             assert_ne!(out, mixed, "{what}: the mix with the mean of V changes the result");
@@ -316,7 +316,6 @@ fn without_the_mean_of_v_the_kept_tokens_carry_all_the_weight() {
                 assert_close(o, &attention(&h, qr, 0.3, j), 1e-5, &what);
             }
             // The same selections, so the same pages.
-            let (_, with_mean) = run(&h, &q, 0.3, Method::SparF { r, k, local, pages, mean_v: true });
             assert_eq!(stats, with_mean, "{what}");
             let sparq = run(&h, &q, 0.3, Method::SparQ { r, k, local, mean_v: false });
             if pages == 0 {
