@@ -22,7 +22,7 @@ def markdown(r: dict) -> str:
     s = "# Fabric: NVMe/TCP on loopback vs local access\n\n"
     s += f"`{r['command']}` on {r['machine']['cpus']} CPUs, kernel {r['machine']['kernel']}; "
     s += f"{r['size_bytes'] >> 20} MiB file, direct I/O {'on' if r['direct_io'] else 'off'}, "
-    s += f"median of {r['repeat']}, cold caches. {r['transport']}. Device model: {r['model']}.\n\n"
+    s += f"median of {r['repeat']}, cold caches, odd rounds in the reverse order. {r['transport']}. Device model: {r['model']}.\n\n"
     s += "| path | GB/s | ratio |\n|---|---:|---:|\n"
     s += f"| raw direct read, {q['raw_read_bytes'] >> 10} KiB requests, QD{q['raw_queue_depth']} | {r['raw_read_gbps']:.3f} | |\n"
     if "raw_read_shaped_gbps" in r:
@@ -51,7 +51,10 @@ def markdown(r: dict) -> str:
         s += f"| plain TCP on loopback, the same requests and connections, no NVMe framing | {r['tcp_loopback_gbps']:.3f} | "
         s += f"fabric read {r['fabric_read_to_tcp']:.1%} of it |\n"
     s += f"| embedded EXEC crc32c | {r['embedded_exec_gbps']:.3f} | |\n"
-    s += f"| fabric EXEC crc32c + result read | {r['fabric_exec_gbps']:.3f} | {r['fabric_exec_to_embedded']:.1%} of embedded |\n\n"
+    s += f"| fabric EXEC crc32c + result read | {r['fabric_exec_gbps']:.3f} | {r['fabric_exec_to_embedded']:.1%} of embedded |\n"
+    if "fabric_exec_to_embedded_paired" in r:
+        s += f"| fabric EXEC over embedded within each round (median of the rounds' ratios) | | {r['fabric_exec_to_embedded_paired']:.1%} of embedded |\n"
+    s += "\n"
     s += f"Bytes on the wire for one fabric EXEC over {r['size_bytes'] >> 20} MiB: {r['fabric_exec_wire_bytes']} "
     s += f"(descriptor, completion, result read and PDU headers; {r['fabric_exec_wire_bytes'] / r['size_bytes']:.2e} of the data).\n"
     return s

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The fabric benchmark: what NVMe/TCP costs. In one run, over the same file, with cold
-//! caches before every measurement and kinds alternating so drift affects them alike:
+//! caches before every measurement and kinds alternating so drift affects them alike (odd
+//! rounds in the reverse order, so that no side of a ratio always goes first):
 //!
 //! * raw sequential direct reads of the file (1 MiB requests, one at a time);
 //! * raw direct reads with the fabric read's shape: 128 KiB requests, 32 in flight (one
@@ -275,30 +276,60 @@ struct Samples {
     digests: Vec<ExecResult>,
 }
 
+/// The kinds of measurement in a round, in the order of an even round.
+#[derive(Clone, Copy)]
+enum Kind {
+    Raw,
+    RawShaped,
+    RawStreams,
+    FabricRead,
+    Tcp,
+    TcpCached,
+    EmbeddedExec,
+    FabricExec,
+}
+
+const ROUND: [Kind; 8] = [Kind::Raw, Kind::RawShaped, Kind::RawStreams, Kind::FabricRead, Kind::Tcp, Kind::TcpCached, Kind::EmbeddedExec, Kind::FabricExec];
+
 impl Samples {
-    /// One measurement of each kind, each from cold caches.
-    fn round(&mut self, rig: &Rig) -> Result<(), Error> {
-        rig.cold();
-        self.raw.push(raw_read(&rig.backing, rig.size)?);
-        rig.cold();
-        self.raw_shaped.push(raw_read_shaped(&rig.backing, rig.size)?);
-        rig.cold();
-        self.raw_streams.push(raw_read_streams(&rig.backing, rig.size)?);
-        rig.cold();
-        self.fabric_read.push(fabric_read(&rig.session, rig.size)?);
+    /// One measurement of each kind, each from cold caches; `reversed` runs them in the
+    /// opposite order, so that over an even number of rounds neither side of a ratio always
+    /// goes first on a disk that slows (or warms) as it is read.
+    fn round(&mut self, rig: &Rig, reversed: bool) -> Result<(), Error> {
+        let mut kinds = ROUND;
+        if reversed {
+            kinds.reverse();
+        }
+        for kind in kinds {
+            self.measure(rig, kind)?;
+        }
+        Ok(())
+    }
+
+    fn measure(&mut self, rig: &Rig, kind: Kind) -> Result<(), Error> {
         let load = TcpLoad { request: READ_IO, connections: usize::from(IO_QUEUES), depth: QUEUE_DEPTH, span: READ_SPAN };
         rig.cold();
-        self.tcp.push(tcp_loopback(rig.size, load, Source::File(&rig.path)).map_err(|e| format!("loopback TCP ceiling: {e}"))?);
-        self.tcp_cached.push(tcp_loopback(rig.size, load, Source::Cached).map_err(|e| format!("loopback TCP ceiling from cache: {e}"))?);
-        rig.cold();
-        let (secs, r) = embedded_exec(&rig.embedded, &rig.inline_desc)?;
-        self.embedded_exec.push(secs);
-        self.digests.push(r);
-        rig.cold();
-        let (secs, r, bytes) = fabric_exec(&rig.session, &rig.fabric_desc, rig.size)?;
-        self.fabric_exec.push(secs);
-        self.digests.push(r);
-        self.wire.push(bytes);
+        match kind {
+            Kind::Raw => self.raw.push(raw_read(&rig.backing, rig.size)?),
+            Kind::RawShaped => self.raw_shaped.push(raw_read_shaped(&rig.backing, rig.size)?),
+            Kind::RawStreams => self.raw_streams.push(raw_read_streams(&rig.backing, rig.size)?),
+            Kind::FabricRead => self.fabric_read.push(fabric_read(&rig.session, rig.size)?),
+            Kind::Tcp => self.tcp.push(tcp_loopback(rig.size, load, Source::File(&rig.path)).map_err(|e| format!("loopback TCP ceiling: {e}"))?),
+            Kind::TcpCached => {
+                self.tcp_cached.push(tcp_loopback(rig.size, load, Source::Cached).map_err(|e| format!("loopback TCP ceiling from cache: {e}"))?)
+            }
+            Kind::EmbeddedExec => {
+                let (secs, r) = embedded_exec(&rig.embedded, &rig.inline_desc)?;
+                self.embedded_exec.push(secs);
+                self.digests.push(r);
+            }
+            Kind::FabricExec => {
+                let (secs, r, bytes) = fabric_exec(&rig.session, &rig.fabric_desc, rig.size)?;
+                self.fabric_exec.push(secs);
+                self.digests.push(r);
+                self.wire.push(bytes);
+            }
+        }
         Ok(())
     }
 }
@@ -309,9 +340,10 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
     let rate = |v: &[f64]| gbps(size, median(&mut v.to_vec()));
     let (r, fr, e, fe) = (rate(&s.raw), rate(&s.fabric_read), rate(&s.embedded_exec), rate(&s.fabric_exec));
     let (tcp, tcp_cached, rs, rst) = (rate(&s.tcp), rate(&s.tcp_cached), rate(&s.raw_shaped), rate(&s.raw_streams));
-    // Each round reads raw just before the fabric: the ratio within a round cancels the
-    // drift of a shared disk between rounds, which the ratio of medians does not.
-    let paired = |raw: &[f64]| median(&mut raw.iter().zip(&s.fabric_read).map(|(r, f)| r / f).collect::<Vec<f64>>());
+    // The ratio within a round cancels the drift of a shared disk between rounds, which the
+    // ratio of medians does not. Seconds are inverse rates: base over measured.
+    let within = |base: &[f64], measured: &[f64]| median(&mut base.iter().zip(measured).map(|(b, m)| b / m).collect::<Vec<f64>>());
+    let paired = |raw: &[f64]| within(raw, &s.fabric_read);
     let stats = rig.session.stats();
     json!({
         "command": command(),
@@ -334,6 +366,7 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
         "fabric_read_to_tcp": fr / tcp,
         "fabric_read_to_tcp_cached": fr / tcp_cached,
         "fabric_exec_to_embedded": fe / e,
+        "fabric_exec_to_embedded_paired": within(&s.embedded_exec, &s.fabric_exec),
         "fabric_exec_wire_bytes": s.wire.iter().copied().max().unwrap_or(0),
         "digest": s.digests.first().map(digest).unwrap_or_default(),
         "requests": {
@@ -363,8 +396,9 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
 /// [`crate::tcp`]) (medians), the ratios `fabric_read_to_raw`, `fabric_read_to_raw_shaped`,
 /// their medians of per-round ratios `fabric_read_to_raw_paired` and
 /// `fabric_read_to_raw_shaped_paired` (steadier on a disk whose speed drifts), `fabric_read_to_tcp`,
-/// `fabric_read_to_tcp_cached` and `fabric_exec_to_embedded`, `fabric_exec_wire_bytes` and the seconds of every
-/// measurement. Fails if the fabric returns other bytes than the file or the EXEC results
+/// `fabric_read_to_tcp_cached` and `fabric_exec_to_embedded` (with its median of per-round
+/// ratios `fabric_exec_to_embedded_paired`), `fabric_exec_wire_bytes` and the seconds of every
+/// measurement. Odd rounds measure in the reverse order. Fails if the fabric returns other bytes than the file or the EXEC results
 /// disagree; [`fabric_wire_check`] then tells whether the EXEC kept the data off the wire.
 pub fn fabric(opts: &FabricOptions) -> Result<Json, Error> {
     let (size, repeat) = (opts.size, opts.repeat.max(1));
@@ -373,8 +407,8 @@ pub fn fabric(opts: &FabricOptions) -> Result<Json, Error> {
     }
     let rig = Rig::new(opts)?;
     let mut samples = Samples::default();
-    for _ in 0..repeat {
-        samples.round(&rig)?;
+    for i in 0..repeat {
+        samples.round(&rig, i % 2 == 1)?;
     }
     if samples.digests.windows(2).any(|w| w[0] != w[1]) {
         let all: Vec<String> = samples.digests.iter().map(digest).collect();
@@ -424,6 +458,8 @@ mod tests {
         assert_eq!(out["size_bytes"], 2 << 20);
         // One round: its paired ratio is the ratio of the rates.
         let (paired, plain) = (out["fabric_read_to_raw_paired"].as_f64().unwrap(), out["fabric_read_to_raw"].as_f64().unwrap());
+        assert!(paired > 0.0 && (paired - plain).abs() < 1e-9 * plain, "{paired} vs {plain}");
+        let (paired, plain) = (out["fabric_exec_to_embedded_paired"].as_f64().unwrap(), out["fabric_exec_to_embedded"].as_f64().unwrap());
         assert!(paired > 0.0 && (paired - plain).abs() < 1e-9 * plain, "{paired} vs {plain}");
         for key in ["raw_read_streams_gbps", "fabric_read_to_raw_streams", "fabric_read_to_raw_streams_paired", "tcp_loopback_gbps", "fabric_read_to_tcp"] {
             assert!(out[key].as_f64().is_some_and(|x| x > 0.0), "{key} in {out}");

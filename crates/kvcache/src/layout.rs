@@ -69,10 +69,10 @@ impl Layout {
         if head_dim == 0 || head_dim > 1024 {
             return Err(KvError::BadRequest(format!("head size {head_dim} is not in 1..=1024")));
         }
-        if page_bytes < row || page_bytes % row != 0 {
+        if page_bytes < row || !page_bytes.is_multiple_of(row) {
             return Err(KvError::BadRequest(format!("a {page_bytes}-byte page does not hold whole {row}-byte rows")));
         }
-        if dims_per_page == 0 || head_dim % dims_per_page != 0 || page_bytes % (dims_per_page * dtype.size()) != 0 {
+        if dims_per_page == 0 || !head_dim.is_multiple_of(dims_per_page) || !page_bytes.is_multiple_of(dims_per_page * dtype.size()) {
             return Err(KvError::BadRequest(format!("{dims_per_page} dimensions per page do not divide a {head_dim}-dimension head")));
         }
         Ok(Layout {

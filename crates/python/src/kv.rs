@@ -29,7 +29,7 @@ fn bad(m: impl Into<String>) -> PyErr {
 }
 
 fn f32s(name: &str, b: &[u8]) -> PyResult<Vec<f32>> {
-    if b.len() % 4 != 0 {
+    if !b.len().is_multiple_of(4) {
         return Err(bad(format!("{name}: {} bytes is not a whole number of f32 values", b.len())));
     }
     Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())

@@ -116,7 +116,7 @@ pub fn attend(
 ) -> Result<AttendStats, KvError> {
     let layout = head.layout();
     let hd = layout.head_dim;
-    if q.is_empty() || q.len() % hd != 0 {
+    if q.is_empty() || !q.len().is_multiple_of(hd) {
         return Err(bad(format!(
             "query of {} elements is not whole rows of {hd}",
             q.len()
