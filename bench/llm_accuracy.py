@@ -7,8 +7,8 @@ and 1/16 (the kept tokens carrying all the weight, the default); SparF 1/8 mixed
 mean of V by α (the paper's step 11); SparF 1/8 without the page cap; and SparQ 1/8 (no
 page groups, media counted element by element). Also the media bytes each read.
 
-Writes bench/results/llm-accuracy.{json,md}.
-Usage: bench/llm_accuracy.py [--text FILE] [--prefill N] [--context N] [--starts A,B,..] [--out DIR]
+Writes bench/results/llm-accuracy.{json,md} (NAME.{json,md} with --name NAME).
+Usage: bench/llm_accuracy.py [--text FILE] [--prefill N] [--context N] [--starts A,B,..] [--out DIR] [--name NAME]
 """
 
 import argparse
@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("--starts", default="0,3000,6000", help="token offsets of the windows in the text (default 0,3000,6000)")
     ap.add_argument("--dir", default=".insitu/accuracy")
     ap.add_argument("--out", default=report.RESULTS)
+    ap.add_argument("--name", default="llm-accuracy", help="results file name, without extension (default llm-accuracy)")
     a = ap.parse_args()
     starts = [int(x) for x in a.starts.split(",")]
 
@@ -116,7 +117,7 @@ def main() -> None:
             f"{next(x for x in w['rows'] if x['method'] == 'dense')['perplexity']:.3f} (at {w['start']})" for w in r["windows"]) + ".\n"
         return s
 
-    report.write(result, "llm-accuracy", markdown, None, a.out)
+    report.write(result, a.name, markdown, None, a.out)
 
 
 if __name__ == "__main__":
