@@ -136,16 +136,20 @@ def test_insitu_attention_without_its_cache_says_so(model):
 PREFILL, CONTEXT = 1500, 1532
 
 
-@pytest.fixture(scope="module")
-def evals(model, text, tmp_path_factory):
-    d = tmp_path_factory.mktemp("llm-eval")
-    with TargetPool.embedded(1, directory=str(d), shared_bytes=1 << 30, private_bytes=1 << 30) as pool:
-        ref = run.evaluate(model, text, "memory", context=CONTEXT, prefill=PREFILL)
+def _evaluate(model, text, directory, prefill, context):
+    """In-memory, in-storage dense and SparF 1/8 evaluations of one window."""
+    with TargetPool.embedded(1, directory=str(directory), shared_bytes=1 << 30, private_bytes=1 << 30) as pool:
+        ref = run.evaluate(model, text, "memory", context=context, prefill=prefill)
         return {
             "memory": ref,
-            "dense": run.evaluate(model, text, "insitu", pool, context=CONTEXT, prefill=PREFILL, reference=ref),
-            "sparf": run.evaluate(model, text, "insitu", pool, 0.125, context=CONTEXT, prefill=PREFILL, reference=ref),
+            "dense": run.evaluate(model, text, "insitu", pool, context=context, prefill=prefill, reference=ref),
+            "sparf": run.evaluate(model, text, "insitu", pool, 0.125, context=context, prefill=prefill, reference=ref),
         }
+
+
+@pytest.fixture(scope="module")
+def evals(model, text, tmp_path_factory):
+    return _evaluate(model, text, tmp_path_factory.mktemp("llm-eval"), PREFILL, CONTEXT)
 
 
 def test_eval_windows_start_where_asked(model, text):
@@ -191,9 +195,6 @@ LONG_PREFILL, LONG_CONTEXT = 4096, 4128
 
 
 def test_sparf_on_a_long_context_is_within_5_percent_reading_a_quarter(model, text, tmp_path):
-    with TargetPool.embedded(1, directory=str(tmp_path), shared_bytes=1 << 30, private_bytes=1 << 30) as pool:
-        ref = run.evaluate(model, text, "memory", context=LONG_CONTEXT, prefill=LONG_PREFILL)
-        dense = run.evaluate(model, text, "insitu", pool, context=LONG_CONTEXT, prefill=LONG_PREFILL, reference=ref)
-        sparf = run.evaluate(model, text, "insitu", pool, 0.125, context=LONG_CONTEXT, prefill=LONG_PREFILL, reference=ref)
-    assert sparf["stats"]["media_bytes"] <= dense["stats"]["media_bytes"] / 4
-    assert sparf["perplexity"] <= 1.05 * ref["perplexity"], (sparf["perplexity"], ref["perplexity"])
+    e = _evaluate(model, text, tmp_path, LONG_PREFILL, LONG_CONTEXT)
+    assert e["sparf"]["stats"]["media_bytes"] <= e["dense"]["stats"]["media_bytes"] / 4
+    assert e["sparf"]["perplexity"] <= 1.05 * e["memory"]["perplexity"], (e["sparf"]["perplexity"], e["memory"]["perplexity"])
