@@ -590,7 +590,7 @@ impl Conn {
         // The queue is ours now: no read timeout (I/O queues may idle), see `serve`.
         let _ = self.reader.get_ref().set_read_timeout(None);
         self.sink.sqid = qid;
-        let jobs = spawn_workers(&self.shared, &subsys, &ctrl, &self.sink);
+        let jobs = spawn_workers(&self.shared, &subsys, &ctrl, &self.sink, usize::from(self.sqsize));
         let target = subsys.target().expect("checked above").clone();
         self.state = State::Io { ctrl, jobs, target };
         Reply::ok(0)
@@ -615,10 +615,11 @@ fn pdu_name(pdu: &Pdu) -> &'static str {
     }
 }
 
-/// Starts the worker threads of an I/O queue; they stop when the queue's sender drops.
-fn spawn_workers(shared: &Arc<Shared>, subsys: &Arc<Subsystem>, ctrl: &Arc<Controller>, sink: &Sink) -> Sender<io::Job> {
+/// Starts the worker threads of an I/O queue of `entries` entries (no more workers than
+/// the commands it can hold); they stop when the queue's sender drops.
+fn spawn_workers(shared: &Arc<Shared>, subsys: &Arc<Subsystem>, ctrl: &Arc<Controller>, sink: &Sink, entries: usize) -> Sender<io::Job> {
     let (tx, rx) = unbounded::<io::Job>();
-    for _ in 0..shared.cfg.workers_per_queue.max(1) {
+    for _ in 0..shared.cfg.workers_per_queue.min(entries).max(1) {
         let (rx, sink, ctrl, subsys, shared) = (rx.clone(), sink.clone(), ctrl.clone(), subsys.clone(), shared.clone());
         let name = format!("nvmf-q{}-work", sink.sqid);
         let work = move || {
