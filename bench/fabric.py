@@ -3,7 +3,7 @@
 """Fabric benchmark: what NVMe/TCP costs next to local access to the same file.
 
 Runs `insitu bench fabric` (raw direct reads, 1 MiB at QD1, 128 KiB at QD32 and 1 MiB in 4 streams, vs 128 KiB reads at queue depth 32 over
-NVMe/TCP on loopback vs plain TCP on loopback serving the same file with the same requests,
+NVMe/TCP on loopback (host reads from the page cache, and with direct I/O) vs plain TCP on loopback serving the same file with the same requests,
 and from a buffer in cache; embedded EXEC crc32c
 vs the same EXEC over the fabric; all measured in one run, cold caches, medians) and writes bench/results/fabric.{json,md,png}.
 Usage: bench/fabric.py [--size 1G] [--repeat 3] [--dir DIR] [--name NAME] [--out DIR]; bench/fabric.py
@@ -30,8 +30,9 @@ def markdown(r: dict) -> str:
     if "raw_read_streams_gbps" in r:
         s += (f"| raw direct read, {q['raw_read_bytes'] >> 10} KiB requests in {q['io_queues']} streams of 8 MiB spans (as the fabric "
               f"read's queues read the file) | {r['raw_read_streams_gbps']:.3f} | |\n")
+    cached = " (host reads from the page cache, the target's default)" if "fabric_read_direct_gbps" in r else ""
     s += (
-        f"| fabric read, {q['fabric_read_bytes'] >> 10} KiB requests, QD{q['fabric_queue_depth']} on {q['io_queues']} queues "
+        f"| fabric read, {q['fabric_read_bytes'] >> 10} KiB requests, QD{q['fabric_queue_depth']} on {q['io_queues']} queues{cached} "
         f"| {r['fabric_read_gbps']:.3f} | {r['fabric_read_to_raw']:.1%} of raw"
         + (f", {r['fabric_read_to_raw_shaped']:.1%} of raw at its shape" if "raw_read_shaped_gbps" in r else "")
         + (f", {r['fabric_read_to_raw_streams']:.1%} of raw in its streams" if "raw_read_streams_gbps" in r else "")
@@ -42,6 +43,10 @@ def markdown(r: dict) -> str:
               f"{r['fabric_read_to_raw_paired']:.1%} of raw, {r['fabric_read_to_raw_shaped_paired']:.1%} of raw at its shape"
               + (f", {r['fabric_read_to_raw_streams_paired']:.1%} of raw in its streams" if "raw_read_streams_gbps" in r else "")
               + " |\n")
+    if "fabric_read_direct_gbps" in r:
+        s += (f"| fabric read, the same, from a target reading host data with direct I/O (`--direct-reads`) | {r['fabric_read_direct_gbps']:.3f} | "
+              f"{r['fabric_read_direct_to_raw']:.1%} of raw, {r['fabric_read_direct_to_raw_paired']:.1%} within each round; "
+              f"the default's fabric read is {r['fabric_read_to_direct_paired']:.2f}x it within each round |\n")
     if "tcp_loopback_cached_gbps" in r:
         s += f"| plain TCP on loopback serving the file (sendfile), the same requests, connections and buffers, no NVMe framing | {r['tcp_loopback_gbps']:.3f} | "
         s += f"fabric read {r['fabric_read_to_tcp']:.1%} of it |\n"
@@ -73,6 +78,11 @@ def plot(r: dict, plt):
         labels.insert(2, "raw read 1M in 4 streams")
         vals.insert(2, r["raw_read_streams_gbps"])
         colors.insert(2, "#a6a6a6")
+    if "fabric_read_direct_gbps" in r:
+        at = labels.index("fabric read QD32") + 1
+        labels.insert(at, "fabric read, direct I/O")
+        vals.insert(at, r["fabric_read_direct_gbps"])
+        colors.insert(at, "#c4c4c4")
     if "tcp_loopback_cached_gbps" in r:
         labels[2:2] = ["TCP serving the file", "TCP from cache"]
         vals[2:2] = [r["tcp_loopback_gbps"], r["tcp_loopback_cached_gbps"]]

@@ -8,7 +8,9 @@
 //!   thread per request, as an io_uring or libaio reader at that depth keeps the device
 //!   busy); a drive that serves small requests slower than large ones sets the fabric's
 //!   ceiling here, not at the 1 MiB rate;
-//! * 128 KiB reads at queue depth 32 over NVMe/TCP on loopback, from an in-process target;
+//! * 128 KiB reads at queue depth 32 over NVMe/TCP on loopback, from an in-process target
+//!   that sends host reads from the page cache (its default), and from one that reads them
+//!   with direct I/O (`--direct-reads`);
 //! * EXEC crc32c over the data on an embedded [`Target`];
 //! * the same EXEC over the fabric, its result written to a result object at the end of
 //!   the namespace and read back with Read; the bytes on the wire are counted;
@@ -220,6 +222,8 @@ struct Rig {
     backing: Backing,
     server: ServerHandle,
     session: Session,
+    /// A second target over the file that reads host data with direct I/O.
+    direct: (ServerHandle, Session),
     embedded: Target,
     /// crc32c with the result inline (embedded) and in a result object (fabric).
     inline_desc: Vec<u8>,
@@ -233,20 +237,26 @@ impl Rig {
         let path = work.file("fabric.img");
         write_file(&path, size)?;
         let backing = Backing::open(&path, true).map_err(|e| e.to_string())?;
-        let cfg = TargetConfig {
-            listen: ([127, 0, 0, 1], 0).into(),
-            subsystems: vec![SubsystemConfig { nqn: NQN.into(), namespaces: vec![NamespaceSpec::sharable(&path)], allow_hosts: vec![] }],
-            ..TargetConfig::default()
+        let serve = |direct_reads: bool| -> Result<(ServerHandle, Session), Error> {
+            let cfg = TargetConfig {
+                listen: ([127, 0, 0, 1], 0).into(),
+                subsystems: vec![SubsystemConfig { nqn: NQN.into(), namespaces: vec![NamespaceSpec::sharable(&path)], allow_hosts: vec![] }],
+                direct_reads,
+                ..TargetConfig::default()
+            };
+            let server = Server::bind(cfg).map_err(|e| format!("cannot start the in-process target: {e}"))?.spawn();
+            let depth = (QUEUE_DEPTH / IO_QUEUES as usize) as u16;
+            let opts = ConnectOptions { io_queues: IO_QUEUES, queue_depth: depth, max_io_bytes: Some(READ_IO), ..ConnectOptions::new(server.local_addr().to_string(), NQN) };
+            let session = Session::connect(opts).map_err(|e| format!("cannot connect to the in-process target at {}: {e}", server.local_addr()))?;
+            spot_check(&session, &backing, size)?;
+            Ok((server, session))
         };
-        let server = Server::bind(cfg).map_err(|e| format!("cannot start the in-process target: {e}"))?.spawn();
-        let depth = (QUEUE_DEPTH / IO_QUEUES as usize) as u16;
-        let opts = ConnectOptions { io_queues: IO_QUEUES, queue_depth: depth, max_io_bytes: Some(READ_IO), ..ConnectOptions::new(server.local_addr().to_string(), NQN) };
-        let session = Session::connect(opts).map_err(|e| format!("cannot connect to the in-process target at {}: {e}", server.local_addr()))?;
+        let (server, session) = serve(false)?;
+        let direct = serve(true)?;
         let mut embedded = Target::new();
         embedded.add_namespace(&path, NamespaceConfig::default()).map_err(|e| format!("{}: {e}", path.display()))?;
-        spot_check(&session, &backing, size)?;
         let (inline_desc, fabric_desc) = (descriptor(size, false), descriptor(size, true));
-        Ok(Rig { work, path, size, backing, server, session, embedded, inline_desc, fabric_desc })
+        Ok(Rig { work, path, size, backing, server, session, direct, embedded, inline_desc, fabric_desc })
     }
 
     /// Drops the caches before a measurement.
@@ -264,6 +274,8 @@ struct Samples {
     /// Raw direct reads in the streams the fabric's queues make once merged.
     raw_streams: Vec<f64>,
     fabric_read: Vec<f64>,
+    /// Fabric reads from the target that reads host data with direct I/O.
+    fabric_read_direct: Vec<f64>,
     embedded_exec: Vec<f64>,
     fabric_exec: Vec<f64>,
     /// Plain TCP on loopback moving the file's bytes as a fabric read does.
@@ -283,13 +295,14 @@ enum Kind {
     RawShaped,
     RawStreams,
     FabricRead,
+    FabricReadDirect,
     Tcp,
     TcpCached,
     EmbeddedExec,
     FabricExec,
 }
 
-const ROUND: [Kind; 8] = [Kind::Raw, Kind::RawShaped, Kind::RawStreams, Kind::FabricRead, Kind::Tcp, Kind::TcpCached, Kind::EmbeddedExec, Kind::FabricExec];
+const ROUND: [Kind; 9] = [Kind::Raw, Kind::RawShaped, Kind::RawStreams, Kind::FabricRead, Kind::FabricReadDirect, Kind::Tcp, Kind::TcpCached, Kind::EmbeddedExec, Kind::FabricExec];
 
 impl Samples {
     /// One measurement of each kind, each from cold caches; `reversed` runs them in the
@@ -314,6 +327,7 @@ impl Samples {
             Kind::RawShaped => self.raw_shaped.push(raw_read_shaped(&rig.backing, rig.size)?),
             Kind::RawStreams => self.raw_streams.push(raw_read_streams(&rig.backing, rig.size)?),
             Kind::FabricRead => self.fabric_read.push(fabric_read(&rig.session, rig.size)?),
+            Kind::FabricReadDirect => self.fabric_read_direct.push(fabric_read(&rig.direct.1, rig.size)?),
             Kind::Tcp => self.tcp.push(tcp_loopback(rig.size, load, Source::File(&rig.path)).map_err(|e| format!("loopback TCP ceiling: {e}"))?),
             Kind::TcpCached => {
                 self.tcp_cached.push(tcp_loopback(rig.size, load, Source::Cached).map_err(|e| format!("loopback TCP ceiling from cache: {e}"))?)
@@ -339,6 +353,7 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
     let size = rig.size;
     let rate = |v: &[f64]| gbps(size, median(&mut v.to_vec()));
     let (r, fr, e, fe) = (rate(&s.raw), rate(&s.fabric_read), rate(&s.embedded_exec), rate(&s.fabric_exec));
+    let frd = rate(&s.fabric_read_direct);
     let (tcp, tcp_cached, rs, rst) = (rate(&s.tcp), rate(&s.tcp_cached), rate(&s.raw_shaped), rate(&s.raw_streams));
     // The ratio within a round cancels the drift of a shared disk between rounds, which the
     // ratio of medians does not. Seconds are inverse rates: base over measured.
@@ -353,6 +368,7 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
         "raw_read_shaped_gbps": rs,
         "raw_read_streams_gbps": rst,
         "fabric_read_gbps": fr,
+        "fabric_read_direct_gbps": frd,
         "embedded_exec_gbps": e,
         "fabric_exec_gbps": fe,
         "tcp_loopback_gbps": tcp,
@@ -363,6 +379,9 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
         "fabric_read_to_raw_shaped_paired": paired(&s.raw_shaped),
         "fabric_read_to_raw_streams": fr / rst,
         "fabric_read_to_raw_streams_paired": paired(&s.raw_streams),
+        "fabric_read_direct_to_raw": frd / r,
+        "fabric_read_direct_to_raw_paired": within(&s.raw, &s.fabric_read_direct),
+        "fabric_read_to_direct_paired": within(&s.fabric_read_direct, &s.fabric_read),
         "fabric_read_to_tcp": fr / tcp,
         "fabric_read_to_tcp_cached": fr / tcp_cached,
         "fabric_exec_to_embedded": fe / e,
@@ -375,10 +394,11 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
             "exec_extents": EXTENTS, "max_transfer_bytes": rig.session.max_transfer(),
         },
         "session_wire_bytes": {"sent": stats.bytes_sent, "received": stats.bytes_received, "reconnects": stats.reconnects},
-        "seconds": {"raw": s.raw, "raw_shaped": s.raw_shaped, "raw_streams": s.raw_streams, "fabric_read": s.fabric_read, "tcp_loopback": s.tcp, "tcp_loopback_cached": s.tcp_cached, "embedded_exec": s.embedded_exec, "fabric_exec": s.fabric_exec},
+        "seconds": {"raw": s.raw, "raw_shaped": s.raw_shaped, "raw_streams": s.raw_streams, "fabric_read": s.fabric_read, "fabric_read_direct": s.fabric_read_direct, "tcp_loopback": s.tcp, "tcp_loopback_cached": s.tcp_cached, "embedded_exec": s.embedded_exec, "fabric_exec": s.fabric_exec},
         "machine": machine(),
         "direct_io": rig.backing.is_direct(),
         "transport": "NVMe/TCP over loopback to an in-process insitu target, no digests",
+        "host_reads": "page cache (sendfile); fabric_read_direct_*: direct I/O (--direct-reads)",
         "model": "none (real speed of this machine)",
     })
 }
@@ -390,7 +410,10 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
 /// The report has `raw_read_gbps`, `raw_read_shaped_gbps` (direct reads of the fabric read's
 /// request size and depth), `raw_read_streams_gbps` (1 MiB direct reads in the fabric's streams,
 /// see [`raw_read_streams`], with `fabric_read_to_raw_streams` and its paired median),
-/// `fabric_read_gbps`, `embedded_exec_gbps`,
+/// `fabric_read_gbps` (host reads sent from the page cache, the target's default),
+/// `fabric_read_direct_gbps` (a target reading them with direct I/O, with
+/// `fabric_read_direct_to_raw`, its paired median, and `fabric_read_to_direct_paired`),
+/// `embedded_exec_gbps`,
 /// `fabric_exec_gbps`, `tcp_loopback_gbps` (plain TCP serving the file's bytes with the
 /// fabric read's shape) and `tcp_loopback_cached_gbps` (plain TCP from a buffer in cache; see
 /// [`crate::tcp`]) (medians), the ratios `fabric_read_to_raw`, `fabric_read_to_raw_shaped`,
@@ -415,9 +438,11 @@ pub fn fabric(opts: &FabricOptions) -> Result<Json, Error> {
         return Err(format!("embedded and fabric crc32c disagree (embedded, fabric, ...): {all:?}").into());
     }
     let out = report(&rig, &samples, repeat);
-    let Rig { session, server, work, .. } = rig;
-    let _ = session.disconnect();
-    server.shutdown();
+    let Rig { session, server, direct, work, .. } = rig;
+    for (server, session) in [(server, session), direct] {
+        let _ = session.disconnect();
+        server.shutdown();
+    }
     drop(work);
     Ok(out)
 }

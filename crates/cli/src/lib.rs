@@ -321,6 +321,12 @@ enum TargetCmd {
         /// on every start over the same image. Needs --private.
         #[arg(long = "kv-store", value_name = "SIZE")]
         kv_store: Option<String>,
+        /// Read host data from disk namespaces with direct I/O instead of through the page
+        /// cache. By default the kernel reads ahead of streaming hosts and the data leaves
+        /// with `sendfile`; direct reads keep the page cache out of it (for drives faster
+        /// than the page cache, or to measure the drive itself). EXEC always reads directly.
+        #[arg(long = "direct-reads")]
+        direct_reads: bool,
     },
     /// Stop the target started on an address.
     Stop {
@@ -627,9 +633,9 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             }
         }
         Cmd::Demo { size, fs, dir } => return demo::run(&off, parse_size(&size)?, fs.into(), dir, json),
-        Cmd::Target(TargetCmd::Start { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker, ether, kv_store }) => {
+        Cmd::Target(TargetCmd::Start { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker, ether, kv_store, direct_reads }) => {
             let kv_store = kv_store.map(|s| parse_size(&s).map_err(|e| format!("--kv-store: {e}"))).transpose()?;
-            let a = target_cmd::StartArgs { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker, ether, kv_store };
+            let a = target_cmd::StartArgs { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker, ether, kv_store, direct_reads };
             return target_cmd::start(a, json);
         }
         Cmd::Target(TargetCmd::Stop { listen }) => return target_cmd::stop(listen, json),

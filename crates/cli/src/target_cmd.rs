@@ -31,6 +31,8 @@ pub(crate) struct StartArgs {
     pub(crate) ether: Option<String>,
     /// `--kv-store SIZE`: bytes of the first private namespace for the key-value store.
     pub(crate) kv_store: Option<u64>,
+    /// `--direct-reads`: host reads of disks with direct I/O, not through the page cache.
+    pub(crate) direct_reads: bool,
 }
 
 pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
@@ -78,6 +80,7 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
         listen: a.listen,
         subsystems: vec![SubsystemConfig { nqn: a.nqn.clone(), namespaces, allow_hosts: a.allow_hosts.clone() }],
         kv_store: a.kv_store,
+        direct_reads: a.direct_reads,
         ..TargetConfig::default()
     };
     let server = Server::bind(cfg).map_err(|e| format!("cannot start the target on {}: {e}", a.listen))?;
@@ -89,7 +92,7 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
         "ether": a.ether,
         "listen": listen.to_string(), "nqn": a.nqn, "namespaces": a.namespaces, "private": a.private,
         "allow_hosts": a.allow_hosts, "metrics": a.metrics.map(|m| m.to_string()), "model": a.model,
-        "docker": a.docker.map(|d| d.to_string()), "kv_store": a.kv_store,
+        "docker": a.docker.map(|d| d.to_string()), "kv_store": a.kv_store, "direct_reads": a.direct_reads,
     });
     if a.foreground {
         if let Some(m) = a.metrics {

@@ -37,7 +37,12 @@ fn connect_and_identify() {
 
 #[test]
 fn write_and_read_back_at_many_sizes() {
-    let f = target(Vec::new());
+    for f in targets_on_disk() {
+        write_and_read_back_at_many_sizes_on(&f);
+    }
+}
+
+fn write_and_read_back_at_many_sizes_on(f: &Fixture) {
     let s = connect(&f.addr);
     let mut lba = 0u64;
     // In-capsule, exactly the in-capsule limit, R2T, exactly MDTS, beyond MDTS (split).
@@ -71,7 +76,7 @@ fn host_commands(s: &Session) -> (u128, u128) {
 
 #[test]
 fn max_io_bytes_splits_reads_and_writes_on_disk_and_in_memory() {
-    for f in [target(Vec::new()), target_in_memory()] {
+    for f in [target(Vec::new()), target_with_direct_reads(), target_in_memory()] {
         for digests in [Digests::default(), Digests { header: true, data: true }] {
             let s = Session::connect(ConnectOptions { max_io_bytes: Some(16 << 10), queue_depth: 4, digests, ..opts(&f.addr) }).unwrap();
             let data = pattern(200 << 10, 9);
@@ -101,7 +106,12 @@ fn max_io_bytes_splits_reads_and_writes_on_disk_and_in_memory() {
 
 #[test]
 fn flush_write_zeroes_and_deallocate() {
-    let f = target(Vec::new());
+    for f in targets_on_disk() {
+        flush_write_zeroes_and_deallocate_on(&f);
+    }
+}
+
+fn flush_write_zeroes_and_deallocate_on(f: &Fixture) {
     let s = connect(&f.addr);
     let data = pattern(64 << 10, 9);
     s.write(1, 1000, &data).unwrap();
@@ -261,7 +271,7 @@ fn commands_rotate_over_every_io_queue() {
 
 #[test]
 fn consecutive_reads_of_a_disk_are_merged_yet_answered_one_by_one() {
-    let f = target(Vec::new());
+    let f = target_with_direct_reads();
     let s = Session::connect(ConnectOptions { max_io_bytes: Some(128 << 10), queue_depth: 8, io_queues: 1, ..opts(&f.addr) }).unwrap();
     let data = pattern(5 << 20, 4);
     s.write(1, 64, &data).unwrap();
@@ -280,4 +290,28 @@ fn consecutive_reads_of_a_disk_are_merged_yet_answered_one_by_one() {
     }
     let mut inside = vec![0u8; 512 << 10];
     s.read_into(1, last - 1024, &mut inside).unwrap();
+}
+
+#[test]
+fn reads_from_the_page_cache_see_every_write_before_them() {
+    for f in targets_on_disk() {
+        let s = connect(&f.addr);
+        // Read first, so that the pages are cached; then overwrite them three ways (a direct
+        // write of whole 4 KiB pages, a 512-byte write through the page cache, zeroes) and
+        // read again each time.
+        let old = pattern(256 << 10, 1);
+        s.write(1, 4096, &old).unwrap();
+        assert!(s.read(1, 4096, 512).unwrap() == old);
+        let new = pattern(128 << 10, 2);
+        s.write(1, 4096 + 64, &new).unwrap();
+        let mut want = old.clone();
+        want[64 * 512..64 * 512 + new.len()].copy_from_slice(&new);
+        assert!(s.read(1, 4096, 512).unwrap() == want, "a direct write over cached pages");
+        s.write(1, 4096 + 3, &[7u8; 512]).unwrap();
+        want[3 * 512..4 * 512].fill(7);
+        assert!(s.read(1, 4096, 512).unwrap() == want, "a 512-byte write");
+        s.write_zeroes(1, 4096 + 100, 50).unwrap();
+        want[100 * 512..150 * 512].fill(0);
+        assert!(s.read(1, 4096, 512).unwrap() == want, "write zeroes over cached pages");
+    }
 }

@@ -95,6 +95,8 @@ pub struct Backing {
     is_direct: bool,
     /// The file lives in memory (tmpfs, ramfs): reading it is a copy, with no device behind.
     in_memory: bool,
+    /// Reads for hosts may be sent from the page cache (see [`Backing::with_cached_reads`]).
+    cached_reads: bool,
     len: u64,
     counters: MediaCounters,
     pacing: Option<Arc<dyn Pacing>>,
@@ -120,7 +122,17 @@ impl Backing {
             Err(e) => return Err(with_path(e, path, "open with O_DIRECT")),
         };
         let in_memory = in_memory(&buffered);
-        Ok(Backing { path: path.to_owned(), direct, buffered, is_direct, in_memory, len, counters: MediaCounters::default(), pacing: None })
+        Ok(Backing { path: path.to_owned(), direct, buffered, is_direct, in_memory, cached_reads: in_memory, len, counters: MediaCounters::default(), pacing: None })
+    }
+
+    /// Lets [`Backing::send_from_page_cache`] send from a disk too (`true`), so that host
+    /// reads get the kernel's read-ahead and leave without a copy on this side; with
+    /// `false` they are read with direct I/O. Media in memory always sends from the page
+    /// cache: that is where it lives. Direct writes drop the cached pages they cover, so
+    /// reads stay coherent with writes either way.
+    pub fn with_cached_reads(mut self, on: bool) -> Self {
+        self.cached_reads = on || self.in_memory;
+        self
     }
 
     /// Makes every transfer obey `pacing` (see [`Pacing`]).
@@ -238,14 +250,16 @@ impl Backing {
         Ok(places.into_iter().zip(spans).map(|(at, &(_, len))| &buf.as_slice()[at..at + len]).collect())
     }
 
-    /// Whether [`Backing::send_from_page_cache`] sends (media in memory, not paced).
+    /// Whether [`Backing::send_from_page_cache`] sends: media in memory, or with cached
+    /// reads on (see [`Backing::with_cached_reads`]), and not paced.
     pub fn can_send_from_page_cache(&self) -> bool {
-        self.in_memory && self.pacing.is_none()
+        self.cached_reads && self.pacing.is_none()
     }
 
     /// Sends `len` bytes at `offset` to the socket `out` straight from the page cache
-    /// (`sendfile`), for media in memory with no pacing; `Ok(false)` (nothing sent) for
-    /// other media, which must be read into a buffer.
+    /// (`sendfile`, which reads what is not cached yet), when
+    /// [`Backing::can_send_from_page_cache`]; `Ok(false)` (nothing sent) for other media,
+    /// which must be read into a buffer.
     pub fn send_from_page_cache(&self, out: std::os::fd::BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<bool> {
         if !self.can_send_from_page_cache() {
             return Ok(false);
@@ -419,32 +433,44 @@ mod tests {
     }
 
     #[test]
-    fn sends_from_the_page_cache_only_for_media_in_memory() {
-        use std::io::Read;
-        use std::os::fd::AsFd;
-        let len = 300_000;
+    fn sends_from_the_page_cache_in_memory_or_when_asked() {
+        let (_dir, path) = store(300_000);
+        let disk = Backing::open(&path, true).unwrap();
+        if !disk.is_in_memory() {
+            assert!(!disk.can_send_from_page_cache(), "a disk is read directly unless asked");
+            let (out, _into) = socket_pair();
+            assert!(!disk.send_from_page_cache(std::os::fd::AsFd::as_fd(&out), 0, 10).unwrap(), "and then sends nothing");
+        }
         let shm = std::path::Path::new("/dev/shm");
-        let dir = tempfile::tempdir_in(if shm.is_dir() { shm } else { std::path::Path::new("/tmp") }).unwrap();
-        let path = dir.path().join("ns.img");
-        let data: Vec<u8> = (0..len).map(|i| (i * 31 % 251) as u8).collect();
-        std::fs::write(&path, &data).unwrap();
-        let media = Backing::open(&path, true).unwrap();
+        if shm.is_dir() {
+            let dir = tempfile::tempdir_in(shm).unwrap();
+            std::fs::copy(&path, dir.path().join("ns.img")).unwrap();
+            let memory = Backing::open(&dir.path().join("ns.img"), true).unwrap().with_cached_reads(false);
+            sends_the_file_from_the_page_cache(&memory, &std::fs::read(&path).unwrap());
+        }
+        sends_the_file_from_the_page_cache(&disk.with_cached_reads(true), &std::fs::read(&path).unwrap());
+    }
+
+    fn socket_pair() -> (std::net::TcpStream, std::net::TcpStream) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let out = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (mut into, _) = listener.accept().unwrap();
-        if !media.can_send_from_page_cache() {
-            assert!(!media.send_from_page_cache(out.as_fd(), 0, 10).unwrap(), "media not in memory sends nothing");
-            return;
-        }
+        (out, listener.accept().unwrap().0)
+    }
+
+    fn sends_the_file_from_the_page_cache(media: &Backing, data: &[u8]) {
+        use std::io::Read;
+        use std::os::fd::AsFd;
+        let (out, mut into) = socket_pair();
+        assert!(media.can_send_from_page_cache());
         assert!(media.send_from_page_cache(out.as_fd(), 4096, 200_000).unwrap());
         let mut got = vec![0u8; 200_000];
         into.read_exact(&mut got).unwrap();
         assert!(got == data[4096..204_096], "the bytes sent are the file's");
         assert_eq!(media.counters().read_bytes.load(Ordering::Relaxed), 200_000);
-        let e = media.send_from_page_cache(out.as_fd(), len as u64 - 10, 11).unwrap_err();
+        let e = media.send_from_page_cache(out.as_fd(), data.len() as u64 - 10, 11).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
         // Paced media is read into buffers, where the pacing applies.
-        let paced = Backing::open(&path, true).unwrap().with_pacing(Arc::new(Recorder::default()));
+        let paced = Backing::open(media.path(), true).unwrap().with_cached_reads(true).with_pacing(Arc::new(Recorder::default()));
         assert!(!paced.can_send_from_page_cache());
     }
 

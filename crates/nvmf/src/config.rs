@@ -72,6 +72,9 @@ pub struct TargetConfig {
     /// rest of that namespace. Give the same size on every start over the same image.
     /// Default none: no key-value namespace.
     pub kv_store: Option<u64>,
+    /// Read host data from disks with direct I/O rather than through the page cache (see
+    /// `insitu_target::NamespaceConfig::cached_reads`). Default `false`.
+    pub direct_reads: bool,
 }
 
 impl Default for TargetConfig {
@@ -86,6 +89,7 @@ impl Default for TargetConfig {
             workers_per_queue: 8,
             model: None,
             kv_store: None,
+            direct_reads: false,
         }
     }
 }

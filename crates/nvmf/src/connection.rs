@@ -137,14 +137,19 @@ impl Sink {
         write_all_vectored(&mut **self.stream.lock().unwrap_or_else(|e| e.into_inner()), slices)
     }
 
+    /// Whether [`Sink::complete_from_media`] would send from `media`.
+    pub(crate) fn can_send_from(&self, media: &insitu_media::Backing) -> bool {
+        self.socket.is_some() && !self.digests.data && self.link.is_none() && media.can_send_from_page_cache()
+    }
+
     /// Sends `len` bytes at `offset` of `media` as a command's data, straight from the page
     /// cache to the socket (`sendfile`: the kernel sends the cached pages themselves), then
     /// its response capsule. Returns `Ok(false)`, having sent nothing, when this connection
     /// cannot: no socket, data digests (they need the data in hand), a modelled link, or
-    /// media that is not in memory or is paced.
+    /// media read directly or paced (see [`insitu_media::Backing::can_send_from_page_cache`]).
     pub(crate) fn complete_from_media(&self, cid: u16, sqhd: u16, media: &insitu_media::Backing, offset: u64, len: usize) -> std::io::Result<bool> {
         use std::os::fd::AsFd;
-        let Some(socket) = self.socket.as_ref().filter(|_| !self.digests.data && self.link.is_none() && media.can_send_from_page_cache()) else {
+        let Some(socket) = self.socket.as_ref().filter(|_| self.can_send_from(media)) else {
             return Ok(false);
         };
         let mut heads = Vec::with_capacity(32);
@@ -412,8 +417,9 @@ impl Conn {
                     io::run(&self.shared, target, ctrl, &self.sink, io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd, more: Vec::new() });
                     return Ok(());
                 }
-                // Consecutive reads of a disk go to the media as one larger read.
-                if cmd.opcode() == opcode::READ && target.namespace(cmd.nsid()).is_some_and(|ns| !ns.media().is_paced()) {
+                // Consecutive reads of a disk read directly go to the media as one larger
+                // read (the kernel reads ahead of those sent from the page cache).
+                if cmd.opcode() == opcode::READ && target.namespace(cmd.nsid()).is_some_and(|ns| !ns.media().is_paced() && !self.sink.can_send_from(ns.media())) {
                     let job = io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd, more: Vec::new() };
                     if let Some(held) = self.reads.push(job, target) {
                         let _ = jobs.send(held);

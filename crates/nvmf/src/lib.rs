@@ -155,7 +155,7 @@ impl Server {
             // The store's file system is paced with its namespace: one drive, one model.
             let mut kv_pacing = None;
             for (i, ns) in s.namespaces.iter().enumerate() {
-                let mut nc = NamespaceConfig { lba_size: ns.lba_size, visibility: ns.visibility, ..NamespaceConfig::default() };
+                let mut nc = NamespaceConfig { lba_size: ns.lba_size, visibility: ns.visibility, cached_reads: !cfg.direct_reads, ..NamespaceConfig::default() };
                 if let Some((at, offset, _)) = &kv_region {
                     if *at == i {
                         nc.size = Some(offset / u64::from(ns.lba_size) * u64::from(ns.lba_size));

@@ -150,7 +150,7 @@ impl Target {
 
     /// Opens `path` (a file or block device) and adds a namespace over it; returns its NSID.
     pub fn add_namespace(&mut self, path: &Path, cfg: NamespaceConfig) -> Result<Nsid, String> {
-        let mut media = Backing::open(path, false).map_err(|e| e.to_string())?;
+        let mut media = Backing::open(path, false).map_err(|e| e.to_string())?.with_cached_reads(cfg.cached_reads);
         if let Some(p) = &cfg.pacing {
             media = media.with_pacing(p.clone());
         }

@@ -35,12 +35,29 @@ pub fn target_in_memory() -> Fixture {
     target_in(tempfile::tempdir_in("/dev/shm").unwrap(), Vec::new())
 }
 
+/// [`target`] reading host data with direct I/O into its buffers (`--direct-reads`)
+/// instead of sending it from the page cache.
+pub fn target_with_direct_reads() -> Fixture {
+    target_configured(tempfile::tempdir().unwrap(), Vec::new(), true)
+}
+
+/// The disk-backed target both ways: host reads through the page cache (the default) and
+/// with direct I/O.
+pub fn targets_on_disk() -> [Fixture; 2] {
+    [target(Vec::new()), target_with_direct_reads()]
+}
+
 fn target_in(dir: tempfile::TempDir, allow_hosts: Vec<String>) -> Fixture {
+    target_configured(dir, allow_hosts, false)
+}
+
+fn target_configured(dir: tempfile::TempDir, allow_hosts: Vec<String>, direct_reads: bool) -> Fixture {
     let img = dir.path().join("ns.img");
     std::fs::File::create(&img).unwrap().set_len(NS_BYTES).unwrap();
     let cfg = TargetConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         subsystems: vec![SubsystemConfig { nqn: NQN.into(), namespaces: vec![NamespaceSpec::sharable(&img)], allow_hosts }],
+        direct_reads,
         ..TargetConfig::default()
     };
     let handle = Server::bind(cfg).unwrap().spawn();
