@@ -44,7 +44,8 @@ def markdown(r: dict) -> str:
               + (f", {r['fabric_read_to_raw_streams_paired']:.1%} of raw in its streams" if "raw_read_streams_gbps" in r else "")
               + " |\n")
     if "fabric_read_direct_gbps" in r:
-        s += (f"| fabric read, the same, from a target reading host data with direct I/O (`--direct-reads`) | {r['fabric_read_direct_gbps']:.3f} | "
+        how = " (media in memory: it sends from the page cache all the same)" if r.get("in_memory") else ""
+        s += (f"| fabric read, the same, from a target started with `--direct-reads`{how} | {r['fabric_read_direct_gbps']:.3f} | "
               f"{r['fabric_read_direct_to_raw']:.1%} of raw, {r['fabric_read_direct_to_raw_paired']:.1%} within each round; "
               f"the default's fabric read is {r['fabric_read_to_direct_paired']:.2f}x it within each round |\n")
     if "tcp_loopback_cached_gbps" in r:
@@ -83,14 +84,15 @@ def plot(r: dict, plt):
         labels.insert(at, "fabric read, direct I/O")
         vals.insert(at, r["fabric_read_direct_gbps"])
         colors.insert(at, "#c4c4c4")
+    at = labels.index("embedded EXEC")  # the TCP ceilings go after the reads
     if "tcp_loopback_cached_gbps" in r:
-        labels[2:2] = ["TCP serving the file", "TCP from cache"]
-        vals[2:2] = [r["tcp_loopback_gbps"], r["tcp_loopback_cached_gbps"]]
-        colors[2:2] = ["#d9d9d9", "#eeeeee"]
+        labels[at:at] = ["TCP serving the file", "TCP from cache"]
+        vals[at:at] = [r["tcp_loopback_gbps"], r["tcp_loopback_cached_gbps"]]
+        colors[at:at] = ["#d9d9d9", "#eeeeee"]
     elif "tcp_loopback_gbps" in r:
-        labels.insert(2, "TCP loopback")
-        vals.insert(2, r["tcp_loopback_gbps"])
-        colors.insert(2, "#d9d9d9")
+        labels.insert(at, "TCP loopback")
+        vals.insert(at, r["tcp_loopback_gbps"])
+        colors.insert(at, "#d9d9d9")
     ax.barh(labels, vals, color=colors)
     for i, v in enumerate(vals):
         ax.text(v, i, f" {v:.2f}", va="center")

@@ -397,8 +397,13 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
         "seconds": {"raw": s.raw, "raw_shaped": s.raw_shaped, "raw_streams": s.raw_streams, "fabric_read": s.fabric_read, "fabric_read_direct": s.fabric_read_direct, "tcp_loopback": s.tcp, "tcp_loopback_cached": s.tcp_cached, "embedded_exec": s.embedded_exec, "fabric_exec": s.fabric_exec},
         "machine": machine(),
         "direct_io": rig.backing.is_direct(),
+        "in_memory": rig.backing.is_in_memory(),
         "transport": "NVMe/TCP over loopback to an in-process insitu target, no digests",
-        "host_reads": "page cache (sendfile); fabric_read_direct_*: direct I/O (--direct-reads)",
+        "host_reads": if rig.backing.is_in_memory() {
+            "page cache (sendfile), by both targets: media in memory is always sent from it"
+        } else {
+            "page cache (sendfile); fabric_read_direct_*: direct I/O (--direct-reads)"
+        },
         "model": "none (real speed of this machine)",
     })
 }
