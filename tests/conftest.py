@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Sequence
 
 import pytest
 
@@ -173,13 +173,13 @@ class TargetDaemon:
 @pytest.fixture(scope="module")
 def start_target() -> Callable[..., TargetDaemon]:
     """A function that starts a target daemon and returns its `TargetDaemon`:
-    `start_target(nqn, size, private=False)` makes a sparse image of `size` bytes in a new
-    directory under /var/tmp and serves it as namespace 1 (and, with `private`, also as a
-    private namespace) on 127.0.0.1 at a free port. Every daemon started is stopped and its
+    `start_target(nqn, size, private=False, extra=())` makes a sparse image of `size` bytes
+    in a new directory under /var/tmp and serves it as namespace 1 (and, with `private`,
+    also as a private namespace) on 127.0.0.1 at a free port, with `extra` arguments. Every daemon started is stopped and its
     directory removed at the end of the module, also when tests fail."""
     started: List[TargetDaemon] = []
 
-    def start(nqn: str, size: int, private: bool = False) -> TargetDaemon:
+    def start(nqn: str, size: int, private: bool = False, extra: Sequence[str] = ()) -> TargetDaemon:
         d = Path(tempfile.mkdtemp(prefix="insitu-target-", dir="/var/tmp"))
         image = d / "ns.img"
         with open(image, "wb") as f:
@@ -188,6 +188,7 @@ def start_target() -> Callable[..., TargetDaemon]:
         args = ["target", "start", "--listen", listen, "--nqn", nqn, "--namespace", image]
         if private:
             args += ["--private", image]
+        args += list(extra)
         t = TargetDaemon(listen, nqn, image, d, {})
         started.append(t)
         t.doc = cli_json(*args)

@@ -43,6 +43,27 @@ def test_identify_and_block_io(url: str):
     s.disconnect()
 
 
+@pytest.mark.parametrize("extra", [[], ["--direct-reads"]], ids=["page-cache", "direct-reads"])
+def test_host_reads_of_a_disk_match_the_image_either_way(start_target, extra):
+    """Host reads go through the page cache by default and with direct I/O under
+    --direct-reads: both return the image's bytes, also right after overwriting what was
+    just read (and so cached)."""
+    t = start_target(f"{NQN}-{'direct' if extra else 'cached'}", 32 << 20, extra=extra)
+    assert t.doc["direct_reads"] is bool(extra)
+    s = insitu.Session(t.url, queue_depth=8, io_queues=2)
+    first = os.urandom(4 << 20)
+    s.write(1, 0, first)
+    assert s.read(1, 0, len(first) // 512) == first
+    second = os.urandom(1 << 20)
+    s.write(1, 1024, second)
+    s.flush(1)
+    want = first[: 1024 * 512] + second + first[1024 * 512 + len(second):]
+    assert s.read(1, 0, len(first) // 512) == want
+    s.disconnect()
+    with open(t.image, "rb") as f:
+        assert f.read(len(want)) == want, "what the host read is what the image holds"
+
+
 def test_exec_writes_its_result_to_the_result_object(url: str):
     s = insitu.Session(url)
     payload = os.urandom(1 << 20)
