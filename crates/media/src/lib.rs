@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Access to the storage behind an insitu namespace: a regular file or a block device,
-//! read and written with direct I/O so the target never serves stale or double-cached data.
+//! read and written with direct I/O so that what the target computes on is never stale or
+//! cached twice. Reads for hosts may instead be sent from the page cache
+//! ([`Backing::with_cached_reads`]), where the kernel reads ahead of streaming hosts; direct
+//! writes drop the cached pages they cover, so those reads stay coherent.
 //!
 //! [`Backing`] opens the store with `O_DIRECT` when the file system allows it (falling back
 //! to buffered I/O on file systems such as tmpfs that refuse it) and hides the alignment
