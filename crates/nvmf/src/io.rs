@@ -229,12 +229,14 @@ fn read_from_page_cache(shared: &Shared, target: &Target, ctrl: &Controller, sin
     }
     let Ok(bytes) = read_bytes(shared, target, cmd) else { return false }; // refused by the ordinary path
     let Ok((media, offset)) = target.read_source(nsid, slba(cmd), bytes) else { return false };
-    // A failed send ends the connection; only a connection that cannot send this way
-    // leaves the command to the ordinary path.
-    if let Ok(false) = sink.complete_from_media(cmd.cid(), job.sqhd, media, offset, bytes) {
+    if !sink.can_send_from(media) {
         return false;
     }
+    // Counted before the completion leaves: a host that reads the SMART log once its reads
+    // complete must find them there.
     ctrl.read_cmds.fetch_add(1, Ordering::Relaxed);
+    // A failed send ends the connection.
+    let _ = sink.complete_from_media(cmd.cid(), job.sqhd, media, offset, bytes);
     let (nsid, function) = metric_labels(target, cmd, &job.data);
     let cost = CommandCost { function, status: 0, took: started.elapsed(), link_bytes: bytes as u64, media_bytes: bytes as u64 };
     shared.metrics.record(cmd.opcode(), nsid, &cost);
