@@ -274,6 +274,7 @@ enum PoolAction {
 }
 
 #[derive(Subcommand, Debug)]
+#[allow(clippy::large_enum_variant)] // parsed once per process; boxing would only add noise
 enum TargetCmd {
     /// Start a target (as a daemon unless --foreground).
     ///

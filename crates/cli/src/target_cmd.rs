@@ -362,21 +362,6 @@ pub(crate) fn status(json_out: bool) -> Result<i32, Failure> {
     Ok(0)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::route;
-
-    #[test]
-    fn only_get_metrics_is_routed() {
-        assert!(route(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").is_some());
-        assert!(route(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n").is_some());
-        assert!(route(b"POST /metrics HTTP/1.1\r\n\r\n").is_none());
-        assert!(route(b"GET /admin HTTP/1.1\r\n\r\n").is_none());
-        assert!(route(b"").is_none());
-        assert!(route(b"\xff\xfe").is_none());
-    }
-}
-
 /// `insitu target fsck`: checks the key-value store's file system; exit 1 with problems.
 pub(crate) fn fsck(private: &Path, bytes: u64, json_out: bool) -> Result<i32, Failure> {
     let r = insitu_nvmf::fsck_kv_store(private, bytes)?;
@@ -396,4 +381,19 @@ pub(crate) fn fsck(private: &Path, bytes: u64, json_out: bool) -> Result<i32, Fa
         println!("{}", if r.is_clean() { "clean" } else { "NOT clean" });
     }
     Ok(if r.is_clean() { 0 } else { 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route;
+
+    #[test]
+    fn only_get_metrics_is_routed() {
+        assert!(route(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").is_some());
+        assert!(route(b"GET /metrics?x=1 HTTP/1.0\r\n\r\n").is_some());
+        assert!(route(b"POST /metrics HTTP/1.1\r\n\r\n").is_none());
+        assert!(route(b"GET /admin HTTP/1.1\r\n\r\n").is_none());
+        assert!(route(b"").is_none());
+        assert!(route(b"\xff\xfe").is_none());
+    }
 }

@@ -112,8 +112,8 @@ fn attention_over_the_fabric_equals_a_host_computation() {
         for g in 0..group {
             let row = (h * group + g) * D;
             let want = reference(&q[row..row + D], kh, vh, t, f64::from(scale));
-            for i in 0..D {
-                assert!((f64::from(r.out[row + i]) - want[i]).abs() < 1e-5, "head {h} row {g} dim {i}");
+            for (i, w) in want.iter().enumerate() {
+                assert!((f64::from(r.out[row + i]) - w).abs() < 1e-5, "head {h} row {g} dim {i}");
             }
         }
     }

@@ -63,7 +63,7 @@ impl Rng {
 fn key(i: u64) -> Vec<u8> {
     let len = 1 + (i * 7 % 16) as usize;
     let mut k = format!("{:02x}{i:x}", i % 16).into_bytes();
-    k.resize(len.max(3).min(16), b'.');
+    k.resize(len.clamp(3, 16), b'.');
     k.truncate(len.max(3));
     k
 }

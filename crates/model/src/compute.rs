@@ -151,6 +151,14 @@ pub fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The offload engine charges its kernels' CPU time here (see
+/// [`insitu_target::Target::with_compute_budget`]).
+impl insitu_target::ComputeBudget for ComputeBudget {
+    fn charge(&self, cpu_ns: u64) {
+        self.throttle(cpu_ns);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,13 +212,5 @@ mod tests {
         assert!(e.contains("workers"), "{e}");
         let e = ComputeConfig { workers: 1, cpu_share: f64::INFINITY }.validate().unwrap_err().to_string();
         assert!(e.contains("cpu_share"), "{e}");
-    }
-}
-
-/// The offload engine charges its kernels' CPU time here (see
-/// [`insitu_target::Target::with_compute_budget`]).
-impl insitu_target::ComputeBudget for ComputeBudget {
-    fn charge(&self, cpu_ns: u64) {
-        self.throttle(cpu_ns);
     }
 }

@@ -101,6 +101,7 @@ impl KvTarget {
     /// stored as `dtype` ("f32" or "f16") with `dims_per_page` dimensions of K per
     /// dimension-indexed page.
     #[pyo3(signature = (seq, layers, kv_heads, head_dim, dtype="f32", dims_per_page=1))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one per shape field
     fn create(&self, py: Python<'_>, seq: u64, layers: usize, kv_heads: usize, head_dim: usize, dtype: &str, dims_per_page: usize) -> PyResult<()> {
         let dtype = match dtype {
             "f32" => Dtype::F32,
