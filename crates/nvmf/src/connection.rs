@@ -144,13 +144,13 @@ impl Sink {
 
     /// Sends `len` bytes at `offset` of `media` as a command's data, straight from the page
     /// cache to the socket (`sendfile`: the kernel sends the cached pages themselves), then
-    /// its response capsule. Returns `Ok(false)`, having sent nothing, when this connection
-    /// cannot: no socket, data digests (they need the data in hand), a modelled link, or
-    /// media read directly or paced (see [`insitu_media::Backing::can_send_from_page_cache`]).
-    pub(crate) fn complete_from_media(&self, cid: u16, sqhd: u16, media: &insitu_media::Backing, offset: u64, len: usize) -> std::io::Result<bool> {
+    /// its response capsule. Only for media that [`Sink::can_send_from`] accepts: no socket,
+    /// data digests (they need the data in hand), a modelled link, or media read directly or
+    /// paced (see [`insitu_media::Backing::can_send_from_page_cache`]) fail with nothing sent.
+    pub(crate) fn complete_from_media(&self, cid: u16, sqhd: u16, media: &insitu_media::Backing, offset: u64, len: usize) -> std::io::Result<()> {
         use std::os::fd::AsFd;
         let Some(socket) = self.socket.as_ref().filter(|_| self.can_send_from(media)) else {
-            return Ok(false);
+            return Err(std::io::Error::other("this connection cannot send from the page cache"));
         };
         let mut heads = Vec::with_capacity(32);
         let mut stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
@@ -168,8 +168,7 @@ impl Sink {
         heads.clear();
         Pdu::CapsuleResp { cqe: Completion { sqhd, sqid: self.sqid, cid, ..Completion::default() } }.encode(self.digests, self.hpda, &mut heads);
         self.metrics.add_wire_out(heads.len() as u64);
-        stream.write_all(&heads)?;
-        Ok(true)
+        stream.write_all(&heads)
     }
 
     /// Sends a command's data (if any) and its response capsule in one vectored write: the

@@ -224,14 +224,11 @@ fn run_reads(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Sink, f
 fn read_from_page_cache(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Sink, job: &Job, started: Instant) -> bool {
     let cmd = &job.cmd;
     let nsid = cmd.nsid();
-    if !target.namespace(nsid).is_some_and(|ns| ns.media().can_send_from_page_cache()) {
+    if !target.namespace(nsid).is_some_and(|ns| sink.can_send_from(ns.media())) {
         return false;
     }
     let Ok(bytes) = read_bytes(shared, target, cmd) else { return false }; // refused by the ordinary path
     let Ok((media, offset)) = target.read_source(nsid, slba(cmd), bytes) else { return false };
-    if !sink.can_send_from(media) {
-        return false;
-    }
     // Counted before the completion leaves: a host that reads the SMART log once its reads
     // complete must find them there.
     ctrl.read_cmds.fetch_add(1, Ordering::Relaxed);
