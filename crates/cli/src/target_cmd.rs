@@ -83,38 +83,52 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
         direct_reads: a.direct_reads,
         ..TargetConfig::default()
     };
-    let server = Server::bind(cfg).map_err(|e| format!("cannot start the target on {}: {e}", a.listen))?;
-    let listen = server.local_addr();
-    if let Some(tap) = crate::ethernet_cmd::target_tap(a.ether.as_deref())? {
-        server.attach_ether(tap).map_err(|e| format!("--ether: {e}"))?;
-    }
     let record = json!({
         "ether": a.ether,
-        "listen": listen.to_string(), "nqn": a.nqn, "namespaces": a.namespaces, "private": a.private,
+        "listen": a.listen.to_string(), "nqn": a.nqn, "namespaces": a.namespaces, "private": a.private,
         "allow_hosts": a.allow_hosts, "metrics": a.metrics.map(|m| m.to_string()), "model": a.model,
         "docker": a.docker.map(|d| d.to_string()), "kv_store": a.kv_store, "direct_reads": a.direct_reads,
     });
+    let serving = Serving { cfg, ether: a.ether.clone(), metrics: a.metrics, containers };
     if a.foreground {
-        if let Some(m) = a.metrics {
-            serve_metrics(m, server.metrics())?;
-        }
-        start_containers(&server, containers)?;
-        eprintln!("insitu-target: serving {} on nvme-tcp://{listen}", a.nqn);
+        ignore_sigpipe();
+        let server = serving.assemble()?;
+        eprintln!("insitu-target: serving {} on nvme-tcp://{}", a.nqn, server.local_addr());
         server.run().map_err(|e| e.to_string())?;
         return Ok(0);
     }
     std::fs::create_dir_all(RUN_DIR).map_err(|e| format!("{RUN_DIR}: {e}"))?;
-    let log = Path::new(RUN_DIR).join(format!("target-{}.log", listen.to_string().replace([':', '[', ']'], "_")));
-    // SAFETY: fork(2) in a process whose other threads (if any) hold no locks this child
-    // needs: the child only calls async-signal-safe setup, then runs the server it owns.
+    // The daemon forks before the target exists: fork(2) copies only the calling thread,
+    // so every thread the target starts (queue workers, the attention engine's pool, the
+    // container service) must be started in the process that serves. The child reports
+    // over a pipe whether it came up, and the parent waits for that.
+    let (mut ready_rx, ready_tx) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
+    // SAFETY: fork(2) in the command-line process, which has started no threads of its
+    // own (the target is assembled in the child).
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(format!("fork: {}", std::io::Error::last_os_error()).into());
     }
     if pid == 0 {
-        daemon_child(server, &log, a.metrics, containers);
+        drop(ready_rx);
+        daemon_child(serving, ready_tx);
     }
+    drop(ready_tx);
+    let mut report = String::new();
+    let _ = ready_rx.read_to_string(&mut report);
+    let listen: SocketAddr = match report.strip_prefix("ready ").and_then(|a| a.trim().parse().ok()) {
+        Some(addr) => addr,
+        None => {
+            let mut status = 0;
+            // SAFETY: reaps the child that failed, with a local out-parameter.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            let why = report.strip_prefix("error ").unwrap_or("the daemon exited before it served; run with --foreground to see why");
+            return Err(why.trim().to_string().into());
+        }
+    };
+    let log = log_file(&listen);
     let mut rec = record;
+    rec["listen"] = json!(listen.to_string());
     rec["pid"] = json!(pid);
     rec["log"] = json!(log);
     std::fs::write(pid_file(&listen), rec.to_string()).map_err(|e| e.to_string())?;
@@ -135,6 +149,68 @@ pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
     Ok(0)
 }
 
+fn log_file(listen: &SocketAddr) -> PathBuf {
+    Path::new(RUN_DIR).join(format!("target-{}.log", listen.to_string().replace([':', '[', ']'], "_")))
+}
+
+/// A vanished peer must end only its own connection: with SIGPIPE's default action a
+/// send to a client that has gone away (`sendfile` takes no `MSG_NOSIGNAL`) would end the
+/// whole target. Sends then fail with `EPIPE`, which the connection treats as its end.
+fn ignore_sigpipe() {
+    // SAFETY: sets the disposition of one signal; no memory is passed.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+}
+
+/// Everything a serving target is made of, assembled in the process that serves it.
+struct Serving {
+    cfg: TargetConfig,
+    ether: Option<String>,
+    metrics: Option<SocketAddr>,
+    containers: Option<insitu_isp::ServiceConfig>,
+}
+
+impl Serving {
+    /// Binds the target and starts its services: Ether-oN, metrics and containers.
+    fn assemble(self) -> Result<Server, Failure> {
+        self.assemble_then(|_| {})
+    }
+
+    /// As [`Serving::assemble`], calling `bound` between binding the target and starting
+    /// its services (the daemon moves its output to the log there).
+    fn assemble_then(self, bound: impl FnOnce(&Server)) -> Result<Server, Failure> {
+        let listen = self.cfg.listen;
+        // Before the target starts any thread: with containers, SIGTERM and SIGINT are
+        // taken by one thread that stops them first, so every other thread must block both.
+        let stop_signals = self.containers.is_some().then(block_stop_signals);
+        let server = Server::bind(self.cfg).map_err(|e| format!("cannot start the target on {listen}: {e}"))?;
+        bound(&server);
+        if let Some(tap) = crate::ethernet_cmd::target_tap(self.ether.as_deref())? {
+            server.attach_ether(tap).map_err(|e| format!("--ether: {e}"))?;
+        }
+        if let Some(m) = self.metrics {
+            serve_metrics(m, server.metrics())?;
+        }
+        if let (Some(cfg), Some(set)) = (self.containers, stop_signals) {
+            start_containers(&server, cfg, set)?;
+        }
+        Ok(server)
+    }
+}
+
+/// Blocks SIGTERM and SIGINT in this thread (and so in every thread it starts later);
+/// returns the set for `sigwait`.
+fn block_stop_signals() -> libc::sigset_t {
+    // SAFETY: sigset operations on a local set, then the calling thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
 /// Container limits from the device model: the CPU of its embedded cores, and reads of
 /// `/data` at the rate the drive's flash delivers to its engine.
 fn container_limits(model: Option<&insitu_model::DeviceModel>) -> insitu_isp::runtime::Limits {
@@ -143,24 +219,13 @@ fn container_limits(model: Option<&insitu_model::DeviceModel>) -> insitu_isp::ru
     insitu_isp::runtime::Limits { cpus, data_read_bps, ..Default::default() }
 }
 
-/// Starts the container service (`--docker`), if asked for. SIGTERM and SIGINT then stop
+/// Starts the container service (`--docker`). SIGTERM and SIGINT then stop
 /// it before the process ends, so no container outlives its target and the private
 /// namespace is unmounted cleanly. With a KV store (`--kv-store`), its local API is mounted
 /// first (`/run/insitu/kv-ADDR_PORT`, unmounted and removed on stop) and every container
 /// gets it at `/kv`.
-fn start_containers(server: &Server, cfg: Option<insitu_isp::ServiceConfig>) -> Result<(), Failure> {
-    let Some(mut cfg) = cfg else { return Ok(()) };
-    // SAFETY: sigset operations on a local set; the mask is set before any thread that
-    // should inherit it is spawned.
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    };
-    // After the mask: the FUSE thread must leave SIGTERM to the sigwait below.
+fn start_containers(server: &Server, mut cfg: insitu_isp::ServiceConfig, set: libc::sigset_t) -> Result<(), Failure> {
+    // The FUSE thread, like every other, leaves SIGTERM to the sigwait below.
     let kv = match server.kv_store() {
         Some(store) => {
             let dir = Path::new(RUN_DIR).join(format!("kv-{}", server.local_addr().to_string().replace([':', '[', ']'], "_")));
@@ -235,33 +300,36 @@ impl ViewRefresh {
     }
 }
 
-fn daemon_child(server: Server, log: &Path, metrics: Option<SocketAddr>, containers: Option<insitu_isp::ServiceConfig>) -> ! {
+fn daemon_child(serving: Serving, mut ready: std::io::PipeWriter) -> ! {
     // SAFETY: setsid has no memory arguments.
     unsafe { libc::setsid() };
-    if let Ok(f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: dup2 onto the standard descriptors of this (child) process.
-        unsafe {
-            libc::dup2(f.as_raw_fd(), 1);
-            libc::dup2(f.as_raw_fd(), 2);
+    ignore_sigpipe();
+    let to_log = |server: &Server| {
+        let log = log_file(&server.local_addr());
+        if let Ok(f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+            use std::os::fd::AsRawFd;
+            // SAFETY: dup2 onto the standard descriptors of this (child) process.
+            unsafe {
+                libc::dup2(f.as_raw_fd(), 1);
+                libc::dup2(f.as_raw_fd(), 2);
+            }
         }
-    }
-    if let Some(m) = metrics {
-        if let Err(e) = serve_metrics(m, server.metrics()) {
-            eprintln!("insitu-target: metrics: {}", e.message);
-        }
-    }
-    match start_containers(&server, containers) {
-        Ok(()) => {}
+    };
+    let server = match serving.assemble_then(to_log) {
+        Ok(s) => s,
         Err(e) => {
             eprintln!("insitu-target: {}", e.message);
-            // SAFETY: as below.
+            let _ = write!(ready, "error {}", e.message);
+            // SAFETY: leave without running the parent's atexit handlers (it may be Python).
             unsafe { libc::_exit(1) }
         }
     };
-    eprintln!("insitu-target: serving on nvme-tcp://{}", server.local_addr());
+    let listen = server.local_addr();
+    eprintln!("insitu-target: serving on nvme-tcp://{listen}");
+    let _ = write!(ready, "ready {listen}");
+    drop(ready);
     let code = i32::from(server.run().is_err());
-    // SAFETY: leave without running the parent's atexit handlers (it may be Python).
+    // SAFETY: as above.
     unsafe { libc::_exit(code) }
 }
 
