@@ -101,7 +101,9 @@ pub(crate) struct Shared {
     /// The Ether-oN interface, when the target has one (`Server::attach_ether`).
     pub(crate) ether: ether::Port,
     stopping: AtomicBool,
-    connections: Mutex<Vec<TcpStream>>,
+    connections: Mutex<std::collections::HashMap<u64, TcpStream>>,
+    /// The key of the next connection in `connections`.
+    next_connection: std::sync::atomic::AtomicU64,
     live: AtomicUsize,
 }
 
@@ -196,7 +198,7 @@ impl Server {
             }
             None => None,
         };
-        let shared = Arc::new(Shared { links, cfg, subsystems, metrics: Arc::new(Metrics::default()), ether: Default::default(), stopping: AtomicBool::new(false), connections: Mutex::new(Vec::new()), live: AtomicUsize::new(0) });
+        let shared = Arc::new(Shared { links, cfg, subsystems, metrics: Arc::new(Metrics::default()), ether: Default::default(), stopping: AtomicBool::new(false), connections: Mutex::new(Default::default()), next_connection: Default::default(), live: AtomicUsize::new(0) });
         Ok(Server { listener, shared })
     }
 
@@ -244,16 +246,24 @@ impl Server {
                 eprintln!("insitu-target: refusing a connection: {MAX_CONNECTIONS} are open");
                 continue;
             }
+            // A second descriptor of each connection, for drop_connections and shutdown;
+            // it goes when its connection ends, so a client that vanishes leaves none.
+            let key = self.shared.next_connection.fetch_add(1, Ordering::Relaxed);
             if let Ok(c) = stream.try_clone() {
-                let mut conns = self.shared.connections.lock().unwrap_or_else(|e| e.into_inner());
-                conns.retain(|s| s.peer_addr().is_ok());
-                conns.push(c);
+                self.shared.connections.lock().unwrap_or_else(|e| e.into_inner()).insert(key, c);
             }
             let shared = self.shared.clone();
-            let _ = std::thread::Builder::new().name("nvmf-queue".into()).spawn(move || {
+            let spawned = std::thread::Builder::new().name("nvmf-queue".into()).spawn(move || {
                 connection::serve(shared.clone(), stream);
+                shared.connections.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
                 shared.live.fetch_sub(1, Ordering::Relaxed);
             });
+            if spawned.is_err() {
+                // No thread for it (the process is at its limit): refuse this one, keep serving.
+                self.shared.connections.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+                self.shared.live.fetch_sub(1, Ordering::Relaxed);
+                eprintln!("insitu-target: refusing a connection: cannot start a thread for it");
+            }
         }
         Ok(())
     }
@@ -289,7 +299,7 @@ impl ServerHandle {
 
     /// Drops every connection, as if the network failed (for reconnect tests).
     pub fn drop_connections(&self) {
-        for c in self.shared.connections.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        for (_, c) in self.shared.connections.lock().unwrap_or_else(|e| e.into_inner()).drain() {
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
     }
