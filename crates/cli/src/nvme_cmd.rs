@@ -8,7 +8,7 @@
 use insitu_bench::human;
 use crate::Failure;
 use insitu_attach::TargetUrl;
-use insitu_initiator::{ConnectOptions, ControllerInfo, DiscoveryEntry, InitiatorError, NamespaceInfo, Session, DISCOVERY_NQN};
+use insitu_initiator::{CommandSet, ConnectOptions, ControllerInfo, DiscoveryEntry, InitiatorError, KvNamespaceInfo, NamespaceInfo, Session, DISCOVERY_NQN};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -74,8 +74,37 @@ fn controller_json(c: &ControllerInfo, s: &Session) -> Value {
     })
 }
 
-fn namespace_json(n: &NamespaceInfo) -> Value {
-    json!({"nsid": n.nsid, "size_bytes": n.size_bytes(), "nsze": n.nsze, "ncap": n.ncap, "nuse": n.nuse, "lba_size": n.lba_size})
+/// One active namespace as its own command set describes it.
+enum Described {
+    Nvm(NamespaceInfo),
+    KeyValue(KvNamespaceInfo),
+    Other(u32, CommandSet),
+}
+
+impl Described {
+    fn json(&self) -> Value {
+        match self {
+            Described::Nvm(n) => json!({
+                "nsid": n.nsid, "command_set": "nvm", "size_bytes": n.size_bytes(), "nsze": n.nsze, "ncap": n.ncap,
+                "nuse": n.nuse, "lba_size": n.lba_size,
+            }),
+            Described::KeyValue(k) => json!({
+                "nsid": k.nsid, "command_set": "key-value", "size_bytes": k.capacity_bytes, "max_key_bytes": k.max_key_bytes,
+                "max_value_bytes": k.max_value_bytes,
+            }),
+            Described::Other(nsid, set) => json!({"nsid": nsid, "command_set": set.name()}),
+        }
+    }
+}
+
+/// Identifies namespace `nsid` with the Identify structure of its command set: a
+/// key-value namespace has no NVM structure (CNS 00h reads as zeros there).
+fn describe_namespace(s: &Session, nsid: u32) -> Result<Described, InitiatorError> {
+    match s.namespace_command_set(nsid)? {
+        CommandSet::Nvm => s.identify_namespace(nsid).map(Described::Nvm),
+        CommandSet::KeyValue => s.identify_kv_namespace(nsid).map(Described::KeyValue),
+        other => Ok(Described::Other(nsid, other)),
+    }
 }
 
 /// `insitu nvme identify URL`: the controller and its active namespaces (or the one NSID
@@ -89,7 +118,7 @@ pub(crate) fn identify(url: &str, hostnqn: Option<String>, json_out: bool) -> Re
         None if u.nqn == DISCOVERY_NQN => Vec::new(),
         None => s.active_namespaces().map_err(|e| failure(&u, e))?,
     };
-    let namespaces = nsids.iter().map(|&n| s.identify_namespace(n)).collect::<Result<Vec<_>, _>>().map_err(|e| match (&e, u.nsid) {
+    let namespaces = nsids.iter().map(|&n| describe_namespace(&s, n)).collect::<Result<Vec<_>, _>>().map_err(|e| match (&e, u.nsid) {
         (InitiatorError::NoNamespace { .. } | InitiatorError::Status { sct: 0, sc: 0x0B, .. }, Some(n)) => {
             let active = s.active_namespaces().unwrap_or_default();
             let list = active.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
@@ -100,7 +129,7 @@ pub(crate) fn identify(url: &str, hostnqn: Option<String>, json_out: bool) -> Re
     if json_out {
         let out = json!({
             "url": u.to_string(), "address": u.address(), "hostnqn": s.options().hostnqn,
-            "controller": controller_json(&c, &s), "namespaces": namespaces.iter().map(namespace_json).collect::<Vec<_>>(),
+            "controller": controller_json(&c, &s), "namespaces": namespaces.iter().map(Described::json).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
     } else {
@@ -124,7 +153,17 @@ pub(crate) fn identify(url: &str, hostnqn: Option<String>, json_out: bool) -> Re
             println!("namespaces ({}):", namespaces.len());
         }
         for n in &namespaces {
-            println!("  nsid {:<5} {:>10}  {} blocks of {} bytes", n.nsid, human(n.size_bytes()), n.nsze, n.lba_size);
+            match n {
+                Described::Nvm(n) => println!("  nsid {:<5} {:>10}  nvm        {} blocks of {} bytes", n.nsid, human(n.size_bytes()), n.nsze, n.lba_size),
+                Described::KeyValue(k) => println!(
+                    "  nsid {:<5} {:>10}  key-value  keys up to {} bytes, values up to {}",
+                    k.nsid,
+                    human(k.capacity_bytes),
+                    k.max_key_bytes,
+                    human(u64::from(k.max_value_bytes))
+                ),
+                Described::Other(nsid, set) => println!("  nsid {nsid:<5} {:>10}  {}", "-", set.name()),
+            }
         }
     }
     let _ = s.disconnect();

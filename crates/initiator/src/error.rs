@@ -97,7 +97,7 @@ pub enum InitiatorError {
         detail: String,
     },
     /// The namespace does not exist or is not active on this controller.
-    #[error("namespace {nsid} is not active on {subnqn}; list the active ones with Session::active_namespaces")]
+    #[error("namespace {nsid} is not active on {subnqn}; `insitu nvme identify nvme-tcp://HOST:PORT/{subnqn}` lists the active ones")]
     NoNamespace {
         /// The NSID asked for.
         nsid: u32,

@@ -126,6 +126,82 @@ impl NamespaceInfo {
     }
 }
 
+/// The command set of a namespace, from the Command Set Identifier of its Namespace
+/// Identification Descriptors (Identify CNS 03h).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandSet {
+    /// The NVM command set (CSI 00h): logical blocks, Read and Write.
+    Nvm,
+    /// The Key Value command set (CSI 01h): Store, Retrieve, Delete, Exist, List.
+    KeyValue,
+    /// Any other command set.
+    Other(u8),
+}
+
+impl From<u8> for CommandSet {
+    fn from(csi: u8) -> CommandSet {
+        match csi {
+            0 => CommandSet::Nvm,
+            1 => CommandSet::KeyValue,
+            n => CommandSet::Other(n),
+        }
+    }
+}
+
+impl CommandSet {
+    /// The name `insitu nvme identify` shows (`nvm`, `key-value`, or `csi-N`).
+    pub fn name(self) -> String {
+        match self {
+            CommandSet::Nvm => "nvm".into(),
+            CommandSet::KeyValue => "key-value".into(),
+            CommandSet::Other(n) => format!("csi-{n}"),
+        }
+    }
+
+    /// The Command Set Identifier of a descriptor list (CNS 03h); a list without a CSI
+    /// descriptor (type 04h) is an NVM namespace's, as the specification defaults it.
+    pub fn of_descriptors(list: &[u8]) -> CommandSet {
+        let mut at = 0usize;
+        while at + 4 <= list.len() && list[at] != 0 {
+            let len = usize::from(list[at + 1]);
+            if list[at] == 4 && len >= 1 {
+                return list.get(at + 4).map_or(CommandSet::Nvm, |&c| CommandSet::from(c));
+            }
+            let Some(next) = at.checked_add(4 + len) else { break };
+            at = next;
+        }
+        CommandSet::Nvm
+    }
+}
+
+/// Fields of the Key Value command set's Identify Namespace structure (CNS 05h, CSI 01h).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvNamespaceInfo {
+    /// The namespace.
+    pub nsid: u32,
+    /// Namespace size: the bytes of keys and values it can hold (NSZE).
+    pub capacity_bytes: u64,
+    /// The longest key of KV format 0, in bytes (KML).
+    pub max_key_bytes: u16,
+    /// The longest value of KV format 0, in bytes (VML).
+    pub max_value_bytes: u32,
+}
+
+impl KvNamespaceInfo {
+    /// Parses the 4096-byte structure; `None` for a short buffer or one with no KV format.
+    pub fn parse(nsid: u32, raw: &[u8]) -> Option<KvNamespaceInfo> {
+        if raw.len() < 4096 || raw[25] == 0 {
+            return None;
+        }
+        Some(KvNamespaceInfo {
+            nsid,
+            capacity_bytes: u64_at(raw, 0),
+            max_key_bytes: u16::from_le_bytes([raw[72], raw[73]]),
+            max_value_bytes: u32::from_le_bytes(raw[76..80].try_into().expect("4 bytes")),
+        })
+    }
+}
+
 /// The NSIDs of an Active Namespace ID list (CNS 02h): u32s up to the first zero.
 pub fn parse_ns_list(raw: &[u8]) -> Vec<u32> {
     raw.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))).take_while(|&n| n != 0).collect()
@@ -215,6 +291,38 @@ mod tests {
         raw[77] = 0;
         assert_eq!(ControllerInfo::parse(&raw, 4096).unwrap().mdts_bytes, None);
         assert!(ControllerInfo::parse(&raw[..100], 4096).is_none());
+    }
+
+    #[test]
+    fn command_sets_of_descriptor_lists() {
+        let mut list = vec![0u8; 4096];
+        // An NGUID descriptor (type 02h, 16 bytes), then a CSI descriptor (type 04h) saying 01h.
+        list[0] = 2;
+        list[1] = 16;
+        list[20] = 4;
+        list[21] = 1;
+        list[24] = 1;
+        assert_eq!(CommandSet::of_descriptors(&list), CommandSet::KeyValue);
+        list[24] = 7;
+        assert_eq!(CommandSet::of_descriptors(&list).name(), "csi-7");
+        list[20] = 0;
+        assert_eq!(CommandSet::of_descriptors(&list), CommandSet::Nvm);
+        // A descriptor whose length runs past the buffer ends the walk without a panic.
+        assert_eq!(CommandSet::of_descriptors(&[2, 255, 0, 0, 1, 2]), CommandSet::Nvm);
+    }
+
+    #[test]
+    fn kv_namespace_fields() {
+        let mut raw = vec![0u8; 4096];
+        raw[..8].copy_from_slice(&(64u64 << 20).to_le_bytes());
+        raw[25] = 1;
+        raw[72..74].copy_from_slice(&16u16.to_le_bytes());
+        raw[76..80].copy_from_slice(&(1u32 << 20).to_le_bytes());
+        let kv = KvNamespaceInfo::parse(3, &raw).unwrap();
+        assert_eq!((kv.nsid, kv.capacity_bytes, kv.max_key_bytes, kv.max_value_bytes), (3, 64 << 20, 16, 1 << 20));
+        raw[25] = 0;
+        assert!(KvNamespaceInfo::parse(3, &raw).is_none());
+        assert!(KvNamespaceInfo::parse(3, &raw[..100]).is_none());
     }
 
     #[test]

@@ -101,10 +101,7 @@ impl Session {
     /// started without a key-value store).
     pub fn kv_namespace(&self) -> Result<Option<u32>, InitiatorError> {
         for nsid in self.active_namespaces()? {
-            let c = crate::cmd::identify(3, nsid);
-            let (cqe, d) = self.submit_admin(c, None, 4096)?;
-            crate::session::check("Identify", &cqe)?;
-            if descriptor_csi(&d) == Some(CSI_KEY_VALUE) {
+            if self.namespace_command_set(nsid)? == crate::CommandSet::KeyValue {
                 return Ok(Some(nsid));
             }
         }
@@ -138,21 +135,8 @@ impl Session {
 }
 
 /// Command Set Identifier of the NVMe Key Value command set.
-const CSI_KEY_VALUE: u8 = 1;
 
 /// The CSI (descriptor type 04h) in a Namespace Identification Descriptor list, if any.
-fn descriptor_csi(list: &[u8]) -> Option<u8> {
-    let mut at = 0usize;
-    while at + 4 <= list.len() && list[at] != 0 {
-        let len = usize::from(list[at + 1]);
-        if list[at] == 4 && len >= 1 {
-            return list.get(at + 4).copied();
-        }
-        at = at.checked_add(4 + len)?;
-    }
-    None
-}
-
 /// A key argument, or an error that says what keys may be.
 fn kv_key(command: &'static str, key: &[u8]) -> Result<Key, InitiatorError> {
     Key::new(key).map_err(|_| InitiatorError::InvalidArgument { command, detail: format!("a key of {} bytes is invalid: keys are 1 to 16 bytes", key.len()) })
@@ -165,25 +149,5 @@ fn kv_check(command: &'static str, cqe: &Completion) -> Result<(), InitiatorErro
         (0, status::KEY_NOT_FOUND) => Err(InitiatorError::KeyNotFound { command }),
         (0, status::KEY_EXISTS) => Err(InitiatorError::KeyExists { command }),
         _ => crate::session::check(command, cqe),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::descriptor_csi;
-
-    #[test]
-    fn csi_descriptor_is_found_after_others() {
-        // An NGUID descriptor (type 2, 16 bytes), then the CSI descriptor (type 4, 1 byte).
-        let mut d = vec![0u8; 4096];
-        d[0] = 2;
-        d[1] = 16;
-        d[20] = 4;
-        d[21] = 1;
-        d[24] = 1;
-        assert_eq!(descriptor_csi(&d), Some(1));
-        assert_eq!(descriptor_csi(&[0u8; 64]), None);
-        // A length that runs past the end stops the walk.
-        assert_eq!(descriptor_csi(&[2, 255, 0, 0]), None);
     }
 }

@@ -50,7 +50,7 @@ mod session;
 
 pub use cmd::DISCOVERY_NQN;
 pub use error::{status_name, InitiatorError};
-pub use info::{parse_discovery_log, ControllerInfo, DiscoveryEntry, NamespaceInfo};
+pub use info::{parse_discovery_log, CommandSet, ControllerInfo, DiscoveryEntry, KvNamespaceInfo, NamespaceInfo};
 pub use insitu_fabric::{Command, Completion, Digests};
 pub use options::{default_hostid, default_hostnqn, hostnqn_for, ConnectOptions};
 pub use insitu_kvstore::wire::StoreMode;

@@ -3,7 +3,7 @@
 
 use crate::assoc::{pipeline, run_one, Association, Piece};
 use crate::cmd::{self, DISCOVERY_NQN};
-use crate::info::{self, ControllerInfo, DiscoveryEntry, NamespaceInfo};
+use crate::info::{self, CommandSet, ControllerInfo, DiscoveryEntry, KvNamespaceInfo, NamespaceInfo};
 use crate::queue::{Counters, QError, Queue};
 use crate::{ConnectOptions, InitiatorError};
 use insitu_fabric::{Command, Completion, Digests};
@@ -248,6 +248,29 @@ impl Session {
         let ns = NamespaceInfo::parse(nsid, &raw).ok_or_else(|| InitiatorError::NoNamespace { nsid, subnqn: self.inner.opts.subnqn.clone() })?;
         self.inner.lba_sizes.lock().unwrap_or_else(PoisonError::into_inner).insert(nsid, ns.lba_size);
         Ok(ns)
+    }
+
+    /// The command set of an active namespace, from its Namespace Identification
+    /// Descriptors (Identify CNS 03h).
+    pub fn namespace_command_set(&self, nsid: u32) -> Result<CommandSet, InitiatorError> {
+        match self.admin_read("Identify", cmd::identify(3, nsid), 4096) {
+            Ok(list) => Ok(CommandSet::of_descriptors(&list)),
+            Err(InitiatorError::Status { sct: 0, sc: 0x0B, .. }) => Err(InitiatorError::NoNamespace { nsid, subnqn: self.inner.opts.subnqn.clone() }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The Key Value command set's Identify Namespace structure (CNS 05h, CSI 01h) of a
+    /// key-value namespace; [`InitiatorError::NoNamespace`] when `nsid` is not one.
+    pub fn identify_kv_namespace(&self, nsid: u32) -> Result<KvNamespaceInfo, InitiatorError> {
+        let mut c = cmd::identify(5, nsid);
+        c.set_cdw(11, 1 << 24);
+        let no = || InitiatorError::NoNamespace { nsid, subnqn: self.inner.opts.subnqn.clone() };
+        match self.admin_read("Identify", c, 4096) {
+            Ok(raw) => KvNamespaceInfo::parse(nsid, &raw).ok_or_else(no),
+            Err(InitiatorError::Status { sct: 0, sc: 0x0B | 0x02, .. }) => Err(no()),
+            Err(e) => Err(e),
+        }
     }
 
     /// The active namespace IDs (Identify CNS 02h, following the list past 1024 entries).
