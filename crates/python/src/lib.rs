@@ -226,6 +226,13 @@ fn functions_json() -> PyResult<String> {
     json(&list)
 }
 
+/// The device model `spec` names (`instinfer-csd`, `custom:25`, ...), as `insitu model
+/// show SPEC --json` prints it; a spec that names no model raises `ValueError`.
+#[pyfunction]
+fn device_model_json(spec: &str) -> PyResult<String> {
+    insitu_model::parse(spec).map(|m| m.to_json()).map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("device model {spec:?}: {e}")))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli, m)?)?;
@@ -240,6 +247,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode_descriptor, m)?)?;
     m.add_function(wrap_pyfunction!(encode_descriptor, m)?)?;
     m.add_function(wrap_pyfunction!(functions_json, m)?)?;
+    m.add_function(wrap_pyfunction!(device_model_json, m)?)?;
     lock::register(m)?;
     let py = m.py();
     m.add("InsituError", py.get_type::<InsituError>())?;

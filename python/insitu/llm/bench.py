@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from typing import Dict, List, Optional
@@ -114,9 +113,9 @@ def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, ste
 def _device_model(name: Optional[str]) -> Optional[dict]:
     if not name:
         return None
-    exe = os.path.join(os.path.dirname(sys.executable), "insitu")
-    p = subprocess.run([exe, "model", "show", name, "--json"], capture_output=True, text=True)
-    return json.loads(p.stdout) if p.returncode == 0 and p.stdout.strip() else {"name": name}
+    from .. import _native
+
+    return json.loads(_native.device_model_json(name))
 
 
 def sweep(m, points, targets_list, steps: int, budget: int, device_model: Optional[str], directory: str,
@@ -188,6 +187,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     budget = parse_size(a.host_budget)
     dm = None if a.device_model == "none" else a.device_model
+    try:
+        device_model = _device_model(dm)  # before the sweep: a bad spec fails at once
+    except ValueError as e:
+        ap.error(str(e))
     m = run.load(a.model)
     kv_per_token = m.layers * m.kv_heads * 2 * m.head_dim * 4
     points = []
@@ -200,7 +203,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     r = sweep(m, points, [int(n) for n in a.targets.split(",")], a.steps, budget, dm, a.dir)
     r.update({
         "model": m.path, "layers": m.layers, "kv_heads": m.kv_heads, "head_dim": m.head_dim, "device": str(m.device),
-        "steps": a.steps, "host_budget_bytes": budget, "points": points, "device_model": _device_model(dm),
+        "steps": a.steps, "host_budget_bytes": budget, "points": points, "device_model": device_model,
         "sparf_ratio": 0.125, "seconds": time.perf_counter() - t0,
         "machine": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "kernel": platform.release(),
                     "torch_threads": torch.get_num_threads()},
