@@ -6,17 +6,22 @@ An object PUT through the proxy comes back byte for byte; its K+M fragment archi
 one per device as ``#FRAG#d.data``; a corrupted fragment is quarantined by the auditor and
 rebuilt by the reconstructor; `down` leaves nothing mounted or running and `up` again
 brings the same objects back; an `up` that fails midway undoes itself; bad input fails
-with exit 2 and a message.
+with exit 2 and a message. On a 4+2 cluster of their own, with targets stopped: scrub
+audits the devices that are up (quarantining as usual) and reports the others, also one
+that goes away mid-audit; wc and grep stay exact with two of six targets stopped.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -26,7 +31,16 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from swift_fixture import SwiftCluster, swift_cli, swift_cluster, swift_json, swift_missing  # noqa: E402,F401
+from swift_fixture import (  # noqa: E402,F401
+    INSITU,
+    SwiftCluster,
+    start_cluster,
+    stop_cluster,
+    swift_cli,
+    swift_cluster,
+    swift_json,
+    swift_missing,
+)
 
 from insitu.swift import client  # noqa: E402
 
@@ -269,6 +283,234 @@ def test_up_on_given_targets(start_target):
     finally:
         swift_cli("down", d)
         shutil.rmtree(d, ignore_errors=True)
+
+
+# ------------------------------------------------ devices down: scrub, wc, grep (4+2)
+#
+# A cluster of its own (six devices, small segments so that objects span several), since
+# these tests stop targets. Each one brings the cluster back as it runs (`_restore`).
+
+DEGRADED_EC = "4+2"
+DEGRADED_SEGMENT = "64K"
+C_LOCALE = {**os.environ, "LC_ALL": "C"}
+
+
+def _text(length: int, seed: int) -> bytes:
+    rng = random.Random(seed)
+    words = [b"error", b"ERROR", b"ab", b"a", b"\xc3\xa9t\xc3\xa9", b"warn", b"x" * 40]
+    out = bytearray()
+    while len(out) < length:
+        out += rng.choice(words) + rng.choice([b" ", b" ", b"\t", b"\n", b"\r\n", b"\n\n"])
+    return bytes(out[:length])
+
+
+DEGRADED_OBJECTS = {
+    "text": _text(700_000, 1),  # 11 segments, every fragment of every segment
+    "short": b"error in one line\nab\n",  # all of it in data fragment 0
+    "blob": random.Random(2).randbytes(300_000),
+}
+DEGRADED_GREPS = [("error", []), ("error", ["-i"]), ("^ab", ["-E"]), ("\u00e9t\u00e9", [])]
+
+
+@pytest.fixture(scope="module")
+def ec42():
+    """A 4+2 cluster with DEGRADED_OBJECTS in container "s"."""
+    c = start_cluster(DEGRADED_EC, DEGRADED_SEGMENT)
+    try:
+        url, token = c.login()
+        client.put_container(url, token, "s")
+        for name, data in DEGRADED_OBJECTS.items():
+            client.put_object(url, token, "s", name, data)
+        yield c
+    finally:
+        stop_cluster(c)
+
+
+def _insitu(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([INSITU, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def _scrub(c: SwiftCluster, *extra: str) -> subprocess.CompletedProcess:
+    p = _insitu("scrub", "--swift-dir", c.dir, *extra)
+    assert "Traceback" not in p.stderr, p.stderr
+    return p
+
+
+def _stop_targets(c: SwiftCluster, names: List[str]) -> None:
+    for name in names:
+        listen = c.devices[name]["target"].split("://", 1)[1].split("/", 1)[0]
+        p = _insitu("target", "stop", "--listen", listen)
+        assert p.returncode == 0, p.stderr
+
+
+def _restore(c: SwiftCluster) -> None:
+    """Brings stopped targets back: `insitu swift down` and `up` with the command line the
+    fixture used. `up` starts every embedded target again and mounts every device anew (the
+    XFS of a device whose target stopped may have shut down after its I/O errors)."""
+    p = swift_cli("down", c.dir)
+    assert p.returncode == 0, p.stderr
+    c.doc = swift_json("up", c.dir, "--ec", DEGRADED_EC, "--segment-size", DEGRADED_SEGMENT)
+
+
+def _shut_down_xfs(c: SwiftCluster, name: str) -> None:
+    """Shuts device `name`'s XFS down as the kernel does after I/O errors (xfs_io's
+    godown): from then on every access to it fails with EIO."""
+    subprocess.run(["xfs_io", "-x", "-c", "shutdown", c.devices[name]["mount"]], check=True, capture_output=True)
+    with pytest.raises(OSError):
+        os.stat(c.devices[name]["mount"])
+
+
+def _device_of(c: SwiftCluster, path: Path) -> str:
+    return path.relative_to(c.dir / "node").parts[0]
+
+
+def _data_files(c: SwiftCluster, name: str) -> int:
+    return len(glob.glob(f"{c.devices[name]['mount']}/objects*/**/*.data", recursive=True))
+
+
+def _system_wc(data: bytes) -> dict:
+    out = subprocess.run(["wc"], input=data, capture_output=True, env=C_LOCALE, check=True).stdout.split()
+    return {"lines": int(out[0]), "words": int(out[1]), "bytes": int(out[2])}
+
+
+def _system_grep(pattern: str, flags: list, data: bytes) -> tuple:
+    p = subprocess.run(["grep", "-a", "-n", "-b", *flags, "-e", pattern], input=data, capture_output=True, env=C_LOCALE)
+    matches = [[int(n), int(at)] for n, at, _ in (line.split(b":", 2) for line in p.stdout.split(b"\n")[:-1])]
+    return len(matches), matches
+
+
+def test_scrub_skips_a_stopped_device_and_quarantines_on_the_others(ec42: SwiftCluster):
+    """One target stopped: every other device is audited, a flipped byte in a fragment
+    archive on one of them is quarantined as with all devices up, the stopped device is
+    listed under `unreachable`, and the exit status is 5 (1 corrupt | 4 not all audited)."""
+    c = ec42
+    p = _scrub(c, "--json")
+    assert p.returncode == 0, p.stderr
+    clean = json.loads(p.stdout)
+    assert (clean["devices"], clean["unreachable"], clean["corrupt"], clean["unreadable"]) == (6, [], [], [])
+    total = clean["files"]
+    by_device = {_device_of(c, f): f for f in c.fragments("s", "text")}
+    assert len(by_device) == 6
+    down, bad = sorted(by_device)[0], sorted(by_device)[-1]
+    victim = by_device[bad]
+    on_down = _data_files(c, down)
+    assert on_down >= len(DEGRADED_OBJECTS)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    with open(victim, "r+b") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    h = victim.parent.name
+    partition = victim.parent.parent.parent
+    try:
+        _stop_targets(c, [down])
+        # Its XFS shuts down at its next write, which fails: now, so that every access to
+        # the device fails with EIO, its mount point's too (a scrub used to stop there).
+        _shut_down_xfs(c, down)
+        p = _scrub(c, "--json")
+        assert p.returncode == 5, (p.returncode, p.stdout[-2000:], p.stderr[-2000:])
+        r = json.loads(p.stdout)
+        assert [u["device"] for u in r["unreachable"]] == [down]
+        assert "does not answer" in r["unreachable"][0]["error"]
+        assert f"device {down} skipped" in p.stderr
+        assert r["files"] == total - on_down
+        assert [x["path"] for x in r["corrupt"]] == [str(victim)]
+        corrupt = r["corrupt"][0]
+        assert corrupt["device"] == bad and corrupt["md5"] != corrupt["etag"]
+        assert corrupt["quarantined"] == str(c.dir / "node" / bad / "quarantined" / "objects-1" / h)
+        assert (Path(corrupt["quarantined"]) / victim.name).is_file() and not victim.exists()
+        assert victim.parent.parent.name in (partition / "hashes.invalid").read_text().split()
+        # The text report says which device was skipped and why; nothing corrupt is left.
+        p = _scrub(c)
+        assert p.returncode == 4, (p.returncode, p.stdout, p.stderr)
+        assert f"unreachable: device {down} skipped, not audited: its target " in p.stdout
+        assert "does not answer" in p.stdout and "on 5 of 6 devices (1 unreachable: " + down + ")" in p.stdout
+    finally:
+        _restore(c)
+    c.once("reconstructor")
+    p = _scrub(c, "--json")
+    assert p.returncode == 0, p.stdout[-2000:]
+    assert json.loads(p.stdout)["files"] == total
+    url, token = c.login()
+    assert client.get_object(url, token, "s", "text") == DEGRADED_OBJECTS["text"]
+
+
+def test_scrub_goes_on_when_a_device_goes_away_or_one_archive_fails(ec42: SwiftCluster, monkeypatch):
+    """During the audit one device's target stops (for real, as its MD5s are asked for),
+    one fragment archive's read fails with EIO on a device that stays up, and a third
+    device's XFS has shut down though its target answers: the first and the third are
+    reported unreachable, the archive unreadable, everything else is audited (exit 4)."""
+    from insitu import _native
+    from insitu.swift import scrub as swift_scrub
+
+    c = ec42
+    by_device = {_device_of(c, f): f for f in c.fragments("s", "blob")}
+    leaving, failing, broken = sorted(by_device)[1], sorted(by_device)[2], sorted(by_device)[3]
+    eio = by_device[failing]
+    total = sum(_data_files(c, d) for d in c.devices)
+    on_leaving = _data_files(c, leaving)
+    on_broken = _data_files(c, broken)
+    real_md5 = swift_scrub._md5
+    stopped: List[str] = []
+
+    def md5(paths: List[Path], conventional: bool) -> dict:
+        if eio in paths:
+            raise _native.InsituError(f"{eio}: Input/output error (os error 5)")
+        if paths and _device_of(c, paths[0]) == leaving and not stopped:
+            _stop_targets(c, [leaving])
+            stopped.append(leaving)
+        return real_md5(paths, conventional)
+
+    monkeypatch.setattr(swift_scrub, "_md5", md5)
+    try:
+        _shut_down_xfs(c, broken)
+        r = swift_scrub.scrub(c.dir, None)
+    finally:
+        monkeypatch.undo()
+        _restore(c)
+    assert stopped == [leaving]
+    unreachable = {u["device"]: u["error"] for u in r["unreachable"]}
+    assert sorted(unreachable) == sorted([leaving, broken])
+    assert "does not answer" in unreachable[leaving] and "during the scrub" in unreachable[leaving]
+    assert "file system cannot be read: Input/output error" in unreachable[broken]
+    assert [(u["path"], u["device"]) for u in r["unreadable"]] == [(str(eio), failing)]
+    assert "Input/output error" in r["unreadable"][0]["error"]
+    assert r["corrupt"] == []
+    assert r["files"] == total - on_leaving - on_broken - 1
+    assert swift_scrub.exit_status(r) == swift_scrub.EXIT_INCOMPLETE == 4
+
+
+def test_wc_and_grep_stay_exact_with_two_of_six_targets_stopped(ec42: SwiftCluster):
+    """The targets of data fragments 0 and 1 stopped (M = 2 of six): wc and grep on every
+    object equal wc and grep -n -b on its bytes, the missing pieces rebuilt on the host; a
+    scrub meanwhile lists both devices as unreachable."""
+    c = ec42
+    index = {int(re.search(r"#(\d+)#", f.name).group(1)): _device_of(c, f) for f in c.fragments("s", "text")}
+    down = sorted([index[0], index[1]])
+    try:
+        _stop_targets(c, down)
+        for name, data in DEGRADED_OBJECTS.items():
+            obj = f"swift://AUTH_test/s/{name}"
+            p = _insitu("wc", obj, "--swift-dir", c.dir, "--json")
+            assert p.returncode == 0, p.stderr
+            wc = json.loads(p.stdout)
+            assert {k: wc["results"][0][k] for k in ("lines", "words", "bytes")} == _system_wc(data), name
+            assert sorted(wc["stats"]["devices_down"]) == down
+            if name == "text":
+                assert wc["stats"]["fragments_rebuilt"] == [0, 1]
+            for pattern, flags in DEGRADED_GREPS:
+                p = _insitu("grep", pattern, obj, "--swift-dir", c.dir, "--json", *flags)
+                assert p.returncode == 0, p.stderr
+                g = json.loads(p.stdout)["results"][0]
+                assert (g["count"], g["matches"]) == _system_grep(pattern, flags, data), (name, pattern, flags)
+        p = _scrub(c, "--json")
+        assert p.returncode == 4, p.stderr
+        assert [u["device"] for u in json.loads(p.stdout)["unreachable"]] == down
+    finally:
+        _restore(c)
+    wc = json.loads(_insitu("wc", "swift://AUTH_test/s/text", "--swift-dir", c.dir, "--json").stdout)
+    assert wc["stats"]["devices_down"] == [] and wc["stats"]["fragments_rebuilt"] == []
 
 
 def test_down_leaves_nothing_and_up_brings_the_objects_back(swift_cluster: SwiftCluster):

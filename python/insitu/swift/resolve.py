@@ -18,6 +18,7 @@ file, and nothing is ever written.
 from __future__ import annotations
 
 import configparser
+import errno
 import gzip
 import hashlib
 import io
@@ -236,7 +237,9 @@ def read_metadata(path: Path) -> Dict[str, str]:
         key = "user.swift.metadata" + (str(i) if i else "")
         try:
             chunks.append(os.getxattr(path, key))
-        except OSError:
+        except OSError as e:
+            if e.errno not in (errno.ENODATA, errno.ENOTSUP):  # not "no such attribute": EIO, a missing file...
+                raise SwiftError(f"{path}: user.swift.metadata cannot be read: {e.strerror or e}") from None
             break
     if not chunks:
         raise SwiftError(f"{path}: no user.swift.metadata (not a Swift object file)")
