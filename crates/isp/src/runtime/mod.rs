@@ -26,7 +26,7 @@ mod view;
 pub use extents::Unfit;
 pub use ports::{exposed_ports, parse_host_ip, parse_host_port, parse_port_key, port_bindings, NetworkMode, PortBinding, Published};
 pub use process::{frame, STDERR, STDOUT};
-pub use view::SharableView;
+pub use view::{SharableView, ViewPin};
 
 use extents::ExtentMap;
 use files::WritableFiles;
@@ -249,6 +249,8 @@ struct Inner {
     held: Vec<HeldFile>,
     /// The current run's published ports.
     proxy: Option<ports::Proxy>,
+    /// The layer of the sharable view the current run's `/data` copies.
+    view_pin: Option<view::ViewPin>,
 }
 
 /// A writable file held by a run: its entry in [`WritableFiles`] and its fence.
@@ -424,6 +426,7 @@ impl Container {
         g.state = RunState::Exited { code, started, finished: SystemTime::now() };
         g.subscribers.clear();
         g.console = None;
+        g.view_pin = None;
         // A restart gets a fresh standard input if the container keeps one open.
         if self.spec.open_stdin {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -558,7 +561,7 @@ impl Runtime {
             created: SystemTime::UNIX_EPOCH + Duration::from_secs(m.created),
             dir,
             layers,
-            inner: Mutex::new(Inner { state: RunState::Created, subscribers: Vec::new(), stdin_tx, stdin_rx, console: None, restarts: 0, held: Vec::new(), proxy: None }),
+            inner: Mutex::new(Inner { state: RunState::Created, subscribers: Vec::new(), stdin_tx, stdin_rx, console: None, restarts: 0, held: Vec::new(), proxy: None, view_pin: None }),
             exits: watch::channel(ExitEvent::default()).0,
         })
     }
@@ -684,6 +687,7 @@ impl Runtime {
         }
         let started = self.run(&c).await;
         if started.is_err() {
+            c.lock().view_pin = None;
             c.unpublish();
             self.release_files(&c);
             // As dockerd: a `--rm` container that cannot start is removed, or the CLI,
@@ -699,7 +703,7 @@ impl Runtime {
     async fn run(self: &Arc<Self>, c: &Arc<Container>) -> Result<(), RuntimeError> {
         if let Some(v) = &self.view {
             // The container starts on the host's latest data.
-            v.refresh()?;
+            c.lock().view_pin = v.refresh_for_start()?;
         }
         if !c.spec.ports.is_empty() {
             let ip = *self.publish_ip.lock().unwrap_or_else(|e| e.into_inner());
