@@ -12,7 +12,7 @@
 use crate::common::{command, gbps, machine, median, timed_workers, Work};
 use crate::dataset::Rng;
 use crate::Error;
-use insitu_target::{NamespaceConfig, PoolStats, Target};
+use insitu_engine::{NamespaceConfig, PoolStats, Engine};
 use insitu_wire::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
 use serde_json::{json, Value as Json};
 use std::path::{Path, PathBuf};
@@ -60,8 +60,8 @@ pub fn exec_scaling(opts: &ExecScalingOptions) -> Result<Json, Error> {
             Descriptor::new("crc32c", vec![VirtualObject { offset: 0, length: size, extents: vec![Extent::data(i * sectors, sectors as u32)] }]).encode()
         })
         .collect();
-    let target = |idle_buffers: usize| -> Result<Target, Error> {
-        let mut t = Target::new();
+    let target = |idle_buffers: usize| -> Result<Engine, Error> {
+        let mut t = Engine::new();
         t.add_namespace(&path, NamespaceConfig { idle_buffers, ..NamespaceConfig::default() }).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(t)
     };
@@ -140,7 +140,7 @@ fn write_objects(path: &Path, size: u64, objects: usize) -> Result<Vec<String>, 
 }
 
 /// `streams` threads take the next EXEC until `rounds` passes are done; returns seconds.
-fn run(t: &Target, descriptors: &[Vec<u8>], expect: &[String], streams: usize, rounds: usize) -> Result<f64, Error> {
+fn run(t: &Engine, descriptors: &[Vec<u8>], expect: &[String], streams: usize, rounds: usize) -> Result<f64, Error> {
     let total = (descriptors.len() * rounds) as u64;
     timed_workers(streams, total, || (), |(), i| {
         let obj = i as usize % descriptors.len();
@@ -149,7 +149,7 @@ fn run(t: &Target, descriptors: &[Vec<u8>], expect: &[String], streams: usize, r
 }
 
 /// Runs one EXEC and compares its digest with the host's.
-fn check(t: &Target, descriptor: &[u8], expect: &str, obj: usize) -> Result<(), String> {
+fn check(t: &Engine, descriptor: &[u8], expect: &str, obj: usize) -> Result<(), String> {
     let out = t.exec(1, descriptor).map_err(|e| format!("EXEC on object {obj}: {e}"))?;
     let r = ExecResult::decode(&out.result).map_err(|e| format!("EXEC result of object {obj}: {e}"))?;
     match r.records.first().and_then(|rec| rec.iter().find(|(k, _)| k == "digest")) {

@@ -11,7 +11,7 @@
 //! * 128 KiB reads at queue depth 32 over NVMe/TCP on loopback, from an in-process target
 //!   that sends host reads from the page cache (its default), and from one that reads them
 //!   with direct I/O (`--direct-reads`);
-//! * EXEC crc32c over the data on an embedded [`Target`];
+//! * EXEC crc32c over the data on an embedded [`Engine`];
 //! * the same EXEC over the fabric, its result written to a result object at the end of
 //!   the namespace and read back with Read; the bytes on the wire are counted;
 //! * the ceiling the fabric reads are held to: plain TCP on loopback serving the same file
@@ -32,7 +32,7 @@ use crate::Error;
 use insitu_initiator::{ConnectOptions, Session};
 use insitu_media::{AlignedBuf, Backing, DIRECT_ALIGN};
 use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
-use insitu_target::{NamespaceConfig, Target};
+use insitu_engine::{NamespaceConfig, Engine};
 use insitu_wire::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
 use serde_json::{json, Value as Json};
 use std::fs::File;
@@ -165,7 +165,7 @@ fn descriptor(size: u64, result_object: bool) -> Vec<u8> {
 }
 
 /// Runs the embedded EXEC; returns seconds and the result.
-fn embedded_exec(t: &Target, desc: &[u8]) -> Result<(f64, ExecResult), Error> {
+fn embedded_exec(t: &Engine, desc: &[u8]) -> Result<(f64, ExecResult), Error> {
     let started = Instant::now();
     let out = t.exec(1, desc).map_err(|e| format!("embedded EXEC: {e}"))?;
     let secs = started.elapsed().as_secs_f64();
@@ -224,7 +224,7 @@ struct Rig {
     session: Session,
     /// A second target over the file that reads host data with direct I/O.
     direct: (ServerHandle, Session),
-    embedded: Target,
+    embedded: Engine,
     /// crc32c with the result inline (embedded) and in a result object (fabric).
     inline_desc: Vec<u8>,
     fabric_desc: Vec<u8>,
@@ -253,7 +253,7 @@ impl Rig {
         };
         let (server, session) = serve(false)?;
         let direct = serve(true)?;
-        let mut embedded = Target::new();
+        let mut embedded = Engine::new();
         embedded.add_namespace(&path, NamespaceConfig::default()).map_err(|e| format!("{}: {e}", path.display()))?;
         let (inline_desc, fabric_desc) = (descriptor(size, false), descriptor(size, true));
         Ok(Rig { work, path, size, backing, server, session, direct, embedded, inline_desc, fabric_desc })

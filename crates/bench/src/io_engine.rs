@@ -16,7 +16,7 @@ use crate::dataset::Rng;
 use crate::size::human;
 use crate::Error;
 use insitu_media::{Backing, ReadPurpose, UringScanner};
-use insitu_target::{NamespaceConfig, Target};
+use insitu_engine::{NamespaceConfig, Engine};
 use insitu_wire::{Descriptor, ExecResult, Extent, VirtualObject, SECTOR};
 use serde_json::{json, Value as Json};
 use std::fs::File;
@@ -53,7 +53,7 @@ pub fn io_engine(opts: &IoEngineOptions) -> Result<Json, Error> {
         f.sync_all().map_err(err)?;
     }
     let media = Backing::open(&path, true).map_err(|e| e.to_string())?;
-    let mut target = Target::new();
+    let mut target = Engine::new();
     target.add_namespace(&path, NamespaceConfig::default()).map_err(|e| format!("{}: {e}", path.display()))?;
     let desc = Descriptor::new("crc32c", vec![VirtualObject { offset: 0, length: size, extents: vec![Extent::data(0, (size / SECTOR) as u32)] }]).encode();
     let mut scanners = SHAPES.iter().map(|&(chunk, depth)| UringScanner::new(depth, chunk)).collect::<Result<Vec<_>, _>>().map_err(|e| format!("io_uring is not available here: {e}"))?;

@@ -9,7 +9,7 @@ use crate::image::{Fs, Scratch};
 use crate::Error;
 use insitu_host::{device, virtual_object, Mode, Offloader, Request};
 use insitu_media::{AlignedBuf, Backing, DIRECT_ALIGN};
-use insitu_target::CHUNK;
+use insitu_engine::CHUNK;
 use insitu_wire::{ExtentKind, SECTOR};
 use serde_json::{json, Value};
 use std::fs::File;

@@ -259,11 +259,11 @@ fn start_containers(server: &Server, mut cfg: insitu_isp::ServiceConfig, set: li
 
 /// Fences on namespace 1 (the containers' `/data`) for the files containers write: the
 /// same write fences as a host's LOCK, held for a container's run.
-struct ContainerFence(std::sync::Arc<insitu_target::Target>);
+struct ContainerFence(std::sync::Arc<insitu_engine::Engine>);
 
 impl insitu_isp::runtime::BlockFence for ContainerFence {
     fn hold(&self, path: &str, extents: &[(u64, u64)]) -> Result<u64, String> {
-        let req = insitu_target::LockRequest { path: format!("{path} (container)"), extents: extents.to_vec() };
+        let req = insitu_engine::LockRequest { path: format!("{path} (container)"), extents: extents.to_vec() };
         self.0.lock(1, req).map_err(|e| e.message)
     }
 
@@ -277,7 +277,7 @@ impl insitu_isp::runtime::BlockFence for ContainerFence {
 /// Refreshes the containers' view of namespace 1 when a lock there changes.
 struct ViewRefresh(std::sync::Arc<insitu_isp::runtime::Runtime>);
 
-impl insitu_target::LockListener for ViewRefresh {
+impl insitu_engine::LockListener for ViewRefresh {
     fn locked(&self, nsid: u32, path: &str) {
         self.refresh(nsid, path);
     }

@@ -6,7 +6,7 @@ use crate::device::{self, DeviceMap};
 use crate::pool::OutputPool;
 use crate::{virtual_object, OasError};
 use insitu_offload::{Args, InputStream, Kernel, OutputSink, ParamType, Registry, SliceInput};
-use insitu_target::{NamespaceConfig, Target};
+use insitu_engine::{NamespaceConfig, Engine};
 use insitu_wire::{Descriptor, ExecResult, ExtentKind, Record, Value};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
@@ -166,10 +166,10 @@ type FileOutcome = Result<(FileResult, Stats, u64), OasError>;
 
 /// An open input file, its metadata, its device, and the attachment or embedded target
 /// that serves it.
-type OpenFile = (File, fs::Metadata, DeviceMap, Option<insitu_attach::Attachment>, Option<Arc<Target>>);
+type OpenFile = (File, fs::Metadata, DeviceMap, Option<insitu_attach::Attachment>, Option<Arc<Engine>>);
 
 /// Open embedded targets: backing path → ((device, inode, size) when opened, target).
-type TargetCache = HashMap<PathBuf, ((u64, u64, u64), Arc<Target>)>;
+type TargetCache = HashMap<PathBuf, ((u64, u64, u64), Arc<Engine>)>;
 
 /// Runs requests, keeping one embedded target open per backing image.
 pub struct Offloader {
@@ -317,7 +317,7 @@ impl Offloader {
         Ok(outs.into_iter().map(Some).collect())
     }
 
-    fn target_for(&self, map: &DeviceMap) -> Result<Arc<Target>, OasError> {
+    fn target_for(&self, map: &DeviceMap) -> Result<Arc<Engine>, OasError> {
         let meta = fs::metadata(&map.backing).map_err(|e| OasError::Io { path: map.backing.clone(), source: e })?;
         let id = (meta.dev(), meta.ino(), meta.len());
         let mut targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
@@ -326,7 +326,7 @@ impl Offloader {
                 return Ok(t.clone());
             }
         }
-        let mut t = Target::new().with_registry(self.registry.clone());
+        let mut t = Engine::new().with_registry(self.registry.clone());
         let mut cfg = NamespaceConfig::default();
         // An image may carry a device model (`insitu image create --model`): the embedded
         // target then paces its media and its kernels like that device.
@@ -360,7 +360,7 @@ impl Offloader {
 
     /// Sends `d` to the target of the file at `path`: over the fabric when its file system is
     /// attached (`remote`), else to the embedded target of its image.
-    fn run_descriptor(&self, remote: Option<&insitu_attach::Attachment>, target: Option<&Target>, map: &DeviceMap, path: &Path, d: Descriptor) -> Result<(Vec<u8>, Stats), OasError> {
+    fn run_descriptor(&self, remote: Option<&insitu_attach::Attachment>, target: Option<&Engine>, map: &DeviceMap, path: &Path, d: Descriptor) -> Result<(Vec<u8>, Stats), OasError> {
         match (remote, target) {
             (Some(att), _) => crate::remote::exec(&self.remote, att, map, path, d).map(|o| (o.result, o.stats)),
             (None, Some(t)) => {

@@ -6,7 +6,7 @@
 //!   a group of consecutive tokens per page (token-indexed), and a second copy of K with a
 //!   few dimensions per page and tokens contiguous (dimension-indexed), both sized from the
 //!   head size, the element type and the flash page size.
-//! * [`KvStore`] owns the pages of a private namespace: sequences are created, extended,
+//! * [`KvCache`] owns the pages of a private namespace: sequences are created, extended,
 //!   forked and freed; appends go through a DRAM group buffer that flushes whole pages; a
 //!   journal lets a restarted target find every flushed page again.
 //! * [`attend`] runs dense attention or SparF (Algorithm 1 of InstInfer: SparQ with
@@ -23,7 +23,7 @@ pub mod wire;
 pub use attention::{attend, Method};
 pub use layout::{Dtype, Layout};
 pub use attention::{attend_all, Task};
-pub use store::{HeadView, KvStore, SeqInfo, StoreUsage};
+pub use store::{HeadView, KvCache, SeqInfo, StoreUsage};
 
 use insitu_wire::Status;
 

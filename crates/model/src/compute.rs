@@ -152,8 +152,8 @@ pub fn thread_cpu_ns() -> u64 {
 }
 
 /// The offload engine charges its kernels' CPU time here (see
-/// [`insitu_target::Target::with_compute_budget`]).
-impl insitu_target::ComputeBudget for ComputeBudget {
+/// [`insitu_engine::Engine::with_compute_budget`]).
+impl insitu_engine::ComputeBudget for ComputeBudget {
     fn charge(&self, cpu_ns: u64) {
         self.throttle(cpu_ns);
     }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Target configuration: listen address, subsystems, their namespaces and admitted hosts.
 
-use insitu_target::Visibility;
+use insitu_engine::Visibility;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -73,7 +73,7 @@ pub struct TargetConfig {
     /// Default none: no key-value namespace.
     pub kv_store: Option<u64>,
     /// Read host data from disks with direct I/O rather than through the page cache (see
-    /// `insitu_target::NamespaceConfig::cached_reads`). Default `false`.
+    /// `insitu_engine::NamespaceConfig::cached_reads`). Default `false`.
     pub direct_reads: bool,
 }
 

@@ -37,7 +37,7 @@ enum State {
     /// Admin queue of a controller.
     Admin(Arc<Controller>),
     /// I/O queue `qid` of a controller, with the channel to its workers.
-    Io { ctrl: Arc<Controller>, jobs: Sender<io::Job>, target: Arc<insitu_target::Target> },
+    Io { ctrl: Arc<Controller>, jobs: Sender<io::Job>, target: Arc<insitu_engine::Engine> },
 }
 
 /// A write-direction command waiting for its data (R2T sent, H2CData arriving).

@@ -5,7 +5,7 @@
 use crate::config::{TargetConfig, DISCOVERY_NQN};
 use crate::identify::{self, ControllerIdentity, DiscoveryEntry};
 use insitu_fabric::{opcode, Command};
-use insitu_target::{Target, Visibility};
+use insitu_engine::{Engine, Visibility};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,7 +31,7 @@ pub(crate) const CONTROLLER_BUSY: u16 = status(1, 0x81);
 /// What a subsystem serves.
 pub(crate) enum Kind {
     /// An NVM subsystem over an insitu target.
-    Nvm(Arc<Target>),
+    Nvm(Arc<Engine>),
     /// The discovery subsystem.
     Discovery,
 }
@@ -58,7 +58,7 @@ impl Subsystem {
         self.allow_hosts.is_empty() || self.allow_hosts.iter().any(|h| h == hostnqn)
     }
 
-    pub(crate) fn target(&self) -> Option<&Arc<Target>> {
+    pub(crate) fn target(&self) -> Option<&Arc<Engine>> {
         match &self.kind {
             Kind::Nvm(t) => Some(t),
             Kind::Discovery => None,

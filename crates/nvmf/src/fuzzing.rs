@@ -238,7 +238,7 @@ mod tests {
         };
         assert!(eventually(|| holds(1, 0, 4096, 0x5A)), "the in-capsule Write reached namespace 1");
         assert!(eventually(|| holds(2, 8, 8192, 0xA5)), "the Write by R2T and H2CData reached namespace 2");
-        let kv = target.kv_store().expect("the private namespace holds a KV cache");
+        let kv = target.kv_cache().expect("the private namespace holds a KV cache");
         assert!(eventually(|| kv.usage().sequences == 0), "the KV session freed what it created");
         for (_, bytes) in &seeds {
             for cut in (0..bytes.len()).step_by(61) {

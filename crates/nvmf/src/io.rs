@@ -10,7 +10,7 @@ use crate::metrics::CommandCost;
 use crate::Shared;
 use insitu_fabric::{opcode, Command};
 use insitu_media::PooledBuf;
-use insitu_target::{BlockRead, Target};
+use insitu_engine::{BlockRead, Engine};
 use insitu_wire::{CommandError, FLAG_RESULT_OBJECT};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -48,7 +48,7 @@ impl ReadRun {
 
     /// Adds a read (`job.cmd` is a Read). Returns the run to dispatch now when the read does
     /// not continue it (the read then starts a new run) or the run is full.
-    pub(crate) fn push(&mut self, job: Job, target: &Target) -> Option<Job> {
+    pub(crate) fn push(&mut self, job: Job, target: &Engine) -> Option<Job> {
         let nsid = job.cmd.nsid();
         let Some(lba) = target.namespace(nsid).map(|ns| ns.lba_size() as usize) else {
             return Some(job); // refused by the worker, alone
@@ -87,7 +87,7 @@ impl HostData {
     /// A buffer for `len` bytes of a transfer to namespace `nsid`: pooled when the
     /// namespace exists and its buffers are large enough. Its contents are unspecified
     /// until the transfer has filled it.
-    pub(crate) fn for_transfer(target: Option<&Target>, nsid: u32, len: usize) -> HostData {
+    pub(crate) fn for_transfer(target: Option<&Engine>, nsid: u32, len: usize) -> HostData {
         match target.and_then(|t| t.namespace(nsid)).map(|ns| ns.buffer_pool()) {
             Some(pool) if len <= pool.buffer_len() => HostData::Pooled { buf: pool.take(), len },
             _ => HostData::Owned(vec![0; len]),
@@ -171,7 +171,7 @@ fn failed(e: CommandError) -> Done {
 }
 
 /// Runs one I/O command and sends its completion.
-pub(crate) fn run(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Sink, mut job: Job) {
+pub(crate) fn run(shared: &Shared, target: &Engine, ctrl: &Controller, sink: &Sink, mut job: Job) {
     let started = Instant::now();
     if !job.more.is_empty() {
         let more = std::mem::take(&mut job.more);
@@ -199,7 +199,7 @@ pub(crate) fn run(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Si
 /// part. Gives the commands back, having sent nothing, when any is refused or the read
 /// fails, so that each is run alone and gets its own status.
 #[allow(clippy::too_many_arguments)]
-fn run_reads(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Sink, first: &Command, sqhd: u16, more: &[(Command, u16)], started: Instant) -> Option<Vec<(Command, u16)>> {
+fn run_reads(shared: &Shared, target: &Engine, ctrl: &Controller, sink: &Sink, first: &Command, sqhd: u16, more: &[(Command, u16)], started: Instant) -> Option<Vec<(Command, u16)>> {
     let cmds: Vec<(&Command, u16)> = std::iter::once((first, sqhd)).chain(more.iter().map(|(c, s)| (c, *s))).collect();
     let sizes: Result<Vec<usize>, u16> = cmds.iter().map(|(c, _)| read_bytes(shared, target, c)).collect();
     let read = sizes.ok().and_then(|sizes| target.read_blocks(first.nsid(), slba(first), sizes.iter().sum()).ok().map(|b| (sizes, b)));
@@ -221,7 +221,7 @@ fn run_reads(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Sink, f
 
 /// A Read that the connection can send straight from the page cache (see
 /// [`Sink::complete_from_media`]); false, having done nothing, for any other.
-fn read_from_page_cache(shared: &Shared, target: &Target, ctrl: &Controller, sink: &Sink, job: &Job, started: Instant) -> bool {
+fn read_from_page_cache(shared: &Shared, target: &Engine, ctrl: &Controller, sink: &Sink, job: &Job, started: Instant) -> bool {
     let cmd = &job.cmd;
     let nsid = cmd.nsid();
     if !target.namespace(nsid).is_some_and(|ns| sink.can_send_from(ns.media())) {
@@ -242,7 +242,7 @@ fn read_from_page_cache(shared: &Shared, target: &Target, ctrl: &Controller, sin
 
 /// The bytes a Read asks for, or the status that refuses it: no such namespace, more than
 /// MDTS, or an SGL shorter than the data.
-fn read_bytes(shared: &Shared, target: &Target, cmd: &Command) -> Result<usize, u16> {
+fn read_bytes(shared: &Shared, target: &Engine, cmd: &Command) -> Result<usize, u16> {
     let lba = target.namespace(cmd.nsid()).map(|ns| u64::from(ns.lba_size())).ok_or(status(0, 0x0B))?;
     let bytes = (nlb(cmd) * lba) as usize;
     if bytes > shared.cfg.max_transfer() {
@@ -254,7 +254,7 @@ fn read_bytes(shared: &Shared, target: &Target, cmd: &Command) -> Result<usize, 
     Ok(bytes)
 }
 
-fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, data: HostData) -> Done {
+fn execute(shared: &Shared, target: &Engine, ctrl: &Controller, cmd: &Command, data: HostData) -> Done {
     let nsid = cmd.nsid();
     let (slba, nlb) = (slba(cmd), nlb(cmd));
     let lba = || target.namespace(nsid).map(|ns| u64::from(ns.lba_size()));
@@ -323,7 +323,7 @@ fn execute(shared: &Shared, target: &Target, ctrl: &Controller, cmd: &Command, d
 /// EXEC over the fabric: the descriptor arrived as the command's data; the result goes to
 /// the descriptor's result object and its length to dword 0 (dword 1: media bytes read, in
 /// KiB, saturating).
-fn exec(target: &Target, nsid: u32, descriptor: &[u8]) -> Done {
+fn exec(target: &Engine, nsid: u32, descriptor: &[u8]) -> Done {
     if descriptor.len() >= 32 && descriptor[22] & FLAG_RESULT_OBJECT == 0 {
         return Done::status(INVALID_FIELD);
     }
@@ -342,7 +342,7 @@ fn exec(target: &Target, nsid: u32, descriptor: &[u8]) -> Done {
 /// only namespaces and functions this target has get series of their own (any other
 /// namespace is 0, any other function `unknown`): a host cannot grow the metrics, and the
 /// target's memory, without bound.
-fn metric_labels(target: &Target, cmd: &Command, data: &[u8]) -> (u32, String) {
+fn metric_labels(target: &Engine, cmd: &Command, data: &[u8]) -> (u32, String) {
     let nsid = cmd.nsid();
     let nsid = if nsid == 0xFFFF_FFFF || target.namespace(nsid).is_some() || target.kv_service(nsid).is_some() { nsid } else { 0 };
     let function = match cmd.opcode() {
@@ -368,14 +368,14 @@ fn function_name(descriptor: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use insitu_target::NamespaceConfig;
+    use insitu_engine::NamespaceConfig;
 
     #[test]
     fn metric_labels_are_bounded_by_what_the_target_has() {
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("ns.img");
         std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
-        let mut t = Target::new();
+        let mut t = Engine::new();
         t.add_namespace(&img, NamespaceConfig::default()).unwrap();
         let exec = |nsid: u32| {
             let mut c = Command::zeroed();

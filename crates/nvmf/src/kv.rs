@@ -9,8 +9,8 @@
 use crate::controller::Controller;
 use insitu_fabric::{opcode, Command};
 use insitu_kvcache::wire::{encode_info, Admin, Append, Attend, AttendResult};
-use insitu_kvcache::{AttendStats, KvError, KvStore, Task};
-use insitu_target::Target;
+use insitu_kvcache::{AttendStats, KvError, KvCache, Task};
+use insitu_engine::Engine;
 use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
 
@@ -55,7 +55,7 @@ impl KvDone {
 }
 
 /// Runs a KV command (`cmd`'s opcode is one of the four) with the data the host sent.
-pub(crate) fn execute(target: &Target, ctrl: &Controller, cmd: &Command, data: &[u8]) -> Result<KvDone, KvError> {
+pub(crate) fn execute(target: &Engine, ctrl: &Controller, cmd: &Command, data: &[u8]) -> Result<KvDone, KvError> {
     let tag = cmd.cdw(10);
     if cmd.opcode() == opcode::KV_RESULT {
         let held = ctrl.kv_results.take(tag).ok_or(KvError::NoResult(tag))?;
@@ -67,7 +67,7 @@ pub(crate) fn execute(target: &Target, ctrl: &Controller, cmd: &Command, data: &
         }
         return Ok(KvDone { dw0: held.len() as u32, data: Some(held), media: 0 });
     }
-    let store = target.kv_store()?;
+    let store = target.kv_cache()?;
     match cmd.opcode() {
         opcode::KV_ADMIN => admin(store, ctrl, tag, Admin::decode(data)?),
         opcode::KV_APPEND => {
@@ -88,7 +88,7 @@ pub(crate) fn execute(target: &Target, ctrl: &Controller, cmd: &Command, data: &
     }
 }
 
-fn admin(store: &KvStore, ctrl: &Controller, tag: u32, a: Admin) -> Result<KvDone, KvError> {
+fn admin(store: &KvCache, ctrl: &Controller, tag: u32, a: Admin) -> Result<KvDone, KvError> {
     match a {
         Admin::Create { seq, layers, kv_heads, head_dim, dtype, dims_per_page } => {
             store.create(seq, layers, kv_heads, head_dim, dtype, dims_per_page)?;
@@ -109,7 +109,7 @@ fn admin(store: &KvStore, ctrl: &Controller, tag: u32, a: Admin) -> Result<KvDon
 
 /// Checks that a request addresses `heads` heads of `head_dim` in `layer` of `seq`, as the
 /// sequence was created (a different split with the same byte count must not slip through).
-fn check_shape(store: &KvStore, seq: u64, layer: usize, heads: usize, head_dim: usize) -> Result<(), KvError> {
+fn check_shape(store: &KvCache, seq: u64, layer: usize, heads: usize, head_dim: usize) -> Result<(), KvError> {
     let info = store.info(seq)?;
     let mismatch = |what: String| Err(KvError::Mismatch { seq, what });
     if layer >= info.layers {
@@ -124,7 +124,7 @@ fn check_shape(store: &KvStore, seq: u64, layer: usize, heads: usize, head_dim: 
     Ok(())
 }
 
-fn attend(store: &KvStore, a: Attend) -> Result<AttendResult, KvError> {
+fn attend(store: &KvCache, a: Attend) -> Result<AttendResult, KvError> {
     // Validate every entry before the first append, so a bad entry changes nothing.
     for s in &a.seqs {
         check_shape(store, *s, a.layer, a.heads, a.head_dim)?;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The insitu NVMe/TCP target: serves insitu [`Target`]s to hosts over the NVMe over
+//! The insitu NVMe/TCP target: serves insitu [`Engine`]s to hosts over the NVMe over
 //! Fabrics TCP transport, so a stock Linux host can `nvme connect -t tcp`, mount the
 //! namespace, and send EXEC through the passthrough ioctl.
 //!
@@ -28,12 +28,12 @@ mod lock;
 mod metrics;
 
 pub use config::{NamespaceSpec, SubsystemConfig, TargetConfig, DISCOVERY_NQN};
-pub use insitu_target::{Target, Visibility};
+pub use insitu_engine::{Engine, Visibility};
 pub use metrics::Metrics;
 
 use controller::{Kind, Subsystem};
-use insitu_target::NamespaceConfig;
-use insitu_target::Visibility as Vis;
+use insitu_engine::NamespaceConfig;
+use insitu_engine::Visibility as Vis;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -144,7 +144,7 @@ impl Server {
             if subsystems.iter().any(|x: &Arc<Subsystem>| x.nqn == s.nqn) {
                 return Err(invalid(format!("subsystem {} is configured twice", s.nqn)));
             }
-            let mut target = Target::new();
+            let mut target = Engine::new();
             let model_err = |e: insitu_model::ModelError| invalid(format!("device model: {e}"));
             if let Some(budget) = cfg.model.as_ref().map(|m| m.compute_budget()).transpose().map_err(model_err)?.flatten() {
                 target = target.with_compute_budget(Arc::new(budget));
@@ -175,7 +175,7 @@ impl Server {
                 target.add_namespace(&ns.path, nc).map_err(|e| invalid(format!("namespace {}: {e}", ns.path.display())))?;
             }
             let page_bytes = cfg.model.as_ref().and_then(|m| m.flash.as_ref()).map_or(DEFAULT_KV_PAGE, |f| f.page_bytes as usize);
-            target.open_kv_store(page_bytes).map_err(|e| invalid(format!("KV cache in the private namespace: {e}")))?;
+            target.open_kv_cache(page_bytes).map_err(|e| invalid(format!("KV cache in the private namespace: {e}")))?;
             if let Some((at, offset, len)) = kv_region {
                 let path = &s.namespaces[at].path;
                 let fs = open_kv_fs(path, offset, len, kv_pacing).map_err(invalid)?;
@@ -220,12 +220,12 @@ impl Server {
 
     /// The target of the first subsystem that has one: the daemon's, on which the
     /// container runtime fences the blocks of the files its containers write.
-    pub fn target(&self) -> Option<Arc<insitu_target::Target>> {
+    pub fn target(&self) -> Option<Arc<insitu_engine::Engine>> {
         self.shared.subsystems.iter().find_map(|s| s.target().cloned())
     }
 
     /// Tells `listener` of every lock taken and released on any subsystem's namespaces.
-    pub fn set_lock_listener(&self, listener: Arc<dyn insitu_target::LockListener>) {
+    pub fn set_lock_listener(&self, listener: Arc<dyn insitu_engine::LockListener>) {
         for s in &self.shared.subsystems {
             if let Some(t) = s.target() {
                 t.set_lock_listener(listener.clone());

@@ -12,11 +12,11 @@
 //! Every refusal and every lock taken or released is logged with its reason.
 
 use insitu_fabric::{opcode, Command};
-use insitu_target::{LockRequest, Target};
+use insitu_engine::{LockRequest, Engine};
 use insitu_wire::{CommandError, Status};
 
 /// Runs LOCK or UNLOCK; returns completion (DW0, DW1).
-pub(crate) fn execute(target: &Target, cmd: &Command, data: &[u8]) -> Result<(u32, u32), CommandError> {
+pub(crate) fn execute(target: &Engine, cmd: &Command, data: &[u8]) -> Result<(u32, u32), CommandError> {
     let nsid = cmd.nsid();
     let r = match cmd.opcode() {
         opcode::LOCK => lock(target, nsid, data),
@@ -35,7 +35,7 @@ pub(crate) fn execute(target: &Target, cmd: &Command, data: &[u8]) -> Result<(u3
     r
 }
 
-fn lock(target: &Target, nsid: u32, data: &[u8]) -> Result<(u32, u32), CommandError> {
+fn lock(target: &Engine, nsid: u32, data: &[u8]) -> Result<(u32, u32), CommandError> {
     let req = LockRequest::parse(data).map_err(|e| CommandError::new(Status::INVALID_FIELD, e.to_string()))?;
     let (path, extents) = (req.path.clone(), req.extents.len());
     let id = target.lock(nsid, req)?;
@@ -54,14 +54,14 @@ fn name(op: u8) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use insitu_target::{NamespaceConfig, Visibility};
+    use insitu_engine::{NamespaceConfig, Visibility};
 
-    fn target() -> (tempfile::TempDir, Target) {
+    fn target() -> (tempfile::TempDir, Engine) {
         let dir = tempfile::tempdir().unwrap();
         let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
         std::fs::write(&a, vec![0u8; 1 << 20]).unwrap();
         std::fs::write(&b, vec![0u8; 1 << 20]).unwrap();
-        let mut t = Target::new();
+        let mut t = Engine::new();
         t.add_namespace(&a, NamespaceConfig::default()).unwrap();
         t.add_namespace(&b, NamespaceConfig { visibility: Visibility::Private, ..Default::default() }).unwrap();
         (dir, t)

@@ -26,7 +26,7 @@ use insitu_initiator::{ConnectOptions, Session};
 use insitu_model::DeviceModel;
 use insitu_nvmf::{NamespaceSpec, Server, SubsystemConfig, TargetConfig};
 use insitu_offload::InputStream;
-use insitu_target::{NamespaceConfig, Target};
+use insitu_engine::{NamespaceConfig, Engine};
 use insitu_wire::{Descriptor, Extent, VirtualObject, SECTOR};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -84,7 +84,7 @@ fn scan(drive: &Drive, obj: &VirtualObject) -> Result<f64, Error> {
 fn image_scan(image: &Path, model: &DeviceModel, obj: &VirtualObject) -> Result<f64, Error> {
     let len = std::fs::metadata(image).map_err(|e| format!("{}: {e}", image.display()))?.len();
     let pacer = model.pacer(len).map_err(|e| format!("model {}: {e}", model.name))?;
-    let mut t = Target::new();
+    let mut t = Engine::new();
     t.add_namespace(image, NamespaceConfig { pacing: Some(Arc::new(pacer)), ..NamespaceConfig::default() }).map_err(|e| format!("{}: {e}", image.display()))?;
     let desc = Descriptor::new("crc32c", vec![obj.clone()]).encode();
     let started = Instant::now();
@@ -212,7 +212,7 @@ pub fn run(a: &ModelCheckOptions, progress: &mut dyn FnMut(&str)) -> Result<serd
         "ceilings": {"offload_scan_gbps": scan_ceiling, "conventional_read_gbps": read_ceiling},
         "method": {
             "drive": "EXEC crc32c over one contiguous object on a drive paced by the model (its CPU budget off); rate = bytes / wall time",
-            "link": "conventional reads (Target::read, 1 MiB, 4 outstanding) of the object from an unpaced drive through the link model",
+            "link": "conventional reads (Engine::read, 1 MiB, 4 outstanding) of the object from an unpaced drive through the link model",
             "image": "the drive check's EXEC on an embedded target whose namespace the model's Pacer paces (insitu image --model), its CPU budget off",
             "target": "the same EXEC over NVMe/TCP on loopback to a target started with the model (insitu target --model), its CPU budget off; connection set-up not timed",
             "limit": "a check above 90 % of this machine's unpaced rate that misses is machine-limited, not failed",

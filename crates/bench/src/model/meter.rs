@@ -3,7 +3,7 @@
 //! measured and charged to an offload engine's CPU budget, and the time it waits for input
 //! is measured apart.
 //!
-//! The target's own budget hook (`Target::with_compute_budget`) charges only inside
+//! The target's own budget hook (`Engine::with_compute_budget`) charges only inside
 //! `next_chunk`, from a CPU stamp each input takes when it is created. That charges a
 //! second input's first chunk with everything computed on the first input (vector-add and
 //! array-merge pay for their first array twice) and never charges what a kernel computes
@@ -113,7 +113,7 @@ pub(crate) fn run_in_memory(kernel: &str, args: &[(String, insitu_wire::Value)],
     let k = reg.get(kernel).ok_or_else(|| format!("no kernel {kernel:?}"))?;
     let job = k.prepare(&Args::new(args)).map_err(|e| format!("{kernel}: {e}"))?;
     let total: u64 = inputs.iter().map(|i| i.len() as u64).sum();
-    let mut streams: Vec<insitu_offload::SliceInput<'_>> = inputs.iter().map(|d| insitu_offload::SliceInput::new(d, insitu_target::CHUNK)).collect();
+    let mut streams: Vec<insitu_offload::SliceInput<'_>> = inputs.iter().map(|d| insitu_offload::SliceInput::new(d, insitu_engine::CHUNK)).collect();
     let mut refs: Vec<&mut dyn InputStream> = streams.iter_mut().map(|s| s as &mut dyn InputStream).collect();
     let capacity = k.output_capacity(&Args::new(args), total);
     // The host knows how large the result can be: no reallocation while it grows.

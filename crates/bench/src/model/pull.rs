@@ -2,7 +2,7 @@
 //! The two ways a host gets an answer from an emulated drive over the network:
 //!
 //! * [`pull`]: conventional. A reader thread stands for the target side: it reads each
-//!   object's blocks with `Target::read` on the drive's host view (paced by the flash model)
+//!   object's blocks with `Engine::read` on the drive's host view (paced by the flash model)
 //!   and puts each piece on the link as soon as it has it. The host consumes the pieces in
 //!   order, each when the link delivers it, at most [`QUEUE_DEPTH`] pieces behind the
 //!   reader.
@@ -14,7 +14,7 @@
 use super::emu::{Network, COMMAND_BYTES, COMPLETION_BYTES, DATA_PDU_BYTES};
 use super::rig::{Drive, ENGINE_NS, HOST_NS};
 use insitu_offload::InputStream;
-use insitu_target::ExecOutcome;
+use insitu_engine::ExecOutcome;
 use insitu_wire::{ExtentKind, VirtualObject, SECTOR};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

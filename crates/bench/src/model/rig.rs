@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The emulated drives: namespace images in a work directory (in memory by default), objects
-//! laid out inside them as extents, and one embedded [`Target`] per image whose media is
+//! laid out inside them as extents, and one embedded [`Engine`] per image whose media is
 //! paced by its own flash model and whose kernels are metered by its own CPU budget.
 
 use super::emu::{DriveCore, DriveView};
@@ -10,7 +10,7 @@ use crate::size::human;
 use crate::Error;
 use insitu_media::Pacing;
 use insitu_model::DeviceModel;
-use insitu_target::{NamespaceConfig, Nsid, Target};
+use insitu_engine::{NamespaceConfig, Nsid, Engine};
 use insitu_wire::{Extent, VirtualObject, SECTOR};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -124,7 +124,7 @@ pub(crate) fn random_fill(seed: u64) -> impl FnMut(u64, &mut [u8]) {
 /// One emulated drive: a target with a host view and an engine view of one image.
 pub(crate) struct Drive {
     /// The embedded target.
-    pub(crate) target: Target,
+    pub(crate) target: Engine,
     /// Pacing of host reads (none without a flash model).
     pub(crate) host: Option<Arc<DriveView>>,
     /// Pacing of the engine's reads.
@@ -147,7 +147,7 @@ impl Drive {
         let host = view(model.and_then(|m| m.link.clone()))?;
         let engine = view(model.and_then(|m| m.engine_link.clone()))?;
         let meter = Meter::new(model.and_then(|m| m.compute.as_ref()))?;
-        let mut target = Target::new().with_registry(Arc::new(meter::registry(&meter)));
+        let mut target = Engine::new().with_registry(Arc::new(meter::registry(&meter)));
         for view in [&host, &engine] {
             let pacing = view.clone().map(|v| v as Arc<dyn Pacing>);
             target.add_namespace(image, NamespaceConfig { pacing, ..NamespaceConfig::default() }).map_err(|e| format!("{}: {e}", image.display()))?;

@@ -90,7 +90,7 @@ impl RuntimeError {
 }
 
 /// Write fences on the sharable namespace's blocks, kept by the target that serves the
-/// namespace to hosts (`insitu_target::Target::lock`, the LOCK command's fences): while a
+/// namespace to hosts (`insitu_engine::Engine::lock`, the LOCK command's fences): while a
 /// container writes a file of the namespace in place, host writes to that file's blocks
 /// are refused, so neither side overwrites the other.
 pub trait BlockFence: Send + Sync {

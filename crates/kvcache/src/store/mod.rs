@@ -152,14 +152,14 @@ impl State {
 }
 
 /// The KV cache kept in one private namespace.
-pub struct KvStore {
+pub struct KvCache {
     media: Arc<Backing>,
     page_bytes: usize,
     /// Byte offset of data page 0.
     data_base: u64,
     data_pages: u32,
     state: Mutex<State>,
-    /// Threads the attention of a command's heads runs on (see [`KvStore::attend_all`]).
+    /// Threads the attention of a command's heads runs on (see [`KvCache::attend_all`]).
     workers: rayon::ThreadPool,
 }
 
@@ -180,11 +180,11 @@ fn bad(m: impl Into<String>) -> KvError {
     KvError::BadRequest(m.into())
 }
 
-impl KvStore {
+impl KvCache {
     /// Opens the store in `len` bytes at `base` of `media` with flash pages of `page_bytes`:
     /// recovers the sequences a previous run left (every flushed page), or formats an empty
     /// store when the region holds none.
-    pub fn open(media: Arc<Backing>, base: u64, len: u64, page_bytes: usize) -> Result<KvStore, KvError> {
+    pub fn open(media: Arc<Backing>, base: u64, len: u64, page_bytes: usize) -> Result<KvCache, KvError> {
         if page_bytes < 512 || !page_bytes.is_power_of_two() {
             return Err(bad(format!("page size {page_bytes} is not a power of two of at least 512")));
         }
@@ -207,7 +207,7 @@ impl KvStore {
             .thread_name(|i| format!("kv-attend-{i}"))
             .build()
             .map_err(|e| KvError::Io(std::io::Error::other(format!("cannot start the attention threads: {e}"))))?;
-        let store = KvStore { media, page_bytes, data_base, data_pages, state: Mutex::new(state), workers };
+        let store = KvCache { media, page_bytes, data_base, data_pages, state: Mutex::new(state), workers };
         store.recover()?;
         Ok(store)
     }

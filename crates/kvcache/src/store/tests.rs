@@ -14,8 +14,8 @@ fn image(dir: &std::path::Path, len: u64) -> Arc<Backing> {
     Arc::new(Backing::open(&p, false).unwrap())
 }
 
-fn open(dir: &std::path::Path, len: u64) -> KvStore {
-    KvStore::open(image(dir, len), 0, len, 4096).unwrap()
+fn open(dir: &std::path::Path, len: u64) -> KvCache {
+    KvCache::open(image(dir, len), 0, len, 4096).unwrap()
 }
 
 fn rows(n: usize, seed: f32) -> Vec<f32> {
@@ -23,7 +23,7 @@ fn rows(n: usize, seed: f32) -> Vec<f32> {
 }
 
 /// Every K and V row and every dimension of K the store returns for head `h` of `layer`.
-fn read_back(s: &KvStore, seq: u64, layer: usize, h: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+fn read_back(s: &KvCache, seq: u64, layer: usize, h: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let v = s.head(seq, layer, h).unwrap();
     let l = *v.layout();
     let t = v.tokens();

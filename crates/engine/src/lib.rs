@@ -3,7 +3,7 @@
 //! (Read, Write, Flush) and EXEC, the stateless vendor command that runs a kernel over
 //! virtual objects next to the data.
 //!
-//! A [`Target`] knows no transport. The embedded path calls it directly from the host
+//! A [`Engine`] knows no transport. The embedded path calls it directly from the host
 //! process; a fabric transport decodes capsules and calls the same methods. Every command
 //! returns an NVMe-style [`CommandError`] on failure, whose message names the object at
 //! fault and what to do.
@@ -13,13 +13,13 @@
 //! completes.
 //!
 //! ```
-//! use insitu_target::{Target, NamespaceConfig};
+//! use insitu_engine::{Engine, NamespaceConfig};
 //! use insitu_wire::{Descriptor, Extent, ExecResult, VirtualObject, Value};
 //!
 //! let dir = tempfile::tempdir().unwrap();
 //! let img = dir.path().join("ns.img");
 //! std::fs::write(&img, vec![0u8; 1 << 20]).unwrap();
-//! let mut target = Target::new();
+//! let mut target = Engine::new();
 //! let nsid = target.add_namespace(&img, NamespaceConfig::default()).unwrap();
 //! target.write(nsid, 8, &b"hello world\n".repeat(128)).unwrap(); // 3 blocks at LBA 8
 //! let obj = VirtualObject { offset: 0, length: 1200, extents: vec![Extent::data(8, 3)] };
@@ -38,7 +38,7 @@ pub use fence::{LockInfo, LockListener, LockPayloadError, LockRequest};
 pub use namespace::{Namespace, NamespaceConfig, Visibility};
 pub use stream::CHUNK;
 
-use insitu_kvcache::{KvError, KvStore};
+use insitu_kvcache::{KvCache, KvError};
 use insitu_media::{Backing, PooledBuf};
 use insitu_offload::{Args, InputStream, KernelError, OutputSink, Registry};
 use insitu_wire::{CommandError, Descriptor, ExecResult, ExtentError, Limits, Status};
@@ -82,7 +82,7 @@ pub struct ExecOutcome {
     pub result_in_object: bool,
 }
 
-/// Blocks read by [`Target::read_blocks`], in a pooled buffer that returns to its pool when
+/// Blocks read by [`Engine::read_blocks`], in a pooled buffer that returns to its pool when
 /// this is dropped.
 pub struct BlockRead {
     buf: PooledBuf,
@@ -99,29 +99,29 @@ impl std::ops::Deref for BlockRead {
 }
 
 /// A computational-storage target.
-pub struct Target {
+pub struct Engine {
     namespaces: Vec<Namespace>,
     registry: Arc<Registry>,
     limits: Limits,
     max_inline_result: usize,
     compute: Option<Arc<dyn ComputeBudget>>,
-    kv: Option<KvStore>,
+    kv: Option<KvCache>,
     /// The key-value service (`insitu_kvstore`) and the NSID hosts reach it at.
     kv_service: Option<(Nsid, Arc<insitu_kvstore::KvStore>)>,
     fences: fence::Fences,
 }
 
-impl Default for Target {
+impl Default for Engine {
     fn default() -> Self {
-        Target::new()
+        Engine::new()
     }
 }
 
-impl Target {
+impl Engine {
     /// A target with no namespaces, the standard kernels, default descriptor limits and a
     /// 16 MiB inline result limit.
     pub fn new() -> Self {
-        Target { namespaces: Vec::new(), registry: Arc::new(Registry::standard()), limits: Limits::default(), max_inline_result: 16 << 20, compute: None, kv: None, kv_service: None, fences: fence::Fences::default() }
+        Engine { namespaces: Vec::new(), registry: Arc::new(Registry::standard()), limits: Limits::default(), max_inline_result: 16 << 20, compute: None, kv: None, kv_service: None, fences: fence::Fences::default() }
     }
 
     /// Replaces the kernel registry.
@@ -162,9 +162,9 @@ impl Target {
     /// Keeps a KV cache (see [`insitu_kvcache`]) in the first private namespace, with flash
     /// pages of `page_bytes`: recovers the one a previous run left there, or formats it.
     /// Does nothing when the target has no private namespace (KV commands are then refused).
-    pub fn open_kv_store(&mut self, page_bytes: usize) -> Result<(), String> {
+    pub fn open_kv_cache(&mut self, page_bytes: usize) -> Result<(), String> {
         let Some(ns) = self.namespaces.iter().find(|ns| ns.visibility == Visibility::Private) else { return Ok(()) };
-        let store = KvStore::open(ns.media.clone(), ns.offset, ns.size, page_bytes).map_err(|e| e.to_string())?;
+        let store = KvCache::open(ns.media.clone(), ns.offset, ns.size, page_bytes).map_err(|e| e.to_string())?;
         self.kv = Some(store);
         Ok(())
     }
@@ -188,7 +188,7 @@ impl Target {
     }
 
     /// The KV cache, or [`KvError::NoStore`] when the target has no private namespace.
-    pub fn kv_store(&self) -> Result<&KvStore, KvError> {
+    pub fn kv_cache(&self) -> Result<&KvCache, KvError> {
         self.kv.as_ref().ok_or(KvError::NoStore)
     }
 
@@ -256,7 +256,7 @@ impl Target {
     }
 
     /// The media and byte offset that `bytes` at `slba` of a host namespace are read from,
-    /// after the same checks as [`Target::read_blocks`]: a transport that can send straight
+    /// after the same checks as [`Engine::read_blocks`]: a transport that can send straight
     /// from the media (see [`insitu_media::Backing::send_from_page_cache`]) uses it.
     pub fn read_source(&self, nsid: Nsid, slba: u64, bytes: usize) -> Result<(&insitu_media::Backing, u64), CommandError> {
         let ns = self.host_ns(nsid)?;
@@ -297,7 +297,7 @@ impl Target {
     }
 
     /// Locks the blocks of a path of sharable namespace `nsid` for a container: host
-    /// writes to them are refused until [`Target::unlock`]. Returns the lock id.
+    /// writes to them are refused until [`Engine::unlock`]. Returns the lock id.
     pub fn lock(&self, nsid: Nsid, req: LockRequest) -> Result<u64, CommandError> {
         let ns = self.host_ns(nsid)?;
         if let Some((o, l)) = req.extents.iter().find(|(o, l)| o.checked_add(*l).is_none_or(|e| e > ns.size)) {

@@ -6,13 +6,13 @@ use std::sync::atomic::Ordering;
 const NS_BYTES: usize = 8 << 20;
 
 /// A target over an 8 MiB image whose bytes follow a known pattern.
-fn target_with(visibility: Visibility) -> (tempfile::TempDir, Target, Vec<u8>) {
+fn target_with(visibility: Visibility) -> (tempfile::TempDir, Engine, Vec<u8>) {
     target_in(tempfile::tempdir().unwrap(), visibility)
 }
 
 /// The same target on disk (a reader thread reads ahead of the kernel) and in memory
 /// (/dev/shm: the kernel reads for itself), so that every EXEC test covers both paths.
-fn targets_on_disk_and_in_memory() -> Vec<(tempfile::TempDir, Target, Vec<u8>)> {
+fn targets_on_disk_and_in_memory() -> Vec<(tempfile::TempDir, Engine, Vec<u8>)> {
     let mut all = vec![target_with(Visibility::Sharable)];
     assert!(!all[0].1.namespace(1).unwrap().media().is_in_memory());
     if let Ok(shm) = tempfile::tempdir_in("/dev/shm") {
@@ -23,11 +23,11 @@ fn targets_on_disk_and_in_memory() -> Vec<(tempfile::TempDir, Target, Vec<u8>)> 
     all
 }
 
-fn target_in(dir: tempfile::TempDir, visibility: Visibility) -> (tempfile::TempDir, Target, Vec<u8>) {
+fn target_in(dir: tempfile::TempDir, visibility: Visibility) -> (tempfile::TempDir, Engine, Vec<u8>) {
     let img = dir.path().join("ns.img");
     let data: Vec<u8> = (0..NS_BYTES).map(|i| if i % 61 == 60 { b'\n' } else { b'a' + (i % 26) as u8 }).collect();
     std::fs::write(&img, &data).unwrap();
-    let mut t = Target::new();
+    let mut t = Engine::new();
     let cfg = NamespaceConfig { visibility, ..Default::default() };
     t.add_namespace(&img, cfg).unwrap();
     (dir, t, data)
@@ -41,7 +41,7 @@ fn field<'a>(rec: &'a insitu_wire::Record, key: &str) -> &'a Value {
     &rec.iter().find(|(k, _)| k == key).unwrap().1
 }
 
-fn media_reads(t: &Target) -> u64 {
+fn media_reads(t: &Engine) -> u64 {
     t.namespace(1).unwrap().media().counters().read_bytes.load(Ordering::Relaxed)
 }
 
@@ -52,7 +52,7 @@ fn exec_streams_fragmented_objects_with_holes() {
     }
 }
 
-fn exec_streams_fragmented_objects_with_holes_on(t: &Target, data: &[u8]) {
+fn exec_streams_fragmented_objects_with_holes_on(t: &Engine, data: &[u8]) {
     // Three data extents out of order, a hole between them, a tail cut mid-sector, and an
     // extent larger than one read chunk.
     let extents = vec![Extent::data(9000, 3), Extent::zero(2), Extent::data(17, 5000), Extent::data(1, 1)];
@@ -91,7 +91,7 @@ fn many_inputs_return_one_record_each_in_order() {
     }
 }
 
-fn many_inputs_on(t: &Target, data: &[u8]) {
+fn many_inputs_on(t: &Engine, data: &[u8]) {
     let objs: Vec<VirtualObject> = (0..5u64).map(|i| VirtualObject { offset: 0, length: 1000 + i, extents: vec![Extent::data(i * 100, 2)] }).collect();
     let out = t.exec(1, &Descriptor::new("crc32c", objs).encode()).unwrap();
     let recs = records(&out);
@@ -136,7 +136,7 @@ fn outputs_land_in_their_extents_and_nothing_else_changes() {
     }
 }
 
-fn outputs_on(t: &Target, data: &[u8]) {
+fn outputs_on(t: &Engine, data: &[u8]) {
     let input = VirtualObject { offset: 0, length: 20 * 512 - 7, extents: vec![Extent::data(100, 20)] };
     let output = VirtualObject { offset: 0, length: 20 * 512, extents: vec![Extent::data(5000, 10), Extent::data(4000, 10)] };
     let mut d = Descriptor::new("sort", vec![input]);

@@ -302,7 +302,7 @@ impl Fences {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{NamespaceConfig, Target, Visibility};
+    use crate::{Engine, NamespaceConfig, Visibility};
     use proptest::prelude::*;
 
     fn req(path: &str, extents: &[(u64, u64)]) -> LockRequest {
@@ -390,11 +390,11 @@ mod tests {
         }
     }
 
-    fn target(visibility: Visibility) -> (tempfile::TempDir, Target) {
+    fn target(visibility: Visibility) -> (tempfile::TempDir, Engine) {
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("ns.img");
         std::fs::write(&img, vec![0x11u8; 1 << 20]).unwrap();
-        let mut t = Target::new();
+        let mut t = Engine::new();
         t.add_namespace(&img, NamespaceConfig { visibility, ..Default::default() }).unwrap();
         (dir, t)
     }
