@@ -5,7 +5,7 @@
 use insitu_host::pool::drop_cached_pages;
 use serde_json::{json, Value};
 use std::fs::File;
-use crate::size::human;
+use insitu_image::human;
 use crate::Error;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

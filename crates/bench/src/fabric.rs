@@ -26,7 +26,7 @@
 
 use crate::common::{command, drop_caches, gbps, machine, median, timed_workers, Work};
 use crate::dataset::Rng;
-use crate::size::human;
+use insitu_image::human;
 use crate::tcp::{tcp_loopback, Source, TcpLoad};
 use crate::Error;
 use insitu_initiator::{ConnectOptions, Session};

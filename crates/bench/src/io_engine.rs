@@ -13,7 +13,7 @@
 
 use crate::common::{command, drop_caches, gbps, machine, median, Work};
 use crate::dataset::Rng;
-use crate::size::human;
+use insitu_image::human;
 use crate::Error;
 use insitu_media::{Backing, ReadPurpose, UringScanner};
 use insitu_engine::{NamespaceConfig, Engine};

@@ -30,7 +30,7 @@
 
 use crate::common::{command, drop_caches, machine, Work};
 use crate::genome::{self, Files};
-use crate::image::{Fs as MkFs, Scratch};
+use insitu_image::{Fs as MkFs, Scratch};
 use crate::model::{drive_json, parse_drive, parse_link};
 use crate::throttle::{device_of, FlushPaced, Limits, Throttle};
 use crate::dbbench::{db_bench_key, DbBench, DB_BENCH_VALUE_SIZES as DB_VALUES};

@@ -57,10 +57,8 @@ mod fabric;
 mod io_engine;
 mod kv;
 mod genome;
-mod image;
 mod model;
 mod scan;
-mod size;
 mod tcp;
 mod throttle;
 mod ycsb;
@@ -72,10 +70,9 @@ pub use exec_scaling::{exec_scaling, ExecScalingOptions};
 pub use fabric::{fabric, fabric_wire_check, FabricOptions};
 pub use io_engine::{io_engine, IoEngineOptions};
 pub use kv::{kv, KvBenchOptions, KV_DEFAULT_DRIVE, KV_SYSTEMS, KV_WORKLOADS};
-pub use image::{create as create_image, mount as mount_image, umount as umount_image, Fs, Scratch};
+pub use insitu_image::{create as create_image, human, mount as mount_image, parse_size, umount as umount_image, Fs, Scratch};
 pub use model::{break_even, latency, model_check, scrub_scaling, BreakEvenOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScrubScalingOptions};
 pub use scan::{scan, ScanOptions};
-pub use size::{human, parse_size};
 pub use tcp::{tcp_loopback, Source as TcpSource, TcpLoad};
 pub use ycsb::{fnvhash64, key_for, Op, Workload, Ycsb, YcsbConfig, FIELD_COUNT, FIELD_LEN, MAX_SCAN_LEN, RECORD_LEN};
 pub use dbbench::{db_bench_key, DbBench, DbBenchValues, DB_BENCH_VALUE_SIZES};
@@ -95,6 +92,12 @@ impl From<String> for Error {
 impl From<&str> for Error {
     fn from(message: &str) -> Self {
         Error(message.to_string())
+    }
+}
+
+impl From<insitu_image::Error> for Error {
+    fn from(e: insitu_image::Error) -> Self {
+        Error(e.to_string())
     }
 }
 

@@ -5,7 +5,7 @@
 
 use crate::common::{command, drop_caches, gbps, machine, median};
 use crate::dataset::Rng;
-use crate::image::{Fs, Scratch};
+use insitu_image::{Fs, Scratch};
 use crate::Error;
 use insitu_host::{device, virtual_object, Mode, Offloader, Request};
 use insitu_media::{AlignedBuf, Backing, DIRECT_ALIGN};

@@ -3,7 +3,8 @@
 //! the reports printed as text or JSON.
 
 use crate::Failure;
-use insitu_bench::{human, parse_size, BreakEvenOptions, ExecScalingOptions, FabricOptions, IoEngineOptions, KvBenchOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScanOptions, ScrubScalingOptions};
+use insitu_image::{human, parse_size};
+use insitu_bench::{BreakEvenOptions, ExecScalingOptions, FabricOptions, IoEngineOptions, KvBenchOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScanOptions, ScrubScalingOptions};
 use serde_json::Value;
 use std::path::PathBuf;
 

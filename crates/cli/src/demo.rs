@@ -3,7 +3,8 @@
 //! the host, results compared and data movement tabulated.
 
 use crate::Failure;
-use insitu_bench::{generate_dataset, human, Dataset, Fs, Scratch};
+use insitu_bench::{generate_dataset, Dataset};
+use insitu_image::{human, Fs, Scratch};
 use insitu_host::{Mode, Offloader, Report, Request};
 use insitu_wire::Value;
 use serde_json::json;

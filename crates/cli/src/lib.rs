@@ -17,7 +17,7 @@ mod pool_cmd;
 mod target_cmd;
 
 use clap::{Parser, Subcommand};
-use insitu_bench::{create_image, human, mount_image, parse_size, umount_image};
+use insitu_image::{create as create_image, human, mount as mount_image, parse_size, umount as umount_image};
 use insitu_host::{parse_args, scrub, Mode, OasError, Offloader, Report, Request};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -243,11 +243,11 @@ enum Fs {
     Xfs,
 }
 
-impl From<Fs> for insitu_bench::Fs {
+impl From<Fs> for insitu_image::Fs {
     fn from(f: Fs) -> Self {
         match f {
-            Fs::Ext4 => insitu_bench::Fs::Ext4,
-            Fs::Xfs => insitu_bench::Fs::Xfs,
+            Fs::Ext4 => insitu_image::Fs::Ext4,
+            Fs::Xfs => insitu_image::Fs::Xfs,
         }
     }
 }
@@ -489,6 +489,12 @@ impl From<OasError> for Failure {
 
 impl From<insitu_bench::Error> for Failure {
     fn from(e: insitu_bench::Error) -> Self {
+        Failure { code: 2, message: e.to_string() }
+    }
+}
+
+impl From<insitu_image::Error> for Failure {
+    fn from(e: insitu_image::Error) -> Self {
         Failure { code: 2, message: e.to_string() }
     }
 }

@@ -5,7 +5,7 @@
 //! URLs are `nvme-tcp://HOST:PORT/NQN[/NSID]`. `list-subsys` talks to the discovery
 //! controller, so its URL may stop after the port.
 
-use insitu_bench::human;
+use insitu_image::human;
 use crate::Failure;
 use insitu_attach::TargetUrl;
 use insitu_initiator::{CommandSet, ConnectOptions, ControllerInfo, DiscoveryEntry, InitiatorError, KvNamespaceInfo, NamespaceInfo, Session, DISCOVERY_NQN};

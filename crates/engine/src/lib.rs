@@ -48,20 +48,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// A CPU budget for the offload engine, standing for a drive's weaker cores: told how much
-/// CPU time a kernel spent, it may stall the kernel's thread to keep within the budget.
-/// With none set, kernels run at this machine's full speed.
-pub trait ComputeBudget: Send + Sync {
-    /// The calling thread spent `cpu_ns` of CPU time computing since its last charge.
-    fn charge(&self, cpu_ns: u64);
-}
-
+/// CPU time a kernel spent, it may stall the kernel's thread to keep within the budget
+/// (the device model's [`insitu_model::ComputeBudget`] is one). With none set, kernels run
+/// at this machine's full speed.
+pub use insitu_model::ChargeCpu as ComputeBudget;
 /// CPU time the calling thread has used, in nanoseconds.
-pub fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes one timespec, which lives on this stack frame.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use insitu_model::thread_cpu_ns;
 
 /// A namespace identifier, 1-based as in NVMe.
 pub type Nsid = u32;

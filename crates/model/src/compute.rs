@@ -151,9 +151,15 @@ pub fn thread_cpu_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// The offload engine charges its kernels' CPU time here (see
-/// [`insitu_engine::Engine::with_compute_budget`]).
-impl insitu_engine::ComputeBudget for ComputeBudget {
+/// Where code that stands for a drive's weaker cores charges the CPU time it spent: told
+/// how much, an implementation may stall the calling thread to keep within its budget.
+/// The offload engine charges its kernels' time through one (`Engine::with_compute_budget`).
+pub trait ChargeCpu: Send + Sync {
+    /// The calling thread spent `cpu_ns` of CPU time computing since its last charge.
+    fn charge(&self, cpu_ns: u64);
+}
+
+impl ChargeCpu for ComputeBudget {
     fn charge(&self, cpu_ns: u64) {
         self.throttle(cpu_ns);
     }

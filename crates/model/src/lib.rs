@@ -55,7 +55,7 @@ mod preset;
 mod stream;
 mod write_cache;
 
-pub use compute::{thread_cpu_ns, ComputeBudget, ComputeConfig};
+pub use compute::{thread_cpu_ns, ChargeCpu, ComputeBudget, ComputeConfig};
 pub use error::ModelError;
 pub use flash::Flash;
 pub use flash_config::{FlashConfig, FlashStats};

@@ -20,7 +20,7 @@ use super::pull::{exec_remote, pull, PullStats};
 use super::rig::{random_fill, write_image, Drive, Placer};
 use super::{parse_drive, parse_link};
 use crate::common::{command, gbps, machine, median, Work};
-use crate::size::human;
+use insitu_image::human;
 use crate::Error;
 use insitu_initiator::{ConnectOptions, Session};
 use insitu_model::DeviceModel;

@@ -6,7 +6,7 @@
 use super::emu::{DriveCore, DriveView};
 use super::meter::{self, Meter};
 use crate::dataset::Rng;
-use crate::size::human;
+use insitu_image::human;
 use crate::Error;
 use insitu_media::Pacing;
 use insitu_model::DeviceModel;
