@@ -4,7 +4,7 @@
 //! panic either.
 #![no_main]
 
-use insitu_wire::{Descriptor, Limits};
+use insitu_proto::{Descriptor, Limits};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,7 +3,7 @@
 //! records that decode the same.
 #![no_main]
 
-use insitu_wire::ExecResult;
+use insitu_proto::ExecResult;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

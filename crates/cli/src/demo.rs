@@ -6,7 +6,7 @@ use crate::Failure;
 use insitu_bench::{generate_dataset, Dataset};
 use insitu_image::{human, Fs, Scratch};
 use insitu_host::{Mode, Offloader, Report, Request};
-use insitu_wire::Value;
+use insitu_proto::Value;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 

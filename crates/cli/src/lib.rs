@@ -551,9 +551,9 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         }
         Cmd::Grep { pattern, paths, regex, ignore_case, count, conventional } => {
             let args = vec![
-                ("pattern".to_string(), insitu_wire::Value::Str(pattern)),
-                ("regex".to_string(), insitu_wire::Value::Bool(regex)),
-                ("ignore_case".to_string(), insitu_wire::Value::Bool(ignore_case)),
+                ("pattern".to_string(), insitu_proto::Value::Str(pattern)),
+                ("regex".to_string(), insitu_proto::Value::Bool(regex)),
+                ("ignore_case".to_string(), insitu_proto::Value::Bool(ignore_case)),
             ];
             let report = off.exec(&Request { function: "grep".into(), args, paths, output: None, mode: mode(conventional), force: false })?;
             if json {

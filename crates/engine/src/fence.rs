@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use insitu_wire::Status;
+use insitu_proto::Status;
 
 use crate::CommandError;
 

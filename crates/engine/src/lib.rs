@@ -14,7 +14,7 @@
 //!
 //! ```
 //! use insitu_engine::{Engine, NamespaceConfig};
-//! use insitu_wire::{Descriptor, Extent, ExecResult, VirtualObject, Value};
+//! use insitu_proto::{Descriptor, Extent, ExecResult, VirtualObject, Value};
 //!
 //! let dir = tempfile::tempdir().unwrap();
 //! let img = dir.path().join("ns.img");
@@ -41,7 +41,7 @@ pub use stream::CHUNK;
 use insitu_kvcache::{KvCache, KvError};
 use insitu_media::{Backing, PooledBuf};
 use insitu_offload::{Args, InputStream, KernelError, OutputSink, Registry};
-use insitu_wire::{CommandError, Descriptor, ExecResult, ExtentError, Limits, Status};
+use insitu_proto::{CommandError, Descriptor, ExecResult, ExtentError, Limits, Status};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -356,7 +356,7 @@ impl Engine {
             CommandError::new(status, format!("namespace {nsid}: {e}"))
         })?;
         // Output objects are writes: refused on blocks a container holds locked.
-        for x in d.outputs.iter().chain(&d.result).flat_map(|o| &o.extents).filter(|x| x.kind == insitu_wire::ExtentKind::Data) {
+        for x in d.outputs.iter().chain(&d.result).flat_map(|o| &o.extents).filter(|x| x.kind == insitu_proto::ExtentKind::Data) {
             self.fences.check(nsid, x.start_sector * 512, u64::from(x.sectors) * 512)?;
         }
         let job = kernel.prepare(&Args::new(&d.args)).map_err(kernel_error)?;

@@ -12,7 +12,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use insitu_media::{media_cost, PooledBuf, ReadPurpose, UringScanner};
 use std::ops::ControlFlow;
 use insitu_offload::{InputStream, KernelError, OutputSink};
-use insitu_wire::{ExtentKind, VirtualObject, SECTOR};
+use insitu_proto::{ExtentKind, VirtualObject, SECTOR};
 use std::cell::RefCell;
 use std::io;
 use std::rc::Rc;

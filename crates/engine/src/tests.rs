@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 use super::*;
-use insitu_wire::{Extent, Value, VirtualObject};
+use insitu_proto::{Extent, Value, VirtualObject};
 use std::sync::atomic::Ordering;
 
 const NS_BYTES: usize = 8 << 20;
@@ -33,11 +33,11 @@ fn target_in(dir: tempfile::TempDir, visibility: Visibility) -> (tempfile::TempD
     (dir, t, data)
 }
 
-fn records(out: &ExecOutcome) -> Vec<insitu_wire::Record> {
+fn records(out: &ExecOutcome) -> Vec<insitu_proto::Record> {
     ExecResult::decode(&out.result).unwrap().records
 }
 
-fn field<'a>(rec: &'a insitu_wire::Record, key: &str) -> &'a Value {
+fn field<'a>(rec: &'a insitu_proto::Record, key: &str) -> &'a Value {
     &rec.iter().find(|(k, _)| k == key).unwrap().1
 }
 
@@ -117,8 +117,8 @@ fn objects_starting_inside_a_sector_skip_their_offset() {
             let mut whole = Vec::new();
             for e in &extents {
                 match e.kind {
-                    insitu_wire::ExtentKind::Data => whole.extend_from_slice(&data[e.start_sector as usize * 512..][..e.bytes() as usize]),
-                    insitu_wire::ExtentKind::Zero => whole.extend(std::iter::repeat_n(0u8, e.bytes() as usize)),
+                    insitu_proto::ExtentKind::Data => whole.extend_from_slice(&data[e.start_sector as usize * 512..][..e.bytes() as usize]),
+                    insitu_proto::ExtentKind::Zero => whole.extend(std::iter::repeat_n(0u8, e.bytes() as usize)),
                 }
             }
             let expect = &whole[offset as usize..offset as usize + length as usize];

@@ -31,7 +31,7 @@ mod vobj;
 pub use offloader::{model_sidecar, output_suffix, parse_args, run_in_memory, FileResult, Mode, Offloader, Report, Request, Stats};
 pub use vobj::{from_extents, virtual_object};
 
-use insitu_wire::CommandError;
+use insitu_proto::CommandError;
 use std::path::PathBuf;
 
 /// What went wrong, on which file, and what to do about it.

@@ -7,7 +7,7 @@ use crate::pool::OutputPool;
 use crate::{virtual_object, OasError};
 use insitu_offload::{Args, InputStream, Kernel, OutputSink, ParamType, Registry, SliceInput};
 use insitu_engine::{NamespaceConfig, Engine};
-use insitu_wire::{Descriptor, ExecResult, ExtentKind, Record, Value};
+use insitu_proto::{Descriptor, ExecResult, ExtentKind, Record, Value};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
@@ -396,7 +396,7 @@ impl Offloader {
         // As many ranges per EXEC as a descriptor takes, fewer when they are large (their
         // results may carry some of their bytes).
         let largest = ranges.iter().map(|r| r.1).max().unwrap_or(0).max(1);
-        let per = (RANGE_RESULT_BUDGET / largest).clamp(1, kernel.max_inputs().clamp(1, insitu_wire::Limits::default().max_inputs as usize) as u64) as usize;
+        let per = (RANGE_RESULT_BUDGET / largest).clamp(1, kernel.max_inputs().clamp(1, insitu_proto::Limits::default().max_inputs as usize) as u64) as usize;
         let mut stats = Stats::default();
         let mut results = Vec::with_capacity(ranges.len());
         for (batch, spans) in objects.chunks(per).zip(ranges.chunks(per)) {
@@ -498,7 +498,7 @@ fn take_output_slot(
     input_total: u64,
     map: &DeviceMap,
     dest: &Path,
-) -> Result<(crate::pool::Slot, insitu_wire::VirtualObject), OasError> {
+) -> Result<(crate::pool::Slot, insitu_proto::VirtualObject), OasError> {
     let parent = dest.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let io = |e| OasError::Io { path: parent.to_owned(), source: e };
     if fs::metadata(parent).map_err(io)?.dev() != input_meta.dev() {

@@ -12,7 +12,7 @@ use crate::pool::OutputPool;
 use crate::{virtual_object, OasError, Stats};
 use insitu_attach::Attachment;
 use insitu_initiator::{InitiatorError, Session};
-use insitu_wire::{CommandError, Descriptor, ExtentKind, Status, SECTOR};
+use insitu_proto::{CommandError, Descriptor, ExtentKind, Status, SECTOR};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex;
@@ -103,7 +103,7 @@ fn run(s: &Session, att: &Attachment, map: &DeviceMap, path: &Path, pool: &Outpu
 }
 
 /// Reads the first `len` bytes of an object from the target.
-fn read_object(s: &Session, att: &Attachment, obj: &insitu_wire::VirtualObject, len: u64) -> Result<Vec<u8>, InitiatorError> {
+fn read_object(s: &Session, att: &Attachment, obj: &insitu_proto::VirtualObject, len: u64) -> Result<Vec<u8>, InitiatorError> {
     let lba = u64::from(att.lba_size);
     let mut out = Vec::with_capacity(len as usize);
     for e in &obj.extents {

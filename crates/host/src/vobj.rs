@@ -6,7 +6,7 @@
 use crate::device::DeviceMap;
 use crate::fiemap::{fiemap, flags, FiemapExtent};
 use crate::OasError;
-use insitu_wire::{Extent, VirtualObject, SECTOR};
+use insitu_proto::{Extent, VirtualObject, SECTOR};
 use std::fs::File;
 use std::path::Path;
 
@@ -96,8 +96,8 @@ impl ObjectBuilder {
         while sectors > 0 {
             if let Some(last) = self.extents.last_mut() {
                 let contiguous = match sector {
-                    None => last.kind == insitu_wire::ExtentKind::Zero,
-                    Some(s) => last.kind == insitu_wire::ExtentKind::Data && last.start_sector + u64::from(last.sectors) == s,
+                    None => last.kind == insitu_proto::ExtentKind::Zero,
+                    Some(s) => last.kind == insitu_proto::ExtentKind::Data && last.start_sector + u64::from(last.sectors) == s,
                 };
                 let room = MAX_EXTENT_SECTORS - u64::from(last.sectors);
                 if contiguous && room > 0 {

@@ -110,7 +110,7 @@ fn keep_alive_keeps_an_idle_session() {
 /// returns the right result; it is stateless, so running it twice is harmless.
 #[test]
 fn read_only_exec_in_flight_is_retried() {
-    use insitu_wire::{Descriptor, ExecResult, Extent, Value, VirtualObject};
+    use insitu_proto::{Descriptor, ExecResult, Extent, Value, VirtualObject};
     let f = target(Vec::new());
     let p = Proxy::start(&f.addr);
     let s = Session::connect(opts(&p.addr)).unwrap();

@@ -25,7 +25,7 @@ pub use layout::{Dtype, Layout};
 pub use attention::{attend_all, Task};
 pub use store::{HeadView, KvCache, SeqInfo, StoreUsage};
 
-use insitu_wire::Status;
+use insitu_proto::Status;
 
 /// Which half of the cache a token-indexed page holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -170,7 +170,7 @@ pub enum KvError {
 
 /// Status codes of the KV commands (command-specific, SCT 1).
 pub mod status {
-    use insitu_wire::Status;
+    use insitu_proto::Status;
     /// No sequence with this id.
     pub const UNKNOWN_SEQUENCE: Status = Status { sct: 1, sc: 0xC0 };
     /// A sequence with this id exists.

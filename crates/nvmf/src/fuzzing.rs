@@ -144,9 +144,9 @@ pub fn seed_inputs() -> Vec<(&'static str, Vec<u8>)> {
         c
     };
     let exec = |nsid: u32| {
-        let obj = insitu_wire::VirtualObject { offset: 0, length: 4000, extents: vec![insitu_wire::Extent::data(0, 8)] };
-        let mut d = insitu_wire::Descriptor::new("crc32c", vec![obj]);
-        d.result = Some(insitu_wire::VirtualObject { offset: 0, length: 4096, extents: vec![insitu_wire::Extent::data(64, 8)] });
+        let obj = insitu_proto::VirtualObject { offset: 0, length: 4000, extents: vec![insitu_proto::Extent::data(0, 8)] };
+        let mut d = insitu_proto::Descriptor::new("crc32c", vec![obj]);
+        d.result = Some(insitu_proto::VirtualObject { offset: 0, length: 4096, extents: vec![insitu_proto::Extent::data(64, 8)] });
         (cmd(opcode::EXEC, nsid, &[], 0), d.encode(), None)
     };
     let io = vec![

@@ -11,7 +11,7 @@ use crate::Shared;
 use insitu_fabric::{opcode, Command};
 use insitu_media::PooledBuf;
 use insitu_engine::{BlockRead, Engine};
-use insitu_wire::{CommandError, FLAG_RESULT_OBJECT};
+use insitu_proto::{CommandError, FLAG_RESULT_OBJECT};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -382,7 +382,7 @@ mod tests {
             c.set_opcode(opcode::EXEC).set_nsid(nsid);
             c
         };
-        let desc = |f: &str| insitu_wire::Descriptor::new(f, vec![]).encode();
+        let desc = |f: &str| insitu_proto::Descriptor::new(f, vec![]).encode();
         assert_eq!(metric_labels(&t, &exec(1), &desc("crc32c")), (1, "crc32c".to_string()));
         assert_eq!(metric_labels(&t, &exec(7), &desc("crc32c")), (0, "crc32c".to_string()));
         assert_eq!(metric_labels(&t, &exec(1), &desc("made-up-function")), (1, "unknown".to_string()));

@@ -13,7 +13,7 @@
 
 use insitu_fabric::{opcode, Command};
 use insitu_engine::{LockRequest, Engine};
-use insitu_wire::{CommandError, Status};
+use insitu_proto::{CommandError, Status};
 
 /// Runs LOCK or UNLOCK; returns completion (DW0, DW1).
 pub(crate) fn execute(target: &Engine, cmd: &Command, data: &[u8]) -> Result<(u32, u32), CommandError> {

@@ -2,7 +2,7 @@
 //! Typed access to a descriptor's arguments, checked against a kernel's parameter list.
 
 use crate::KernelError;
-use insitu_wire::Value;
+use insitu_proto::Value;
 
 /// The type a parameter accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

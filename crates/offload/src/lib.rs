@@ -14,7 +14,7 @@
 //!
 //! ```
 //! use insitu_offload::{Registry, SliceInput, Args};
-//! use insitu_wire::Value;
+//! use insitu_proto::Value;
 //!
 //! let registry = Registry::standard();
 //! let kernel = registry.get("wc").unwrap();
@@ -42,7 +42,7 @@ mod zstd_compress;
 use std::collections::BTreeMap;
 
 pub use args::{Args, Param, ParamType};
-pub use insitu_wire::{Record, Value};
+pub use insitu_proto::{Record, Value};
 pub use stream::{InputStream, OutputSink, SliceInput, VecSink};
 
 /// Why a kernel refused its arguments or failed on the data.

@@ -113,9 +113,9 @@ fn scrub_json(py: Python<'_>, directory: PathBuf, manifest: PathBuf, create: boo
 /// Decodes a compute descriptor (bytes) into the JSON shape of `docs/vectors/vectors.json`.
 #[pyfunction]
 fn decode_descriptor(bytes: &[u8]) -> PyResult<String> {
-    let d = insitu_wire::Descriptor::decode(bytes, &insitu_wire::Limits::default()).map_err(|e| RequestError::new_err(e.to_string()))?;
-    let value = |v: &insitu_wire::Value| -> serde_json::Value {
-        use insitu_wire::Value as V;
+    let d = insitu_proto::Descriptor::decode(bytes, &insitu_proto::Limits::default()).map_err(|e| RequestError::new_err(e.to_string()))?;
+    let value = |v: &insitu_proto::Value| -> serde_json::Value {
+        use insitu_proto::Value as V;
         let (t, val) = match v {
             V::U64(n) => ("u64", serde_json::json!(n)),
             V::I64(n) => ("i64", serde_json::json!(n)),
@@ -126,12 +126,12 @@ fn decode_descriptor(bytes: &[u8]) -> PyResult<String> {
         };
         serde_json::json!({"type": t, "value": val})
     };
-    let object = |o: &insitu_wire::VirtualObject| {
+    let object = |o: &insitu_proto::VirtualObject| {
         let extents: Vec<serde_json::Value> = o
             .extents
             .iter()
             .map(|e| {
-                let kind = if e.kind == insitu_wire::ExtentKind::Data { "data" } else { "zero" };
+                let kind = if e.kind == insitu_proto::ExtentKind::Data { "data" } else { "zero" };
                 serde_json::json!({"kind": kind, "start_sector": e.start_sector, "sectors": e.sectors})
             })
             .collect();
@@ -158,7 +158,7 @@ fn decode_descriptor(bytes: &[u8]) -> PyResult<String> {
 /// (the inverse of `decode_descriptor`); returns the bytes.
 #[pyfunction]
 fn encode_descriptor(py: Python<'_>, text: &str) -> PyResult<PyObject> {
-    use insitu_wire::{Extent, Value as V, VirtualObject};
+    use insitu_proto::{Extent, Value as V, VirtualObject};
     let bad = |m: String| RequestError::new_err(format!("descriptor JSON: {m}"));
     let j: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
     let object = |o: &serde_json::Value| -> PyResult<VirtualObject> {
@@ -194,7 +194,7 @@ fn encode_descriptor(py: Python<'_>, text: &str) -> PyResult<PyObject> {
         };
         args.push((key, value));
     }
-    let d = insitu_wire::Descriptor {
+    let d = insitu_proto::Descriptor {
         function: j["function"].as_str().ok_or_else(|| bad("function".into()))?.to_owned(),
         args,
         inputs: objects("inputs")?,
@@ -207,7 +207,7 @@ fn encode_descriptor(py: Python<'_>, text: &str) -> PyResult<PyObject> {
     }
     // Encode what decodes: refuse what the target would refuse as malformed.
     let bytes = d.encode();
-    insitu_wire::Descriptor::decode(&bytes, &insitu_wire::Limits::default()).map_err(|e| bad(e.to_string()))?;
+    insitu_proto::Descriptor::decode(&bytes, &insitu_proto::Limits::default()).map_err(|e| bad(e.to_string()))?;
     Ok(pyo3::types::PyBytes::new(py, &bytes).into())
 }
 

@@ -4,7 +4,7 @@
 //! Case counts are kept modest so the suite runs in seconds; raise them for a longer soak
 //! with `PROPTEST_CASES=10000 cargo test -p insitu-wire --release --test properties`.
 
-use insitu_wire::{
+use insitu_proto::{
     DecodeError, Descriptor, ExecResult, Extent, ExtentError, ExtentKind, Limits, Value, VirtualObject, SECTOR,
 };
 use proptest::prelude::*;

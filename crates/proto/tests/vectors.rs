@@ -14,7 +14,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use insitu_wire::{DecodeError, Descriptor, ExecResult, Extent, ExtentKind, Limits, Value, VirtualObject};
+use insitu_proto::{DecodeError, Descriptor, ExecResult, Extent, ExtentKind, Limits, Value, VirtualObject};
 use serde_json::{json, Value as Json};
 
 /// One vector: a file of bytes and its entry in `vectors.json`.

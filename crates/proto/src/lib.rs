@@ -12,7 +12,7 @@
 //! vectors are in `docs/compute-descriptor.md` and `docs/vectors/`.
 //!
 //! ```
-//! use insitu_wire::{Descriptor, Extent, Limits, Value, VirtualObject};
+//! use insitu_proto::{Descriptor, Extent, Limits, Value, VirtualObject};
 //!
 //! let obj = VirtualObject { offset: 0, length: 5000, extents: vec![Extent::data(2048, 8), Extent::zero(2)] };
 //! let mut d = Descriptor::new("grep", vec![obj]);
