@@ -1,52 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! Errors of Ether-oN: each names the object and what to do.
 
-/// Why a frame command is refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum FrameError {
-    /// The frame is shorter than an Ethernet header.
-    #[error("an Ethernet frame of {len} bytes is shorter than its 14-byte header")]
-    TooShort {
-        /// Its length.
-        len: usize,
-    },
-    /// The frame is longer than the largest Ethernet frame.
-    #[error("an Ethernet frame of {len} bytes exceeds {max} bytes (MTU 1500 with an 802.1Q tag); lower the interface MTU")]
-    TooLong {
-        /// Its length.
-        len: usize,
-        /// The longest accepted.
-        max: usize,
-    },
-    /// TRANSMIT_FRAME's CDW10 does not match the data it carries.
-    #[error("TRANSMIT_FRAME says the frame is {declared} bytes (CDW10) but carries {carried} bytes of data; set CDW10 to the data length")]
-    LengthMismatch {
-        /// CDW10.
-        declared: u32,
-        /// The data length.
-        carried: usize,
-    },
-    /// RECEIVE_FRAME offers too small a buffer.
-    #[error("RECEIVE_FRAME offers a {len}-byte buffer; offer at least {min} bytes")]
-    BufferTooSmall {
-        /// The buffer length.
-        len: usize,
-        /// The smallest accepted.
-        min: usize,
-    },
-}
-
-impl FrameError {
-    /// The NVMe status field a target completes the command with.
-    pub fn status(&self) -> u16 {
-        match self {
-            FrameError::BufferTooSmall { .. } => crate::STATUS_SGL_LENGTH_INVALID,
-            _ => crate::STATUS_INVALID_FIELD,
-        }
-    }
-}
-
 /// Errors of TAP devices, addresses and bridges.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -87,7 +41,7 @@ pub enum EtherError {
     },
     /// A frame broke a rule.
     #[error(transparent)]
-    Frame(#[from] FrameError),
+    Frame(#[from] insitu_proto::ether::FrameError),
     /// The NVMe side of a host bridge failed.
     #[error("Ether-oN link to the target: {0}")]
     Link(String),

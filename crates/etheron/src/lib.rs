@@ -36,31 +36,17 @@ mod host;
 mod switch;
 mod tap;
 
-pub use error::{EtherError, FrameError};
-pub use frame::{check_frame, check_receive, check_transmit, status_message, Cidr};
+pub use error::EtherError;
+pub use frame::Cidr;
+pub use insitu_proto::ether::{
+    check_frame, check_receive, check_transmit, status_message, FrameError, MAX_FRAME, MIN_FRAME, RECEIVE_BUFFER, RECEIVE_FRAME, STATUS_BRIDGE_BUSY, STATUS_INTERNAL_ERROR,
+    STATUS_INVALID_FIELD, STATUS_NO_INTERFACE, STATUS_SGL_LENGTH_INVALID, STATUS_TOO_MANY_RECEIVES, TRANSMIT_FRAME,
+};
 pub use host::{HostBridge, HostLink, Received};
 pub use switch::{Counters, CountersSnapshot, Posted, Switch, Upcall};
 pub use tap::Tap;
 
 use std::time::Duration;
-
-/// Vendor I/O opcode of TRANSMIT_FRAME: host→target data (opcode bits 1:0 = 01), one
-/// Ethernet frame; CDW10 holds its length.
-pub const TRANSMIT_FRAME: u8 = 0xE1;
-
-/// Vendor I/O opcode of RECEIVE_FRAME: target→host data (opcode bits 1:0 = 10), a buffer
-/// of at least [`RECEIVE_BUFFER`] bytes; held by the target until a frame arrives.
-pub const RECEIVE_FRAME: u8 = 0xE2;
-
-/// The shortest frame accepted: an Ethernet header (destination, source, EtherType).
-pub const MIN_FRAME: usize = 14;
-
-/// The longest frame accepted: 1500 bytes of payload, the 14-byte header and a 4-byte
-/// 802.1Q tag (the frame check sequence is never carried).
-pub const MAX_FRAME: usize = 1518;
-
-/// The smallest buffer a RECEIVE_FRAME may offer.
-pub const RECEIVE_BUFFER: usize = 2048;
 
 /// Receives a target holds at most per bridge; more are refused with
 /// [`STATUS_TOO_MANY_RECEIVES`].
@@ -78,27 +64,3 @@ pub const IDLE_RECEIVE: Duration = Duration::from_secs(10);
 /// Receives the host keeps posted (DockerSSD's four upcalls per queue).
 pub const HOST_RECEIVES: usize = 4;
 
-/// NVMe status field (DNR, SCT 7, SC 0xD0): the target has no Ether-oN interface.
-pub const STATUS_NO_INTERFACE: u16 = status(7, 0xD0);
-
-/// NVMe status field (DNR, SCT 7, SC 0xD1): another host's association owns the bridge.
-pub const STATUS_BRIDGE_BUSY: u16 = status(7, 0xD1);
-
-/// NVMe status field (DNR, SCT 7, SC 0xD2): [`MAX_HELD_RECEIVES`] receives are held.
-pub const STATUS_TOO_MANY_RECEIVES: u16 = status(7, 0xD2);
-
-/// NVMe status field (DNR, SCT 0, SC 0x02 Invalid Field in Command): a frame length out of
-/// range or not the data length.
-pub const STATUS_INVALID_FIELD: u16 = status(0, 0x02);
-
-/// NVMe status field (DNR, SCT 0, SC 0x0F Data SGL Length Invalid): a receive buffer
-/// shorter than [`RECEIVE_BUFFER`].
-pub const STATUS_SGL_LENGTH_INVALID: u16 = status(0, 0x0F);
-
-/// NVMe status field (DNR, SCT 0, SC 0x06 Internal Error): the TAP device refused a frame.
-pub const STATUS_INTERNAL_ERROR: u16 = status(0, 0x06);
-
-/// A completion status field with Do Not Retry set.
-const fn status(sct: u8, sc: u8) -> u16 {
-    (1 << 14) | ((sct as u16 & 7) << 8) | sc as u16
-}

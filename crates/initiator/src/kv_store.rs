@@ -5,7 +5,7 @@
 use crate::assoc::run_one;
 use crate::{InitiatorError, Session};
 use insitu_fabric::{Command, Completion};
-use insitu_kvstore::wire::{decode_list, status, Key, KvCommand, StoreMode};
+use insitu_proto::kv::{decode_list, status, Key, KvCommand, StoreMode};
 
 /// Bytes asked for per List command.
 const LIST_BUFFER: usize = 64 << 10;
@@ -65,7 +65,7 @@ impl Session {
     /// order, gathered with as many List commands as it takes.
     pub fn kv_list(&self, nsid: u32, prefix: &[u8]) -> Result<Vec<Vec<u8>>, InitiatorError> {
         const C: &str = "KV List";
-        if prefix.len() > insitu_kvstore::wire::MAX_KEY_LEN {
+        if prefix.len() > insitu_proto::kv::MAX_KEY_LEN {
             return Ok(Vec::new()); // no key is that long
         }
         let buffer = LIST_BUFFER.min(self.max_transfer());

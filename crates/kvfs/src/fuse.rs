@@ -307,7 +307,7 @@ mod tests {
             eprintln!("skipped: needs root and /dev/fuse");
             return;
         }
-        use insitu_kvstore::wire::{Key, StoreMode};
+        use insitu_proto::kv::{Key, StoreMode};
         let store = Arc::new(KvStore::in_memory(1 << 30).unwrap().with_max_value(64));
         let base = std::env::temp_dir().join(format!("insitu-kvfs-test-{}", std::process::id()));
         let m = KvMount::mount(store.clone(), &base).unwrap();

@@ -11,7 +11,7 @@
 //! own bytes. So `0x61` also names the key `a` (whose listed name is `a`): there is no
 //! other way to read a name starting with `0x`, and refusing it would only surprise.
 
-use insitu_kvstore::wire::{Key, MAX_KEY_LEN};
+use insitu_proto::kv::{Key, MAX_KEY_LEN};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 

@@ -38,7 +38,8 @@ mod paced;
 mod region;
 #[cfg(feature = "engine")]
 mod store;
-pub mod wire;
+/// The Key Value command set's wire format, from the protocol crate.
+pub use insitu_proto::kv as wire;
 
 #[cfg(feature = "engine")]
 pub use fs_backend::FsFileBackend;

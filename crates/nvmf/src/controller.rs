@@ -253,8 +253,8 @@ impl Controller {
             // another command set); its descriptors say CSI 01h, and CNS 05h with CSI 01h
             // gives the KV structure.
             0x00 if kv.is_some() => Reply::data(vec![0; 4096]),
-            0x03 if kv.is_some() => Reply::data(identify::namespace_descriptors_csi(self.nguid(nsid), insitu_kvstore::wire::CSI_KV)),
-            0x05 if kv.is_some() && csi == insitu_kvstore::wire::CSI_KV => {
+            0x03 if kv.is_some() => Reply::data(identify::namespace_descriptors_csi(self.nguid(nsid), insitu_proto::kv::CSI_KV)),
+            0x05 if kv.is_some() && csi == insitu_proto::kv::CSI_KV => {
                 let kv = kv.expect("checked");
                 Reply::data(identify::kv_namespace(kv.capacity(), kv.max_value() as u32, self.nguid(nsid)))
             }

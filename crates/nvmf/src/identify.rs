@@ -134,7 +134,7 @@ pub(crate) fn kv_namespace(capacity: u64, max_value: u32, nguid: [u8; 16]) -> Ve
     b[26] = 0x01; // NMIC: may be attached to several controllers
     b[48..64].copy_from_slice(&nguid);
     // KV format 0 at byte 72: KML, reserved, FOPT, VML, MNK (0: no limit).
-    put16(&mut b, 72, insitu_kvstore::wire::MAX_KEY_LEN as u16);
+    put16(&mut b, 72, insitu_proto::kv::MAX_KEY_LEN as u16);
     put32(&mut b, 76, max_value);
     put32(&mut b, 80, 0);
     b

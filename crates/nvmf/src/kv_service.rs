@@ -11,7 +11,7 @@
 //! handed to the store from there.
 
 use crate::controller::status;
-use insitu_kvstore::wire::{encode_list, list_entry_len, status as kvs, KvCommand};
+use insitu_proto::kv::{encode_list, list_entry_len, status as kvs, KvCommand};
 use insitu_kvstore::KvStore;
 use insitu_fabric::Command;
 

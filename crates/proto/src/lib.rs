@@ -26,6 +26,9 @@
 
 mod cursor;
 mod descriptor;
+pub mod ether;
+pub mod kv;
+pub mod opcode;
 mod result;
 mod status;
 mod value;

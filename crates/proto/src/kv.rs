@@ -22,7 +22,7 @@ pub const CSI_KV: u8 = 0x01;
 pub const MAX_KEY_LEN: usize = 16;
 
 /// Key Value command opcodes (they reuse NVM opcode values, so a target dispatches on the
-/// namespace's command set first).
+/// namespace's command set first; [`KvOpcode`] is the same as an enum).
 pub mod opcode {
     /// Store: value host to controller.
     pub const STORE: u8 = 0x01;
@@ -34,6 +34,36 @@ pub mod opcode {
     pub const DELETE: u8 = 0x10;
     /// Exist: no data; the status says.
     pub const EXIST: u8 = 0x14;
+}
+
+/// A command on a key-value namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvOpcode {
+    /// Store.
+    Store,
+    /// Retrieve.
+    Retrieve,
+    /// List.
+    List,
+    /// Delete.
+    Delete,
+    /// Exist.
+    Exist,
+    /// Any other opcode: answered with Invalid Command Opcode.
+    Unknown(u8),
+}
+
+impl From<u8> for KvOpcode {
+    fn from(op: u8) -> KvOpcode {
+        match op {
+            opcode::STORE => KvOpcode::Store,
+            opcode::RETRIEVE => KvOpcode::Retrieve,
+            opcode::LIST => KvOpcode::List,
+            opcode::DELETE => KvOpcode::Delete,
+            opcode::EXIST => KvOpcode::Exist,
+            other => KvOpcode::Unknown(other),
+        }
+    }
 }
 
 /// Status codes of the Key Value command set. They are generic command status values
