@@ -8,8 +8,8 @@ mod common;
 use common::{opts, NQN};
 use insitu_fabric::{opcode, Command, SGL_TRANSPORT_DATA_BLOCK};
 use insitu_initiator::Session;
-use insitu_kvcache::wire::{decode_info, Admin, Append, Attend, AttendResult};
-use insitu_kvcache::{Dtype, Method};
+use insitu_proto::attention::{decode_info, Admin, Append, Attend, AttendResult};
+use insitu_proto::attention::{Dtype, Method};
 use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
 use std::path::Path;
 
@@ -86,7 +86,7 @@ fn a_target_without_a_private_namespace_refuses_kv_commands() {
     let h = serve(dir.path(), None);
     let s = Session::connect(opts(&h.local_addr().to_string())).unwrap();
     assert_eq!(create(&s, 1), (1, 0xC4));
-    assert_eq!(insitu_kvcache::explain_status(1, 0xC4), "the target has no private namespace for a KV cache (start it with --private IMG)");
+    assert_eq!(insitu_proto::attention::explain_status(1, 0xC4), "the target has no private namespace for a KV cache (start it with --private IMG)");
 }
 
 #[test]

@@ -3,41 +3,7 @@
 
 use crate::KvError;
 
-/// Element type of the stored cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Dtype {
-    /// IEEE binary32.
-    F32,
-    /// IEEE binary16.
-    F16,
-}
-
-impl Dtype {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            Dtype::F32 => 4,
-            Dtype::F16 => 2,
-        }
-    }
-
-    /// The wire code (0 = f32, 1 = f16).
-    pub fn code(self) -> u8 {
-        match self {
-            Dtype::F32 => 0,
-            Dtype::F16 => 1,
-        }
-    }
-
-    /// The element type of a wire code.
-    pub fn from_code(c: u8) -> Result<Dtype, KvError> {
-        match c {
-            0 => Ok(Dtype::F32),
-            1 => Ok(Dtype::F16),
-            _ => Err(KvError::BadRequest(format!("unknown element type {c} (0 = f32, 1 = f16)"))),
-        }
-    }
-}
+pub use insitu_proto::attention::Dtype;
 
 /// The page geometry of one head: token groups of K and V rows, and dimension groups of K.
 ///

@@ -18,7 +18,8 @@
 mod attention;
 mod layout;
 mod store;
-pub mod wire;
+/// The byte format of the KV vendor commands, from the protocol crate.
+pub use insitu_proto::attention as wire;
 
 pub use attention::{attend, Method};
 pub use layout::{Dtype, Layout};
@@ -110,24 +111,7 @@ pub trait HeadPages: Sync {
     fn v_sum(&self) -> Vec<f64>;
 }
 
-/// Counters of one attention call, as the vendor command reports them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AttendStats {
-    /// Flash pages read.
-    pub pages_read: u64,
-    /// Bytes read from the media.
-    pub media_bytes: u64,
-    /// Token rows (K or V) that entered the computation after filtering.
-    pub rows_used: u64,
-}
-
-impl std::ops::AddAssign for AttendStats {
-    fn add_assign(&mut self, o: AttendStats) {
-        self.pages_read += o.pages_read;
-        self.media_bytes += o.media_bytes;
-        self.rows_used += o.rows_used;
-    }
-}
+pub use insitu_proto::attention::AttendStats;
 
 /// Why a KV command failed. Nothing stored changes when one is returned.
 #[derive(Debug, thiserror::Error)]
@@ -168,22 +152,13 @@ pub enum KvError {
     Io(#[from] std::io::Error),
 }
 
-/// Status codes of the KV commands (command-specific, SCT 1).
-pub mod status {
-    use insitu_proto::Status;
-    /// No sequence with this id.
-    pub const UNKNOWN_SEQUENCE: Status = Status { sct: 1, sc: 0xC0 };
-    /// A sequence with this id exists.
-    pub const SEQUENCE_EXISTS: Status = Status { sct: 1, sc: 0xC1 };
-    /// The request does not match the sequence's shape.
-    pub const SHAPE_MISMATCH: Status = Status { sct: 1, sc: 0xC2 };
-    /// The private namespace is full.
-    pub const NO_SPACE: Status = Status { sct: 1, sc: 0xC3 };
-    /// The target has no KV store (no private namespace).
-    pub const NO_STORE: Status = Status { sct: 1, sc: 0xC4 };
-    /// The attention result asked for is not (or no longer) held.
-    pub const NO_RESULT: Status = Status { sct: 1, sc: 0xC5 };
+impl From<insitu_proto::attention::BadRequest> for KvError {
+    fn from(e: insitu_proto::attention::BadRequest) -> KvError {
+        KvError::BadRequest(e.0)
+    }
 }
+
+pub use insitu_proto::attention::status;
 
 impl KvError {
     /// A store that gave back something its own layout rules out (a short page, a V sum of
@@ -207,17 +182,4 @@ impl KvError {
     }
 }
 
-/// Explains a KV command's completion status to a user (host side).
-pub fn explain_status(sct: u8, sc: u8) -> &'static str {
-    match (sct, sc) {
-        (1, 0xC0) => "unknown sequence",
-        (1, 0xC1) => "sequence already exists",
-        (1, 0xC2) => "request does not match the sequence (layers, heads or head size)",
-        (1, 0xC3) => "the target's private namespace is full",
-        (1, 0xC4) => "the target has no private namespace for a KV cache (start it with --private IMG)",
-        (1, 0xC5) => "no attention result held under this tag",
-        (0, 0x02) => "malformed KV request",
-        (0, 0x01) => "the target does not know this command",
-        _ => "KV command failed",
-    }
-}
+pub use insitu_proto::attention::explain_status;

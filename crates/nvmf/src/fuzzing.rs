@@ -173,7 +173,7 @@ pub fn seed_inputs() -> Vec<(&'static str, Vec<u8>)> {
         (cmd(opcode::ASYNC_EVENT, 0, &[], 0), Vec::new(), None),
     ];
     let kv = {
-        use insitu_kvcache::wire::{Admin, Append, Attend};
+        use insitu_proto::attention::{Admin, Append, Attend};
         use insitu_kvcache::{Dtype, Method};
         let (heads, d, t) = (2usize, 16usize, 40usize);
         let vals = |n: usize, s: f32| (0..n).map(|i| ((i as f32) * s).sin()).collect::<Vec<f32>>();

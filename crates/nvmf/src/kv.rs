@@ -8,7 +8,7 @@
 
 use crate::controller::Controller;
 use insitu_fabric::{opcode, Command};
-use insitu_kvcache::wire::{encode_info, Admin, Append, Attend, AttendResult};
+use insitu_proto::attention::{encode_info, Admin, Append, Attend, AttendResult};
 use insitu_kvcache::{AttendStats, KvError, KvCache, Task};
 use insitu_engine::Engine;
 use std::collections::VecDeque;
@@ -98,7 +98,7 @@ fn admin(store: &KvCache, ctrl: &Controller, tag: u32, a: Admin) -> Result<KvDon
         }
         Admin::Free { seq } => store.free(seq)?,
         Admin::Info { seq } => {
-            let info = encode_info(&store.info(seq)?);
+            let info = encode_info(&store.info(seq)?.wire_info());
             let len = info.len() as u32;
             ctrl.kv_results.put(tag, info);
             return Ok(KvDone::ok(len));

@@ -24,6 +24,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod attention;
 mod cursor;
 mod descriptor;
 pub mod ether;

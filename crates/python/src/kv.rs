@@ -5,8 +5,8 @@
 use crate::{RequestError, StorageIOError, TargetError};
 use insitu_fabric::{opcode, Command, SGL_TRANSPORT_DATA_BLOCK};
 use insitu_initiator::{default_hostnqn, ConnectOptions, InitiatorError, Session};
-use insitu_kvcache::wire::{decode_info, Admin, Append, Attend, AttendResult};
-use insitu_kvcache::{Dtype, Method};
+use insitu_proto::attention::{decode_info, Admin, Append, Attend, AttendResult};
+use insitu_proto::attention::{Dtype, Method};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::path::PathBuf;
@@ -16,7 +16,7 @@ use std::sync::Mutex;
 fn kv_err(command: &str, e: InitiatorError) -> PyErr {
     match e {
         InitiatorError::Status { sct, sc, .. } => {
-            let why = insitu_kvcache::explain_status(sct, sc);
+            let why = insitu_proto::attention::explain_status(sct, sc);
             TargetError::new_err(format!("{command}: {why} (NVMe status {sct:#x}/{sc:#04x})"))
         }
         InitiatorError::InvalidArgument { .. } => RequestError::new_err(e.to_string()),
@@ -162,7 +162,7 @@ impl KvTarget {
                     "KV append: sequence {seq} has {heads} KV heads of {head_dim} on this target, but k holds {per_token_all_heads} values per token"
                 )));
             }
-            let room = (self.session.max_transfer() - insitu_kvcache::wire::APPEND_HEADER_LEN) / (8 * per_token_all_heads);
+            let room = (self.session.max_transfer() - insitu_proto::attention::APPEND_HEADER_LEN) / (8 * per_token_all_heads);
             let step = room.max(1);
             let mut count = 0;
             let mut start = 0;

@@ -26,64 +26,7 @@ use rayon::prelude::*;
 
 use crate::{AttendStats, HeadPages, Kind, KvError, Loaded};
 
-/// How attention is computed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Method {
-    /// Every token: all token-indexed K and V pages are read.
-    Dense,
-    /// SparF: the `r` largest-magnitude query components select dimension-indexed K pages
-    /// (approximate scores, L1-ratio scaled); the `k` best tokens (the last `local` tokens
-    /// always among them) select token-indexed K and V pages; only selected units enter the
-    /// computation (dual-step loading); with `mean_v` the result is mixed with the mean of V
-    /// by α (the paper's step 11), else it is the softmax over the kept tokens alone.
-    ///
-    /// `r` is clamped to the head size; with `k` at least the number of tokens every token
-    /// is kept, α is 1 and the call is computed (and counted) as [`Method::Dense`].
-    ///
-    /// `pages` caps the token pages read besides the first one and those of the local
-    /// tokens (0: no cap). With grouped-query attention every query row picks its own
-    /// tokens, and on real models their union touches about half of the pages at a 1/8
-    /// ratio, so without a cap the first loading step saves little. With a cap the KV head
-    /// selects as a whole (flash-aware selection: the page is the unit the drive reads):
-    /// its rows share the `r` components of largest `Σ |q_row| / ‖q_row‖₁`, so `r`
-    /// dimension pages are read rather than up to `rows · r`; the token pages are chosen
-    /// before the tokens, the first page (the attention sink) and the local tokens' always,
-    /// and the `pages` others on which some row puts the most approximate weight (its ŝ
-    /// summed over the page); each row's `k` tokens come from those pages, all of them when
-    /// `k` is at least their count.
-    SparF {
-        /// Query components kept.
-        r: usize,
-        /// Tokens kept.
-        k: usize,
-        /// Most recent tokens always kept.
-        local: usize,
-        /// Most token pages read besides the local tokens' (0: no cap).
-        pages: usize,
-        /// Mix with the mean of V by α, the approximate weight of the kept tokens (step 11 of
-        /// Algorithm 1, SparQ's mean value reallocation). Off, the kept tokens carry all the
-        /// weight: on SmolLM2-135M at 1/8 that is the more accurate of the two (see
-        /// docs/llm.md), the mean of V standing in poorly for the tokens left out.
-        mean_v: bool,
-    },
-    /// SparQ: the same selection and arithmetic as SparF, with media reads counted at element
-    /// granularity, as a store without page groups would need (for comparison).
-    ///
-    /// The pages are still loaded through [`HeadPages`] (the data must come from somewhere),
-    /// but the stats report `bytes = (c · tokens + 2 · t · head_dim) · element size` and
-    /// `pages = ⌈bytes / page_bytes⌉`, where `c` and `t` are the distinct components and
-    /// tokens kept by any query row (`r` and `k` for a single row).
-    SparQ {
-        /// Query components kept.
-        r: usize,
-        /// Tokens kept.
-        k: usize,
-        /// Most recent tokens always kept.
-        local: usize,
-        /// As for [`Method::SparF`].
-        mean_v: bool,
-    },
-}
+pub use insitu_proto::attention::Method;
 
 /// One head's work in a batch: its cache, the `group` query rows that share it (grouped-query
 /// attention), and where the outputs go (`group * head_dim` each).

@@ -31,6 +31,21 @@ pub struct SeqInfo {
     pub tokens: Vec<usize>,
 }
 
+impl SeqInfo {
+    /// The info result the KV_ADMIN info command returns for this sequence.
+    pub fn wire_info(&self) -> insitu_proto::attention::Info {
+        insitu_proto::attention::Info {
+            layers: self.layers,
+            kv_heads: self.kv_heads,
+            head_dim: self.layout.head_dim,
+            dtype: self.layout.dtype,
+            dims_per_page: self.layout.dims_per_page,
+            page_bytes: self.layout.page_bytes,
+            tokens: self.tokens.clone(),
+        }
+    }
+}
+
 /// Space in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreUsage {

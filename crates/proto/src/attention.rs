@@ -3,9 +3,127 @@
 //!
 //! Every request starts with a 4-byte magic and is little-endian throughout. Decoding
 //! checks every length and field before anything is stored, so a malformed request fails
-//! with [`KvError::BadRequest`] and changes nothing.
+//! with [`BadRequest`] and changes nothing.
 
-use crate::{AttendStats, Dtype, KvError, Method};
+/// A malformed KV request or result; the message says which field and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadRequest(pub String);
+
+/// Element type of the stored cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dtype {
+    /// IEEE binary32.
+    F32,
+    /// IEEE binary16.
+    F16,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::F16 => 2,
+        }
+    }
+
+    /// The wire code (0 = f32, 1 = f16).
+    pub fn code(self) -> u8 {
+        match self {
+            Dtype::F32 => 0,
+            Dtype::F16 => 1,
+        }
+    }
+
+    /// The element type of a wire code.
+    pub fn from_code(c: u8) -> Result<Dtype, BadRequest> {
+        match c {
+            0 => Ok(Dtype::F32),
+            1 => Ok(Dtype::F16),
+            _ => Err(BadRequest(format!("unknown element type {c} (0 = f32, 1 = f16)"))),
+        }
+    }
+}
+
+/// How attention is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// Every token: all token-indexed K and V pages are read.
+    Dense,
+    /// SparF: the `r` largest-magnitude query components select dimension-indexed K pages
+    /// (approximate scores, L1-ratio scaled); the `k` best tokens (the last `local` tokens
+    /// always among them) select token-indexed K and V pages; only selected units enter the
+    /// computation (dual-step loading); with `mean_v` the result is mixed with the mean of V
+    /// by α (the paper's step 11), else it is the softmax over the kept tokens alone.
+    ///
+    /// `r` is clamped to the head size; with `k` at least the number of tokens every token
+    /// is kept, α is 1 and the call is computed (and counted) as [`Method::Dense`].
+    ///
+    /// `pages` caps the token pages read besides the first one and those of the local
+    /// tokens (0: no cap). With grouped-query attention every query row picks its own
+    /// tokens, and on real models their union touches about half of the pages at a 1/8
+    /// ratio, so without a cap the first loading step saves little. With a cap the KV head
+    /// selects as a whole (flash-aware selection: the page is the unit the drive reads):
+    /// its rows share the `r` components of largest `Σ |q_row| / ‖q_row‖₁`, so `r`
+    /// dimension pages are read rather than up to `rows · r`; the token pages are chosen
+    /// before the tokens, the first page (the attention sink) and the local tokens' always,
+    /// and the `pages` others on which some row puts the most approximate weight (its ŝ
+    /// summed over the page); each row's `k` tokens come from those pages, all of them when
+    /// `k` is at least their count.
+    SparF {
+        /// Query components kept.
+        r: usize,
+        /// Tokens kept.
+        k: usize,
+        /// Most recent tokens always kept.
+        local: usize,
+        /// Most token pages read besides the local tokens' (0: no cap).
+        pages: usize,
+        /// Mix with the mean of V by α, the approximate weight of the kept tokens (step 11 of
+        /// Algorithm 1, SparQ's mean value reallocation). Off, the kept tokens carry all the
+        /// weight: on SmolLM2-135M at 1/8 that is the more accurate of the two (see
+        /// docs/llm.md), the mean of V standing in poorly for the tokens left out.
+        mean_v: bool,
+    },
+    /// SparQ: the same selection and arithmetic as SparF, with media reads counted at element
+    /// granularity, as a store without page groups would need (for comparison).
+    ///
+    /// The pages are still loaded through [`HeadPages`] (the data must come from somewhere),
+    /// but the stats report `bytes = (c · tokens + 2 · t · head_dim) · element size` and
+    /// `pages = ⌈bytes / page_bytes⌉`, where `c` and `t` are the distinct components and
+    /// tokens kept by any query row (`r` and `k` for a single row).
+    SparQ {
+        /// Query components kept.
+        r: usize,
+        /// Tokens kept.
+        k: usize,
+        /// Most recent tokens always kept.
+        local: usize,
+        /// As for [`Method::SparF`].
+        mean_v: bool,
+    },
+}
+
+/// Counters of one attention call, as the vendor command reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttendStats {
+    /// Flash pages read.
+    pub pages_read: u64,
+    /// Bytes read from the media.
+    pub media_bytes: u64,
+    /// Token rows (K or V) that entered the computation after filtering.
+    pub rows_used: u64,
+}
+
+impl std::ops::AddAssign for AttendStats {
+    fn add_assign(&mut self, o: AttendStats) {
+        self.pages_read += o.pages_read;
+        self.media_bytes += o.media_bytes;
+        self.rows_used += o.rows_used;
+    }
+}
+
 
 /// Magic of an admin request (create, fork, free, info).
 pub const ADMIN_MAGIC: &[u8; 4] = b"KVAD";
@@ -40,8 +158,8 @@ pub const MAX_LAYERS: usize = 1024;
 /// Most tokens in one append.
 pub const MAX_APPEND_TOKENS: usize = 1 << 20;
 
-fn bad(m: impl Into<String>) -> KvError {
-    KvError::BadRequest(m.into())
+fn bad(m: impl Into<String>) -> BadRequest {
+    BadRequest(m.into())
 }
 
 fn u16_at(b: &[u8], o: usize) -> u16 {
@@ -67,7 +185,7 @@ fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
     }
 }
 
-fn check_magic(b: &[u8], magic: &[u8; 4], min: usize, what: &str) -> Result<(), KvError> {
+fn check_magic(b: &[u8], magic: &[u8; 4], min: usize, what: &str) -> Result<(), BadRequest> {
     if b.len() < min {
         return Err(bad(format!("{what} is {} bytes, shorter than its {min}-byte header", b.len())));
     }
@@ -77,7 +195,7 @@ fn check_magic(b: &[u8], magic: &[u8; 4], min: usize, what: &str) -> Result<(), 
     Ok(())
 }
 
-fn check_range(name: &str, v: usize, max: usize) -> Result<usize, KvError> {
+fn check_range(name: &str, v: usize, max: usize) -> Result<usize, BadRequest> {
     if v == 0 || v > max {
         return Err(bad(format!("{name} {v} is not in 1..={max}")));
     }
@@ -151,7 +269,7 @@ impl Admin {
     }
 
     /// Decodes a request.
-    pub fn decode(b: &[u8]) -> Result<Admin, KvError> {
+    pub fn decode(b: &[u8]) -> Result<Admin, BadRequest> {
         check_magic(b, ADMIN_MAGIC, ADMIN_LEN, "KV admin request")?;
         if b.len() != ADMIN_LEN {
             return Err(bad(format!("KV admin request is {} bytes, not {ADMIN_LEN}", b.len())));
@@ -210,7 +328,7 @@ impl Append {
     }
 
     /// Decodes a request.
-    pub fn decode(b: &[u8]) -> Result<Append, KvError> {
+    pub fn decode(b: &[u8]) -> Result<Append, BadRequest> {
         check_magic(b, APPEND_MAGIC, APPEND_HEADER_LEN, "KV append request")?;
         if b[4] != VERSION {
             return Err(bad(format!("KV append request version {} (this target speaks {VERSION})", b[4])));
@@ -292,7 +410,7 @@ impl Attend {
     }
 
     /// Decodes a request.
-    pub fn decode(b: &[u8]) -> Result<Attend, KvError> {
+    pub fn decode(b: &[u8]) -> Result<Attend, BadRequest> {
         check_magic(b, ATTEND_MAGIC, ATTEND_HEADER_LEN, "KV attention request")?;
         if b[4] != VERSION {
             return Err(bad(format!("KV attention request version {} (this target speaks {VERSION})", b[4])));
@@ -377,7 +495,7 @@ impl AttendResult {
     }
 
     /// Decodes a result.
-    pub fn decode(b: &[u8]) -> Result<AttendResult, KvError> {
+    pub fn decode(b: &[u8]) -> Result<AttendResult, BadRequest> {
         check_magic(b, RESULT_MAGIC, RESULT_HEADER_LEN, "KV attention result")?;
         let (entries, heads, group, head_dim) = (usize::from(u16_at(b, 6)), usize::from(u16_at(b, 8)), usize::from(u16_at(b, 10)), usize::from(u16_at(b, 12)));
         // In u128: four u16 fields and the element size overflow a u64.
@@ -390,17 +508,36 @@ impl AttendResult {
     }
 }
 
+/// A sequence's shape and progress, as the info result carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Info {
+    /// Layers.
+    pub layers: usize,
+    /// KV heads kept on the target.
+    pub kv_heads: usize,
+    /// Dimensions per head.
+    pub head_dim: usize,
+    /// Stored element type.
+    pub dtype: Dtype,
+    /// Dimensions per dimension-indexed page.
+    pub dims_per_page: usize,
+    /// Flash page size in bytes.
+    pub page_bytes: usize,
+    /// Tokens stored, per layer.
+    pub tokens: Vec<usize>,
+}
+
 /// Encodes a sequence's info result: magic, layers, KV heads, head size, element type,
 /// dimensions per page, then the token count of each layer (u32).
-pub fn encode_info(info: &crate::SeqInfo) -> Vec<u8> {
+pub fn encode_info(info: &Info) -> Vec<u8> {
     let mut b = Vec::with_capacity(16 + 4 * info.tokens.len());
     b.extend_from_slice(INFO_MAGIC);
     b.extend_from_slice(&(info.layers as u16).to_le_bytes());
     b.extend_from_slice(&(info.kv_heads as u16).to_le_bytes());
-    b.extend_from_slice(&(info.layout.head_dim as u16).to_le_bytes());
-    b.push(info.layout.dtype.code());
-    b.push(info.layout.dims_per_page as u8);
-    b.extend_from_slice(&(info.layout.page_bytes as u32).to_le_bytes());
+    b.extend_from_slice(&(info.head_dim as u16).to_le_bytes());
+    b.push(info.dtype.code());
+    b.push(info.dims_per_page as u8);
+    b.extend_from_slice(&(info.page_bytes as u32).to_le_bytes());
     for t in &info.tokens {
         b.extend_from_slice(&(*t as u32).to_le_bytes());
     }
@@ -412,7 +549,7 @@ pub fn encode_info(info: &crate::SeqInfo) -> Vec<u8> {
 pub type InfoFields = (usize, usize, usize, Dtype, usize, usize, Vec<usize>);
 
 /// Decodes a sequence's info result.
-pub fn decode_info(b: &[u8]) -> Result<InfoFields, KvError> {
+pub fn decode_info(b: &[u8]) -> Result<InfoFields, BadRequest> {
     check_magic(b, INFO_MAGIC, 16, "KV info result")?;
     let layers = usize::from(u16_at(b, 4));
     if b.len() != 16 + 4 * layers {
@@ -420,6 +557,38 @@ pub fn decode_info(b: &[u8]) -> Result<InfoFields, KvError> {
     }
     let tokens = (0..layers).map(|l| u32_at(b, 16 + 4 * l) as usize).collect();
     Ok((layers, usize::from(u16_at(b, 6)), usize::from(u16_at(b, 8)), Dtype::from_code(b[10])?, usize::from(b[11]), u32_at(b, 12) as usize, tokens))
+}
+
+/// Status codes of the KV commands (command-specific, SCT 1).
+pub mod status {
+    use crate::Status;
+    /// No sequence with this id.
+    pub const UNKNOWN_SEQUENCE: Status = Status { sct: 1, sc: 0xC0 };
+    /// A sequence with this id exists.
+    pub const SEQUENCE_EXISTS: Status = Status { sct: 1, sc: 0xC1 };
+    /// The request does not match the sequence's shape.
+    pub const SHAPE_MISMATCH: Status = Status { sct: 1, sc: 0xC2 };
+    /// The private namespace is full.
+    pub const NO_SPACE: Status = Status { sct: 1, sc: 0xC3 };
+    /// The target has no KV store (no private namespace).
+    pub const NO_STORE: Status = Status { sct: 1, sc: 0xC4 };
+    /// The attention result asked for is not (or no longer) held.
+    pub const NO_RESULT: Status = Status { sct: 1, sc: 0xC5 };
+}
+
+/// Explains a KV command's completion status to a user (host side).
+pub fn explain_status(sct: u8, sc: u8) -> &'static str {
+    match (sct, sc) {
+        (1, 0xC0) => "unknown sequence",
+        (1, 0xC1) => "sequence already exists",
+        (1, 0xC2) => "request does not match the sequence (layers, heads or head size)",
+        (1, 0xC3) => "the target's private namespace is full",
+        (1, 0xC4) => "the target has no private namespace for a KV cache (start it with --private IMG)",
+        (1, 0xC5) => "no attention result held under this tag",
+        (0, 0x02) => "malformed KV request",
+        (0, 0x01) => "the target does not know this command",
+        _ => "KV command failed",
+    }
 }
 
 #[cfg(test)]
