@@ -28,7 +28,7 @@ use crate::fiemap::{self, flags};
 use insitu_attach::Attachment;
 use insitu_fabric::opcode;
 use insitu_initiator::{Command, InitiatorError, Session};
-use insitu_engine::fence::{LockRequest, MAX_EXTENTS, MAX_PATH};
+use insitu_proto::lock::{LockRequest, MAX_EXTENTS, MAX_PATH};
 use serde::{Deserialize, Serialize};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;

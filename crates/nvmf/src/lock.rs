@@ -12,7 +12,8 @@
 //! Every refusal and every lock taken or released is logged with its reason.
 
 use insitu_fabric::{opcode, Command};
-use insitu_engine::{LockRequest, Engine};
+use insitu_engine::Engine;
+use insitu_proto::lock::LockRequest;
 use insitu_proto::{CommandError, Status};
 
 /// Runs LOCK or UNLOCK; returns completion (DW0, DW1).

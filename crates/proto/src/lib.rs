@@ -29,6 +29,7 @@ mod cursor;
 mod descriptor;
 pub mod ether;
 pub mod kv;
+pub mod lock;
 pub mod opcode;
 mod result;
 mod status;
