@@ -13,9 +13,14 @@
 //! Each run's output goes to the container's log and to every attached client; `wait`
 //! watches a counter of exits and a removed flag, so `next-exit`, `not-running` and
 //! `removed` are all answered from one channel.
+//!
+//! The [`Runtime`] drives that life (create, start, stop, kill, rm) and finds containers;
+//! a [`Container`] (`container.rs`) records its state, its log and its exits; one run is
+//! `process.rs`, what it binds `binds.rs`.
 
 mod binds;
 mod console;
+mod container;
 mod extents;
 mod files;
 mod ports;
@@ -23,11 +28,13 @@ mod process;
 pub mod spec;
 mod view;
 
+pub use container::{Container, CreateSpec, ExitEvent, RunState};
 pub use extents::Unfit;
 pub use ports::{exposed_ports, parse_host_ip, parse_host_port, parse_port_key, port_bindings, NetworkMode, PortBinding, Published};
 pub use process::{frame, STDERR, STDOUT};
 pub use view::{SharableView, ViewPin};
 
+use container::{HeldFile, Meta};
 use extents::ExtentMap;
 use files::WritableFiles;
 
@@ -36,16 +43,12 @@ pub fn is_mounted(path: &Path) -> bool {
     view::is_mount_point(path)
 }
 
-use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
-use tokio::sync::{mpsc, watch};
 
 use crate::image::{Image, ImageStore};
-use console::Pty;
 
 /// Errors of the runtime, each with the HTTP status the Docker API answers with.
 #[derive(Debug, thiserror::Error)]
@@ -125,140 +128,6 @@ impl Default for Limits {
     }
 }
 
-/// What `docker create` asks for (the parts the runtime honours).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct CreateSpec {
-    /// The image, as the user named it.
-    pub image: String,
-    /// Command (replaces the image's).
-    pub cmd: Option<Vec<String>>,
-    /// Entrypoint (replaces the image's).
-    pub entrypoint: Option<Vec<String>>,
-    /// Environment additions, `NAME=value`.
-    pub env: Vec<String>,
-    /// Working directory.
-    pub working_dir: Option<String>,
-    /// Whether a terminal was asked for (`-t`).
-    pub tty: bool,
-    /// Whether standard input stays open (`-i`).
-    pub open_stdin: bool,
-    /// The terminal's first size, (rows, columns), with `tty` (`HostConfig.ConsoleSize`,
-    /// which the CLI sends so that the first lines are laid out right before any resize).
-    #[serde(default)]
-    pub console_size: Option<(u16, u16)>,
-    /// `-v` bindings: `SRC:DST[:ro|rw]`.
-    pub binds: Vec<String>,
-    /// `--cpus`.
-    pub cpus: Option<f64>,
-    /// `--memory`, bytes.
-    pub memory: Option<i64>,
-    /// `--rm`.
-    pub auto_remove: bool,
-    /// Labels.
-    pub labels: BTreeMap<String, String>,
-    /// `--network`.
-    #[serde(default)]
-    pub network: NetworkMode,
-    /// `-p`: the ports to publish.
-    #[serde(default)]
-    pub ports: Vec<PortBinding>,
-    /// `ExposedPorts` (`--expose`, and those of `-p`), TCP.
-    #[serde(default)]
-    pub exposed: Vec<u16>,
-}
-
-/// Where a container is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunState {
-    /// Made, never started.
-    Created,
-    /// Its process runs.
-    Running {
-        /// When it started.
-        started: SystemTime,
-        /// The supervisor's pid on the target.
-        pid: i32,
-    },
-    /// Its last process ended.
-    Exited {
-        /// Exit code (128 + signal when killed).
-        code: i32,
-        /// When that run started, if known.
-        started: Option<SystemTime>,
-        /// When it ended.
-        finished: SystemTime,
-    },
-}
-
-/// What `wait` watches.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ExitEvent {
-    /// How many runs have ended.
-    pub exits: u64,
-    /// The last exit code.
-    pub code: i32,
-    /// Whether the container is gone.
-    pub removed: bool,
-}
-
-#[derive(Serialize, Deserialize)]
-struct Meta {
-    id: String,
-    name: String,
-    image_id: String,
-    created: u64,
-    spec: CreateSpec,
-    args: Vec<String>,
-    env: Vec<String>,
-    cwd: String,
-}
-
-/// One container.
-pub struct Container {
-    /// 64 hex digits.
-    pub id: String,
-    /// Its name, without the leading `/`.
-    pub name: String,
-    /// The image's id.
-    pub image_id: String,
-    /// What it was created with.
-    pub spec: CreateSpec,
-    /// The process's argv (entrypoint + command).
-    pub args: Vec<String>,
-    /// The process's environment.
-    pub env: Vec<String>,
-    /// The process's working directory.
-    pub cwd: String,
-    /// Creation time.
-    pub created: SystemTime,
-    dir: PathBuf,
-    layers: Vec<PathBuf>,
-    inner: Mutex<Inner>,
-    exits: watch::Sender<ExitEvent>,
-}
-
-struct Inner {
-    state: RunState,
-    subscribers: Vec<mpsc::UnboundedSender<(u8, Bytes)>>,
-    stdin_tx: Option<mpsc::UnboundedSender<Bytes>>,
-    stdin_rx: Option<mpsc::UnboundedReceiver<Bytes>>,
-    /// The running process's terminal (TTY containers only).
-    console: Option<Arc<Pty>>,
-    restarts: u32,
-    /// Writable files of the sharable namespace the current run holds.
-    held: Vec<HeldFile>,
-    /// The current run's published ports.
-    proxy: Option<ports::Proxy>,
-    /// The layer of the sharable view the current run's `/data` copies.
-    view_pin: Option<view::ViewPin>,
-}
-
-/// A writable file held by a run: its entry in [`WritableFiles`] and its fence.
-struct HeldFile {
-    ino: u64,
-    fence: Option<u64>,
-}
-
 /// One `-v` binding, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Bind {
@@ -328,135 +197,6 @@ pub(crate) enum BindSource {
     Volume(String),
 }
 
-impl Container {
-    /// The current state.
-    pub fn state(&self) -> RunState {
-        self.lock().state
-    }
-
-    /// The log file (multiplexed frames).
-    pub fn log_path(&self) -> PathBuf {
-        self.dir.join("log")
-    }
-
-    /// A receiver of exit events, for `wait`.
-    pub fn exits(&self) -> watch::Receiver<ExitEvent> {
-        self.exits.subscribe()
-    }
-
-    /// Subscribes to the output of the current or next run: frames of (stream, bytes); the
-    /// channel closes when that run ends. `None` when the container is not running and no
-    /// run is about to start (a finished container has nothing more to say).
-    pub fn subscribe(&self, even_if_stopped: bool) -> Option<mpsc::UnboundedReceiver<(u8, Bytes)>> {
-        let mut g = self.lock();
-        if !even_if_stopped && !matches!(g.state, RunState::Running { .. }) {
-            return None;
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        g.subscribers.push(tx);
-        Some(rx)
-    }
-
-    /// Takes the container's standard input (once: `docker run -i` / `attach --stdin`).
-    /// Dropping the sender closes the process's standard input.
-    pub fn take_stdin(&self) -> Option<mpsc::UnboundedSender<Bytes>> {
-        self.lock().stdin_tx.take()
-    }
-
-    /// Sets the window size of the container's terminal (`docker run -t`, resize).
-    ///
-    /// Without a terminal there is nothing to resize and this does nothing, as with
-    /// Docker; a TTY container that is not running is a conflict.
-    pub fn resize(&self, rows: u16, cols: u16) -> Result<(), RuntimeError> {
-        if !self.spec.tty {
-            return Ok(());
-        }
-        let console = self.lock().console.clone();
-        let Some(pty) = console else {
-            return Err(RuntimeError::Conflict(format!("cannot resize the terminal of container {}: it is not running", &self.id[..12])));
-        };
-        pty.resize(rows, cols).map_err(|e| RuntimeError::Setup(format!("resizing the terminal of container {}: {e}", &self.id[..12])))
-    }
-
-    fn set_console(&self, pty: Option<Arc<Pty>>) {
-        self.lock().console = pty;
-    }
-
-    fn take_stdin_rx(&self) -> Option<mpsc::UnboundedReceiver<Bytes>> {
-        self.lock().stdin_rx.take()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn set_state(&self, s: RunState) {
-        self.lock().state = s;
-    }
-
-    fn output(&self, stream: u8, data: Bytes) {
-        use std::io::Write;
-        // Under the lock, so a follower sees each frame once: in the file or on its channel.
-        let mut g = self.lock();
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()) {
-            let _ = f.write_all(&frame(stream, &data));
-        }
-        g.subscribers.retain(|s| s.send((stream, data.clone())).is_ok());
-    }
-
-    /// For `logs --follow`: the log's length now and, if the container runs, a channel of
-    /// what comes after it.
-    pub fn follow_log(&self) -> (u64, Option<mpsc::UnboundedReceiver<(u8, Bytes)>>) {
-        let mut g = self.lock();
-        let len = std::fs::metadata(self.log_path()).map_or(0, |m| m.len());
-        if !matches!(g.state, RunState::Running { .. }) {
-            return (len, None);
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        g.subscribers.push(tx);
-        (len, Some(rx))
-    }
-
-    fn exited(&self, code: i32) {
-        let mut g = self.lock();
-        let started = match g.state {
-            RunState::Running { started, .. } => Some(started),
-            _ => None,
-        };
-        g.state = RunState::Exited { code, started, finished: SystemTime::now() };
-        g.subscribers.clear();
-        g.console = None;
-        g.view_pin = None;
-        // A restart gets a fresh standard input if the container keeps one open.
-        if self.spec.open_stdin {
-            let (tx, rx) = mpsc::unbounded_channel();
-            g.stdin_tx = Some(tx);
-            g.stdin_rx = Some(rx);
-        }
-        drop(g);
-        self.exits.send_modify(|e| {
-            e.exits += 1;
-            e.code = code;
-        });
-    }
-
-    /// How many times the container was restarted.
-    pub fn restarts(&self) -> u32 {
-        self.lock().restarts
-    }
-
-    /// Where the current run's ports are published (empty when it does not run).
-    pub fn published(&self) -> Vec<Published> {
-        self.lock().proxy.as_ref().map(|p| p.ports().to_vec()).unwrap_or_default()
-    }
-
-    /// Closes the published ports and their connections (at the end of a run).
-    pub(crate) fn unpublish(&self) {
-        let proxy = self.lock().proxy.take();
-        drop(proxy);
-    }
-}
-
 /// All containers of a target.
 pub struct Runtime {
     root: PathBuf,
@@ -503,7 +243,7 @@ impl Runtime {
             let _ = process::unmount(&e.path().join("rootfs"));
             let code = std::fs::read_to_string(e.path().join("exit-code")).ok().and_then(|t| t.trim().parse().ok());
             let layers = rt.images.get(&m.image_id).map(|i| i.layers).unwrap_or_default();
-            let c = rt.make(m, layers, e.path());
+            let c = Container::new(m, layers, e.path());
             if let Some(code) = code {
                 c.set_state(RunState::Exited { code, started: None, finished: SystemTime::now() });
             }
@@ -541,29 +281,6 @@ impl Runtime {
     /// all the same, and only the host's own lock (`insitu lock`) keeps its writers off.
     pub fn set_fence(&self, fence: Arc<dyn BlockFence>) {
         *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(fence);
-    }
-
-    fn make(&self, m: Meta, layers: Vec<PathBuf>, dir: PathBuf) -> Arc<Container> {
-        let (stdin_tx, stdin_rx) = if m.spec.open_stdin {
-            let (t, r) = mpsc::unbounded_channel();
-            (Some(t), Some(r))
-        } else {
-            (None, None)
-        };
-        Arc::new(Container {
-            id: m.id,
-            name: m.name,
-            image_id: m.image_id,
-            spec: m.spec,
-            args: m.args,
-            env: m.env,
-            cwd: m.cwd,
-            created: SystemTime::UNIX_EPOCH + Duration::from_secs(m.created),
-            dir,
-            layers,
-            inner: Mutex::new(Inner { state: RunState::Created, subscribers: Vec::new(), stdin_tx, stdin_rx, console: None, restarts: 0, held: Vec::new(), proxy: None, view_pin: None }),
-            exits: watch::channel(ExitEvent::default()).0,
-        })
     }
 
     fn all(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Container>>> {
@@ -671,7 +388,7 @@ impl Runtime {
         let tmp = dir.join("meta.json.tmp");
         std::fs::write(&tmp, serde_json::to_vec(&meta).unwrap_or_default()).map_err(|e| RuntimeError::io(&tmp, e))?;
         std::fs::rename(&tmp, dir.join("meta.json")).map_err(|e| RuntimeError::io(&dir, e))?;
-        let c = self.make(meta, image.layers, dir);
+        let c = Container::new(meta, image.layers, dir);
         self.all().insert(id, c.clone());
         Ok(c)
     }
