@@ -218,7 +218,7 @@ def test_up_that_fails_midway_leaves_nothing_behind(monkeypatch, capsys):
     target and process it started."""
     if swift_missing():
         pytest.skip(swift_missing())
-    from insitu.swift import cluster
+    from insitu.swift import cli, cluster
 
     d = Path(tempfile.mkdtemp(prefix="insitu-swift-fail-", dir="/var/tmp"))
     blocker = socket.socket()
@@ -237,7 +237,7 @@ def test_up_that_fails_midway_leaves_nothing_behind(monkeypatch, capsys):
 
         monkeypatch.setattr(cluster, "_start_supervisor", break_object_server)
         capsys.readouterr()
-        assert cluster.main(["up", str(d), "--ec", "2+1", "--json"]) == 2
+        assert cli.main(["up", str(d), "--ec", "2+1", "--json"]) == 2
         assert "object exited" in json.loads(capsys.readouterr().out)["error"]
         assert _mounts_under(d) == []
         assert sorted(x.name for x in d.iterdir()) == ["log"]

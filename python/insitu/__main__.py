@@ -2,7 +2,7 @@
 """The ``insitu`` command: the Rust command line, run in this process, except what is
 Python: ``insitu llm ...`` and ``insitu bench llm ...`` (:mod:`insitu.llm.cli`), ``insitu
 bench containers`` (:mod:`insitu.bench_containers`), ``insitu plan ...``
-(:mod:`insitu.plan`), ``insitu swift ...`` (:mod:`insitu.swift.cluster`), and ``wc``,
+(:mod:`insitu.plan`), ``insitu swift ...`` (:mod:`insitu.swift.cli`), and ``wc``,
 ``grep``, ``exec`` and ``scrub`` on Swift objects (:mod:`insitu.swift`)."""
 
 import sys
@@ -21,7 +21,7 @@ def main() -> None:
 
         sys.exit(plan_main(argv[1:]))
     if argv[:1] == ["swift"]:
-        from .swift.cluster import main as swift_main
+        from .swift.cli import main as swift_main
 
         sys.exit(swift_main(argv[1:]))
     if argv[:1] in (["wc"], ["grep"], ["exec"]) and any(a.startswith("swift://") for a in argv):

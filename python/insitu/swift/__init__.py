@@ -7,7 +7,8 @@ can compute on them. This package holds:
 
 * :mod:`insitu.swift.cluster`: ``insitu swift up|down|status|once``, a single-node Swift
   cluster on loopback for tests, demos and first tries (proxy, account, container and
-  object servers and memcached in a private mount namespace; see ``docs/swift.md``);
+  object servers and memcached in a private mount namespace; see ``docs/swift.md``), with
+  its command line in :mod:`insitu.swift.cli`;
 * :mod:`insitu.swift.client`: a minimal HTTP client of the Swift API (tempauth v1.0,
   containers, objects), on the standard library alone;
 * :mod:`insitu.swift.resolve`: an object's fragment archives through Swift's ring, its

@@ -3,7 +3,7 @@
 
 import sys
 
-from .cluster import main
+from .cli import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
