@@ -7,7 +7,8 @@ A script describes a benchmark with two functions, `markdown(r) -> str` and
 FILE` (see `add_options`) re-renders the Markdown and PNG of a result already written,
 without running anything; `--out DIR` writes elsewhere than bench/results.
 
-$INSITU overrides the insitu command (default: .venv/bin/insitu).
+$INSITU overrides the insitu command (default: .venv/bin/insitu). Figures are drawn and
+written by the package's own writer (`insitu.plan.output`), which the planner uses too.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 # The insitu command: the virtual environment's, unless $INSITU names another build.
 INSITU = os.environ.get("INSITU", os.path.join(ROOT, ".venv", "bin", "insitu"))
+# The package of this tree, also when a script runs in an interpreter without it installed.
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+from insitu.plan.output import pyplot, save  # noqa: E402
 
 
 def add_options(ap: argparse.ArgumentParser) -> None:
@@ -51,20 +56,6 @@ def load(path: str) -> dict:
         return json.load(f)
 
 
-def pyplot():
-    """matplotlib's pyplot on the Agg backend, or None (with a note) when it is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        return plt
-    except ImportError:
-        print("matplotlib not installed: skipped the PNG", file=sys.stderr)
-        return None
-
-
 def write(r: dict, name: str, markdown: Callable[[dict], str], plot: Optional[Callable] = None,
           out: str = RESULTS, keep_json: bool = False) -> str:
     """Writes OUT/NAME.json (unless `keep_json`: the JSON it was read from stays), the
@@ -78,12 +69,9 @@ def write(r: dict, name: str, markdown: Callable[[dict], str], plot: Optional[Ca
     md = markdown(r)
     with open(base + ".md", "w") as f:
         f.write(md)
-    plt = pyplot() if plot else None
+    plt = pyplot(skipped="skipped the PNG") if plot else None
     if plt:
-        fig = plot(r, plt)
-        fig.tight_layout()
-        fig.savefig(base + ".png", dpi=120)
-        plt.close(fig)
+        save(plot(r, plt), plt, base + ".png")
     print(md)
     return md
 

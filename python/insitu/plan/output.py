@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Tables and plots of the planner's results. Plots need matplotlib and are skipped, with
-a note, without it."""
+"""Tables and plots of the planner's results, and the figures of the benchmark scripts
+(``bench/report.py`` draws and writes its PNGs with :func:`pyplot` and :func:`save`).
+Plots need matplotlib and are skipped, with a note, without it."""
 
 from __future__ import annotations
 
@@ -44,8 +45,10 @@ def table(header: Sequence[str], rows: List[Sequence[object]], markdown: bool = 
     return "\n".join(lines) + "\n"
 
 
-def pyplot():
-    """matplotlib's pyplot on the Agg backend, or None (with a note) when it is missing."""
+def pyplot(skipped: str = "no plot written (pip install matplotlib)"):
+    """matplotlib's pyplot on the Agg backend, or None when it is missing, after the note
+    ``matplotlib not installed: SKIPPED`` on stderr (`skipped` says what the caller leaves
+    out)."""
     try:
         import matplotlib
 
@@ -54,12 +57,12 @@ def pyplot():
 
         return plt
     except ImportError:
-        print("matplotlib not installed: no plot written (pip install matplotlib)", file=sys.stderr)
+        print(f"matplotlib not installed: {skipped}", file=sys.stderr)
         return None
 
 
 def save(fig, plt, path: str) -> str:
-    """Writes the figure as a PNG and closes it; returns the path."""
+    """Writes the figure as a PNG (laid out tight, 120 dpi) and closes it; returns the path."""
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
