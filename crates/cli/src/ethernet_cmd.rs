@@ -3,7 +3,7 @@
 //! creates a TAP device with the host's address, connects to the target with insitu's
 //! initiator and bridges the two (`insitu_etheron::HostBridge`), as a daemon unless
 //! `--foreground`, with a pid file per address under `/run/insitu/`. The target's side is
-//! `insitu target start ... --ether ADDR/PREFIX` ([`target_tap`]).
+//! `insitu target start ... --ether ADDR/PREFIX` (assembled by `insitu-daemon`).
 
 use crate::Failure;
 use insitu_attach::TargetUrl;
@@ -24,14 +24,6 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 
 fn pid_file(addr: std::net::IpAddr) -> PathBuf {
     Path::new(RUN_DIR).join(format!("ethernet-{}.json", addr.to_string().replace(':', "_")))
-}
-
-/// Creates the target's TAP device for `--ether ADDR/PREFIX` (before the daemon forks, so
-/// a failure is reported to the caller).
-pub(crate) fn target_tap(spec: Option<&str>) -> Result<Option<Tap>, Failure> {
-    let Some(spec) = spec else { return Ok(None) };
-    let cidr: Cidr = spec.parse().map_err(|e: EtherError| format!("--ether: {e}"))?;
-    Ok(Some(Tap::create(&cidr, None).map_err(|e| format!("--ether: {e}"))?))
 }
 
 /// The session's side of the bridge: frame commands on its I/O queue.

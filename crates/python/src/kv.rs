@@ -283,7 +283,7 @@ impl KvTarget {
 #[pyclass(module = "insitu", frozen)]
 pub struct EmbeddedTarget {
     url: String,
-    handle: Mutex<Option<insitu_nvmf::ServerHandle>>,
+    handle: Mutex<Option<insitu_daemon::Embedded>>,
 }
 
 #[pymethods]
@@ -291,7 +291,9 @@ impl EmbeddedTarget {
     #[new]
     #[pyo3(signature = (directory, shared_bytes, private_bytes, model=None))]
     fn new(py: Python<'_>, directory: PathBuf, shared_bytes: u64, private_bytes: u64, model: Option<String>) -> PyResult<Self> {
-        let model = model.as_deref().map(insitu_model::parse).transpose().map_err(|e| bad(format!("device model: {e}")))?;
+        if let Some(m) = model.as_deref() {
+            insitu_model::parse(m).map_err(|e| bad(format!("device model: {e}")))?;
+        }
         py.allow_threads(|| {
             let io = |e: std::io::Error| StorageIOError::new_err(format!("embedded target in {}: {e}", directory.display()));
             std::fs::create_dir_all(&directory).map_err(io)?;
@@ -306,19 +308,22 @@ impl EmbeddedTarget {
             let shared = image("shared.img", shared_bytes)?;
             let private = image("private.img", private_bytes)?;
             let nqn = "nqn.2024-01.io.insitu:embedded".to_string();
-            let cfg = insitu_nvmf::TargetConfig {
+            let spec = insitu_daemon::TargetSpec {
                 listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-                subsystems: vec![insitu_nvmf::SubsystemConfig {
-                    nqn: nqn.clone(),
-                    namespaces: vec![insitu_nvmf::NamespaceSpec::sharable(&shared), insitu_nvmf::NamespaceSpec::private(&private)],
-                    allow_hosts: Vec::new(),
-                }],
+                nqn: nqn.clone(),
+                namespaces: vec![shared],
+                private: vec![private],
+                allow_hosts: Vec::new(),
+                metrics: None,
                 model,
-                ..Default::default()
+                docker: None,
+                ether: None,
+                kv_store: None,
+                direct_reads: false,
             };
-            let server = insitu_nvmf::Server::bind(cfg).map_err(io)?;
-            let url = format!("nvme-tcp://{}/{nqn}", server.local_addr());
-            Ok(EmbeddedTarget { url, handle: Mutex::new(Some(server.spawn())) })
+            let target = insitu_daemon::start_embedded(spec).map_err(|e| StorageIOError::new_err(format!("embedded target in {}: {e}", directory.display())))?;
+            let url = format!("nvme-tcp://{}/{nqn}", target.local_addr());
+            Ok(EmbeddedTarget { url, handle: Mutex::new(Some(target)) })
         })
     }
 
