@@ -8,6 +8,7 @@
 //! [`Pdu::decode`] checks the rest of the `plen` bytes.
 
 use crate::sqe::{Command, Completion};
+use insitu_proto::le::{u16_at, u32_at};
 
 /// PDU type codes.
 pub mod pdu_type {
@@ -266,13 +267,7 @@ fn crc(bytes: &[u8]) -> [u8; 4] {
     crc32c::crc32c(bytes).to_le_bytes()
 }
 
-fn u16_at(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([b[o], b[o + 1]])
-}
 
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
-}
 
 /// Whether a PDU type carries digests (ICReq, ICResp and terminate requests never do).
 fn digestible(ty: u8) -> bool {

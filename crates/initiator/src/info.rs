@@ -35,17 +35,10 @@ pub struct ControllerInfo {
     pub raw: Vec<u8>,
 }
 
-fn u16_at(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([b[o], b[o + 1]])
-}
 
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"))
-}
 
-fn u64_at(b: &[u8], o: usize) -> u64 {
-    u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
-}
+
+use insitu_proto::le::{u16_at, u32_at, u64_at};
 
 /// An ASCII field: space-padded (Identify) or NUL-padded (NQNs, discovery entries).
 fn text(b: &[u8]) -> String {

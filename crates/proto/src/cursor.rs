@@ -158,3 +158,23 @@ impl<'a> Cursor<'a> {
         }
     }
 }
+
+/// Little-endian fields at fixed offsets of a buffer the caller has already checked is
+/// long enough (a fixed-size header, an Identify structure): they panic past its end, as
+/// slice indexing does. For input of unknown length use the checked decoders.
+pub mod le {
+    /// The `u16` at byte `o`.
+    pub fn u16_at(b: &[u8], o: usize) -> u16 {
+        u16::from_le_bytes([b[o], b[o + 1]])
+    }
+
+    /// The `u32` at byte `o`.
+    pub fn u32_at(b: &[u8], o: usize) -> u32 {
+        u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+    }
+
+    /// The `u64` at byte `o`.
+    pub fn u64_at(b: &[u8], o: usize) -> u64 {
+        u64::from_le_bytes(b[o..o + 8].try_into().expect("8 bytes"))
+    }
+}

@@ -35,7 +35,7 @@ mod result;
 mod status;
 mod value;
 
-pub use cursor::DecodeError;
+pub use cursor::{le, DecodeError};
 pub use descriptor::{
     Descriptor, Extent, ExtentError, ExtentKind, Limits, VirtualObject, DESCRIPTOR_MAGIC, DESCRIPTOR_VERSION, FLAG_RESULT_OBJECT,
     EXTENT_LEN, HEADER_LEN, OBJECT_HEADER_LEN, SECTOR,
