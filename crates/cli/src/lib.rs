@@ -542,7 +542,7 @@ fn mode(conventional: bool) -> Mode {
 
 fn dispatch(cli: Cli) -> Result<i32, Failure> {
     let json = cli.json;
-    let off = Offloader::new();
+    let off = Offloader::new().with_local_targets(std::sync::Arc::new(insitu_daemon::LocalEngines));
     match cli.command {
         Cmd::Exec { function, paths, args, conventional, output, force } => {
             let args = parse_args(off.registry(), &function, &args)?;

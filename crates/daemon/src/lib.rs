@@ -229,3 +229,37 @@ where
         writeln!(w)
     }
 }
+
+/// The embedded default's targets: an engine per local image, served in the calling
+/// process (give it to `insitu_host::Offloader::with_local_targets`).
+pub struct LocalEngines;
+
+struct LocalEngine(insitu_engine::Engine);
+
+impl insitu_host::local::LocalTarget for LocalEngine {
+    fn exec(&self, descriptor: &[u8]) -> Result<insitu_host::local::LocalOutcome, insitu_proto::CommandError> {
+        let o = self.0.exec(1, descriptor)?;
+        Ok(insitu_host::local::LocalOutcome { result: o.result, media_read_bytes: o.media_read_bytes })
+    }
+}
+
+impl insitu_host::local::LocalTargets for LocalEngines {
+    fn open(
+        &self,
+        image: &Path,
+        registry: std::sync::Arc<insitu_offload::Registry>,
+        model: Option<&insitu_model::DeviceModel>,
+    ) -> Result<std::sync::Arc<dyn insitu_host::local::LocalTarget>, String> {
+        let mut engine = insitu_engine::Engine::new().with_registry(registry);
+        let mut cfg = insitu_engine::NamespaceConfig::default();
+        if let Some(model) = model {
+            let size = std::fs::metadata(image).map_err(|e| format!("{}: {e}", image.display()))?.len();
+            cfg.pacing = Some(std::sync::Arc::new(model.pacer(size).map_err(|e| format!("device model: {e}"))?));
+            if let Some(budget) = model.compute_budget().map_err(|e| format!("device model: {e}"))? {
+                engine = engine.with_compute_budget(std::sync::Arc::new(budget));
+            }
+        }
+        engine.add_namespace(image, cfg)?;
+        Ok(std::sync::Arc::new(LocalEngine(engine)))
+    }
+}

@@ -21,6 +21,7 @@
 pub mod conventional;
 pub mod device;
 pub mod fiemap;
+pub mod local;
 pub mod lock;
 pub mod pool;
 pub mod scrub;

@@ -6,7 +6,7 @@ use crate::device::{self, DeviceMap};
 use crate::pool::OutputPool;
 use crate::{virtual_object, OasError};
 use insitu_offload::{Args, InputStream, Kernel, OutputSink, ParamType, Registry, SliceInput};
-use insitu_engine::{NamespaceConfig, Engine};
+use crate::local::{LocalTarget, LocalTargets};
 use insitu_proto::{Descriptor, ExecResult, ExtentKind, Record, Value};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
@@ -166,10 +166,10 @@ type FileOutcome = Result<(FileResult, Stats, u64), OasError>;
 
 /// An open input file, its metadata, its device, and the attachment or embedded target
 /// that serves it.
-type OpenFile = (File, fs::Metadata, DeviceMap, Option<insitu_attach::Attachment>, Option<Arc<Engine>>);
+type OpenFile = (File, fs::Metadata, DeviceMap, Option<insitu_attach::Attachment>, Option<Arc<dyn LocalTarget>>);
 
 /// Open embedded targets: backing path → ((device, inode, size) when opened, target).
-type TargetCache = HashMap<PathBuf, ((u64, u64, u64), Arc<Engine>)>;
+type TargetCache = HashMap<PathBuf, ((u64, u64, u64), Arc<dyn LocalTarget>)>;
 
 /// Runs requests, keeping one embedded target open per backing image.
 pub struct Offloader {
@@ -177,6 +177,8 @@ pub struct Offloader {
     /// Backing path → (device, inode and size of the file when opened, its target). An
     /// image replaced or resized under the same path gets a new target.
     targets: Mutex<TargetCache>,
+    /// What opens them; without it, files of local images cannot be offloaded.
+    local: Option<Arc<dyn LocalTargets>>,
     jobs: usize,
     remote: crate::remote::Sessions,
 }
@@ -191,7 +193,14 @@ impl Offloader {
     /// An offloader with the standard kernels, running up to one file per CPU at a time.
     pub fn new() -> Self {
         let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).max(2);
-        Offloader { registry: Arc::new(Registry::standard()), targets: Mutex::new(HashMap::new()), jobs, remote: Default::default() }
+        Offloader { registry: Arc::new(Registry::standard()), targets: Mutex::new(HashMap::new()), local: None, jobs, remote: Default::default() }
+    }
+
+    /// Serves files of local images (not attached over the fabric) with targets `local`
+    /// opens in this process: the embedded default.
+    pub fn with_local_targets(mut self, local: Arc<dyn LocalTargets>) -> Self {
+        self.local = Some(local);
+        self
     }
 
     /// Sets how many files are processed at once (default: number of CPUs, at least 2).
@@ -317,7 +326,7 @@ impl Offloader {
         Ok(outs.into_iter().map(Some).collect())
     }
 
-    fn target_for(&self, map: &DeviceMap) -> Result<Arc<Engine>, OasError> {
+    fn target_for(&self, map: &DeviceMap) -> Result<Arc<dyn LocalTarget>, OasError> {
         let meta = fs::metadata(&map.backing).map_err(|e| OasError::Io { path: map.backing.clone(), source: e })?;
         let id = (meta.dev(), meta.ino(), meta.len());
         let mut targets = self.targets.lock().unwrap_or_else(|e| e.into_inner());
@@ -326,19 +335,23 @@ impl Offloader {
                 return Ok(t.clone());
             }
         }
-        let mut t = Engine::new().with_registry(self.registry.clone());
-        let mut cfg = NamespaceConfig::default();
+        let Some(local) = &self.local else {
+            return Err(OasError::BadRequest(format!(
+                "{} is a local image and this program serves no embedded target; attach it over the fabric (insitu attach) instead",
+                map.backing.display()
+            )));
+        };
         // An image may carry a device model (`insitu image create --model`): the embedded
         // target then paces its media and its kernels like that device.
-        if let Some(model) = image_model(&map.backing)? {
-            let bad = |e: insitu_model::ModelError| OasError::BadRequest(format!("{}: {e}", model_sidecar(&map.backing).display()));
-            cfg.pacing = Some(Arc::new(model.pacer(meta.len()).map_err(bad)?));
-            if let Some(budget) = model.compute_budget().map_err(bad)? {
-                t = t.with_compute_budget(Arc::new(budget));
+        let model = image_model(&map.backing)?;
+        let t = local.open(&map.backing, self.registry.clone(), model.as_ref()).map_err(|e| {
+            let sidecar = model_sidecar(&map.backing);
+            if model.is_some() && e.starts_with("device model") {
+                OasError::BadRequest(format!("{}: {e}", sidecar.display()))
+            } else {
+                OasError::Io { path: map.backing.clone(), source: std::io::Error::other(e) }
             }
-        }
-        t.add_namespace(&map.backing, cfg).map_err(|e| OasError::Io { path: map.backing.clone(), source: std::io::Error::other(e) })?;
-        let t = Arc::new(t);
+        })?;
         targets.insert(map.backing.clone(), (id, t.clone()));
         Ok(t)
     }
@@ -360,12 +373,12 @@ impl Offloader {
 
     /// Sends `d` to the target of the file at `path`: over the fabric when its file system is
     /// attached (`remote`), else to the embedded target of its image.
-    fn run_descriptor(&self, remote: Option<&insitu_attach::Attachment>, target: Option<&Engine>, map: &DeviceMap, path: &Path, d: Descriptor) -> Result<(Vec<u8>, Stats), OasError> {
+    fn run_descriptor(&self, remote: Option<&insitu_attach::Attachment>, target: Option<&dyn LocalTarget>, map: &DeviceMap, path: &Path, d: Descriptor) -> Result<(Vec<u8>, Stats), OasError> {
         match (remote, target) {
             (Some(att), _) => crate::remote::exec(&self.remote, att, map, path, d).map(|o| (o.result, o.stats)),
             (None, Some(t)) => {
                 let bytes = d.encode();
-                t.exec(1, &bytes).map_err(|e| OasError::Target { path: path.to_owned(), source: e }).map(|o| {
+                t.exec(&bytes).map_err(|e| OasError::Target { path: path.to_owned(), source: e }).map(|o| {
                     let stats = Stats { bytes_to_host: o.result.len() as u64, bytes_from_host: bytes.len() as u64, media_bytes: o.media_read_bytes, seconds: 0.0, commands: 1 };
                     (o.result, stats)
                 })

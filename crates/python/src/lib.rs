@@ -25,7 +25,7 @@ create_exception!(_native, StorageIOError, InsituError, "An I/O call on the host
 
 fn offloader() -> &'static Offloader {
     static OFF: OnceLock<Offloader> = OnceLock::new();
-    OFF.get_or_init(Offloader::new)
+    OFF.get_or_init(|| Offloader::new().with_local_targets(std::sync::Arc::new(insitu_daemon::LocalEngines)))
 }
 
 fn to_py(e: OasError) -> PyErr {
