@@ -134,9 +134,6 @@ impl Session {
     }
 }
 
-/// Command Set Identifier of the NVMe Key Value command set.
-
-/// The CSI (descriptor type 04h) in a Namespace Identification Descriptor list, if any.
 /// A key argument, or an error that says what keys may be.
 fn kv_key(command: &'static str, key: &[u8]) -> Result<Key, InitiatorError> {
     Key::new(key).map_err(|_| InitiatorError::InvalidArgument { command, detail: format!("a key of {} bytes is invalid: keys are 1 to 16 bytes", key.len()) })
