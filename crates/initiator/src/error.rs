@@ -97,12 +97,14 @@ pub enum InitiatorError {
         detail: String,
     },
     /// The namespace does not exist or is not active on this controller.
-    #[error("namespace {nsid} is not active on {subnqn}; `insitu nvme identify nvme-tcp://HOST:PORT/{subnqn}` lists the active ones")]
+    #[error("namespace {nsid} is not active on {subnqn}; `insitu nvme identify nvme-tcp://{addr}/{subnqn}` lists the active ones")]
     NoNamespace {
         /// The NSID asked for.
         nsid: u32,
         /// Subsystem NQN.
         subnqn: String,
+        /// The target's address, `host:port`.
+        addr: String,
     },
     /// A caller-supplied argument cannot be turned into a valid command.
     #[error("{command}: {detail}")]

@@ -244,10 +244,28 @@ impl Session {
     /// Identify Namespace (CNS 00h); fails with [`InitiatorError::NoNamespace`] for an
     /// inactive namespace.
     pub fn identify_namespace(&self, nsid: u32) -> Result<NamespaceInfo, InitiatorError> {
-        let raw = self.admin_read("Identify", cmd::identify(0, nsid), 4096)?;
-        let ns = NamespaceInfo::parse(nsid, &raw).ok_or_else(|| InitiatorError::NoNamespace { nsid, subnqn: self.inner.opts.subnqn.clone() })?;
+        let raw = match self.admin_read("Identify", cmd::identify(0, nsid), 4096) {
+            Ok(raw) => raw,
+            Err(InitiatorError::Status { sct: 0, sc: 0x0B, .. }) => return Err(self.no_namespace(nsid)),
+            Err(e) => return Err(e),
+        };
+        let Some(ns) = NamespaceInfo::parse(nsid, &raw) else {
+            // All zeros: inactive, or a namespace of another command set.
+            if let Ok(CommandSet::KeyValue) = self.namespace_command_set(nsid) {
+                let detail = format!(
+                    "namespace {nsid} of {} is a key-value namespace, without logical blocks: use the KV commands (insitu kv ..., insitu.kv(URL))",
+                    self.inner.opts.subnqn
+                );
+                return Err(InitiatorError::InvalidArgument { command: "Identify", detail });
+            }
+            return Err(self.no_namespace(nsid));
+        };
         self.inner.lba_sizes.lock().unwrap_or_else(PoisonError::into_inner).insert(nsid, ns.lba_size);
         Ok(ns)
+    }
+
+    fn no_namespace(&self, nsid: u32) -> InitiatorError {
+        InitiatorError::NoNamespace { nsid, subnqn: self.inner.opts.subnqn.clone(), addr: self.inner.opts.addr.clone() }
     }
 
     /// The command set of an active namespace, from its Namespace Identification
@@ -255,7 +273,7 @@ impl Session {
     pub fn namespace_command_set(&self, nsid: u32) -> Result<CommandSet, InitiatorError> {
         match self.admin_read("Identify", cmd::identify(3, nsid), 4096) {
             Ok(list) => Ok(CommandSet::of_descriptors(&list)),
-            Err(InitiatorError::Status { sct: 0, sc: 0x0B, .. }) => Err(InitiatorError::NoNamespace { nsid, subnqn: self.inner.opts.subnqn.clone() }),
+            Err(InitiatorError::Status { sct: 0, sc: 0x0B, .. }) => Err(self.no_namespace(nsid)),
             Err(e) => Err(e),
         }
     }
@@ -265,7 +283,7 @@ impl Session {
     pub fn identify_kv_namespace(&self, nsid: u32) -> Result<KvNamespaceInfo, InitiatorError> {
         let mut c = cmd::identify(5, nsid);
         c.set_cdw(11, 1 << 24);
-        let no = || InitiatorError::NoNamespace { nsid, subnqn: self.inner.opts.subnqn.clone() };
+        let no = || self.no_namespace(nsid);
         match self.admin_read("Identify", c, 4096) {
             Ok(raw) => KvNamespaceInfo::parse(nsid, &raw).ok_or_else(no),
             Err(InitiatorError::Status { sct: 0, sc: 0x0B | 0x02, .. }) => Err(no()),

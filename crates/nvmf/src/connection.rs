@@ -220,8 +220,9 @@ fn send_more(socket: &TcpStream, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// Serves one TCP connection until it ends.
-pub(crate) fn serve(shared: Arc<Shared>, stream: TcpStream) {
-    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+pub(crate) fn serve(shared: Arc<Shared>, stream: TcpStream, peer: std::net::SocketAddr) {
+    // The address accept() returned: asking the socket fails once the client has reset it.
+    let peer = peer.to_string();
     let _ = stream.set_nodelay(true);
     let writer = match stream.try_clone() {
         Ok(w) => w,

@@ -235,11 +235,16 @@ impl Server {
 
     /// Serves connections until [`ServerHandle::shutdown`] (or forever).
     pub fn run(self) -> std::io::Result<()> {
-        for stream in self.listener.incoming() {
+        loop {
+            let accepted = self.listener.accept();
             if self.shared.stopping() {
                 break;
             }
-            let Ok(stream) = stream else { continue };
+            let Ok((stream, peer)) = accepted else {
+                // Out of descriptors, say: give the closing connections a moment.
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            };
             let live = self.shared.live.fetch_add(1, Ordering::Relaxed);
             if live >= MAX_CONNECTIONS {
                 self.shared.live.fetch_sub(1, Ordering::Relaxed);
@@ -254,7 +259,7 @@ impl Server {
             }
             let shared = self.shared.clone();
             let spawned = std::thread::Builder::new().name("nvmf-queue".into()).spawn(move || {
-                connection::serve(shared.clone(), stream);
+                connection::serve(shared.clone(), stream, peer);
                 shared.connections.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
                 shared.live.fetch_sub(1, Ordering::Relaxed);
             });
