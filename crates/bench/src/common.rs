@@ -3,7 +3,7 @@
 //! use, medians and rates.
 
 use insitu_host::pool::drop_cached_pages;
-use serde_json::{json, Value};
+use serde::Serialize;
 use std::fs::File;
 use insitu_image::human;
 use crate::Error;
@@ -12,18 +12,29 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-/// The machine the benchmark ran on: cores, CPU model, memory and kernel.
-pub fn machine() -> Value {
+/// The machine a benchmark ran on, recorded in every report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Machine {
+    /// Cores this process may use.
+    pub cpus: usize,
+    /// The CPU's model name from /proc/cpuinfo; empty where it names none.
+    pub cpu_model: String,
+    /// Physical memory, bytes.
+    pub memory_bytes: u64,
+    /// The kernel's release.
+    pub kernel: String,
+}
+
+/// The machine the benchmark runs on: cores, CPU model, memory and kernel.
+pub fn machine() -> Machine {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let cpu = read("/proc/cpuinfo").lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).unwrap_or("").trim().to_string();
     let mem_kib: u64 = read("/proc/meminfo").lines().find(|l| l.starts_with("MemTotal")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0);
-    json!({
-        "cpus": cores(),
-        "cpu_model": cpu,
-        "memory_bytes": mem_kib * 1024,
-        "kernel": read("/proc/sys/kernel/osrelease").trim(),
-    })
+    Machine { cpus: cores(), cpu_model: cpu, memory_bytes: mem_kib * 1024, kernel: read("/proc/sys/kernel/osrelease").trim().to_string() }
 }
+
+/// The `model` of the benchmarks that run at this machine's own speed.
+pub(crate) const REAL_SPEED: &str = "none (real speed of this machine)";
 
 /// The exact command line of this process, recorded in every report.
 pub fn command() -> String {

@@ -9,12 +9,12 @@
 //! is checked against the host's. Configurations alternate within each repetition so drift
 //! affects them alike; medians are reported.
 
-use crate::common::{command, gbps, machine, median, timed_workers, Work};
+use crate::common::{command, gbps, machine, median, timed_workers, Machine, Work, REAL_SPEED};
 use crate::dataset::Rng;
 use crate::Error;
 use insitu_engine::{NamespaceConfig, PoolStats, Engine};
 use insitu_wire::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
-use serde_json::{json, Value as Json};
+use serde::Serialize;
 use std::path::{Path, PathBuf};
 
 /// What [`exec_scaling`] measures.
@@ -41,12 +41,94 @@ impl Default for ExecScalingOptions {
     }
 }
 
+/// The report of [`exec_scaling`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ExecScalingReport {
+    /// The command line that ran it.
+    pub command: String,
+    /// Bytes per EXEC.
+    pub object_size_bytes: u64,
+    /// Objects in the file.
+    pub objects: usize,
+    /// Passes over all objects per measurement.
+    pub rounds: usize,
+    /// Measurements of each configuration.
+    pub repeat: usize,
+    /// Numbers of concurrent EXECs measured.
+    pub streams: Vec<usize>,
+    /// The kernel every EXEC runs: crc32c.
+    pub function: &'static str,
+    /// One row per number of streams and pool setting, pooled first.
+    pub results: Vec<ExecScalingRow>,
+    /// Throughput at the most streams over that at the fewest.
+    pub scaling: ExecScaling,
+    /// The pooled namespace's buffer pool after the whole run.
+    pub pool: PoolReport,
+    /// The work directory.
+    pub work_dir: String,
+    /// The machine it ran on.
+    pub machine: Machine,
+    /// The device model: none, this machine's real speed.
+    pub model: &'static str,
+}
+
+/// One number of streams and pool setting of [`ExecScalingReport::results`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ExecScalingRow {
+    /// EXECs at once.
+    pub streams: usize,
+    /// Whether the namespace kept a buffer pool.
+    pub pooled: bool,
+    /// Median rate, GB/s.
+    pub gbps: f64,
+    /// EXECs per second at the median.
+    pub execs_per_s: f64,
+    /// Seconds of every measurement.
+    pub seconds: Vec<f64>,
+    /// Most bytes the namespace's buffers held at once, over the whole run.
+    pub pool_peak_bytes: u64,
+    /// Buffers allocated, over the whole run.
+    pub pool_allocations: u64,
+    /// Buffers reused from the pool, over the whole run.
+    pub pool_reuses: u64,
+}
+
+/// How throughput grew from the fewest streams to the most ([`ExecScalingReport::scaling`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct ExecScaling {
+    /// The fewest streams measured.
+    pub from_streams: usize,
+    /// The most streams measured.
+    pub to_streams: usize,
+    /// With the pool: rate at `to_streams` over rate at `from_streams`.
+    pub pooled_max_to_one: f64,
+    /// Without the pool: the same.
+    pub unpooled_max_to_one: f64,
+    /// At `to_streams`: rate with the pool over rate without.
+    pub pooled_to_unpooled_at_max: f64,
+}
+
+/// A namespace's buffer pool ([`PoolStats`]) in a report.
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolReport {
+    /// Bytes per buffer.
+    pub buffer_bytes: usize,
+    /// Most idle buffers kept.
+    pub max_idle: usize,
+    /// Most bytes held at once.
+    pub peak_bytes: u64,
+    /// Buffers allocated.
+    pub allocations: u64,
+    /// Buffers reused.
+    pub reuses: u64,
+}
+
 /// Runs the benchmark. The report has `results` (one row per number of streams and pool
 /// setting: `streams`, `pooled`, `gbps`, `execs_per_s`, `seconds`, and the pool's
 /// `pool_peak_bytes`, `pool_allocations`, `pool_reuses`), and `scaling`: for each setting,
 /// the throughput at the most streams over that at one (`pooled_max_to_one`,
 /// `unpooled_max_to_one`).
-pub fn exec_scaling(opts: &ExecScalingOptions) -> Result<Json, Error> {
+pub fn exec_scaling(opts: &ExecScalingOptions) -> Result<ExecScalingReport, Error> {
     let size = opts.object_size;
     if size == 0 || !size.is_multiple_of(SECTOR) || size > u64::from(u32::MAX) * SECTOR || opts.objects == 0 || opts.streams.is_empty() {
         return Err(format!("object size {size}: give a positive multiple of {SECTOR}, at least one object and one stream count (e.g. --object-size 4M --streams 1,2,4,8)").into());
@@ -84,42 +166,43 @@ pub fn exec_scaling(opts: &ExecScalingOptions) -> Result<Json, Error> {
             let s = &secs[si * targets.len() + ti];
             let m = median(&mut s.clone());
             let pool: PoolStats = t.buffer_stats();
-            results.push(json!({
-                "streams": n,
-                "pooled": ti == 0,
-                "gbps": gbps(bytes, m),
-                "execs_per_s": execs / m,
-                "seconds": s,
-                "pool_peak_bytes": pool.peak_bytes(),
-                "pool_allocations": pool.allocations,
-                "pool_reuses": pool.reuses,
-            }));
+            results.push(ExecScalingRow {
+                streams: n,
+                pooled: ti == 0,
+                gbps: gbps(bytes, m),
+                execs_per_s: execs / m,
+                seconds: s.clone(),
+                pool_peak_bytes: pool.peak_bytes(),
+                pool_allocations: pool.allocations,
+                pool_reuses: pool.reuses,
+            });
         }
     }
-    let rate = |pooled: bool, n: usize| results.iter().find(|r| r["pooled"] == pooled && r["streams"] == n).and_then(|r| r["gbps"].as_f64()).unwrap_or(f64::NAN);
+    let rate = |pooled: bool, n: usize| results.iter().find(|r| r.pooled == pooled && r.streams == n).map_or(f64::NAN, |r| r.gbps);
     let (least, most) = (opts.streams.iter().copied().min().unwrap_or(1), opts.streams.iter().copied().max().unwrap_or(1));
     let pool = targets[0].buffer_stats();
-    Ok(json!({
-        "command": command(),
-        "object_size_bytes": size,
-        "objects": opts.objects,
-        "rounds": rounds,
-        "repeat": opts.repeat.max(1),
-        "streams": opts.streams,
-        "function": "crc32c",
-        "results": results,
-        "scaling": {
-            "from_streams": least,
-            "to_streams": most,
-            "pooled_max_to_one": rate(true, most) / rate(true, least),
-            "unpooled_max_to_one": rate(false, most) / rate(false, least),
-            "pooled_to_unpooled_at_max": rate(true, most) / rate(false, most),
-        },
-        "pool": {"buffer_bytes": pool.buffer_bytes, "max_idle": pool.max_idle, "peak_bytes": pool.peak_bytes(), "allocations": pool.allocations, "reuses": pool.reuses},
-        "work_dir": work.root().display().to_string(),
-        "machine": machine(),
-        "model": "none (real speed of this machine)",
-    }))
+    let scaling = ExecScaling {
+        from_streams: least,
+        to_streams: most,
+        pooled_max_to_one: rate(true, most) / rate(true, least),
+        unpooled_max_to_one: rate(false, most) / rate(false, least),
+        pooled_to_unpooled_at_max: rate(true, most) / rate(false, most),
+    };
+    Ok(ExecScalingReport {
+        command: command(),
+        object_size_bytes: size,
+        objects: opts.objects,
+        rounds,
+        repeat: opts.repeat.max(1),
+        streams: opts.streams.clone(),
+        function: "crc32c",
+        results,
+        scaling,
+        pool: PoolReport { buffer_bytes: pool.buffer_bytes, max_idle: pool.max_idle, peak_bytes: pool.peak_bytes(), allocations: pool.allocations, reuses: pool.reuses },
+        work_dir: work.root().display().to_string(),
+        machine: machine(),
+        model: REAL_SPEED,
+    })
 }
 
 /// Writes `objects` objects of random bytes; returns the host's crc32c of each, as the
@@ -167,14 +250,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let opts = ExecScalingOptions { object_size: 1 << 20, objects: 4, rounds: 1, streams: vec![1, 2], repeat: 1, dir: Some(dir.path().to_path_buf()) };
         let r = exec_scaling(&opts).unwrap();
-        let rows = r["results"].as_array().unwrap();
-        assert_eq!(rows.len(), 4);
-        assert!(rows.iter().all(|row| row["gbps"].as_f64().unwrap() > 0.0));
+        assert_eq!(r.results.len(), 4);
+        assert!(r.results.iter().all(|row| row.gbps > 0.0));
         // Without a pool nothing is kept; with one, buffers are reused across EXECs.
-        let unpooled = rows.iter().find(|row| row["pooled"] == false && row["streams"] == 2).unwrap();
-        assert_eq!(unpooled["pool_reuses"], 0);
-        assert!(r["pool"]["reuses"].as_u64().unwrap() > 0);
-        assert!(r["pool"]["peak_bytes"].as_u64().unwrap() > 0);
+        let unpooled = r.results.iter().find(|row| !row.pooled && row.streams == 2).unwrap();
+        assert_eq!(unpooled.pool_reuses, 0);
+        assert!(r.pool.reuses > 0);
+        assert!(r.pool.peak_bytes > 0);
         assert!(!dir.path().join("objects.img").exists(), "the work file is removed");
     }
 

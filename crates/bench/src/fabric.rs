@@ -22,9 +22,9 @@
 //! Medians are reported, with the ratios fabric/raw (both), fabric/TCP (both) and fabric/embedded.
 //!
 //! Adding a measurement: a function that takes the [`Rig`] and returns seconds, a series in
-//! [`Samples`], a line in [`Samples::round`] and its keys in [`report`].
+//! [`Samples`], a line in [`Samples::round`] and its fields in [`FabricReport`] and [`report`].
 
-use crate::common::{command, drop_caches, gbps, machine, median, timed_workers, Work};
+use crate::common::{command, drop_caches, gbps, machine, median, timed_workers, Machine, Work, REAL_SPEED};
 use crate::dataset::Rng;
 use insitu_image::human;
 use crate::tcp::{tcp_loopback, Source, TcpLoad};
@@ -34,7 +34,7 @@ use insitu_media::{AlignedBuf, Backing, DIRECT_ALIGN};
 use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
 use insitu_engine::{NamespaceConfig, Engine};
 use insitu_wire::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
-use serde_json::{json, Value as Json};
+use serde::Serialize;
 use std::fs::File;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -348,8 +348,140 @@ impl Samples {
     }
 }
 
+/// The report of [`fabric`]. Rates are medians, in GB/s; a ratio `a_to_b` is `a / b`, and
+/// its `_paired` form the median of the per-round ratios (steadier on a disk whose speed
+/// drifts between rounds).
+#[derive(Debug, Clone, Serialize)]
+pub struct FabricReport {
+    /// The command line that ran it.
+    pub command: String,
+    /// Size of the data, bytes.
+    pub size_bytes: u64,
+    /// Measurements of each kind.
+    pub repeat: usize,
+    /// Raw sequential direct reads, 1 MiB at a time.
+    pub raw_read_gbps: f64,
+    /// Raw direct reads with the fabric read's request size and depth.
+    pub raw_read_shaped_gbps: f64,
+    /// Raw 1 MiB direct reads in the fabric's streams.
+    pub raw_read_streams_gbps: f64,
+    /// Fabric reads from the target that sends host reads from the page cache.
+    pub fabric_read_gbps: f64,
+    /// Fabric reads from the target that reads host data with direct I/O.
+    pub fabric_read_direct_gbps: f64,
+    /// EXEC crc32c on the embedded target.
+    pub embedded_exec_gbps: f64,
+    /// The same EXEC over the fabric, with its result object read back.
+    pub fabric_exec_gbps: f64,
+    /// Plain TCP on loopback serving the file with the fabric read's shape.
+    pub tcp_loopback_gbps: f64,
+    /// Plain TCP on loopback from a buffer that stays in cache.
+    pub tcp_loopback_cached_gbps: f64,
+    /// Fabric read over raw read.
+    pub fabric_read_to_raw: f64,
+    /// Fabric read over the shaped raw read.
+    pub fabric_read_to_raw_shaped: f64,
+    /// Fabric read over raw read, paired.
+    pub fabric_read_to_raw_paired: f64,
+    /// Fabric read over the shaped raw read, paired.
+    pub fabric_read_to_raw_shaped_paired: f64,
+    /// Fabric read over the raw reads in streams.
+    pub fabric_read_to_raw_streams: f64,
+    /// Fabric read over the raw reads in streams, paired.
+    pub fabric_read_to_raw_streams_paired: f64,
+    /// Direct-I/O fabric read over raw read.
+    pub fabric_read_direct_to_raw: f64,
+    /// Direct-I/O fabric read over raw read, paired.
+    pub fabric_read_direct_to_raw_paired: f64,
+    /// Fabric read over the direct-I/O fabric read, paired.
+    pub fabric_read_to_direct_paired: f64,
+    /// Fabric read over plain TCP serving the file.
+    pub fabric_read_to_tcp: f64,
+    /// Fabric read over plain TCP from cache.
+    pub fabric_read_to_tcp_cached: f64,
+    /// Fabric EXEC over embedded EXEC.
+    pub fabric_exec_to_embedded: f64,
+    /// Fabric EXEC over embedded EXEC, paired.
+    pub fabric_exec_to_embedded_paired: f64,
+    /// Most bytes one fabric EXEC moved on the wire, both directions.
+    pub fabric_exec_wire_bytes: u64,
+    /// The crc32c of the data, as hex.
+    pub digest: String,
+    /// The shapes of the requests.
+    pub requests: FabricRequests,
+    /// What the page-cache target's session moved over the whole run.
+    pub session_wire_bytes: SessionWireBytes,
+    /// Seconds of every measurement.
+    pub seconds: FabricSeconds,
+    /// The machine it ran on.
+    pub machine: Machine,
+    /// Whether the raw reads bypassed the page cache.
+    pub direct_io: bool,
+    /// Whether the file lives in memory (tmpfs).
+    pub in_memory: bool,
+    /// How the fabric runs.
+    pub transport: &'static str,
+    /// Where the targets send host reads from.
+    pub host_reads: &'static str,
+    /// The device model: none, this machine's real speed.
+    pub model: &'static str,
+}
+
+/// The request shapes of [`FabricReport::requests`].
+#[derive(Debug, Clone, Serialize)]
+pub struct FabricRequests {
+    /// Bytes per raw read.
+    pub raw_read_bytes: usize,
+    /// Raw reads in flight.
+    pub raw_queue_depth: usize,
+    /// Bytes per fabric read command.
+    pub fabric_read_bytes: usize,
+    /// Fabric reads in flight, over all queues.
+    pub fabric_queue_depth: usize,
+    /// I/O queues the fabric reads spread over.
+    pub io_queues: u16,
+    /// Extents the EXEC input is described with.
+    pub exec_extents: u64,
+    /// Largest transfer the session's target accepts, bytes.
+    pub max_transfer_bytes: usize,
+}
+
+/// Bytes a session moved ([`FabricReport::session_wire_bytes`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionWireBytes {
+    /// Bytes written to the target's sockets.
+    pub sent: u64,
+    /// Bytes read from them.
+    pub received: u64,
+    /// Times the association was re-established.
+    pub reconnects: u64,
+}
+
+/// Seconds of every measurement of [`fabric`], by kind, in the order taken.
+#[derive(Debug, Clone, Serialize)]
+pub struct FabricSeconds {
+    /// Raw sequential direct reads.
+    pub raw: Vec<f64>,
+    /// Raw direct reads with the fabric read's shape.
+    pub raw_shaped: Vec<f64>,
+    /// Raw direct reads in the fabric's streams.
+    pub raw_streams: Vec<f64>,
+    /// Fabric reads from the page-cache target.
+    pub fabric_read: Vec<f64>,
+    /// Fabric reads from the direct-I/O target.
+    pub fabric_read_direct: Vec<f64>,
+    /// Plain TCP serving the file.
+    pub tcp_loopback: Vec<f64>,
+    /// Plain TCP from cache.
+    pub tcp_loopback_cached: Vec<f64>,
+    /// Embedded EXECs.
+    pub embedded_exec: Vec<f64>,
+    /// Fabric EXECs.
+    pub fabric_exec: Vec<f64>,
+}
+
 /// The report of a run.
-fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
+fn report(rig: &Rig, s: &Samples, repeat: usize) -> FabricReport {
     let size = rig.size;
     let rate = |v: &[f64]| gbps(size, median(&mut v.to_vec()));
     let (r, fr, e, fe) = (rate(&s.raw), rate(&s.fabric_read), rate(&s.embedded_exec), rate(&s.fabric_exec));
@@ -360,52 +492,67 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
     let within = |base: &[f64], measured: &[f64]| median(&mut base.iter().zip(measured).map(|(b, m)| b / m).collect::<Vec<f64>>());
     let paired = |raw: &[f64]| within(raw, &s.fabric_read);
     let stats = rig.session.stats();
-    json!({
-        "command": command(),
-        "size_bytes": size,
-        "repeat": repeat,
-        "raw_read_gbps": r,
-        "raw_read_shaped_gbps": rs,
-        "raw_read_streams_gbps": rst,
-        "fabric_read_gbps": fr,
-        "fabric_read_direct_gbps": frd,
-        "embedded_exec_gbps": e,
-        "fabric_exec_gbps": fe,
-        "tcp_loopback_gbps": tcp,
-        "tcp_loopback_cached_gbps": tcp_cached,
-        "fabric_read_to_raw": fr / r,
-        "fabric_read_to_raw_shaped": fr / rs,
-        "fabric_read_to_raw_paired": paired(&s.raw),
-        "fabric_read_to_raw_shaped_paired": paired(&s.raw_shaped),
-        "fabric_read_to_raw_streams": fr / rst,
-        "fabric_read_to_raw_streams_paired": paired(&s.raw_streams),
-        "fabric_read_direct_to_raw": frd / r,
-        "fabric_read_direct_to_raw_paired": within(&s.raw, &s.fabric_read_direct),
-        "fabric_read_to_direct_paired": within(&s.fabric_read_direct, &s.fabric_read),
-        "fabric_read_to_tcp": fr / tcp,
-        "fabric_read_to_tcp_cached": fr / tcp_cached,
-        "fabric_exec_to_embedded": fe / e,
-        "fabric_exec_to_embedded_paired": within(&s.embedded_exec, &s.fabric_exec),
-        "fabric_exec_wire_bytes": s.wire.iter().copied().max().unwrap_or(0),
-        "digest": s.digests.first().map(digest).unwrap_or_default(),
-        "requests": {
-            "raw_read_bytes": RAW_IO, "raw_queue_depth": 1,
-            "fabric_read_bytes": READ_IO, "fabric_queue_depth": QUEUE_DEPTH, "io_queues": IO_QUEUES,
-            "exec_extents": EXTENTS, "max_transfer_bytes": rig.session.max_transfer(),
+    let in_memory = rig.backing.is_in_memory();
+    FabricReport {
+        command: command(),
+        size_bytes: size,
+        repeat,
+        raw_read_gbps: r,
+        raw_read_shaped_gbps: rs,
+        raw_read_streams_gbps: rst,
+        fabric_read_gbps: fr,
+        fabric_read_direct_gbps: frd,
+        embedded_exec_gbps: e,
+        fabric_exec_gbps: fe,
+        tcp_loopback_gbps: tcp,
+        tcp_loopback_cached_gbps: tcp_cached,
+        fabric_read_to_raw: fr / r,
+        fabric_read_to_raw_shaped: fr / rs,
+        fabric_read_to_raw_paired: paired(&s.raw),
+        fabric_read_to_raw_shaped_paired: paired(&s.raw_shaped),
+        fabric_read_to_raw_streams: fr / rst,
+        fabric_read_to_raw_streams_paired: paired(&s.raw_streams),
+        fabric_read_direct_to_raw: frd / r,
+        fabric_read_direct_to_raw_paired: within(&s.raw, &s.fabric_read_direct),
+        fabric_read_to_direct_paired: within(&s.fabric_read_direct, &s.fabric_read),
+        fabric_read_to_tcp: fr / tcp,
+        fabric_read_to_tcp_cached: fr / tcp_cached,
+        fabric_exec_to_embedded: fe / e,
+        fabric_exec_to_embedded_paired: within(&s.embedded_exec, &s.fabric_exec),
+        fabric_exec_wire_bytes: s.wire.iter().copied().max().unwrap_or(0),
+        digest: s.digests.first().map(digest).unwrap_or_default(),
+        requests: FabricRequests {
+            raw_read_bytes: RAW_IO,
+            raw_queue_depth: 1,
+            fabric_read_bytes: READ_IO,
+            fabric_queue_depth: QUEUE_DEPTH,
+            io_queues: IO_QUEUES,
+            exec_extents: EXTENTS,
+            max_transfer_bytes: rig.session.max_transfer(),
         },
-        "session_wire_bytes": {"sent": stats.bytes_sent, "received": stats.bytes_received, "reconnects": stats.reconnects},
-        "seconds": {"raw": s.raw, "raw_shaped": s.raw_shaped, "raw_streams": s.raw_streams, "fabric_read": s.fabric_read, "fabric_read_direct": s.fabric_read_direct, "tcp_loopback": s.tcp, "tcp_loopback_cached": s.tcp_cached, "embedded_exec": s.embedded_exec, "fabric_exec": s.fabric_exec},
-        "machine": machine(),
-        "direct_io": rig.backing.is_direct(),
-        "in_memory": rig.backing.is_in_memory(),
-        "transport": "NVMe/TCP over loopback to an in-process insitu target, no digests",
-        "host_reads": if rig.backing.is_in_memory() {
+        session_wire_bytes: SessionWireBytes { sent: stats.bytes_sent, received: stats.bytes_received, reconnects: stats.reconnects },
+        seconds: FabricSeconds {
+            raw: s.raw.clone(),
+            raw_shaped: s.raw_shaped.clone(),
+            raw_streams: s.raw_streams.clone(),
+            fabric_read: s.fabric_read.clone(),
+            fabric_read_direct: s.fabric_read_direct.clone(),
+            tcp_loopback: s.tcp.clone(),
+            tcp_loopback_cached: s.tcp_cached.clone(),
+            embedded_exec: s.embedded_exec.clone(),
+            fabric_exec: s.fabric_exec.clone(),
+        },
+        machine: machine(),
+        direct_io: rig.backing.is_direct(),
+        in_memory,
+        transport: "NVMe/TCP over loopback to an in-process insitu target, no digests",
+        host_reads: if in_memory {
             "page cache (sendfile), by both targets: media in memory is always sent from it"
         } else {
             "page cache (sendfile); fabric_read_direct_*: direct I/O (--direct-reads)"
         },
-        "model": "none (real speed of this machine)",
-    })
+        model: REAL_SPEED,
+    }
 }
 
 /// Runs the fabric benchmark: writes a file of random bytes, serves it from an in-process
@@ -428,7 +575,7 @@ fn report(rig: &Rig, s: &Samples, repeat: usize) -> Json {
 /// ratios `fabric_exec_to_embedded_paired`), `fabric_exec_wire_bytes` and the seconds of every
 /// measurement. Odd rounds measure in the reverse order. Fails if the fabric returns other bytes than the file or the EXEC results
 /// disagree; [`fabric_wire_check`] then tells whether the EXEC kept the data off the wire.
-pub fn fabric(opts: &FabricOptions) -> Result<Json, Error> {
+pub fn fabric(opts: &FabricOptions) -> Result<FabricReport, Error> {
     let (size, repeat) = (opts.size, opts.repeat.max(1));
     if size < RAW_IO as u64 || !size.is_multiple_of(4096) {
         return Err(format!("--size {size}: give at least 1M, a multiple of 4K, e.g. --size 1G").into());
@@ -454,8 +601,8 @@ pub fn fabric(opts: &FabricOptions) -> Result<Json, Error> {
 
 /// Fails if a fabric EXEC in `report` (from [`fabric`]) moved 1 MiB or more on the wire:
 /// the data, not just the descriptor and result, crossed the fabric.
-pub fn fabric_wire_check(report: &Json) -> Result<(), Error> {
-    let wire_max = report["fabric_exec_wire_bytes"].as_u64().unwrap_or(0);
+pub fn fabric_wire_check(report: &FabricReport) -> Result<(), Error> {
+    let wire_max = report.fabric_exec_wire_bytes;
     if wire_max >= WIRE_LIMIT {
         return Err(format!("a fabric EXEC moved {wire_max} bytes on the wire, over the {WIRE_LIMIT}-byte bound: the data is crossing the fabric").into());
     }
@@ -484,15 +631,22 @@ mod tests {
     fn fabric_and_embedded_agree_on_a_small_file() {
         let dir = tempfile::tempdir().unwrap();
         let out = fabric(&FabricOptions { size: 2 << 20, repeat: 1, dir: Some(dir.path().to_path_buf()) }).unwrap();
-        assert!(fabric_wire_check(&out).is_ok(), "{out}");
-        assert_eq!(out["size_bytes"], 2 << 20);
+        assert!(fabric_wire_check(&out).is_ok(), "{out:?}");
+        assert_eq!(out.size_bytes, 2 << 20);
         // One round: its paired ratio is the ratio of the rates.
-        let (paired, plain) = (out["fabric_read_to_raw_paired"].as_f64().unwrap(), out["fabric_read_to_raw"].as_f64().unwrap());
+        let (paired, plain) = (out.fabric_read_to_raw_paired, out.fabric_read_to_raw);
         assert!(paired > 0.0 && (paired - plain).abs() < 1e-9 * plain, "{paired} vs {plain}");
-        let (paired, plain) = (out["fabric_exec_to_embedded_paired"].as_f64().unwrap(), out["fabric_exec_to_embedded"].as_f64().unwrap());
+        let (paired, plain) = (out.fabric_exec_to_embedded_paired, out.fabric_exec_to_embedded);
         assert!(paired > 0.0 && (paired - plain).abs() < 1e-9 * plain, "{paired} vs {plain}");
-        for key in ["raw_read_streams_gbps", "fabric_read_to_raw_streams", "fabric_read_to_raw_streams_paired", "tcp_loopback_gbps", "fabric_read_to_tcp"] {
-            assert!(out[key].as_f64().is_some_and(|x| x > 0.0), "{key} in {out}");
+        let positive = [
+            ("raw_read_streams_gbps", out.raw_read_streams_gbps),
+            ("fabric_read_to_raw_streams", out.fabric_read_to_raw_streams),
+            ("fabric_read_to_raw_streams_paired", out.fabric_read_to_raw_streams_paired),
+            ("tcp_loopback_gbps", out.tcp_loopback_gbps),
+            ("fabric_read_to_tcp", out.fabric_read_to_tcp),
+        ];
+        for (key, x) in positive {
+            assert!(x > 0.0, "{key} in {out:?}");
         }
         assert!(!dir.path().join("fabric.img").exists(), "the work file is removed");
     }

@@ -11,7 +11,7 @@
 
 use crate::dataset::Rng;
 use crate::Error;
-use serde_json::{json, Value as Json};
+use serde::Serialize;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
@@ -127,20 +127,48 @@ pub(crate) struct Found {
     mismatches: u64,
 }
 
-/// Seconds of each step.
-#[derive(Debug, Default)]
-pub(crate) struct Steps {
-    load_reference: f64,
-    index: f64,
-    save_index: f64,
-    load_index: f64,
-    match_target: f64,
+/// Seconds of each step of the genome job.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GenomeSteps {
+    /// Reading the reference sequence.
+    pub load_reference: f64,
+    /// Indexing its k-mers.
+    pub index: f64,
+    /// Filing the index.
+    pub save_index: f64,
+    /// Reading the index back.
+    pub load_index: f64,
+    /// Streaming the target sequence and matching every read.
+    pub match_target: f64,
+}
+
+/// The genome job's run on one stack, in [`KvReport::genome`](crate::KvReport::genome).
+#[derive(Debug, Clone, Serialize)]
+pub struct GenomeRun {
+    /// The stack.
+    pub system: String,
+    /// Seconds of the whole job.
+    pub seconds: f64,
+    /// Reads in the target sequence.
+    pub reads: u64,
+    /// Reads matched against the reference.
+    pub matched: u64,
+    /// Substitutions over all matched reads.
+    pub mismatches: u64,
+    /// Reads per second of the whole job.
+    pub reads_per_s: f64,
+    /// Size of the reference file, bytes.
+    pub reference_bytes: usize,
+    /// Size of the target file, bytes.
+    pub target_bytes: usize,
+    /// Seconds of each step.
+    pub steps_seconds: GenomeSteps,
 }
 
 /// Runs the job over `files` (holding `reference.fa` and `target.seq`); returns what it
 /// found, its steps' seconds and the whole job's seconds.
-pub(crate) fn run(files: &mut dyn Files) -> Result<(Found, Steps, f64), Error> {
-    let mut steps = Steps::default();
+pub(crate) fn run(files: &mut dyn Files) -> Result<(Found, GenomeSteps, f64), Error> {
+    let mut steps = GenomeSteps::default();
     let started = Instant::now();
     // 1. The reference's bases, without its header and newlines.
     let mut bases = Vec::new();
@@ -256,14 +284,18 @@ fn best_match(read: &[u8], bases: &[u8], index: &Index) -> Option<u32> {
 }
 
 /// The job's report for one stack.
-pub(crate) fn report(found: &Found, steps: &Steps, secs: f64, data: &GenomeData) -> Json {
-    json!({
-        "seconds": secs,
-        "reads": found.reads, "matched": found.matched, "mismatches": found.mismatches,
-        "reads_per_s": found.reads as f64 / secs.max(1e-9),
-        "reference_bytes": data.reference.len(), "target_bytes": data.target.len(),
-        "steps_seconds": {"load_reference": steps.load_reference, "index": steps.index, "save_index": steps.save_index, "load_index": steps.load_index, "match_target": steps.match_target},
-    })
+pub(crate) fn report(system: &str, found: &Found, steps: &GenomeSteps, secs: f64, data: &GenomeData) -> GenomeRun {
+    GenomeRun {
+        system: system.to_string(),
+        seconds: secs,
+        reads: found.reads,
+        matched: found.matched,
+        mismatches: found.mismatches,
+        reads_per_s: found.reads as f64 / secs.max(1e-9),
+        reference_bytes: data.reference.len(),
+        target_bytes: data.target.len(),
+        steps_seconds: steps.clone(),
+    }
 }
 
 /// Puts the inputs on a stack.

@@ -11,14 +11,14 @@
 //! agree. The report has one row per engine and shape (`engine`, `chunk_bytes`, `depth`,
 //! `gbps`) and the best io_uring shape's ratio to the EXEC (`best_uring_to_exec`).
 
-use crate::common::{command, drop_caches, gbps, machine, median, Work};
+use crate::common::{command, drop_caches, gbps, machine, median, Machine, Work};
 use crate::dataset::Rng;
 use insitu_image::human;
 use crate::Error;
 use insitu_media::{Backing, ReadPurpose, UringScanner};
 use insitu_engine::{NamespaceConfig, Engine};
 use insitu_wire::{Descriptor, ExecResult, Extent, VirtualObject, SECTOR};
-use serde_json::{json, Value as Json};
+use serde::Serialize;
 use std::fs::File;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -38,8 +38,55 @@ pub struct IoEngineOptions {
     pub dir: Option<PathBuf>,
 }
 
+/// The report of [`io_engine`].
+#[derive(Debug, Clone, Serialize)]
+pub struct IoEngineReport {
+    /// The command line that ran it.
+    pub command: String,
+    /// Bytes scanned per measurement.
+    pub size_bytes: u64,
+    /// Measurements of each kind.
+    pub repeat: usize,
+    /// Whether the io_uring scans bypassed the page cache.
+    pub direct_io: bool,
+    /// The kernel every engine computes: crc32c.
+    pub kernel: &'static str,
+    /// One row per engine and shape: the EXEC first, then each io_uring shape.
+    pub results: Vec<IoEngineRow>,
+    /// The best io_uring shape's rate over the EXEC's.
+    pub best_uring_to_exec: f64,
+    /// The crc32c every engine computed, as hex.
+    pub digest: String,
+    /// Seconds of every measurement.
+    pub seconds: IoEngineSeconds,
+    /// The machine it ran on.
+    pub machine: Machine,
+}
+
+/// One engine and shape of [`IoEngineReport::results`].
+#[derive(Debug, Clone, Serialize)]
+pub struct IoEngineRow {
+    /// `EXEC crc32c, end to end` or `io_uring`.
+    pub engine: &'static str,
+    /// Bytes per read.
+    pub chunk_bytes: usize,
+    /// Reads in flight.
+    pub depth: usize,
+    /// Median rate, GB/s.
+    pub gbps: f64,
+}
+
+/// Seconds of every measurement of [`io_engine`], in the order taken.
+#[derive(Debug, Clone, Serialize)]
+pub struct IoEngineSeconds {
+    /// The embedded EXECs.
+    pub exec: Vec<f64>,
+    /// The io_uring scans, one list per shape of [`IoEngineReport::results`] after the EXEC.
+    pub io_uring: Vec<Vec<f64>>,
+}
+
 /// Runs the benchmark; see the module docs.
-pub fn io_engine(opts: &IoEngineOptions) -> Result<Json, Error> {
+pub fn io_engine(opts: &IoEngineOptions) -> Result<IoEngineReport, Error> {
     let (size, repeat) = (opts.size, opts.repeat.max(1));
     if size < 4 << 20 || !size.is_multiple_of(4096) {
         return Err(format!("--size {size}: give at least 4M, a multiple of 4K, e.g. --size 1G").into());
@@ -85,25 +132,25 @@ pub fn io_engine(opts: &IoEngineOptions) -> Result<Json, Error> {
     }
     let today = gbps(size, median(&mut exec_secs.clone()));
     // The EXEC's own read path: 2 MiB chunks, 4 in flight (the target's stream constants).
-    let mut rows = vec![json!({"engine": "EXEC crc32c, end to end", "chunk_bytes": 2 << 20, "depth": 4, "gbps": today})];
+    let mut rows = vec![IoEngineRow { engine: "EXEC crc32c, end to end", chunk_bytes: 2 << 20, depth: 4, gbps: today }];
     let mut best = 0f64;
     for (&(chunk, depth), secs) in SHAPES.iter().zip(&uring_secs) {
         let r = gbps(size, median(&mut secs.clone()));
         best = best.max(r);
-        rows.push(json!({"engine": "io_uring", "chunk_bytes": chunk, "depth": depth, "gbps": r}));
+        rows.push(IoEngineRow { engine: "io_uring", chunk_bytes: chunk, depth, gbps: r });
     }
-    let report = json!({
-        "command": command(),
-        "size_bytes": size,
-        "repeat": repeat,
-        "direct_io": media.is_direct(),
-        "kernel": "crc32c",
-        "results": rows,
-        "best_uring_to_exec": best / today,
-        "digest": digests[0].1,
-        "seconds": {"exec": exec_secs, "io_uring": uring_secs},
-        "machine": machine(),
-    });
+    let report = IoEngineReport {
+        command: command(),
+        size_bytes: size,
+        repeat,
+        direct_io: media.is_direct(),
+        kernel: "crc32c",
+        results: rows,
+        best_uring_to_exec: best / today,
+        digest: digests[0].1.clone(),
+        seconds: IoEngineSeconds { exec: exec_secs, io_uring: uring_secs },
+        machine: machine(),
+    };
     drop(work);
     Ok(report)
 }
@@ -119,8 +166,8 @@ mod tests {
             Err(e) if e.to_string().contains("io_uring is not available") => return,
             r => r.unwrap(),
         };
-        assert_eq!(r["results"].as_array().unwrap().len(), 1 + SHAPES.len());
-        assert!(r["best_uring_to_exec"].as_f64().unwrap() > 0.0);
-        assert_eq!(r["digest"].as_str().unwrap().len(), 8);
+        assert_eq!(r.results.len(), 1 + SHAPES.len());
+        assert!(r.best_uring_to_exec > 0.0);
+        assert_eq!(r.digest.len(), 8);
     }
 }

@@ -28,10 +28,10 @@
 //! `syscall`'s loop device is throttled by the kernel to its rates ([`crate::throttle`],
 //! which cannot add its per-request latency: see there).
 
-use crate::common::{command, drop_caches, machine, Work};
-use crate::genome::{self, Files};
+use crate::common::{command, drop_caches, machine, Machine, Work};
+use crate::genome::{self, Files, GenomeRun};
 use insitu_image::{Fs as MkFs, Scratch};
-use crate::model::{drive_json, parse_drive, parse_link};
+use crate::model::{parse_drive, parse_link, DriveReport};
 use crate::throttle::{device_of, FlushPaced, Limits, Throttle};
 use crate::dbbench::{db_bench_key, DbBench, DB_BENCH_VALUE_SIZES as DB_VALUES};
 use crate::ycsb::{Op, Workload, Ycsb, YcsbConfig, FIELD_LEN};
@@ -41,8 +41,8 @@ use insitu_accelfs::{BlockDevice, FileDevice, Fs};
 use insitu_kvstore::{KvStore, KvStoreError, PacedDevice};
 use insitu_model::DeviceModel;
 use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
-use serde_json::{json, Value as Json};
-use std::collections::HashMap;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -75,6 +75,151 @@ pub struct KvBenchOptions {
     pub genome_reference_bases: usize,
     /// Bytes of the genome job's target sequence (100-base reads). Default 256 MiB.
     pub genome_target_bytes: usize,
+}
+
+/// The report of [`kv`].
+#[derive(Debug, Clone, Serialize)]
+pub struct KvReport {
+    /// The command line that ran it.
+    pub command: String,
+    /// YCSB records loaded.
+    pub records: u64,
+    /// Operations per workload.
+    pub operations: u64,
+    /// Workloads asked for.
+    pub workloads: Vec<String>,
+    /// Stacks asked for.
+    pub systems: Vec<String>,
+    /// The redirection stack's link, as given.
+    pub link: String,
+    /// The drive model, as given.
+    pub drive: String,
+    /// The drive model with its derived rates (its own host link dropped); `None` (null)
+    /// for real speed.
+    pub drive_model: Option<DriveReport>,
+    /// How each stack run follows the drive model.
+    pub drive_applied: DriveApplied,
+    /// The engine every stack runs, in words.
+    pub engine: String,
+    /// The YCSB parameters.
+    pub ycsb: YcsbParams,
+    /// The db_bench parameters.
+    pub db_bench: DbBenchParams,
+    /// One row per workload and stack, in the order run.
+    pub results: Vec<KvRow>,
+    /// The genome job, one run per stack.
+    pub genome: Vec<GenomeRun>,
+    /// Per workload (and `genome`), how much faster direct was than each baseline.
+    pub ratios: BTreeMap<String, KvRatios>,
+    /// Every value read was checked against what was written.
+    pub verified: bool,
+    /// The machine it ran on.
+    pub machine: Machine,
+}
+
+/// How each stack follows the drive model ([`KvReport::drive_applied`]); a stack not run
+/// is absent.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DriveApplied {
+    /// The direct stack.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direct: Option<StackPacing>,
+    /// The redirection stack.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redirect: Option<StackPacing>,
+    /// The system-call stack.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub syscall: Option<StackPacing>,
+}
+
+/// How one stack follows the drive model.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum StackPacing {
+    /// In words (a string in the JSON).
+    Note(&'static str),
+    /// The system-call stack on a drive with flash: the kernel's block throttle and the
+    /// model's flushes.
+    Kernel {
+        /// The throttle on the loop device.
+        kernel_throttle: KernelThrottle,
+        /// What each fsync costs, in words.
+        flush: &'static str,
+    },
+}
+
+/// The kernel's throttle on the system-call stack's loop device.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum KernelThrottle {
+    /// Applied at these rates.
+    Applied(Limits),
+    /// Not applied, and why.
+    NotApplied {
+        /// Why the kernel could not throttle the device.
+        not_applied: String,
+    },
+}
+
+/// The YCSB parameters of [`KvReport::ycsb`].
+#[derive(Debug, Clone, Serialize)]
+pub struct YcsbParams {
+    /// Fields per record.
+    pub field_count: usize,
+    /// Bytes per field.
+    pub field_bytes: usize,
+    /// The Zipfian constant of the request distribution.
+    pub zipfian_constant: f64,
+    /// Bytes per key.
+    pub key_bytes: usize,
+    /// Records per load transaction.
+    pub load_batch: usize,
+}
+
+/// The db_bench parameters of [`KvReport::db_bench`].
+#[derive(Debug, Clone, Serialize)]
+pub struct DbBenchParams {
+    /// Value sizes, each run in turn.
+    pub value_bytes: Vec<usize>,
+    /// Bytes per key.
+    pub key_bytes: usize,
+    /// Entries per fill.
+    pub entries: u64,
+    /// Entries per chunk of readseq.
+    pub readseq_chunk: usize,
+}
+
+/// One workload on one stack ([`KvReport::results`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct KvRow {
+    /// The workload: `a`..`f`, or a db_bench phase with its value size (`fillseq-100`).
+    pub workload: String,
+    /// The stack.
+    pub system: String,
+    /// Operations per second.
+    pub ops_per_s: f64,
+    /// Median latency, µs.
+    pub p50_us: f64,
+    /// 99th-percentile latency, µs.
+    pub p99_us: f64,
+    /// Operations timed.
+    pub operations: u64,
+    /// Seconds of the phase.
+    pub seconds: f64,
+    /// Reads of keys that were (rightly) absent.
+    pub not_found: u64,
+}
+
+/// How much better direct did than each baseline measured ([`KvReport::ratios`]); a
+/// baseline not measured is absent.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct KvRatios {
+    /// Over the redirection stack.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direct_to_redirect: Option<f64>,
+    /// Over the system-call stack.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direct_to_syscall: Option<f64>,
 }
 
 /// Every workload name, in the order they run.
@@ -328,15 +473,19 @@ struct Phase {
 }
 
 impl Phase {
-    fn row(&mut self, workload: &str, system: &str) -> Json {
+    fn row(&mut self, workload: &str, system: &str) -> KvRow {
         self.lat_us.sort_by(f64::total_cmp);
         let pct = |p: f64| self.lat_us.get(((self.lat_us.len() as f64 * p) as usize).min(self.lat_us.len().saturating_sub(1))).copied().unwrap_or(f64::NAN);
-        json!({
-            "workload": workload, "system": system,
-            "ops_per_s": self.ops as f64 / self.secs.max(1e-9),
-            "p50_us": pct(0.50), "p99_us": pct(0.99),
-            "operations": self.ops, "seconds": self.secs, "not_found": self.not_found,
-        })
+        KvRow {
+            workload: workload.to_string(),
+            system: system.to_string(),
+            ops_per_s: self.ops as f64 / self.secs.max(1e-9),
+            p50_us: pct(0.50),
+            p99_us: pct(0.99),
+            operations: self.ops,
+            seconds: self.secs,
+            not_found: self.not_found,
+        }
     }
 }
 
@@ -541,20 +690,18 @@ fn ycsb_all(stack: &mut dyn Stack, system: &str, workloads: &[Workload], opts: &
     Ok(out)
 }
 
-/// `{"direct_to_redirect": .., "direct_to_syscall": ..}` for the baselines measured, from
-/// each stack's `value` and how much better direct is (`better(direct, baseline)`); `None`
-/// without a direct measurement.
-fn versus_baselines(value: impl Fn(&str) -> Option<f64>, better: impl Fn(f64, f64) -> f64) -> Option<Json> {
+/// How much better direct did than each baseline measured, from each stack's `value` and
+/// `better(direct, baseline)`; `None` without a direct measurement.
+fn versus_baselines(value: impl Fn(&str) -> Option<f64>, better: impl Fn(f64, f64) -> f64) -> Option<KvRatios> {
     let d = value("direct")?;
-    let r: serde_json::Map<String, Json> = ["redirect", "syscall"].iter().filter_map(|b| value(b).map(|v| (format!("direct_to_{b}"), json!(better(d, v))))).collect();
-    Some(Json::Object(r))
+    Some(KvRatios { direct_to_redirect: value("redirect").map(|v| better(d, v)), direct_to_syscall: value("syscall").map(|v| better(d, v)) })
 }
 
 /// Runs the key-value benchmark. Every row of `results` has `workload`, `system`,
 /// `ops_per_s`, `p50_us`, `p99_us`; `genome` has the genome job's seconds (whole and per
 /// step) and findings per stack; `ratios` gives, per workload, direct's throughput over each
 /// baseline's (for `genome`, the baseline's time over direct's). Fails when a stack returns a value that was not written.
-pub fn kv(opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Json, Error> {
+pub fn kv(opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<KvReport, Error> {
     for w in &opts.workloads {
         if !KV_WORKLOADS.contains(&w.as_str()) {
             return Err(format!("--workloads: unknown workload {w:?}; known: {}", KV_WORKLOADS.join(",")).into());
@@ -573,7 +720,7 @@ pub fn kv(opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Json,
     let drive_name = opts.drive.clone().unwrap_or_else(|| KV_DEFAULT_DRIVE.into());
     // The drive's own host link is not used: the fabric's link is `link`.
     let drive = parse_drive(&drive_name)?.map(|d| DeviceModel { link: None, ..d });
-    let mut applied = serde_json::Map::new();
+    let mut applied = DriveApplied::default();
     let ycsb: Vec<Workload> = KV_WORKLOADS[..6].iter().filter(|w| opts.workloads.iter().any(|x| x == *w)).map(|w| w.parse().expect("a YCSB workload name")).collect();
     let db: Vec<&str> = opts.workloads.iter().map(String::as_str).filter(|w| w.starts_with("fill") || w.starts_with("read")).collect();
     let genome_bytes = if opts.workloads.iter().any(|w| w == "genome") { (opts.genome_target_bytes + opts.genome_reference_bases * 3) as u64 } else { 0 };
@@ -590,32 +737,33 @@ pub fn kv(opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Json,
         let (mut scratch, mut throttle) = (None, None);
         let mut stack: Box<dyn Stack> = match *system {
             "direct" => {
-                applied.insert("direct".into(), json!(if drive.is_some() { "every block booked on the drive model" } else { "real speed" }));
+                applied.direct = Some(StackPacing::Note(if drive.is_some() { "every block booked on the drive model" } else { "real speed" }));
                 Box::new(Direct::new(root.join("direct.img"), fs_bytes, drive.as_ref())?)
             }
             "redirect" => {
-                applied.insert("redirect".into(), json!(if drive.is_some() { "the target's media paced by the drive model" } else { "real speed" }));
+                applied.redirect = Some(StackPacing::Note(if drive.is_some() { "the target's media paced by the drive model" } else { "real speed" }));
                 Box::new(redirect(&root, fs_bytes, drive.as_ref(), link.clone())?)
             }
             _ => {
                 let s = Scratch::new(Some(root.join("syscall")), "kv-syscall", fs_bytes, MkFs::Ext4)?;
-                let (mut flush_model, mut how) = (None, json!("real speed"));
+                let (mut flush_model, mut how) = (None, StackPacing::Note("real speed"));
                 if let Some(d) = drive.as_ref().filter(|d| d.flash.is_some()) {
                     let limits = Limits::of(d.flash.as_ref().expect("filtered"));
                     flush_model = Some(Arc::new(d.pacer(fs_bytes).map_err(|e| format!("drive model: {e}"))?));
-                    how = match device_of(&s.mnt).and_then(|dev| Throttle::apply(dev, limits)) {
+                    let kernel_throttle = match device_of(&s.mnt).and_then(|dev| Throttle::apply(dev, limits)) {
                         Ok(t) => {
                             throttle = Some(t);
-                            json!({"kernel_throttle": limits.to_json(), "flush": "each fsync lasts the model's flush"})
+                            KernelThrottle::Applied(limits)
                         }
                         Err(why) => {
                             progress(&format!("syscall: the kernel cannot throttle the loop device ({why}); only flushes follow the drive model"));
-                            json!({"kernel_throttle": {"not_applied": why}, "flush": "each fsync lasts the model's flush"})
+                            KernelThrottle::NotApplied { not_applied: why }
                         }
                     };
+                    how = StackPacing::Kernel { kernel_throttle, flush: "each fsync lasts the model's flush" };
                 }
                 let m = Mounted::new(s.mnt.clone(), flush_model);
-                applied.insert("syscall".into(), how);
+                applied.syscall = Some(how);
                 scratch = Some(s);
                 Box::new(m)
             }
@@ -631,14 +779,13 @@ pub fn kv(opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Json,
             stack.cold()?;
             let (found, steps, secs) = genome::run(stack.as_mut())?;
             progress(&format!("{system} genome: {secs:.2} s"));
-            let mut r = genome::report(&found, &steps, secs, data);
+            let r = genome::report(system, &found, &steps, secs, data);
             if let Some(first) = genome_found.first() {
                 if *first != found {
                     return Err(format!("the genome job found {found:?} on {system} but {first:?} on the first stack: a stack corrupts data").into());
                 }
             }
             genome_found.push(found);
-            r["system"] = json!(system);
             genome_rows.push(r);
         }
         drop(stack);
@@ -646,12 +793,12 @@ pub fn kv(opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Json,
         drop(scratch);
     }
     let _ = std::fs::remove_dir(root.join("syscall"));
-    let mut ratios = serde_json::Map::new();
-    let rate = |w: &str, s: &str| rows.iter().find(|r| r["workload"] == w && r["system"] == s).and_then(|r| r["ops_per_s"].as_f64());
+    let mut ratios = BTreeMap::new();
+    let rate = |w: &str, s: &str| rows.iter().find(|r| r.workload == w && r.system == s).map(|r| r.ops_per_s);
     let mut names: Vec<&str> = Vec::new();
-    for w in rows.iter().filter_map(|r| r["workload"].as_str()) {
-        if !names.contains(&w) {
-            names.push(w);
+    for r in &rows {
+        if !names.contains(&r.workload.as_str()) {
+            names.push(&r.workload);
         }
     }
     for w in names {
@@ -659,27 +806,52 @@ pub fn kv(opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Json,
             ratios.insert(w.to_string(), r);
         }
     }
-    let secs = |s: &str| genome_rows.iter().find(|r| r["system"] == s).and_then(|r| r["seconds"].as_f64());
+    let secs = |s: &str| genome_rows.iter().find(|r| r.system == s).map(|r| r.seconds);
     if let Some(r) = versus_baselines(secs, |direct, base| base / direct) {
         ratios.insert("genome".into(), r);
     }
-    Ok(json!({
-        "command": command(),
-        "records": opts.records,
-        "operations": opts.operations,
-        "workloads": opts.workloads,
-        "systems": opts.systems,
-        "link": link_name,
-        "drive": drive_name,
-        "drive_model": drive_json(drive.as_ref()),
-        "drive_applied": applied,
-        "engine": format!("redb {} with a {} MiB cache, every change durable before it returns", "4", insitu_kvstore::CACHE_BYTES >> 20),
-        "ycsb": {"field_count": crate::ycsb::FIELD_COUNT, "field_bytes": FIELD_LEN, "zipfian_constant": 0.99, "key_bytes": 16, "load_batch": LOAD_BATCH},
-        "db_bench": {"value_bytes": DB_VALUES, "key_bytes": 16, "entries": opts.operations, "readseq_chunk": SCAN_CHUNK},
-        "results": rows,
-        "genome": genome_rows,
-        "ratios": ratios,
-        "verified": true,
-        "machine": machine(),
-    }))
+    Ok(KvReport {
+        command: command(),
+        records: opts.records,
+        operations: opts.operations,
+        workloads: opts.workloads.clone(),
+        systems: opts.systems.clone(),
+        link: link_name,
+        drive: drive_name,
+        drive_model: drive.as_ref().map(DriveReport::new),
+        drive_applied: applied,
+        engine: format!("redb {} with a {} MiB cache, every change durable before it returns", "4", insitu_kvstore::CACHE_BYTES >> 20),
+        ycsb: YcsbParams { field_count: crate::ycsb::FIELD_COUNT, field_bytes: FIELD_LEN, zipfian_constant: 0.99, key_bytes: 16, load_batch: LOAD_BATCH },
+        db_bench: DbBenchParams { value_bytes: DB_VALUES.to_vec(), key_bytes: 16, entries: opts.operations, readseq_chunk: SCAN_CHUNK },
+        results: rows,
+        genome: genome_rows,
+        ratios,
+        verified: true,
+        machine: machine(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn stack_pacing_keeps_its_json_shapes() {
+        let limits = Limits { read_bps: 1, write_bps: 2, read_iops: 3, write_iops: 4 };
+        let applied = DriveApplied {
+            direct: Some(StackPacing::Note("real speed")),
+            redirect: None,
+            syscall: Some(StackPacing::Kernel { kernel_throttle: KernelThrottle::Applied(limits), flush: "f" }),
+        };
+        let want = json!({
+            "direct": "real speed",
+            "syscall": {"kernel_throttle": {"read_bps": 1, "write_bps": 2, "read_iops": 3, "write_iops": 4}, "flush": "f"},
+        });
+        assert_eq!(serde_json::to_value(&applied).unwrap(), want);
+        let refused = StackPacing::Kernel { kernel_throttle: KernelThrottle::NotApplied { not_applied: "no cgroup".into() }, flush: "f" };
+        assert_eq!(serde_json::to_value(&refused).unwrap(), json!({"kernel_throttle": {"not_applied": "no cgroup"}, "flush": "f"}));
+        let ratios = KvRatios { direct_to_redirect: None, direct_to_syscall: Some(f64::NAN) };
+        assert_eq!(serde_json::to_value(&ratios).unwrap(), json!({"direct_to_syscall": null}));
+    }
 }

@@ -23,8 +23,11 @@
 //! * [`model_check`] ([`ModelCheckOptions`]): do the emulated devices deliver their rates?
 //!
 //! Every benchmark takes an option struct whose [`Default`] is the standard run and returns
-//! a [`serde_json::Value`] report: the command line, the parameters, the models, the
-//! measurements and the machine ([`machine`]). Long benchmarks also take a `progress`
+//! a typed report ([`ScanReport`], [`FabricReport`], ...) that serialises to the JSON
+//! `insitu bench ... --json` prints: the command line, the parameters, the models
+//! ([`ModelsReport`]), the measurements and the machine ([`Machine`]). A field that may be
+//! missing is an [`Option`]: `None` is `null` in the JSON, or the key is absent where its
+//! docs say so. Long benchmarks also take a `progress`
 //! callback that receives one line of text per finished step. Failures are [`Error`]s whose
 //! message names the object and the fix.
 //!
@@ -45,7 +48,8 @@
 //!     ..Default::default()
 //! };
 //! let report = scrub_scaling(&opts, &mut |line| eprintln!("{line}"))?;
-//! println!("offload / conventional at 4 targets: {}", report["summary"]["offload_to_conventional_at_max"]);
+//! println!("offload / conventional at 4 targets: {}", report.summary.offload_to_conventional_at_max);
+//! println!("{}", serde_json::to_string_pretty(&report).unwrap());
 //! # Ok::<(), insitu_bench::Error>(())
 //! ```
 #![deny(missing_docs)]
@@ -64,15 +68,22 @@ mod throttle;
 mod ycsb;
 mod dbbench;
 
-pub use common::{command, machine};
+pub use common::{command, machine, Machine};
 pub use dataset::{generate as generate_dataset, Dataset, Rng};
-pub use exec_scaling::{exec_scaling, ExecScalingOptions};
-pub use fabric::{fabric, fabric_wire_check, FabricOptions};
-pub use io_engine::{io_engine, IoEngineOptions};
-pub use kv::{kv, KvBenchOptions, KV_DEFAULT_DRIVE, KV_SYSTEMS, KV_WORKLOADS};
+pub use exec_scaling::{exec_scaling, ExecScaling, ExecScalingOptions, ExecScalingReport, ExecScalingRow, PoolReport};
+pub use fabric::{fabric, fabric_wire_check, FabricOptions, FabricReport, FabricRequests, FabricSeconds, SessionWireBytes};
+pub use genome::{GenomeRun, GenomeSteps};
+pub use io_engine::{io_engine, IoEngineOptions, IoEngineReport, IoEngineRow, IoEngineSeconds};
+pub use kv::{kv, DbBenchParams, DriveApplied, KernelThrottle, KvBenchOptions, KvRatios, KvReport, KvRow, StackPacing, YcsbParams, KV_DEFAULT_DRIVE, KV_SYSTEMS, KV_WORKLOADS};
 pub use insitu_image::{create as create_image, human, mount as mount_image, parse_size, umount as umount_image, Fs, Scratch};
 pub use model::{break_even, latency, model_check, scrub_scaling, BreakEvenOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScrubScalingOptions};
-pub use scan::{scan, ScanOptions};
+pub use model::{BreakEvenData, BreakEvenMethod, BreakEvenReport, BreakEvenTerms, KernelBreakEven, SeriesPoint};
+pub use model::{DerivedRates, DriveReport, LinkReport, ModelsReport};
+pub use model::{LatencyModelSeconds, LatencyParts, LatencyQuery, LatencyReport, QueryTimes};
+pub use model::{ModelCheck, ModelCheckCeilings, ModelCheckMethod, ModelCheckReport};
+pub use model::{PerPath, ScrubData, ScrubMethod, ScrubPoint, ScrubReport, ScrubSummary};
+pub use scan::{scan, ScanOptions, ScanReport, ScanSeconds};
+pub use throttle::Limits as ThrottleLimits;
 pub use tcp::{tcp_loopback, Source as TcpSource, TcpLoad};
 pub use ycsb::{fnvhash64, key_for, Op, Workload, Ycsb, YcsbConfig, FIELD_COUNT, FIELD_LEN, MAX_SCAN_LEN, RECORD_LEN};
 pub use dbbench::{db_bench_key, DbBench, DbBenchValues, DB_BENCH_VALUE_SIZES};

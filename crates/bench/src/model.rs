@@ -11,8 +11,8 @@
 //!
 //! Option names follow the `insitu bench` flags, and error messages name the flags.
 //!
-//! Every JSON result records the command line, the models and their parameters, the data
-//! sizes and the machine.
+//! Every report records the command line, the models and their parameters ([`ModelsReport`]),
+//! the data sizes and the machine.
 
 mod breakeven;
 mod check;
@@ -25,14 +25,14 @@ mod rig;
 mod scrub;
 mod workload;
 
-pub use breakeven::{run as break_even, BreakEvenOptions};
-pub use check::{run as model_check, ModelCheckOptions};
-pub use latency::{run as latency, LatencyOptions};
-pub use scrub::{run as scrub_scaling, ScrubScalingOptions};
+pub use breakeven::{run as break_even, BreakEvenData, BreakEvenMethod, BreakEvenOptions, BreakEvenReport, BreakEvenTerms, KernelBreakEven, SeriesPoint};
+pub use check::{run as model_check, ModelCheck, ModelCheckCeilings, ModelCheckMethod, ModelCheckOptions, ModelCheckReport};
+pub use latency::{run as latency, LatencyModelSeconds, LatencyOptions, LatencyParts, LatencyQuery, LatencyReport, QueryTimes};
+pub use scrub::{run as scrub_scaling, PerPath, ScrubData, ScrubMethod, ScrubPoint, ScrubReport, ScrubScalingOptions, ScrubSummary};
 
 use crate::Error;
 use insitu_model::{DeviceModel, LinkConfig, LINK_NAMES};
-use serde_json::{json, Value};
+use serde::Serialize;
 
 /// The drive and link every emulated-drive benchmark runs on. `None` fields take the
 /// benchmark's default, given in its options.
@@ -92,14 +92,71 @@ pub(crate) fn parse_link(s: &str) -> Result<Option<LinkConfig>, Error> {
     }
 }
 
-/// The models as JSON: the drive with its derived rates, and the link.
-pub(crate) fn models_json(m: &Models) -> Value {
-    json!({"drive": drive_json(m.drive.as_ref()), "link": {"name": m.link_name, "config": m.link}})
+/// The drive and link a benchmark ran on, in its report.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelsReport {
+    /// The drive model with its derived rates; `None` (null) for real speed.
+    pub drive: Option<DriveReport>,
+    /// The link.
+    pub link: LinkReport,
 }
 
-/// A drive model as JSON, with its derived rates; `null` for none.
-pub(crate) fn drive_json(d: Option<&DeviceModel>) -> Value {
-    d.map_or(Value::Null, |d| serde_json::from_str(&d.to_json()).unwrap_or(Value::Null))
+/// A drive model in a report: the model's own fields and its derived rates, as
+/// [`DeviceModel::to_json`] writes them.
+#[derive(Debug, Clone, Serialize)]
+pub struct DriveReport {
+    /// The model.
+    #[serde(flatten)]
+    pub model: DeviceModel,
+    /// The rates the model implies.
+    pub derived: DerivedRates,
+}
+
+/// The rates a drive model implies, MB/s; `None` (null) where it has no flash model.
+#[derive(Debug, Clone, Serialize)]
+pub struct DerivedRates {
+    /// Sequential read of the flash back-end ([`DeviceModel::flash_read_mb_s`]).
+    pub flash_read_mb_s: Option<f64>,
+    /// Sequential write of the flash back-end.
+    pub flash_write_mb_s: Option<f64>,
+    /// Sequential read seen by the offload engine ([`DeviceModel::internal_read_mb_s`]).
+    pub internal_read_mb_s: Option<f64>,
+    /// Sequential read seen by the host ([`DeviceModel::host_read_mb_s`]).
+    pub host_read_mb_s: Option<f64>,
+}
+
+impl DriveReport {
+    /// The report of `model`.
+    pub fn new(model: &DeviceModel) -> DriveReport {
+        let derived = DerivedRates {
+            flash_read_mb_s: model.flash_read_mb_s(),
+            flash_write_mb_s: model.flash.as_ref().map(insitu_model::FlashConfig::seq_write_mb_s),
+            internal_read_mb_s: model.internal_read_mb_s(),
+            host_read_mb_s: model.host_read_mb_s(),
+        };
+        DriveReport { model: model.clone(), derived }
+    }
+}
+
+/// The link of [`ModelsReport`].
+#[derive(Debug, Clone, Serialize)]
+pub struct LinkReport {
+    /// As given: a name, a rate in MB/s, or `none`.
+    pub name: String,
+    /// Its rate and latency; `None` (null) for no link model.
+    pub config: Option<LinkConfig>,
+}
+
+impl ModelsReport {
+    /// The report of resolved models.
+    pub(crate) fn new(m: &Models) -> ModelsReport {
+        ModelsReport { drive: m.drive.as_ref().map(DriveReport::new), link: LinkReport { name: m.link_name.clone(), config: m.link.clone() } }
+    }
+
+    /// The drive model's name, or `none (real speed)`.
+    pub fn drive_name(&self) -> &str {
+        self.drive.as_ref().map_or("none (real speed)", |d| d.model.name.as_str())
+    }
 }
 
 #[cfg(test)]
@@ -119,5 +176,20 @@ mod tests {
         let e = parse_link("token-ring").unwrap_err().to_string();
         assert!(e.contains("token-ring") && e.contains("40gbe") && e.contains("none"), "{e}");
         assert!(parse_drive("floppy").unwrap_err().to_string().contains("newport"));
+    }
+
+    #[test]
+    fn drive_reports_are_the_models_own_json() {
+        let mut models = insitu_model::presets();
+        models.push(insitu_model::custom(500.0).unwrap());
+        models.push(DeviceModel { flash: None, ..models[0].clone() });
+        // Both texts parsed the same way: equal keys, types and printed numbers. (Parsing
+        // is not exact in the last digit, so a parsed value must not be compared with one
+        // that never was text.)
+        let parse = |text: &str| serde_json::from_str::<serde_json::Value>(text).unwrap();
+        for m in models {
+            let ours = serde_json::to_string(&DriveReport::new(&m)).unwrap();
+            assert_eq!(parse(&ours), parse(&m.to_json()), "{}", m.name);
+        }
     }
 }

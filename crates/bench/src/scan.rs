@@ -3,7 +3,7 @@
 //! same blocks, with the conventional host path beside them. Every measurement starts from
 //! cold caches; kinds alternate so drift affects them alike; medians are reported.
 
-use crate::common::{command, drop_caches, gbps, machine, median};
+use crate::common::{command, drop_caches, gbps, machine, median, Machine, REAL_SPEED};
 use crate::dataset::Rng;
 use insitu_image::{Fs, Scratch};
 use crate::Error;
@@ -11,7 +11,7 @@ use insitu_host::{device, virtual_object, Mode, Offloader, Request};
 use insitu_media::{AlignedBuf, Backing, DIRECT_ALIGN};
 use insitu_engine::CHUNK;
 use insitu_wire::{ExtentKind, SECTOR};
-use serde_json::{json, Value};
+use serde::Serialize;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -29,6 +29,48 @@ pub struct ScanOptions {
     /// Work directory for the image. Default `None`: a new directory under /var/tmp,
     /// removed afterwards.
     pub dir: Option<PathBuf>,
+}
+
+/// The report of [`scan`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ScanReport {
+    /// The command line that ran it.
+    pub command: String,
+    /// The checksum function offloaded.
+    pub function: String,
+    /// Size of the scanned file, bytes.
+    pub size_bytes: u64,
+    /// Measurements of each kind.
+    pub repeat: usize,
+    /// Median rate of raw direct reads of the file's extents, GB/s.
+    pub raw_read_gbps: f64,
+    /// Median rate of the offloaded checksum, GB/s.
+    pub offload_gbps: f64,
+    /// Median rate of the conventional checksum on the host, GB/s.
+    pub conventional_gbps: f64,
+    /// `offload_gbps / raw_read_gbps`.
+    pub offload_to_raw_ratio: f64,
+    /// Extents of the scanned file.
+    pub extents: usize,
+    /// Seconds of every measurement, by kind.
+    pub seconds: ScanSeconds,
+    /// The machine it ran on.
+    pub machine: Machine,
+    /// Whether the raw reads bypassed the page cache.
+    pub direct_io: bool,
+    /// The device model: none, this machine's real speed.
+    pub model: &'static str,
+}
+
+/// Seconds of every measurement of [`scan`], in the order taken.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScanSeconds {
+    /// Raw direct reads.
+    pub raw: Vec<f64>,
+    /// Offloaded checksums.
+    pub offload: Vec<f64>,
+    /// Conventional checksums.
+    pub conventional: Vec<f64>,
 }
 
 impl Default for ScanOptions {
@@ -67,9 +109,9 @@ fn raw_read(backing: &Backing, obj: &insitu_wire::VirtualObject) -> Result<f64, 
 /// The report has `raw_read_gbps`, `offload_gbps`, `conventional_gbps` (medians),
 /// `offload_to_raw_ratio` and the seconds of every measurement. Fails if the function is
 /// unknown or returns a result file, or if the two checksums disagree.
-pub fn scan(opts: &ScanOptions) -> Result<Value, Error> {
+pub fn scan(opts: &ScanOptions) -> Result<ScanReport, Error> {
     let (function, size, repeat) = (opts.function.as_str(), opts.size, opts.repeat.max(1));
-    let off = Offloader::new();
+    let off = Offloader::new().with_local_targets(std::sync::Arc::new(insitu_daemon::LocalEngines));
     if off.registry().get(function).is_none_or(|k| k.output_count() != 0) {
         return Err(format!("{function:?} cannot be benchmarked by scan: choose a function that returns its result inline, e.g. crc32c").into());
     }
@@ -103,20 +145,19 @@ pub fn scan(opts: &ScanOptions) -> Result<Value, Error> {
         return Err(format!("offloaded and conventional {function} disagree: {digests:?}").into());
     }
     let (r, o, c) = (gbps(size, median(&mut raw)), gbps(size, median(&mut offl)), gbps(size, median(&mut conv)));
-    let out = json!({
-        "command": command(),
-        "function": function,
-        "size_bytes": size,
-        "repeat": repeat,
-        "raw_read_gbps": r,
-        "offload_gbps": o,
-        "conventional_gbps": c,
-        "offload_to_raw_ratio": o / r,
-        "extents": obj.extents.len(),
-        "seconds": {"raw": raw, "offload": offl, "conventional": conv},
-        "machine": machine(),
-        "direct_io": backing.is_direct(),
-        "model": "none (real speed of this machine)",
-    });
-    Ok(out)
+    Ok(ScanReport {
+        command: command(),
+        function: function.to_string(),
+        size_bytes: size,
+        repeat,
+        raw_read_gbps: r,
+        offload_gbps: o,
+        conventional_gbps: c,
+        offload_to_raw_ratio: o / r,
+        extents: obj.extents.len(),
+        seconds: ScanSeconds { raw, offload: offl, conventional: conv },
+        machine: machine(),
+        direct_io: backing.is_direct(),
+        model: REAL_SPEED,
+    })
 }

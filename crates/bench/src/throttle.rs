@@ -18,16 +18,20 @@
 //! The kernel's own journal writes are not booked, which again favours the baseline.
 
 use insitu_model::FlashConfig;
-use serde_json::{json, Value};
+use serde::Serialize;
 use std::path::{Path, PathBuf};
 
-/// The rates a throttle enforces.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Limits {
-    pub(crate) read_bps: u64,
-    pub(crate) write_bps: u64,
-    pub(crate) read_iops: u64,
-    pub(crate) write_iops: u64,
+/// The rates a throttle of the kernel's block layer enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Limits {
+    /// Bytes read per second.
+    pub read_bps: u64,
+    /// Bytes written per second.
+    pub write_bps: u64,
+    /// Reads per second.
+    pub read_iops: u64,
+    /// Writes per second.
+    pub write_iops: u64,
 }
 
 impl Limits {
@@ -41,10 +45,6 @@ impl Limits {
             read_iops: per_die(flash.read_us).max(1.0) as u64,
             write_iops: per_die(flash.program_us).max(1.0) as u64,
         }
-    }
-
-    pub(crate) fn to_json(self) -> Value {
-        json!({"read_bps": self.read_bps, "write_bps": self.write_bps, "read_iops": self.read_iops, "write_iops": self.write_iops})
     }
 }
 

@@ -4,8 +4,8 @@
 
 use crate::Failure;
 use insitu_image::{human, parse_size};
-use insitu_bench::{BreakEvenOptions, ExecScalingOptions, FabricOptions, IoEngineOptions, KvBenchOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScanOptions, ScrubScalingOptions};
-use serde_json::Value;
+use insitu_bench::{BreakEvenOptions, ExecScalingOptions, ExecScalingRow, FabricOptions, IoEngineOptions, KvBenchOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScanOptions, ScrubScalingOptions};
+use serde::Serialize;
 use std::path::PathBuf;
 
 /// The drive and link flags every emulated-drive benchmark takes.
@@ -140,8 +140,8 @@ pub(crate) struct ModelCheckArgs {
     dir: Option<PathBuf>,
 }
 
-/// Prints `out` as JSON, or `text` otherwise.
-fn emit(json_out: bool, out: &Value, text: impl FnOnce()) {
+/// Prints the report `out` as JSON, or `text` otherwise.
+fn emit<R: Serialize>(json_out: bool, out: &R, text: impl FnOnce()) {
     if json_out {
         println!("{}", serde_json::to_string_pretty(out).unwrap_or_default());
     } else {
@@ -158,23 +158,18 @@ fn progress(json_out: bool) -> impl FnMut(&str) {
     }
 }
 
-/// The drive model's name in a report, for summaries.
-fn drive_name(out: &Value) -> String {
-    out["models"]["drive"]["name"].as_str().map_or_else(|| "none (real speed)".into(), str::to_string)
-}
-
-/// A float of a report, NaN when missing.
-fn num(v: &Value, key: &str) -> f64 {
-    v[key].as_f64().unwrap_or(f64::NAN)
+/// A value for a table cell, or `-` where there is none.
+fn or_dash<T>(v: Option<T>, f: impl FnOnce(T) -> String) -> String {
+    v.map_or_else(|| "-".to_string(), f)
 }
 
 /// `insitu bench scan`.
 pub(crate) fn scan(function: String, size: &str, repeat: usize, dir: Option<PathBuf>, json_out: bool) -> Result<i32, Failure> {
     let out = insitu_bench::scan(&ScanOptions { function, size: parse_size(size)?, repeat, dir })?;
     emit(json_out, &out, || {
-        let (function, repeat) = (out["function"].as_str().unwrap_or(""), &out["repeat"]);
-        let (r, o, c) = (num(&out, "raw_read_gbps"), num(&out, "offload_gbps"), num(&out, "conventional_gbps"));
-        println!("scan of {} MiB, {function}, median of {repeat}:", out["size_bytes"].as_u64().unwrap_or(0) >> 20);
+        let (function, repeat) = (&out.function, out.repeat);
+        let (r, o, c) = (out.raw_read_gbps, out.offload_gbps, out.conventional_gbps);
+        println!("scan of {} MiB, {function}, median of {repeat}:", out.size_bytes >> 20);
         println!("  raw direct read   {r:>7.3} GB/s");
         println!("  offloaded {function:<7} {o:>7.3} GB/s  ({:.1}% of raw)", 100.0 * o / r);
         println!("  conventional      {c:>7.3} GB/s");
@@ -200,12 +195,12 @@ pub(crate) struct FileArgs {
 pub(crate) fn fabric(a: FileArgs, json_out: bool) -> Result<i32, Failure> {
     let out = insitu_bench::fabric(&FabricOptions { size: parse_size(&a.size)?, repeat: a.repeat, dir: a.dir })?;
     emit(json_out, &out, || {
-        let (size, repeat, q) = (human(out["size_bytes"].as_u64().unwrap_or(0)), &out["repeat"], &out["requests"]);
-        let (r, fr, e, fe) = (num(&out, "raw_read_gbps"), num(&out, "fabric_read_gbps"), num(&out, "embedded_exec_gbps"), num(&out, "fabric_exec_gbps"));
-        let (qd, queues, wire) = (&q["fabric_queue_depth"], &q["io_queues"], out["fabric_exec_wire_bytes"].as_u64().unwrap_or(0));
+        let (size, repeat, q) = (human(out.size_bytes), out.repeat, &out.requests);
+        let (r, fr, e, fe) = (out.raw_read_gbps, out.fabric_read_gbps, out.embedded_exec_gbps, out.fabric_exec_gbps);
+        let (qd, queues, wire) = (q.fabric_queue_depth, q.io_queues, out.fabric_exec_wire_bytes);
         println!("fabric benchmark over {size}, median of {repeat}, cold caches, NVMe/TCP on loopback:");
         println!("  raw direct read, 1 MiB requests           {r:>7.3} GB/s");
-        let (tcp, cached) = (num(&out, "tcp_loopback_gbps"), num(&out, "tcp_loopback_cached_gbps"));
+        let (tcp, cached) = (out.tcp_loopback_gbps, out.tcp_loopback_cached_gbps);
         println!("  fabric read, 128 KiB at QD{qd}, {queues} queues    {fr:>7.3} GB/s  ({:.1}% of raw, {:.1}% of TCP)", 100.0 * fr / r, 100.0 * fr / tcp);
         println!("  plain TCP on loopback serving the file    {tcp:>7.3} GB/s");
         println!("  plain TCP on loopback from cache          {cached:>7.3} GB/s  (fabric: {:.1}% of it)", 100.0 * fr / cached);
@@ -221,12 +216,12 @@ pub(crate) fn fabric(a: FileArgs, json_out: bool) -> Result<i32, Failure> {
 pub(crate) fn io_engine(a: FileArgs, json_out: bool) -> Result<i32, Failure> {
     let out = insitu_bench::io_engine(&IoEngineOptions { size: parse_size(&a.size)?, repeat: a.repeat, dir: a.dir })?;
     emit(json_out, &out, || {
-        println!("I/O engine for offload kernels over {}, median of {}, cold caches, crc32c:", human(out["size_bytes"].as_u64().unwrap_or(0)), out["repeat"]);
-        for r in out["results"].as_array().into_iter().flatten() {
-            let (chunk, depth) = (human(r["chunk_bytes"].as_u64().unwrap_or(0)), &r["depth"]);
-            println!("  {:<30} {chunk:>6} x {depth:<3} {:>7.3} GB/s", r["engine"].as_str().unwrap_or(""), num(r, "gbps"));
+        println!("I/O engine for offload kernels over {}, median of {}, cold caches, crc32c:", human(out.size_bytes), out.repeat);
+        for r in &out.results {
+            let (chunk, depth) = (human(r.chunk_bytes as u64), r.depth);
+            println!("  {:<30} {chunk:>6} x {depth:<3} {:>7.3} GB/s", r.engine, r.gbps);
         }
-        println!("  best io_uring scan / EXEC: {:.2}x", num(&out, "best_uring_to_exec"));
+        println!("  best io_uring scan / EXEC: {:.2}x", out.best_uring_to_exec);
     });
     Ok(0)
 }
@@ -259,23 +254,18 @@ pub(crate) fn exec_scaling(a: ExecScalingArgs, json_out: bool) -> Result<i32, Fa
     let opts = ExecScalingOptions { object_size: parse_size(&a.object_size)?, objects: a.objects, rounds: a.rounds, streams: a.streams, repeat: a.repeat, dir: a.dir };
     let out = insitu_bench::exec_scaling(&opts)?;
     emit(json_out, &out, || {
-        println!("concurrent EXECs, crc32c over {} objects, median of {}:", human(out["object_size_bytes"].as_u64().unwrap_or(0)), out["repeat"]);
+        println!("concurrent EXECs, crc32c over {} objects, median of {}:", human(out.object_size_bytes), out.repeat);
         println!("  EXECs at once   pooled GB/s   no pool GB/s   pool peak");
-        let rows = out["results"].as_array().cloned().unwrap_or_default();
-        for n in out["streams"].as_array().cloned().unwrap_or_default() {
-            let row = |pooled: bool| rows.iter().find(|r| r["streams"] == n && r["pooled"] == pooled).cloned().unwrap_or_default();
+        for &n in &out.streams {
+            let row = |pooled: bool| out.results.iter().find(|r| r.streams == n && r.pooled == pooled);
+            let gbps = |r: Option<&ExecScalingRow>| r.map_or(f64::NAN, |r| r.gbps);
             let (p, u) = (row(true), row(false));
-            println!("  {:>13}   {:>11.3}   {:>12.3}   {:>9}", n, num(&p, "gbps"), num(&u, "gbps"), human(p["pool_peak_bytes"].as_u64().unwrap_or(0)));
+            println!("  {:>13}   {:>11.3}   {:>12.3}   {:>9}", n, gbps(p), gbps(u), human(p.map_or(0, |p| p.pool_peak_bytes)));
         }
-        let s = &out["scaling"];
+        let s = &out.scaling;
         println!(
             "  {} EXECs vs {}: {:.2}x with the pool, {:.2}x without; the pool is {:.2}x as fast at {}",
-            s["to_streams"],
-            s["from_streams"],
-            num(s, "pooled_max_to_one"),
-            num(s, "unpooled_max_to_one"),
-            num(s, "pooled_to_unpooled_at_max"),
-            s["to_streams"]
+            s.to_streams, s.from_streams, s.pooled_max_to_one, s.unpooled_max_to_one, s.pooled_to_unpooled_at_max, s.to_streams
         );
     });
     Ok(0)
@@ -302,14 +292,13 @@ pub(crate) fn scrub_scaling(a: ScrubArgs, json_out: bool) -> Result<i32, Failure
             opts.targets,
             opts.files,
             human(file_size),
-            drive_name(&out),
-            out["models"]["link"]["name"].as_str().unwrap_or(""),
-            out["machine"]["cpus"]
+            out.models.drive_name(),
+            out.models.link.name,
+            out.machine.cpus
         );
         println!("{:>7} {:>12} {:>12} {:>7} {:>10}", "targets", "conv GB/s", "offload GB/s", "ratio", "traffic -%");
-        for p in out["points"].as_array().into_iter().flatten() {
-            let f = |k: &str| num(p, k);
-            println!("{:>7} {:>12.3} {:>12.3} {:>7.2} {:>10.4}", p["targets"].as_u64().unwrap_or(0), f("conventional_gbps"), f("offload_gbps"), f("offload_to_conventional"), 100.0 * f("traffic_reduction"));
+        for p in &out.points {
+            println!("{:>7} {:>12.3} {:>12.3} {:>7.2} {:>10.4}", p.targets, p.conventional_gbps, p.offload_gbps, p.offload_to_conventional, 100.0 * p.traffic_reduction);
         }
     });
     Ok(0)
@@ -321,22 +310,20 @@ pub(crate) fn break_even(a: BreakEvenArgs, json_out: bool) -> Result<i32, Failur
     let opts = BreakEvenOptions { model: a.model.into(), targets: a.targets, size, graph_size: graph, kernels: a.kernels, repeat: a.repeat, dir: a.dir };
     let out = insitu_bench::break_even(&opts, &mut progress(json_out))?;
     emit(json_out, &out, || {
-        let link = out["models"]["link"]["name"].as_str().unwrap_or("");
-        println!("break-even, drive {}, link {link}, {} of data ({} graph), {} cores:", drive_name(&out), human(size), human(graph), out["machine"]["cpus"]);
+        let link = &out.models.link.name;
+        println!("break-even, drive {}, link {link}, {} of data ({} graph), {} cores:", out.models.drive_name(), human(size), human(graph), out.machine.cpus);
         println!("{:<12} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9}", "kernel", "host s", "csd(1) s", "ratio", "paper", "BEP model", "BEP spec", "BEP meas.");
-        for r in out["kernels"].as_array().into_iter().flatten() {
-            let f = |k: &str| num(r, k);
-            let be = |k: &str| r[k].as_u64().map_or("-".to_string(), |v| v.to_string());
+        for r in &out.kernels {
             println!(
                 "{:<12} {:>9.3} {:>9.3} {:>7.2} {:>7} {:>9} {:>9} {:>9}",
-                r["kernel"].as_str().unwrap_or(""),
-                f("host_compute_s"),
-                f("csd_one_s"),
-                f("device_to_host_compute_ratio"),
-                r["paper_device_to_host_ratio"].as_f64().map_or("-".into(), |p| format!("{p:.1}")),
-                be("break_even_model"),
-                be("break_even_spec"),
-                be("break_even_measured"),
+                r.kernel,
+                r.host_compute_s,
+                r.csd_one_s,
+                r.device_to_host_compute_ratio,
+                or_dash(r.paper_device_to_host_ratio, |p| format!("{p:.1}")),
+                or_dash(r.break_even_model, |v| v.to_string()),
+                or_dash(r.break_even_spec, |v| v.to_string()),
+                or_dash(r.break_even_measured, |v| v.to_string()),
             );
         }
     });
@@ -348,11 +335,11 @@ pub(crate) fn latency(a: LatencyArgs, json_out: bool) -> Result<i32, Failure> {
     let size = parse_size(&a.size)?;
     let out = insitu_bench::latency(&LatencyOptions { model: a.model.into(), size, pattern: a.pattern.clone(), repeat: a.repeat, dir: a.dir })?;
     emit(json_out, &out, || {
-        println!("latency of grep {:?} over {}, drive {}, link {}:", a.pattern, human(size), drive_name(&out), out["models"]["link"]["name"].as_str().unwrap_or(""));
+        println!("latency of grep {:?} over {}, drive {}, link {}:", a.pattern, human(size), out.models.drive_name(), out.models.link.name);
         println!("{:<13} {:>9} {:>9} {:>9} {:>9} {:>9}", "", "total ms", "compute", "media", "link", "protocol");
-        for (name, q) in [("conventional", &out["conventional"]), ("offload", &out["offload"])] {
-            let f = |k: &str| 1e3 * num(q, k);
-            println!("{name:<13} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}", f("total_s"), f("compute_s"), f("media_s"), f("link_s"), f("protocol_s"));
+        for (name, q) in [("conventional", &out.conventional), ("offload", &out.offload)] {
+            let ms = |s: f64| 1e3 * s;
+            println!("{name:<13} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}", ms(q.total_s), ms(q.compute_s), ms(q.media_s), ms(q.link_s), ms(q.protocol_s));
         }
     });
     Ok(0)
@@ -363,20 +350,19 @@ pub(crate) fn model_check(a: ModelCheckArgs, json_out: bool) -> Result<i32, Fail
     let opts = ModelCheckOptions { drives: a.drives, links: a.links, size: parse_size(&a.size)?, tolerance: a.tolerance, path_tolerance: a.path_tolerance, repeat: a.repeat, dir: a.dir };
     let out = insitu_bench::model_check(&opts, &mut progress(json_out))?;
     emit(json_out, &out, || {
-        let c = &out["ceilings"];
-        let (scan, reads) = (num(c, "offload_scan_gbps"), num(c, "conventional_read_gbps"));
+        let (scan, reads) = (out.ceilings.offload_scan_gbps, out.ceilings.conventional_read_gbps);
         println!(
             "model check over {} (tolerance ±{:.0}%, ±{:.0}% for image and target scans), ceilings: scan {scan:.3} GB/s, reads {reads:.3} GB/s",
             human(opts.size),
             100.0 * opts.tolerance,
             100.0 * opts.path_tolerance
         );
-        for c in out["checks"].as_array().into_iter().flatten() {
-            let f = |k: &str| c[k].as_f64().map_or("-".to_string(), |v| format!("{v:.3}"));
-            println!("  {:<20} {:<16} configured {:>7} GB/s measured {:>7} GB/s  {}", c["kind"].as_str().unwrap_or(""), c["name"].as_str().unwrap_or(""), f("configured_gbps"), f("measured_gbps"), c["status"].as_str().unwrap_or(""));
+        for c in &out.checks {
+            let f = |v: Option<f64>| or_dash(v.filter(|v| v.is_finite()), |v| format!("{v:.3}"));
+            println!("  {:<20} {:<16} configured {:>7} GB/s measured {:>7} GB/s  {}", c.kind, c.name, f(c.configured_gbps), f(c.measured_gbps), c.status);
         }
     });
-    Ok(if out["failed"].as_u64().unwrap_or(0) > 0 { 1 } else { 0 })
+    Ok(if out.failed > 0 { 1 } else { 0 })
 }
 
 /// Flags of `insitu bench kv`.
@@ -434,17 +420,17 @@ pub(crate) fn kv(a: KvArgs, json_out: bool) -> Result<i32, Failure> {
     };
     let out = insitu_bench::kv(&opts, &mut progress(json_out))?;
     emit(json_out, &out, || {
-        println!("key-value stacks on drive model {}, {} records, {} operations per workload, redirect over {}:", out["drive"].as_str().unwrap_or(""), out["records"], out["operations"], out["link"].as_str().unwrap_or(""));
+        println!("key-value stacks on drive model {}, {} records, {} operations per workload, redirect over {}:", out.drive, out.records, out.operations, out.link);
         println!("{:<16} {:<9} {:>10} {:>9} {:>9}", "workload", "system", "ops/s", "p50 µs", "p99 µs");
-        for r in out["results"].as_array().into_iter().flatten() {
-            println!("{:<16} {:<9} {:>10.0} {:>9.1} {:>9.1}", r["workload"].as_str().unwrap_or(""), r["system"].as_str().unwrap_or(""), num(r, "ops_per_s"), num(r, "p50_us"), num(r, "p99_us"));
+        for r in &out.results {
+            println!("{:<16} {:<9} {:>10.0} {:>9.1} {:>9.1}", r.workload, r.system, r.ops_per_s, r.p50_us, r.p99_us);
         }
-        for g in out["genome"].as_array().into_iter().flatten() {
-            println!("genome job on {:<9} {:>8.2} s, {} of {} reads matched", g["system"].as_str().unwrap_or(""), num(g, "seconds"), g["matched"], g["reads"]);
+        for g in &out.genome {
+            println!("genome job on {:<9} {:>8.2} s, {} of {} reads matched", g.system, g.seconds, g.matched, g.reads);
         }
-        for (w, r) in out["ratios"].as_object().into_iter().flatten() {
-            let f = |k: &str| r[k].as_f64().map_or("-".to_string(), |v| format!("{v:.2}x"));
-            println!("  {w:<16} direct/redirect {:>7}  direct/syscall {:>7}", f("direct_to_redirect"), f("direct_to_syscall"));
+        for (w, r) in &out.ratios {
+            let f = |v: Option<f64>| or_dash(v.filter(|v| v.is_finite()), |v| format!("{v:.2}x"));
+            println!("  {w:<16} direct/redirect {:>7}  direct/syscall {:>7}", f(r.direct_to_redirect), f(r.direct_to_syscall));
         }
     });
     Ok(0)

@@ -22,12 +22,12 @@ use super::meter::{run_in_memory, Meter};
 use super::pull::{exec_remote, pull_all, PullStats};
 use super::rig::{read_object, write_object, Drive, Placer};
 use super::workload::{generate, paper_slowdown, place, Placed, Share, KERNELS};
-use super::{models_json, ModelChoice, Models};
-use crate::common::{command, machine, median, with_utilization, Work, BUSY};
+use super::{ModelChoice, Models, ModelsReport};
+use crate::common::{command, machine, median, with_utilization, Machine, Work, BUSY};
 use crate::Error;
 use insitu_offload::Record;
 use insitu_wire::ExecResult;
-use serde_json::{json, Value};
+use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -52,6 +52,139 @@ pub struct BreakEvenOptions {
     /// Work directory for the images. Default `None`: a new directory in /dev/shm, removed
     /// afterwards.
     pub dir: Option<PathBuf>,
+}
+
+/// The report of [`break_even`](crate::break_even).
+#[derive(Debug, Clone, Serialize)]
+pub struct BreakEvenReport {
+    /// `break-even`.
+    pub benchmark: &'static str,
+    /// The command line that ran it.
+    pub command: String,
+    /// The drive and link.
+    pub models: ModelsReport,
+    /// The data.
+    pub data: BreakEvenData,
+    /// How each figure is measured, in words.
+    pub method: BreakEvenMethod,
+    /// Measurements of each kind.
+    pub repeat: usize,
+    /// One entry per kernel, in the order run.
+    pub kernels: Vec<KernelBreakEven>,
+    /// The machine it ran on.
+    pub machine: Machine,
+}
+
+/// The data of [`BreakEvenReport::data`].
+#[derive(Debug, Clone, Serialize)]
+pub struct BreakEvenData {
+    /// Data per kernel for count, vector-add and array-merge, bytes.
+    pub size_bytes: u64,
+    /// Edge data of the PageRank graph, bytes.
+    pub graph_bytes: u64,
+    /// Largest number of drives measured.
+    pub max_drives: usize,
+    /// The work directory.
+    pub work_dir: String,
+}
+
+/// The method of [`BreakEvenReport::method`], in words.
+#[derive(Debug, Clone, Serialize)]
+pub struct BreakEvenMethod {
+    /// The host's path.
+    pub host: &'static str,
+    /// The drives' path.
+    pub offload: &'static str,
+    /// CSDPLAN's model and where its terms come from.
+    pub model: &'static str,
+    /// When a pass counts as machine-limited.
+    pub machine_limited: &'static str,
+}
+
+/// One kernel of [`BreakEvenReport::kernels`]. Times are seconds over the kernel's whole data.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelBreakEven {
+    /// The kernel.
+    pub kernel: String,
+    /// Its data, bytes.
+    pub data_bytes: u64,
+    /// The kernel on one host core, data in memory (fastest of the repeats).
+    pub host_compute_s: f64,
+    /// Its CPU time.
+    pub host_compute_cpu_s: f64,
+    /// The kernel under the drive model's CPU budget.
+    pub device_compute_s: f64,
+    /// Its CPU time.
+    pub device_compute_cpu_s: f64,
+    /// `device_compute_s / device_compute_cpu_s`.
+    pub device_wall_per_cpu: f64,
+    /// `device_compute_s / host_compute_cpu_s`: the budget's own terms.
+    pub device_to_host_compute_ratio: f64,
+    /// `device_compute_s / host_compute_s`.
+    pub device_to_host_wall_ratio: f64,
+    /// What the drive model's CPU budget sets; `None` (null) without one.
+    pub model_device_to_host_ratio: Option<f64>,
+    /// What the paper measured for this drive; `None` (null) where it has no figure.
+    pub paper_device_to_host_ratio: Option<f64>,
+    /// One drive's EXEC over all the data (median).
+    pub csd_one_s: f64,
+    /// CSDPLAN's terms as measured here.
+    pub model: BreakEvenTerms,
+    /// The model's break-even number of drives; `None` (null) if it never breaks even.
+    pub break_even_model: Option<u32>,
+    /// The same with the transfer from the drive's specification.
+    pub break_even_spec: Option<u32>,
+    /// The fewest drives measured at which offloading was faster; `None` (null) if none was.
+    pub break_even_measured: Option<usize>,
+    /// One point per number of drives, from 1 up.
+    pub series: Vec<SeriesPoint>,
+}
+
+/// CSDPLAN's terms of [`KernelBreakEven::model`], seconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct BreakEvenTerms {
+    /// One drive's pull of all the data (measured).
+    pub transfer_one_s: f64,
+    /// All the data over the link model; 0 for no link.
+    pub transfer_link_s: f64,
+    /// Drives beyond which the link limits the host's transfer; infinite (null) without a
+    /// link.
+    pub link_bound_from_drives: f64,
+    /// The host's compute.
+    pub host_compute_s: f64,
+    /// One drive's EXEC.
+    pub csd_one_s: f64,
+    /// One drive's pull as its specification says.
+    pub spec_transfer_one_s: f64,
+}
+
+/// One number of drives of [`KernelBreakEven::series`]. Times are medians, seconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct SeriesPoint {
+    /// Drives holding the data.
+    pub drives: usize,
+    /// The host's pull and compute.
+    pub host_s: f64,
+    /// The host's pull.
+    pub host_pull_s: f64,
+    /// The host's compute.
+    pub host_compute_s: f64,
+    /// Every drive's EXEC at once.
+    pub offload_s: f64,
+    /// Host cores the drives' CPU budgets ask for.
+    pub engine_cores_demanded: f64,
+    /// Most share of the cores an offload pass kept busy.
+    pub offload_cpu_busy: f64,
+    /// Most share of the cores a host pull kept busy.
+    pub host_pull_cpu_busy: f64,
+    /// The engines' budgets plus their reads outgrew this machine's cores.
+    pub machine_limited: bool,
+    /// The host's copies outgrew this machine's cores.
+    pub host_machine_limited: bool,
+    /// The model's host time at this many drives.
+    pub model_host_s: f64,
+    /// The model's CSD time at this many drives.
+    pub model_csd_s: f64,
 }
 
 impl Default for BreakEvenOptions {
@@ -184,7 +317,7 @@ fn check(a: &Array, kernel: &str, host: &[Outcome], dev: &[Vec<Record>]) -> Resu
     Ok(())
 }
 
-fn kernel_result(kernel: &str, k: usize, bytes: u64, a: &BreakEvenOptions, models: &Models, work: &mut Work, progress: &mut dyn FnMut(&str)) -> Result<Value, Error> {
+fn kernel_result(kernel: &str, k: usize, bytes: u64, a: &BreakEvenOptions, models: &Models, work: &mut Work, progress: &mut dyn FnMut(&str)) -> Result<KernelBreakEven, Error> {
     let repeat = a.repeat.max(1);
     let cal = calibrate(kernel, bytes, models, repeat)?;
     let host_compute = cal.host_s;
@@ -205,25 +338,34 @@ fn kernel_result(kernel: &str, k: usize, bytes: u64, a: &BreakEvenOptions, model
         }
         let (p, c, o) = (median(&mut pulls), median(&mut comps), median(&mut offs));
         let rate = models.drive.as_ref().and_then(|d| d.compute.as_ref()).map_or(1.0, |c| c.rate());
-        series.push(json!({
-            "drives": n, "host_s": p + c, "host_pull_s": p, "host_compute_s": c, "offload_s": o,
-            "engine_cores_demanded": n as f64 * rate, "offload_cpu_busy": busy, "host_pull_cpu_busy": pull_busy,
+        series.push(SeriesPoint {
+            drives: n,
+            host_s: p + c,
+            host_pull_s: p,
+            host_compute_s: c,
+            offload_s: o,
+            engine_cores_demanded: n as f64 * rate,
+            offload_cpu_busy: busy,
+            host_pull_cpu_busy: pull_busy,
             // The engines' budgets plus their reads (or the host's copies) outgrew this
             // machine's cores.
-            "machine_limited": busy >= BUSY,
-            "host_machine_limited": pull_busy >= BUSY,
-        }));
+            machine_limited: busy >= BUSY,
+            host_machine_limited: pull_busy >= BUSY,
+            // Filled in once the model is known.
+            model_host_s: f64::NAN,
+            model_csd_s: f64::NAN,
+        });
         progress(&format!("  {kernel}, {n} drive(s): host {:.3} s (pull {p:.3} + compute {c:.3}), offload {o:.3} s", p + c));
         drop(array);
         for t in 0..n {
             let _ = std::fs::remove_file(work.root().join(format!("{kernel}-n{n}-t{t}.img")));
         }
     }
-    let csd_one = series[0]["offload_s"].as_f64().unwrap_or(f64::NAN);
+    let csd_one = series[0].offload_s;
     let mb = |r: Option<f64>| r.map_or(0.0, |r| bytes as f64 / (r * 1e6));
     // CSDPLAN's inputs as measured here: one drive's pull, the host's compute, one CSD.
     let model = BreakEvenModel {
-        transfer_one_s: series[0]["host_pull_s"].as_f64().unwrap_or(f64::NAN),
+        transfer_one_s: series[0].host_pull_s,
         transfer_link_s: mb(models.link.as_ref().map(|l| l.mb_s)),
         host_compute_s: host_compute,
         csd_one_s: csd_one,
@@ -231,29 +373,39 @@ fn kernel_result(kernel: &str, k: usize, bytes: u64, a: &BreakEvenOptions, model
     // The same with the transfer as the drive's specification says.
     let spec = BreakEvenModel { transfer_one_s: mb(models.drive.as_ref().and_then(|d| d.host_read_mb_s())), ..model };
     for p in &mut series {
-        let n = p["drives"].as_u64().unwrap_or(1) as u32;
-        p["model_host_s"] = json!(model.host_s(n));
-        p["model_csd_s"] = json!(model.csd_s(n));
+        let n = p.drives as u32;
+        p.model_host_s = model.host_s(n);
+        p.model_csd_s = model.csd_s(n);
     }
-    let measured_be = series.iter().find(|p| p["offload_s"].as_f64() < p["host_s"].as_f64()).map(|p| p["drives"].clone());
+    let measured_be = series.iter().find(|p| p.offload_s < p.host_s).map(|p| p.drives);
     let paper = models.drive.as_ref().and_then(|d| paper_slowdown(&d.name)).map(|s| s[k]);
-    Ok(json!({
-        "kernel": kernel, "data_bytes": bytes,
-        "host_compute_s": host_compute, "host_compute_cpu_s": cal.host_cpu_s, "device_compute_s": cal.device_s, "device_compute_cpu_s": cal.device_cpu_s,
-        "device_wall_per_cpu": cal.device_s / cal.device_cpu_s,
+    Ok(KernelBreakEven {
+        kernel: kernel.to_string(),
+        data_bytes: bytes,
+        host_compute_s: host_compute,
+        host_compute_cpu_s: cal.host_cpu_s,
+        device_compute_s: cal.device_s,
+        device_compute_cpu_s: cal.device_cpu_s,
+        device_wall_per_cpu: cal.device_s / cal.device_cpu_s,
         // The budget's own terms: device wall time per host CPU second.
-        "device_to_host_compute_ratio": cal.device_s / cal.host_cpu_s, "device_to_host_wall_ratio": cal.device_s / host_compute,
-        "model_device_to_host_ratio": models.drive.as_ref().and_then(|d| d.compute.as_ref()).map(|c| 1.0 / c.rate()),
-        "paper_device_to_host_ratio": paper,
-        "csd_one_s": csd_one,
-        "model": {
-            "transfer_one_s": model.transfer_one_s, "transfer_link_s": model.transfer_link_s, "link_bound_from_drives": model.link_bound_from(),
-            "host_compute_s": model.host_compute_s, "csd_one_s": model.csd_one_s,
-            "spec_transfer_one_s": spec.transfer_one_s,
+        device_to_host_compute_ratio: cal.device_s / cal.host_cpu_s,
+        device_to_host_wall_ratio: cal.device_s / host_compute,
+        model_device_to_host_ratio: models.drive.as_ref().and_then(|d| d.compute.as_ref()).map(|c| 1.0 / c.rate()),
+        paper_device_to_host_ratio: paper,
+        csd_one_s: csd_one,
+        model: BreakEvenTerms {
+            transfer_one_s: model.transfer_one_s,
+            transfer_link_s: model.transfer_link_s,
+            link_bound_from_drives: model.link_bound_from(),
+            host_compute_s: model.host_compute_s,
+            csd_one_s: model.csd_one_s,
+            spec_transfer_one_s: spec.transfer_one_s,
         },
-        "break_even_model": model.break_even(), "break_even_spec": spec.break_even(), "break_even_measured": measured_be,
-        "series": series,
-    }))
+        break_even_model: model.break_even(),
+        break_even_spec: spec.break_even(),
+        break_even_measured: measured_be,
+        series,
+    })
 }
 
 /// Runs the break-even benchmark: calibrates every kernel in memory, then measures host and
@@ -263,7 +415,7 @@ fn kernel_result(kernel: &str, k: usize, bytes: u64, a: &BreakEvenOptions, model
 /// The report has one entry in `kernels` per kernel: the compute ratios, CSDPLAN's model
 /// terms, `break_even_model`, `break_even_spec`, `break_even_measured` and the measured
 /// `series`.
-pub fn run(a: &BreakEvenOptions, progress: &mut dyn FnMut(&str)) -> Result<Value, Error> {
+pub fn run(a: &BreakEvenOptions, progress: &mut dyn FnMut(&str)) -> Result<BreakEvenReport, Error> {
     let models = a.model.resolve("newport", "40gbe")?;
     let (size, graph) = (a.size, a.graph_size);
     let kernels: Vec<&str> = a.kernels.split(',').map(str::trim).filter(|k| !k.is_empty()).collect();
@@ -281,22 +433,21 @@ pub fn run(a: &BreakEvenOptions, progress: &mut dyn FnMut(&str)) -> Result<Value
         let bytes = if *kernel == "pagerank" { graph } else { size };
         results.push(kernel_result(kernel, k, bytes, a, &models, &mut work, progress)?);
     }
-    let out = json!({
-        "benchmark": "break-even",
-        "command": command(),
-        "models": models_json(&models),
-        "data": {"size_bytes": size, "graph_bytes": graph, "max_drives": a.targets, "work_dir": work.root().display().to_string()},
-        "method": {
-            "host": "N threads pull every share over the shared link (flash and link paced), then one host core runs the kernel on each share",
-            "offload": "every drive runs EXEC on its share at once under its own CPU budget; results and output objects are checked against the host's",
-            "model": "CSDPLAN: T_host(M) = max(T_tx/M, T_link) + T_host_compute; T_csd(M) = T_csd(1)/M, with T_tx the measured one-drive pull, T_link = data / link rate, T_host_compute the host kernel in memory (fastest of the repeats), T_csd(1) the one-drive EXEC (median); break_even_spec takes T_tx from the drive's host read rate instead",
-            "machine_limited": "the offload pass (machine_limited) or the host's pull (host_machine_limited) kept at least 85 % of the cores busy",
+    Ok(BreakEvenReport {
+        benchmark: "break-even",
+        command: command(),
+        models: ModelsReport::new(&models),
+        data: BreakEvenData { size_bytes: size, graph_bytes: graph, max_drives: a.targets, work_dir: work.root().display().to_string() },
+        method: BreakEvenMethod {
+            host: "N threads pull every share over the shared link (flash and link paced), then one host core runs the kernel on each share",
+            offload: "every drive runs EXEC on its share at once under its own CPU budget; results and output objects are checked against the host's",
+            model: "CSDPLAN: T_host(M) = max(T_tx/M, T_link) + T_host_compute; T_csd(M) = T_csd(1)/M, with T_tx the measured one-drive pull, T_link = data / link rate, T_host_compute the host kernel in memory (fastest of the repeats), T_csd(1) the one-drive EXEC (median); break_even_spec takes T_tx from the drive's host read rate instead",
+            machine_limited: "the offload pass (machine_limited) or the host's pull (host_machine_limited) kept at least 85 % of the cores busy",
         },
-        "repeat": a.repeat.max(1),
-        "kernels": results,
-        "machine": machine(),
-    });
-    Ok(out)
+        repeat: a.repeat.max(1),
+        kernels: results,
+        machine: machine(),
+    })
 }
 
 #[cfg(test)]
@@ -317,7 +468,7 @@ mod tests {
         };
         // Every record and output object is compared with the host's inside.
         let out = run(&a, &mut |_| {}).unwrap();
-        assert_eq!(out["kernels"].as_array().unwrap().len(), 4);
+        assert_eq!(out.kernels.len(), 4);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "images are removed");
         let bad = BreakEvenOptions { kernels: "count,sort".into(), targets: 1, size: 1 << 20, graph_size: 1 << 20, repeat: 1, ..Default::default() };
         assert!(run(&bad, &mut |_| {}).unwrap_err().to_string().contains("sort"));

@@ -19,7 +19,7 @@ use super::emu::Network;
 use super::pull::{exec_remote, pull, PullStats};
 use super::rig::{random_fill, write_image, Drive, Placer};
 use super::{parse_drive, parse_link};
-use crate::common::{command, gbps, machine, median, Work};
+use crate::common::{command, gbps, machine, median, Machine, Work};
 use insitu_image::human;
 use crate::Error;
 use insitu_initiator::{ConnectOptions, Session};
@@ -28,11 +28,10 @@ use insitu_nvmf::{NamespaceSpec, Server, SubsystemConfig, TargetConfig};
 use insitu_offload::InputStream;
 use insitu_engine::{NamespaceConfig, Engine};
 use insitu_wire::{Descriptor, Extent, VirtualObject, SECTOR};
-use serde_json::json;
+use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
-
 
 /// What [`model_check`](crate::model_check) checks.
 #[derive(Debug, Clone)]
@@ -53,6 +52,123 @@ pub struct ModelCheckOptions {
     /// Work directory for the image. Default `None`: a new directory in /dev/shm, removed
     /// afterwards.
     pub dir: Option<PathBuf>,
+}
+
+/// The report of [`model_check`](crate::model_check).
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCheckReport {
+    /// `model-check`.
+    pub benchmark: &'static str,
+    /// The command line that ran it.
+    pub command: String,
+    /// Bytes scanned per measurement.
+    pub size_bytes: u64,
+    /// Measurements per check.
+    pub repeat: usize,
+    /// Largest accepted deviation of the drive and link checks, as a fraction.
+    pub tolerance: f64,
+    /// The same for the image and target scans.
+    pub path_tolerance: f64,
+    /// The work directory.
+    pub work_dir: String,
+    /// This machine's rates with no model.
+    pub ceilings: ModelCheckCeilings,
+    /// How each kind of check is measured, in words.
+    pub method: ModelCheckMethod,
+    /// Every check, in the order run.
+    pub checks: Vec<ModelCheck>,
+    /// Checks whose status is `fail`.
+    pub failed: usize,
+    /// The machine it ran on.
+    pub machine: Machine,
+}
+
+/// The rates of [`ModelCheckReport::ceilings`], GB/s (medians).
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCheckCeilings {
+    /// The offloaded scan on an unpaced drive.
+    pub offload_scan_gbps: f64,
+    /// Conventional reads from an unpaced drive with no link model.
+    pub conventional_read_gbps: f64,
+}
+
+/// The method of [`ModelCheckReport::method`], in words.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCheckMethod {
+    /// The drive checks.
+    pub drive: &'static str,
+    /// The link checks.
+    pub link: &'static str,
+    /// The `image --model` scans.
+    pub image: &'static str,
+    /// The `target --model` scans.
+    pub target: &'static str,
+    /// When a miss is the machine's, not the model's.
+    pub limit: &'static str,
+}
+
+/// One check of [`ModelCheckReport::checks`]. The `no model` check has `slept_ns` and none
+/// of the rates; the others have the rates and no `slept_ns`; only the image and target
+/// scans have their own `tolerance`. Fields that are `None` are absent from the JSON.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCheck {
+    /// `no model`, `drive internal read`, `image --model scan`, `target --model scan` or
+    /// `link`.
+    pub kind: &'static str,
+    /// The model or link checked.
+    pub name: String,
+    /// Nanoseconds anything slept with no model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slept_ns: Option<u64>,
+    /// The rate the model promises, GB/s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub configured_gbps: Option<f64>,
+    /// The rate measured (median), GB/s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured_gbps: Option<f64>,
+    /// `measured_gbps / configured_gbps`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<f64>,
+    /// This machine's rate for the kind with no model, GB/s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ceiling_gbps: Option<f64>,
+    /// The check's own tolerance, where it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<f64>,
+    /// `pass`, `fail` or `machine-limited`.
+    pub status: &'static str,
+}
+
+impl ModelCheck {
+    /// The check that nothing sleeps with no model: `slept` nanoseconds did.
+    fn no_model(slept: u64) -> ModelCheck {
+        ModelCheck {
+            kind: "no model",
+            name: "none".into(),
+            slept_ns: Some(slept),
+            configured_gbps: None,
+            measured_gbps: None,
+            ratio: None,
+            ceiling_gbps: None,
+            tolerance: None,
+            status: if slept == 0 { "pass" } else { "fail" },
+        }
+    }
+
+    /// A check of a configured rate against the measured one.
+    fn rate(kind: &'static str, name: &str, want: f64, got: f64, ceiling: f64, status: &'static str) -> ModelCheck {
+        ModelCheck {
+            kind,
+            name: name.to_string(),
+            slept_ns: None,
+            configured_gbps: Some(want),
+            measured_gbps: Some(got),
+            ratio: Some(got / want),
+            ceiling_gbps: Some(ceiling),
+            tolerance: None,
+            status,
+        }
+    }
 }
 
 impl Default for ModelCheckOptions {
@@ -154,7 +270,7 @@ fn measure(repeat: usize, mut f: impl FnMut() -> Result<f64, Error>) -> Result<f
 /// The report lists every check in `checks` (`configured_gbps`, `measured_gbps`, `ratio`,
 /// `status`: pass, fail or machine-limited) and counts the failed ones in `failed`; a
 /// failed check is a result, not an [`Error`].
-pub fn run(a: &ModelCheckOptions, progress: &mut dyn FnMut(&str)) -> Result<serde_json::Value, Error> {
+pub fn run(a: &ModelCheckOptions, progress: &mut dyn FnMut(&str)) -> Result<ModelCheckReport, Error> {
     let size = a.size;
     if size < (16 << 20) {
         return Err(format!("--size {}: give at least 16M so the scan is long enough to time", human(size)).into());
@@ -172,7 +288,7 @@ pub fn run(a: &ModelCheckOptions, progress: &mut dyn FnMut(&str)) -> Result<serd
     let unpaced_net = Network::new(None)?;
     read(&free, &unpaced_net, &obj)?;
     let slept = free.media_waited_ns() + unpaced_net.waited_ns() + free.meter.read().stall_ns;
-    checks.push(json!({"kind": "no model", "name": "none", "slept_ns": slept, "status": if slept == 0 { "pass" } else { "fail" }}));
+    checks.push(ModelCheck::no_model(slept));
     for spec in a.drives.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let model = parse_drive(spec)?.ok_or_else(|| format!("--drives: {spec} is not a model to check"))?;
         let want = model.internal_read_mb_s().ok_or_else(|| format!("--drives: {spec} has no flash model to check"))? / 1000.0;
@@ -181,14 +297,14 @@ pub fn run(a: &ModelCheckOptions, progress: &mut dyn FnMut(&str)) -> Result<serd
         let drive = Drive::open(&path, Some(&media_only))?;
         let got = gbps(size, measure(repeat, || scan(&drive, &obj))?);
         let st = status(got, want, scan_ceiling, a.tolerance);
-        checks.push(json!({"kind": "drive internal read", "name": model.name, "configured_gbps": want, "measured_gbps": got, "ratio": got / want, "ceiling_gbps": scan_ceiling, "status": st}));
+        checks.push(ModelCheck::rate("drive internal read", &model.name, want, got, scan_ceiling, st));
         progress(&format!("  drive {:<16} configured {want:.3} GB/s, measured {got:.3} GB/s ({:+.1}%): {st}", model.name, 100.0 * (got / want - 1.0)));
         let result_sector = placer.used().div_ceil(SECTOR);
         for (kind, label) in [("image --model scan", "image"), ("target --model scan", "target")] {
             let secs = measure(repeat, || if label == "image" { image_scan(&path, &media_only, &obj) } else { target_scan(&path, &media_only, &obj, result_sector) })?;
             let got = gbps(size, secs);
             let st = status(got, want, scan_ceiling, a.path_tolerance);
-            checks.push(json!({"kind": kind, "name": model.name, "configured_gbps": want, "measured_gbps": got, "ratio": got / want, "ceiling_gbps": scan_ceiling, "tolerance": a.path_tolerance, "status": st}));
+            checks.push(ModelCheck { tolerance: Some(a.path_tolerance), ..ModelCheck::rate(kind, &model.name, want, got, scan_ceiling, st) });
             progress(&format!("  {label:<6}{:<16} configured {want:.3} GB/s, measured {got:.3} GB/s ({:+.1}%): {st}", model.name, 100.0 * (got / want - 1.0)));
         }
     }
@@ -197,31 +313,30 @@ pub fn run(a: &ModelCheckOptions, progress: &mut dyn FnMut(&str)) -> Result<serd
         let want = link.mb_s / 1000.0;
         let got = gbps(size, measure(repeat, || read(&free, &Network::new(Some(link.clone()))?, &obj))?);
         let st = status(got, want, read_ceiling, a.tolerance);
-        checks.push(json!({"kind": "link", "name": spec, "configured_gbps": want, "measured_gbps": got, "ratio": got / want, "ceiling_gbps": read_ceiling, "status": st}));
+        checks.push(ModelCheck::rate("link", spec, want, got, read_ceiling, st));
         progress(&format!("  link  {spec:<16} configured {want:.3} GB/s, measured {got:.3} GB/s ({:+.1}%): {st}", 100.0 * (got / want - 1.0)));
     }
-    let failed = checks.iter().filter(|c| c["status"] == "fail").count();
-    let out = json!({
-        "benchmark": "model-check",
-        "command": command(),
-        "size_bytes": size,
-        "repeat": repeat,
-        "tolerance": a.tolerance,
-        "path_tolerance": a.path_tolerance,
-        "work_dir": work.root().display().to_string(),
-        "ceilings": {"offload_scan_gbps": scan_ceiling, "conventional_read_gbps": read_ceiling},
-        "method": {
-            "drive": "EXEC crc32c over one contiguous object on a drive paced by the model (its CPU budget off); rate = bytes / wall time",
-            "link": "conventional reads (Engine::read, 1 MiB, 4 outstanding) of the object from an unpaced drive through the link model",
-            "image": "the drive check's EXEC on an embedded target whose namespace the model's Pacer paces (insitu image --model), its CPU budget off",
-            "target": "the same EXEC over NVMe/TCP on loopback to a target started with the model (insitu target --model), its CPU budget off; connection set-up not timed",
-            "limit": "a check above 90 % of this machine's unpaced rate that misses is machine-limited, not failed",
+    let failed = checks.iter().filter(|c| c.status == "fail").count();
+    Ok(ModelCheckReport {
+        benchmark: "model-check",
+        command: command(),
+        size_bytes: size,
+        repeat,
+        tolerance: a.tolerance,
+        path_tolerance: a.path_tolerance,
+        work_dir: work.root().display().to_string(),
+        ceilings: ModelCheckCeilings { offload_scan_gbps: scan_ceiling, conventional_read_gbps: read_ceiling },
+        method: ModelCheckMethod {
+            drive: "EXEC crc32c over one contiguous object on a drive paced by the model (its CPU budget off); rate = bytes / wall time",
+            link: "conventional reads (Engine::read, 1 MiB, 4 outstanding) of the object from an unpaced drive through the link model",
+            image: "the drive check's EXEC on an embedded target whose namespace the model's Pacer paces (insitu image --model), its CPU budget off",
+            target: "the same EXEC over NVMe/TCP on loopback to a target started with the model (insitu target --model), its CPU budget off; connection set-up not timed",
+            limit: "a check above 90 % of this machine's unpaced rate that misses is machine-limited, not failed",
         },
-        "checks": checks,
-        "failed": failed,
-        "machine": machine(),
-    });
-    Ok(out)
+        checks,
+        failed,
+        machine: machine(),
+    })
 }
 
 #[cfg(test)]
@@ -243,8 +358,8 @@ mod tests {
         // run beside each other on a loaded machine.
         let a = ModelCheckOptions { drives: "custom:200".into(), links: "150".into(), size: 16 << 20, tolerance: 0.9, path_tolerance: 0.9, repeat: 1, dir: Some(dir.path().to_path_buf()) };
         let out = run(&a, &mut |_| {}).unwrap();
-        assert_eq!(out["failed"], 0, "{out}");
-        let kinds: Vec<&str> = out["checks"].as_array().unwrap().iter().map(|c| c["kind"].as_str().unwrap()).collect();
+        assert_eq!(out.failed, 0, "{out:?}");
+        let kinds: Vec<&str> = out.checks.iter().map(|c| c.kind).collect();
         assert_eq!(kinds, ["no model", "drive internal read", "image --model scan", "target --model scan", "link"]);
     }
 }

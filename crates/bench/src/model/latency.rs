@@ -16,13 +16,13 @@ use super::emu::Network;
 use super::meter::{self, Meter};
 use super::pull::{exec_remote, pull, PullStats};
 use super::rig::{write_image, write_object, Drive, Placer};
-use super::{models_json, ModelChoice, Models};
-use crate::common::{command, machine, median, Work};
+use super::{ModelChoice, Models, ModelsReport};
+use crate::common::{command, machine, median, Machine, Work};
 use crate::dataset::Rng;
 use crate::Error;
 use insitu_offload::{Args, Record};
 use insitu_wire::{Descriptor, ExecResult, Value, VirtualObject};
-use serde_json::{json, Value as Json};
+use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
@@ -68,6 +68,91 @@ fn log_text(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
+/// The report of [`latency`](crate::latency).
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyReport {
+    /// `latency`.
+    pub benchmark: &'static str,
+    /// The command line that ran it.
+    pub command: String,
+    /// The drive and link.
+    pub models: ModelsReport,
+    /// The query.
+    pub query: LatencyQuery,
+    /// Queries of each kind.
+    pub repeat: usize,
+    /// The conventional query with the median total.
+    pub conventional: QueryTimes,
+    /// The offloaded query with the median total.
+    pub offload: QueryTimes,
+    /// Conventional total over offloaded total.
+    pub speedup: f64,
+    /// What each resource needs for the query alone, from the models (they overlap).
+    pub model_s: LatencyModelSeconds,
+    /// What each part of [`QueryTimes`] counts, in words.
+    pub parts: LatencyParts,
+    /// The machine it ran on.
+    pub machine: Machine,
+}
+
+/// The query of [`LatencyReport::query`].
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyQuery {
+    /// `grep`.
+    pub function: &'static str,
+    /// The literal text searched for.
+    pub pattern: String,
+    /// Size of the scanned file, bytes.
+    pub file_bytes: u64,
+    /// Lines that matched; `None` (null) if the result had no count.
+    pub matches: Option<u64>,
+    /// The work directory.
+    pub work_dir: String,
+}
+
+/// One query's time split into parts that add up to the total, seconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueryTimes {
+    /// Wall time of the query.
+    pub total_s: f64,
+    /// CPU time of the kernel (offloaded: plus the stalls of the drive's CPU budget).
+    pub compute_s: f64,
+    /// Time the kernel waited for data not yet read from the drive.
+    pub media_s: f64,
+    /// Time waiting for the link model.
+    pub link_s: f64,
+    /// The rest.
+    pub protocol_s: f64,
+    /// Bytes that crossed the link model.
+    pub link_bytes: u64,
+}
+
+/// What the models alone need for the query, seconds; `None` (null) without the model.
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyModelSeconds {
+    /// The file at the drive's internal read rate.
+    pub media_engine: Option<f64>,
+    /// The file at the drive's host read rate.
+    pub media_host: Option<f64>,
+    /// The conventional query's link bytes over the link.
+    pub link_conventional: Option<f64>,
+    /// The offloaded query's link bytes over the link.
+    pub link_offload: Option<f64>,
+}
+
+/// What each part of [`QueryTimes`] counts, in words ([`LatencyReport::parts`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyParts {
+    /// `compute_s`.
+    pub compute: &'static str,
+    /// `media_s`.
+    pub media: &'static str,
+    /// `link_s`.
+    pub link: &'static str,
+    /// `protocol_s`.
+    pub protocol: &'static str,
+}
+
 /// One query's parts, seconds, and what it returned.
 struct Query {
     total: f64,
@@ -79,9 +164,9 @@ struct Query {
 }
 
 impl Query {
-    fn json(&self) -> Json {
+    fn times(&self) -> QueryTimes {
         let protocol = (self.total - self.compute - self.media - self.link).max(0.0);
-        json!({"total_s": self.total, "compute_s": self.compute, "media_s": self.media, "link_s": self.link, "protocol_s": protocol, "link_bytes": self.link_bytes})
+        QueryTimes { total_s: self.total, compute_s: self.compute, media_s: self.media, link_s: self.link, protocol_s: protocol, link_bytes: self.link_bytes }
     }
 }
 
@@ -145,7 +230,7 @@ fn pick(mut qs: Vec<Query>) -> Query {
 /// The report has the `conventional` and `offload` queries split into `total_s`,
 /// `compute_s`, `media_s`, `link_s` and `protocol_s` (with `link_bytes`), the `speedup`
 /// and what the models alone need (`model_s`).
-pub fn run(a: &LatencyOptions) -> Result<Json, Error> {
+pub fn run(a: &LatencyOptions) -> Result<LatencyReport, Error> {
     let models = a.model.resolve("newport", "10gbe")?;
     let size = a.size;
     if size == 0 || a.pattern.is_empty() {
@@ -172,31 +257,29 @@ pub fn run(a: &LatencyOptions) -> Result<Json, Error> {
         Value::U64(n) => Some(*n),
         _ => None,
     });
-    let out = json!({
-        "benchmark": "latency",
-        "command": command(),
-        "models": models_json(&models),
-        "query": {"function": "grep", "pattern": a.pattern, "file_bytes": size, "matches": count, "work_dir": work.root().display().to_string()},
-        "repeat": a.repeat.max(1),
-        "conventional": c.json(),
-        "offload": o.json(),
-        "speedup": c.total / o.total,
-        // What each resource needs for the query alone, from the models (they overlap).
-        "model_s": {
-            "media_engine": models.drive.as_ref().and_then(|d| d.internal_read_mb_s()).map(|r| size as f64 / (r * 1e6)),
-            "media_host": models.drive.as_ref().and_then(|d| d.host_read_mb_s()).map(|r| size as f64 / (r * 1e6)),
-            "link_conventional": models.link.as_ref().map(|l| c.link_bytes as f64 / (l.mb_s * 1e6)),
-            "link_offload": models.link.as_ref().map(|l| o.link_bytes as f64 / (l.mb_s * 1e6)),
+    Ok(LatencyReport {
+        benchmark: "latency",
+        command: command(),
+        models: ModelsReport::new(&models),
+        query: LatencyQuery { function: "grep", pattern: a.pattern.clone(), file_bytes: size, matches: count, work_dir: work.root().display().to_string() },
+        repeat: a.repeat.max(1),
+        conventional: c.times(),
+        offload: o.times(),
+        speedup: c.total / o.total,
+        model_s: LatencyModelSeconds {
+            media_engine: models.drive.as_ref().and_then(|d| d.internal_read_mb_s()).map(|r| size as f64 / (r * 1e6)),
+            media_host: models.drive.as_ref().and_then(|d| d.host_read_mb_s()).map(|r| size as f64 / (r * 1e6)),
+            link_conventional: models.link.as_ref().map(|l| c.link_bytes as f64 / (l.mb_s * 1e6)),
+            link_offload: models.link.as_ref().map(|l| o.link_bytes as f64 / (l.mb_s * 1e6)),
         },
-        "parts": {
-            "compute": "thread CPU time of the kernel (offload: plus the stalls of the drive's CPU budget)",
-            "media": "time the kernel waited for data not yet read from the drive (flash-model paced)",
-            "link": "time waiting for the link model: the data (conventional), the descriptor and result (offload)",
-            "protocol": "the rest: commands, copies, thread hand-offs, encoding and decoding",
+        parts: LatencyParts {
+            compute: "thread CPU time of the kernel (offload: plus the stalls of the drive's CPU budget)",
+            media: "time the kernel waited for data not yet read from the drive (flash-model paced)",
+            link: "time waiting for the link model: the data (conventional), the descriptor and result (offload)",
+            protocol: "the rest: commands, copies, thread hand-offs, encoding and decoding",
         },
-        "machine": machine(),
-    });
-    Ok(out)
+        machine: machine(),
+    })
 }
 
 #[cfg(test)]
@@ -223,6 +306,6 @@ mod tests {
             dir: Some(dir.path().to_path_buf()),
         };
         let out = run(&a).unwrap();
-        assert_eq!(out["query"]["file_bytes"], 2 << 20);
+        assert_eq!(out.query.file_bytes, 2 << 20);
     }
 }

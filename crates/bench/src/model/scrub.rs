@@ -15,12 +15,12 @@ use super::emu::Network;
 use super::math::traffic_reduction;
 use super::pull::{exec_remote, pull, PullStats, IO_BYTES, QUEUE_DEPTH};
 use super::rig::{random_fill, write_image, Drive, Placer};
-use super::{models_json, ModelChoice, Models};
-use crate::common::{command, gbps, machine, median, with_utilization, Work, BUSY};
+use super::{ModelChoice, Models, ModelsReport};
+use crate::common::{command, gbps, machine, median, with_utilization, Machine, Work, BUSY};
 use crate::Error;
 use insitu_offload::{Args, Registry};
 use insitu_wire::{Descriptor, ExecResult, Value, VirtualObject};
-use serde_json::json;
+use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -51,6 +51,121 @@ pub struct ScrubScalingOptions {
     /// Work directory for the images. Default `None`: a new directory in /dev/shm,
     /// removed afterwards.
     pub dir: Option<PathBuf>,
+}
+
+/// The report of [`scrub_scaling`](crate::scrub_scaling).
+#[derive(Debug, Clone, Serialize)]
+pub struct ScrubReport {
+    /// `scrub-scaling`.
+    pub benchmark: &'static str,
+    /// The command line that ran it.
+    pub command: String,
+    /// The drive and link.
+    pub models: ModelsReport,
+    /// The checksum function.
+    pub function: String,
+    /// The data on every target.
+    pub data: ScrubData,
+    /// How each path and figure is measured, in words.
+    pub method: ScrubMethod,
+    /// Measurements per point.
+    pub repeat: usize,
+    /// One point per number of targets, from 1 up.
+    pub points: Vec<ScrubPoint>,
+    /// The last point against the first.
+    pub summary: ScrubSummary,
+    /// The machine it ran on.
+    pub machine: Machine,
+}
+
+/// The data of [`ScrubReport::data`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ScrubData {
+    /// Largest number of targets.
+    pub targets: usize,
+    /// Files per target.
+    pub files_per_target: usize,
+    /// Bytes per file.
+    pub file_size_bytes: u64,
+    /// Extents per file.
+    pub extents_per_file: u32,
+    /// Bytes of other data between a file's extents.
+    pub gap_bytes: u64,
+    /// File bytes per target.
+    pub bytes_per_target: u64,
+    /// Bytes per target's image.
+    pub image_bytes: u64,
+    /// The work directory.
+    pub work_dir: String,
+}
+
+/// The method of [`ScrubReport::method`], in words.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScrubMethod {
+    /// The conventional path.
+    pub conventional: String,
+    /// The offloaded path.
+    pub offload: &'static str,
+    /// What the link bytes count.
+    pub link_bytes: &'static str,
+    /// When a point counts as machine-limited.
+    pub machine_limited: &'static str,
+}
+
+/// A value for each path of a scrub: conventional and offloaded.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PerPath<T> {
+    /// The conventional path's.
+    pub conventional: T,
+    /// The offloaded path's.
+    pub offload: T,
+}
+
+/// One number of targets of [`ScrubReport::points`]. Rates are medians, in GB/s.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScrubPoint {
+    /// Targets scrubbed at once.
+    pub targets: usize,
+    /// Conventional scrubbing.
+    pub conventional_gbps: f64,
+    /// Offloaded scrubbing.
+    pub offload_gbps: f64,
+    /// `offload_gbps / conventional_gbps`.
+    pub offload_to_conventional: f64,
+    /// Bytes one conventional pass put on the link.
+    pub conventional_link_bytes: u64,
+    /// Bytes one offloaded pass put on the link.
+    pub offload_link_bytes: u64,
+    /// Share of the conventional link bytes the offload saved.
+    pub traffic_reduction: f64,
+    /// Seconds of every pass.
+    pub seconds: PerPath<Vec<f64>>,
+    /// Most share of the cores a pass kept busy.
+    pub cpu_busy: PerPath<f64>,
+    /// What the models predict for the conventional path; `None` (null) with neither a
+    /// drive nor a link model.
+    pub expected_conventional_gbps: Option<f64>,
+    /// What the models predict for the offloaded path; `None` (null) without a drive model.
+    pub expected_offload_gbps: Option<f64>,
+    /// With `--ceiling`: the conventional rate with no models; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ceiling_conventional_gbps: Option<f64>,
+    /// With `--ceiling`: the offloaded rate with no models; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ceiling_offload_gbps: Option<f64>,
+    /// Whether the machine, not the model, set the pace of each path.
+    pub machine_limited: PerPath<bool>,
+}
+
+/// The summary of [`ScrubReport::summary`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ScrubSummary {
+    /// The last point's `offload_to_conventional`.
+    pub offload_to_conventional_at_max: f64,
+    /// The last point's `traffic_reduction`.
+    pub traffic_reduction_at_max: f64,
+    /// The last point's offload rate over the first's.
+    pub offload_scaling_max_over_one: f64,
 }
 
 impl Default for ScrubScalingOptions {
@@ -137,9 +252,10 @@ fn agree(a: &Pass, b: &Pass, what: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// Median seconds and the passes' link bytes for one point (conventional, offloaded).
-fn measure(drives: &[Drive], models: &Models, files: &[VirtualObject], descs: &[Vec<u8>], function: &str, repeat: usize) -> Result<serde_json::Value, Error> {
-    let (mut conv, mut off, mut cb, mut ob, mut busy) = (Vec::new(), Vec::new(), 0, 0, (0.0f64, 0.0f64));
+/// One point (conventional, offloaded): median rates, the passes' link bytes; the model's
+/// expectations and the machine limits are left for the caller.
+fn measure(drives: &[Drive], models: &Models, files: &[VirtualObject], descs: &[Vec<u8>], function: &str, repeat: usize) -> Result<ScrubPoint, Error> {
+    let (mut conv, mut off, mut cb, mut ob, mut busy) = (Vec::new(), Vec::new(), 0, 0, PerPath::<f64>::default());
     for _ in 0..repeat {
         let c = conventional(drives, models, files, function)?;
         let o = offloaded(drives, models, descs)?;
@@ -147,16 +263,26 @@ fn measure(drives: &[Drive], models: &Models, files: &[VirtualObject], descs: &[
         conv.push(c.secs);
         off.push(o.secs);
         (cb, ob) = (c.link_bytes, o.link_bytes);
-        busy = (busy.0.max(c.busy), busy.1.max(o.busy));
+        busy = PerPath { conventional: busy.conventional.max(c.busy), offload: busy.offload.max(o.busy) };
     }
     let bytes = drives.len() as u64 * files.iter().map(|f| f.length).sum::<u64>();
     let (c, o) = (gbps(bytes, median(&mut conv.clone())), gbps(bytes, median(&mut off.clone())));
-    Ok(json!({
-        "conventional_gbps": c, "offload_gbps": o, "offload_to_conventional": o / c,
-        "conventional_link_bytes": cb, "offload_link_bytes": ob, "traffic_reduction": traffic_reduction(ob, cb),
-        "seconds": {"conventional": conv, "offload": off},
-        "cpu_busy": {"conventional": busy.0, "offload": busy.1},
-    }))
+    Ok(ScrubPoint {
+        targets: drives.len(),
+        conventional_gbps: c,
+        offload_gbps: o,
+        offload_to_conventional: o / c,
+        conventional_link_bytes: cb,
+        offload_link_bytes: ob,
+        traffic_reduction: traffic_reduction(ob, cb),
+        seconds: PerPath { conventional: conv, offload: off },
+        cpu_busy: busy,
+        expected_conventional_gbps: None,
+        expected_offload_gbps: None,
+        ceiling_conventional_gbps: None,
+        ceiling_offload_gbps: None,
+        machine_limited: PerPath::default(),
+    })
 }
 
 /// Runs the scrub-scaling benchmark: for 1..=`targets` emulated drives behind one link,
@@ -166,7 +292,7 @@ fn measure(drives: &[Drive], models: &Models, files: &[VirtualObject], descs: &[
 /// The report has one entry in `points` per target count (`conventional_gbps`,
 /// `offload_gbps`, `offload_to_conventional`, link bytes, `traffic_reduction`, what the
 /// models predict and whether the machine limited the pass) and a `summary`.
-pub fn run(a: &ScrubScalingOptions, progress: &mut dyn FnMut(&str)) -> Result<serde_json::Value, Error> {
+pub fn run(a: &ScrubScalingOptions, progress: &mut dyn FnMut(&str)) -> Result<ScrubReport, Error> {
     let models = a.model.resolve("custom:500", "10gbe")?;
     let file_size = a.file_size;
     if a.targets == 0 || a.files == 0 || file_size == 0 {
@@ -199,62 +325,62 @@ pub fn run(a: &ScrubScalingOptions, progress: &mut dyn FnMut(&str)) -> Result<se
             (Some(h), Some(l)) => Some((nf * h).min(l)),
             (h, l) => h.map(|h| nf * h).or(l),
         };
-        p["targets"] = json!(n);
-        p["expected_conventional_gbps"] = json!(conv_model.map(|m| m / 1000.0));
-        p["expected_offload_gbps"] = json!(internal.map(|i| nf * i / 1000.0));
-        let busy = |k: &str| p["cpu_busy"][k].as_f64().unwrap_or(0.0) >= BUSY;
-        let (mut conv_limited, mut off_limited) = (busy("conventional"), busy("offload"));
+        p.expected_conventional_gbps = conv_model.map(|m| m / 1000.0);
+        p.expected_offload_gbps = internal.map(|i| nf * i / 1000.0);
+        let mut limited = PerPath { conventional: p.cpu_busy.conventional >= BUSY, offload: p.cpu_busy.offload >= BUSY };
         if a.ceiling {
             let c = measure(&free[..n], &unpaced, &files, &descs, &a.function, 1)?;
-            p["ceiling_conventional_gbps"] = c["conventional_gbps"].clone();
-            p["ceiling_offload_gbps"] = c["offload_gbps"].clone();
+            p.ceiling_conventional_gbps = Some(c.conventional_gbps);
+            p.ceiling_offload_gbps = Some(c.offload_gbps);
             // The machine, not the model, also sets the pace where the model asks for more
-            // than 90 % of what this machine does with no model at all.
-            let above = |want: &serde_json::Value, ceil: &serde_json::Value| match (want.as_f64(), ceil.as_f64()) {
-                (Some(w), Some(c)) => w > 0.9 * c,
-                _ => false,
-            };
-            conv_limited |= above(&p["expected_conventional_gbps"], &c["conventional_gbps"]);
-            off_limited |= above(&p["expected_offload_gbps"], &c["offload_gbps"]);
+            // than 90 % of what this machine does with no model at all (a rate that is not a
+            // number limits nothing).
+            let above = |want: Option<f64>, ceil: f64| want.is_some_and(|w| w.is_finite() && ceil.is_finite() && w > 0.9 * ceil);
+            limited.conventional |= above(p.expected_conventional_gbps, c.conventional_gbps);
+            limited.offload |= above(p.expected_offload_gbps, c.offload_gbps);
         }
-        p["machine_limited"] = json!({"conventional": conv_limited, "offload": off_limited});
+        p.machine_limited = limited;
         progress(&format!(
             "  {n} target(s): conventional {:.3} GB/s, offload {:.3} GB/s ({:.2}x), traffic reduced {:.4}%",
-            p["conventional_gbps"].as_f64().unwrap_or(0.0),
-            p["offload_gbps"].as_f64().unwrap_or(0.0),
-            p["offload_to_conventional"].as_f64().unwrap_or(0.0),
-            100.0 * p["traffic_reduction"].as_f64().unwrap_or(0.0)
+            p.conventional_gbps,
+            p.offload_gbps,
+            p.offload_to_conventional,
+            100.0 * p.traffic_reduction
         ));
         points.push(p);
     }
-    let last = points.last().cloned().unwrap_or_default();
-    let first_off = points[0]["offload_gbps"].as_f64().unwrap_or(0.0);
-    let out = json!({
-        "benchmark": "scrub-scaling",
-        "command": command(),
-        "models": models_json(&models),
-        "function": a.function,
-        "data": {
-            "targets": a.targets, "files_per_target": a.files, "file_size_bytes": file_size,
-            "extents_per_file": a.extents.max(1), "gap_bytes": GAP, "bytes_per_target": a.files as u64 * file_size,
-            "image_bytes": image_bytes, "work_dir": work.root().display().to_string(),
+    let (first, last) = (&points[0], &points[points.len() - 1]);
+    let summary = ScrubSummary {
+        offload_to_conventional_at_max: last.offload_to_conventional,
+        traffic_reduction_at_max: last.traffic_reduction,
+        offload_scaling_max_over_one: last.offload_gbps / first.offload_gbps.max(1e-12),
+    };
+    Ok(ScrubReport {
+        benchmark: "scrub-scaling",
+        command: command(),
+        models: ModelsReport::new(&models),
+        function: a.function.clone(),
+        data: ScrubData {
+            targets: a.targets,
+            files_per_target: a.files,
+            file_size_bytes: file_size,
+            extents_per_file: a.extents.max(1),
+            gap_bytes: GAP,
+            bytes_per_target: a.files as u64 * file_size,
+            image_bytes,
+            work_dir: work.root().display().to_string(),
         },
-        "method": {
-            "conventional": format!("one host thread per target pulls every file over the shared link in {} KiB reads, {QUEUE_DEPTH} outstanding, and checksums it on the host", IO_BYTES >> 10),
-            "offload": "one thread per target sends one EXEC per file; the descriptor and the digest cross the link",
-            "link_bytes": "payload plus NVMe/TCP command, data-PDU and completion headers, both directions",
-            "machine_limited": "the pass kept at least 85 % of the cores busy, or (with --ceiling) the model asks for more than 90 % of the unpaced rate",
+        method: ScrubMethod {
+            conventional: format!("one host thread per target pulls every file over the shared link in {} KiB reads, {QUEUE_DEPTH} outstanding, and checksums it on the host", IO_BYTES >> 10),
+            offload: "one thread per target sends one EXEC per file; the descriptor and the digest cross the link",
+            link_bytes: "payload plus NVMe/TCP command, data-PDU and completion headers, both directions",
+            machine_limited: "the pass kept at least 85 % of the cores busy, or (with --ceiling) the model asks for more than 90 % of the unpaced rate",
         },
-        "repeat": a.repeat.max(1),
-        "points": points,
-        "summary": {
-            "offload_to_conventional_at_max": last["offload_to_conventional"],
-            "traffic_reduction_at_max": last["traffic_reduction"],
-            "offload_scaling_max_over_one": last["offload_gbps"].as_f64().unwrap_or(0.0) / first_off.max(1e-12),
-        },
-        "machine": machine(),
-    });
-    Ok(out)
+        repeat: a.repeat.max(1),
+        points,
+        summary,
+        machine: machine(),
+    })
 }
 
 #[cfg(test)]
@@ -276,13 +402,11 @@ mod tests {
             dir: Some(dir.path().to_path_buf()),
         };
         let out = run(&a, &mut |_| {}).unwrap();
-        let points = out["points"].as_array().unwrap();
-        assert_eq!(points.len(), 2);
-        for p in points {
+        assert_eq!(out.points.len(), 2);
+        for p in &out.points {
             // 3 files of 1 MiB per target moved conventionally; a few hundred bytes offloaded.
-            let conv = p["conventional_link_bytes"].as_u64().unwrap();
-            assert!(conv >= (p["targets"].as_u64().unwrap() * 3) << 20, "{p}");
-            assert!(p["traffic_reduction"].as_f64().unwrap() > 0.999, "{p}");
+            assert!(p.conventional_link_bytes >= (p.targets as u64 * 3) << 20, "{p:?}");
+            assert!(p.traffic_reduction > 0.999, "{p:?}");
         }
         assert!(!dir.path().join("target0.img").exists(), "images are removed");
     }
