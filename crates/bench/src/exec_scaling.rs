@@ -13,7 +13,7 @@ use crate::common::{command, gbps, machine, median, timed_workers, Machine, Work
 use crate::dataset::Rng;
 use crate::Error;
 use insitu_engine::{NamespaceConfig, PoolStats, Engine};
-use insitu_wire::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
+use insitu_proto::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 

@@ -33,7 +33,7 @@ use insitu_initiator::{ConnectOptions, Session};
 use insitu_media::{AlignedBuf, Backing, DIRECT_ALIGN};
 use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
 use insitu_engine::{NamespaceConfig, Engine};
-use insitu_wire::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
+use insitu_proto::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
 use serde::Serialize;
 use std::fs::File;
 use std::path::PathBuf;
@@ -612,7 +612,7 @@ pub fn fabric_wire_check(report: &FabricReport) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use insitu_wire::Limits;
+    use insitu_proto::Limits;
 
     #[test]
     fn descriptors_cover_the_data_and_put_the_result_after_it() {

@@ -17,7 +17,7 @@ use insitu_image::human;
 use crate::Error;
 use insitu_media::{Backing, ReadPurpose, UringScanner};
 use insitu_engine::{NamespaceConfig, Engine};
-use insitu_wire::{Descriptor, ExecResult, Extent, VirtualObject, SECTOR};
+use insitu_proto::{Descriptor, ExecResult, Extent, VirtualObject, SECTOR};
 use serde::Serialize;
 use std::fs::File;
 use std::ops::ControlFlow;

@@ -10,7 +10,7 @@ use crate::Error;
 use insitu_host::{device, virtual_object, Mode, Offloader, Request};
 use insitu_media::{AlignedBuf, Backing, DIRECT_ALIGN};
 use insitu_engine::CHUNK;
-use insitu_wire::{ExtentKind, SECTOR};
+use insitu_proto::{ExtentKind, SECTOR};
 use serde::Serialize;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -81,7 +81,7 @@ impl Default for ScanOptions {
 
 /// Reads the data extents of `obj` from `backing` with direct I/O, in the target's chunk
 /// size, one request at a time; returns seconds.
-fn raw_read(backing: &Backing, obj: &insitu_wire::VirtualObject) -> Result<f64, Error> {
+fn raw_read(backing: &Backing, obj: &insitu_proto::VirtualObject) -> Result<f64, Error> {
     let mut buf = AlignedBuf::new(CHUNK + 2 * DIRECT_ALIGN);
     let started = Instant::now();
     let mut left = obj.length;

@@ -2,7 +2,7 @@
 //! Property tests of the descriptor and result codecs and of `Descriptor::check_extents`.
 //!
 //! Case counts are kept modest so the suite runs in seconds; raise them for a longer soak
-//! with `PROPTEST_CASES=10000 cargo test -p insitu-wire --release --test properties`.
+//! with `PROPTEST_CASES=10000 cargo test -p insitu-proto --release --test properties`.
 
 use insitu_proto::{
     DecodeError, Descriptor, ExecResult, Extent, ExtentError, ExtentKind, Limits, Value, VirtualObject, SECTOR,

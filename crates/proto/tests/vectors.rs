@@ -9,7 +9,7 @@
 //! text contains the entry's `error`.
 //!
 //! To rewrite the files after an intended change:
-//! `INSITU_REGEN_VECTORS=1 cargo test -p insitu-wire --test vectors`.
+//! `INSITU_REGEN_VECTORS=1 cargo test -p insitu-proto --test vectors`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -486,7 +486,7 @@ fn committed_vectors_match_the_encoder() {
         fs::write(dir.join("vectors.json"), serde_json::to_string_pretty(&index).unwrap() + "\n").unwrap();
         return;
     }
-    let hint = "regenerate with INSITU_REGEN_VECTORS=1 cargo test -p insitu-wire --test vectors";
+    let hint = "regenerate with INSITU_REGEN_VECTORS=1 cargo test -p insitu-proto --test vectors";
     let committed: Json = serde_json::from_str(&fs::read_to_string(dir.join("vectors.json")).expect(hint)).unwrap();
     assert_eq!(committed, index, "docs/vectors/vectors.json is stale; {hint}");
     for v in &vectors {

@@ -26,7 +26,7 @@ use super::{ModelChoice, Models, ModelsReport};
 use crate::common::{command, machine, median, with_utilization, Machine, Work, BUSY};
 use crate::Error;
 use insitu_offload::Record;
-use insitu_wire::ExecResult;
+use insitu_proto::ExecResult;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -235,7 +235,7 @@ fn calibrate(kernel: &str, bytes: u64, models: &Models, repeat: usize) -> Result
 struct Array {
     drives: Vec<Drive>,
     placed: Vec<Placed>,
-    args: Vec<Vec<(String, insitu_wire::Value)>>,
+    args: Vec<Vec<(String, insitu_proto::Value)>>,
 }
 
 fn build(work: &mut Work, kernel: &str, bytes: u64, n: usize, models: &Models) -> Result<Array, Error> {

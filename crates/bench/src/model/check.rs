@@ -27,7 +27,7 @@ use insitu_model::DeviceModel;
 use insitu_nvmf::{NamespaceSpec, Server, SubsystemConfig, TargetConfig};
 use insitu_offload::InputStream;
 use insitu_engine::{NamespaceConfig, Engine};
-use insitu_wire::{Descriptor, Extent, VirtualObject, SECTOR};
+use insitu_proto::{Descriptor, Extent, VirtualObject, SECTOR};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -21,7 +21,7 @@ use crate::common::{command, machine, median, Machine, Work};
 use crate::dataset::Rng;
 use crate::Error;
 use insitu_offload::{Args, Record};
-use insitu_wire::{Descriptor, ExecResult, Value, VirtualObject};
+use insitu_proto::{Descriptor, ExecResult, Value, VirtualObject};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;

@@ -11,7 +11,7 @@ use crate::Error;
 use insitu_media::Pacing;
 use insitu_model::DeviceModel;
 use insitu_engine::{NamespaceConfig, Nsid, Engine};
-use insitu_wire::{Extent, VirtualObject, SECTOR};
+use insitu_proto::{Extent, VirtualObject, SECTOR};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

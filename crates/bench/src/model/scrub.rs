@@ -19,7 +19,7 @@ use super::{ModelChoice, Models, ModelsReport};
 use crate::common::{command, gbps, machine, median, with_utilization, Machine, Work, BUSY};
 use crate::Error;
 use insitu_offload::{Args, Registry};
-use insitu_wire::{Descriptor, ExecResult, Value, VirtualObject};
+use insitu_proto::{Descriptor, ExecResult, Value, VirtualObject};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;

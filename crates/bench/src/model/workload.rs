@@ -5,7 +5,7 @@
 use super::rig::Placer;
 use crate::dataset::Rng;
 use insitu_offload::{Args, Registry};
-use insitu_wire::{Descriptor, Value, VirtualObject};
+use insitu_proto::{Descriptor, Value, VirtualObject};
 
 /// The kernels, in CSDPLAN's order.
 pub(crate) const KERNELS: [&str; 4] = ["count", "vector-add", "array-merge", "pagerank"];
