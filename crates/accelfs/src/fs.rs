@@ -342,7 +342,19 @@ impl File {
 
 impl State {
     fn new(dev: Box<dyn BlockDevice>, block_count: u64, generation: u64, meta_extents: Vec<Extent>, meta: Meta, free: FreeList, cache_bytes: usize) -> State {
-        State { dev, block_count, generation, meta_extents, meta, free, pending: Vec::new(), dirty: false, cache: Cache::new(cache_bytes), ahead: None, failed: None }
+        State {
+            dev,
+            block_count,
+            generation,
+            meta_extents,
+            meta,
+            free,
+            pending: Vec::new(),
+            dirty: false,
+            cache: Cache::new(cache_bytes),
+            ahead: None,
+            failed: None,
+        }
     }
 
     fn ok(&self) -> Result<(), Error> {
@@ -540,7 +552,9 @@ impl State {
             let mut at = e.start;
             while at < e.start + e.count {
                 let n = ZERO_RUN.min(e.start + e.count - at);
-                self.dev.write_at(&zeros[..(n * BS) as usize], at * BS).map_err(|err| Error::io(format!("zeroing block {at} of {}", self.dev.describe()), err))?;
+                self.dev
+                    .write_at(&zeros[..(n * BS) as usize], at * BS)
+                    .map_err(|err| Error::io(format!("zeroing block {at} of {}", self.dev.describe()), err))?;
                 at += n;
             }
         }
@@ -626,7 +640,9 @@ impl State {
                 break;
             }
             let n = ((e.count * BS) as usize).min(blob.len() - done);
-            self.dev.write_at(&blob[done..done + n], e.start * BS).map_err(|err| Error::io(format!("writing the metadata at block {} of {}", e.start, self.dev.describe()), err))?;
+            self.dev
+                .write_at(&blob[done..done + n], e.start * BS)
+                .map_err(|err| Error::io(format!("writing the metadata at block {} of {}", e.start, self.dev.describe()), err))?;
             done += n;
         }
         Ok(())

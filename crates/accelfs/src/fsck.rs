@@ -112,7 +112,8 @@ pub(crate) fn load(dev: &dyn BlockDevice) -> Result<Result<Loaded, Unusable>, Er
     let mut at = 0;
     for e in &sb.meta {
         let n = ((e.count * BS) as usize).min(blob.len() - at);
-        dev.read_at(&mut blob[at..at + n], e.start * BS).map_err(|err| Error::io(format!("reading the metadata at block {} of {}", e.start, dev.describe()), err))?;
+        dev.read_at(&mut blob[at..at + n], e.start * BS)
+            .map_err(|err| Error::io(format!("reading the metadata at block {} of {}", e.start, dev.describe()), err))?;
         at += n;
     }
     blob.truncate(sb.meta_len as usize);

@@ -151,7 +151,9 @@ pub fn attach(url: &str, dir: &Path, format: Option<Format>, hostnqn: Option<Str
     let url = TargetUrl::parse(url)?;
     let nsid = url.nsid.unwrap_or(1);
     let hostnqn = hostnqn.unwrap_or_else(default_hostnqn);
-    let dir = std::fs::canonicalize(dir).or_else(|_| std::fs::create_dir_all(dir).and_then(|_| std::fs::canonicalize(dir))).map_err(|e| host_err(&dir.display().to_string(), e))?;
+    let dir = std::fs::canonicalize(dir)
+        .or_else(|_| std::fs::create_dir_all(dir).and_then(|_| std::fs::canonicalize(dir)))
+        .map_err(|e| host_err(&dir.display().to_string(), e))?;
     if list().iter().any(|a| a.dir == dir) {
         return Err(AttachError::Host(format!("{} already has a namespace attached; `insitu detach {}` first", dir.display(), dir.display())));
     }
@@ -178,7 +180,17 @@ pub fn attach(url: &str, dir: &Path, format: Option<Format>, hostnqn: Option<Str
     if pid == 0 {
         serve_child(opts, nsid, lba, size, &fuse_dir, &log);
     }
-    let mut a = Attachment { url: format!("nvme-tcp://{}/{}/{nsid}", url.address(), url.nqn), hostnqn, nsid, size, lba_size: lba, dir, disk, loop_device: String::new(), pid };
+    let mut a = Attachment {
+        url: format!("nvme-tcp://{}/{}/{nsid}", url.address(), url.nqn),
+        hostnqn,
+        nsid,
+        size,
+        lba_size: lba,
+        dir,
+        disk,
+        loop_device: String::new(),
+        pid,
+    };
     let undo = |a: &Attachment| undo(a, &fuse_dir);
     let deadline = Instant::now() + Duration::from_secs(15);
     while std::fs::metadata(&a.disk).map(|m| m.len()).unwrap_or(0) != size {

@@ -90,7 +90,16 @@ mod tests {
         let v6 = TargetUrl::parse("nvme-tcp://[::1]/nqn.x:y").unwrap();
         assert_eq!((v6.host.as_str(), v6.port, v6.nsid), ("::1", 4420, None));
         assert_eq!(v6.address(), "[::1]:4420");
-        for bad in ["http://x/nqn.a", "nvme-tcp://h:0/nqn.a", "nvme-tcp://h:99999/nqn.a", "nvme-tcp://h/notnqn", "nvme-tcp://h/nqn.a/0", "nvme-tcp://h", "nvme-tcp:///nqn.a", "nvme-tcp://[::1/nqn.a"] {
+        for bad in [
+            "http://x/nqn.a",
+            "nvme-tcp://h:0/nqn.a",
+            "nvme-tcp://h:99999/nqn.a",
+            "nvme-tcp://h/notnqn",
+            "nvme-tcp://h/nqn.a/0",
+            "nvme-tcp://h",
+            "nvme-tcp:///nqn.a",
+            "nvme-tcp://[::1/nqn.a",
+        ] {
             assert!(TargetUrl::parse(bad).is_err(), "{bad}");
         }
     }

@@ -2,11 +2,11 @@
 //! What every benchmark needs: the machine and command line it ran with, cold caches, CPU
 //! use, medians and rates.
 
+use crate::Error;
 use insitu_host::pool::drop_cached_pages;
+use insitu_image::human;
 use serde::Serialize;
 use std::fs::File;
-use insitu_image::human;
-use crate::Error;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -87,7 +87,12 @@ pub(crate) fn median(v: &mut [f64]) -> f64 {
 /// its own `state()` and taking the next item from a shared counter, as a queue of
 /// requests in flight is kept full. The first error stops every thread and is returned;
 /// otherwise the seconds the whole took.
-pub(crate) fn timed_workers<S>(threads: usize, items: u64, state: impl Fn() -> S + Sync, work: impl Fn(&mut S, u64) -> Result<(), String> + Sync) -> Result<f64, Error> {
+pub(crate) fn timed_workers<S>(
+    threads: usize,
+    items: u64,
+    state: impl Fn() -> S + Sync,
+    work: impl Fn(&mut S, u64) -> Result<(), String> + Sync,
+) -> Result<f64, Error> {
     let next = AtomicU64::new(0);
     let error = Mutex::new(None);
     let started = Instant::now();

@@ -12,7 +12,7 @@
 use crate::common::{command, gbps, machine, median, timed_workers, Machine, Work, REAL_SPEED};
 use crate::dataset::Rng;
 use crate::Error;
-use insitu_engine::{NamespaceConfig, PoolStats, Engine};
+use insitu_engine::{Engine, NamespaceConfig, PoolStats};
 use insitu_proto::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -131,7 +131,10 @@ pub struct PoolReport {
 pub fn exec_scaling(opts: &ExecScalingOptions) -> Result<ExecScalingReport, Error> {
     let size = opts.object_size;
     if size == 0 || !size.is_multiple_of(SECTOR) || size > u64::from(u32::MAX) * SECTOR || opts.objects == 0 || opts.streams.is_empty() {
-        return Err(format!("object size {size}: give a positive multiple of {SECTOR}, at least one object and one stream count (e.g. --object-size 4M --streams 1,2,4,8)").into());
+        return Err(format!(
+            "object size {size}: give a positive multiple of {SECTOR}, at least one object and one stream count (e.g. --object-size 4M --streams 1,2,4,8)"
+        )
+        .into());
     }
     let mut work = Work::new(opts.dir.clone(), "exec-scaling", size * opts.objects as u64)?;
     let path = work.file("objects.img");
@@ -198,7 +201,13 @@ pub fn exec_scaling(opts: &ExecScalingOptions) -> Result<ExecScalingReport, Erro
         function: "crc32c",
         results,
         scaling,
-        pool: PoolReport { buffer_bytes: pool.buffer_bytes, max_idle: pool.max_idle, peak_bytes: pool.peak_bytes(), allocations: pool.allocations, reuses: pool.reuses },
+        pool: PoolReport {
+            buffer_bytes: pool.buffer_bytes,
+            max_idle: pool.max_idle,
+            peak_bytes: pool.peak_bytes(),
+            allocations: pool.allocations,
+            reuses: pool.reuses,
+        },
         work_dir: work.root().display().to_string(),
         machine: machine(),
         model: REAL_SPEED,
@@ -225,10 +234,15 @@ fn write_objects(path: &Path, size: u64, objects: usize) -> Result<Vec<String>, 
 /// `streams` threads take the next EXEC until `rounds` passes are done; returns seconds.
 fn run(t: &Engine, descriptors: &[Vec<u8>], expect: &[String], streams: usize, rounds: usize) -> Result<f64, Error> {
     let total = (descriptors.len() * rounds) as u64;
-    timed_workers(streams, total, || (), |(), i| {
-        let obj = i as usize % descriptors.len();
-        check(t, &descriptors[obj], &expect[obj], obj)
-    })
+    timed_workers(
+        streams,
+        total,
+        || (),
+        |(), i| {
+            let obj = i as usize % descriptors.len();
+            check(t, &descriptors[obj], &expect[obj], obj)
+        },
+    )
 }
 
 /// Runs one EXEC and compares its digest with the host's.

@@ -26,13 +26,13 @@
 
 use crate::common::{command, drop_caches, gbps, machine, median, timed_workers, Machine, Work, REAL_SPEED};
 use crate::dataset::Rng;
-use insitu_image::human;
 use crate::tcp::{tcp_loopback, Source, TcpLoad};
 use crate::Error;
+use insitu_engine::{Engine, NamespaceConfig};
+use insitu_image::human;
 use insitu_initiator::{ConnectOptions, Session};
 use insitu_media::{AlignedBuf, Backing, DIRECT_ALIGN};
 use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
-use insitu_engine::{NamespaceConfig, Engine};
 use insitu_proto::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
 use serde::Serialize;
 use std::fs::File;
@@ -111,13 +111,18 @@ fn raw_read(backing: &Backing, size: u64) -> Result<f64, Error> {
 /// `QUEUE_DEPTH` requests in flight (one thread each, taking the next request from a shared
 /// counter); returns seconds.
 fn raw_read_shaped(backing: &Backing, size: u64) -> Result<f64, Error> {
-    timed_workers(QUEUE_DEPTH, size.div_ceil(READ_IO as u64), || AlignedBuf::new(READ_IO + 2 * DIRECT_ALIGN), |buf, i| {
-        let off = i * READ_IO as u64;
-        let n = (size - off).min(READ_IO as u64) as usize;
-        let slice = backing.read_window(buf, off, n).map_err(|e| format!("raw read of {} at {off}: {e}", backing.path().display()))?;
-        std::hint::black_box(slice);
-        Ok(())
-    })
+    timed_workers(
+        QUEUE_DEPTH,
+        size.div_ceil(READ_IO as u64),
+        || AlignedBuf::new(READ_IO + 2 * DIRECT_ALIGN),
+        |buf, i| {
+            let off = i * READ_IO as u64;
+            let n = (size - off).min(READ_IO as u64) as usize;
+            let slice = backing.read_window(buf, off, n).map_err(|e| format!("raw read of {} at {off}: {e}", backing.path().display()))?;
+            std::hint::black_box(slice);
+            Ok(())
+        },
+    )
 }
 
 /// Reads `[0, size)` of `backing` with direct I/O in the streams the fabric read makes:
@@ -126,9 +131,12 @@ fn raw_read_shaped(backing: &Backing, size: u64) -> Result<f64, Error> {
 /// one read); returns seconds. Next to [`raw_read`] (one stream) it shows what four
 /// streams cost on this drive.
 fn raw_read_streams(backing: &Backing, size: u64) -> Result<f64, Error> {
-    timed_workers(usize::from(IO_QUEUES), size.div_ceil(READ_SPAN as u64), || AlignedBuf::new(RAW_IO + 2 * DIRECT_ALIGN), |buf, i| {
-        read_range(backing, buf, i * READ_SPAN as u64, ((i + 1) * READ_SPAN as u64).min(size))
-    })
+    timed_workers(
+        usize::from(IO_QUEUES),
+        size.div_ceil(READ_SPAN as u64),
+        || AlignedBuf::new(RAW_IO + 2 * DIRECT_ALIGN),
+        |buf, i| read_range(backing, buf, i * READ_SPAN as u64, ((i + 1) * READ_SPAN as u64).min(size)),
+    )
 }
 
 /// Reads `[0, size)` of namespace 1 in `READ_IO` requests with `QUEUE_DEPTH` in flight, as
@@ -136,13 +144,18 @@ fn raw_read_streams(backing: &Backing, size: u64) -> Result<f64, Error> {
 /// `READ_SPAN` bytes with one call that the session splits into `READ_IO` commands and
 /// pipelines on one queue (the queue's depth is `QUEUE_DEPTH / IO_QUEUES`); returns seconds.
 fn fabric_read(s: &Session, size: u64) -> Result<f64, Error> {
-    timed_workers(usize::from(IO_QUEUES), size.div_ceil(READ_SPAN as u64), || vec![0u8; READ_SPAN], |buf, i| {
-        let off = i * READ_SPAN as u64;
-        let n = (size - off).min(READ_SPAN as u64) as usize;
-        s.read_into(1, off / SECTOR, &mut buf[..n]).map_err(|e| format!("fabric read at byte {off}: {e}"))?;
-        std::hint::black_box(&buf);
-        Ok(())
-    })
+    timed_workers(
+        usize::from(IO_QUEUES),
+        size.div_ceil(READ_SPAN as u64),
+        || vec![0u8; READ_SPAN],
+        |buf, i| {
+            let off = i * READ_SPAN as u64;
+            let n = (size - off).min(READ_SPAN as u64) as usize;
+            s.read_into(1, off / SECTOR, &mut buf[..n]).map_err(|e| format!("fabric read at byte {off}: {e}"))?;
+            std::hint::black_box(&buf);
+            Ok(())
+        },
+    )
 }
 
 /// crc32c over `[0, size)` in `EXTENTS` extents; with `result_object`, the result goes to
@@ -246,7 +259,12 @@ impl Rig {
             };
             let server = Server::bind(cfg).map_err(|e| format!("cannot start the in-process target: {e}"))?.spawn();
             let depth = (QUEUE_DEPTH / IO_QUEUES as usize) as u16;
-            let opts = ConnectOptions { io_queues: IO_QUEUES, queue_depth: depth, max_io_bytes: Some(READ_IO), ..ConnectOptions::new(server.local_addr().to_string(), NQN) };
+            let opts = ConnectOptions {
+                io_queues: IO_QUEUES,
+                queue_depth: depth,
+                max_io_bytes: Some(READ_IO),
+                ..ConnectOptions::new(server.local_addr().to_string(), NQN)
+            };
             let session = Session::connect(opts).map_err(|e| format!("cannot connect to the in-process target at {}: {e}", server.local_addr()))?;
             spot_check(&session, &backing, size)?;
             Ok((server, session))
@@ -302,7 +320,8 @@ enum Kind {
     FabricExec,
 }
 
-const ROUND: [Kind; 9] = [Kind::Raw, Kind::RawShaped, Kind::RawStreams, Kind::FabricRead, Kind::FabricReadDirect, Kind::Tcp, Kind::TcpCached, Kind::EmbeddedExec, Kind::FabricExec];
+const ROUND: [Kind; 9] =
+    [Kind::Raw, Kind::RawShaped, Kind::RawStreams, Kind::FabricRead, Kind::FabricReadDirect, Kind::Tcp, Kind::TcpCached, Kind::EmbeddedExec, Kind::FabricExec];
 
 impl Samples {
     /// One measurement of each kind, each from cold caches; `reversed` runs them in the
@@ -329,9 +348,7 @@ impl Samples {
             Kind::FabricRead => self.fabric_read.push(fabric_read(&rig.session, rig.size)?),
             Kind::FabricReadDirect => self.fabric_read_direct.push(fabric_read(&rig.direct.1, rig.size)?),
             Kind::Tcp => self.tcp.push(tcp_loopback(rig.size, load, Source::File(&rig.path)).map_err(|e| format!("loopback TCP ceiling: {e}"))?),
-            Kind::TcpCached => {
-                self.tcp_cached.push(tcp_loopback(rig.size, load, Source::Cached).map_err(|e| format!("loopback TCP ceiling from cache: {e}"))?)
-            }
+            Kind::TcpCached => self.tcp_cached.push(tcp_loopback(rig.size, load, Source::Cached).map_err(|e| format!("loopback TCP ceiling from cache: {e}"))?),
             Kind::EmbeddedExec => {
                 let (secs, r) = embedded_exec(&rig.embedded, &rig.inline_desc)?;
                 self.embedded_exec.push(secs);

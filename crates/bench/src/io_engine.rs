@@ -13,10 +13,10 @@
 
 use crate::common::{command, drop_caches, gbps, machine, median, Machine, Work};
 use crate::dataset::Rng;
-use insitu_image::human;
 use crate::Error;
+use insitu_engine::{Engine, NamespaceConfig};
+use insitu_image::human;
 use insitu_media::{Backing, ReadPurpose, UringScanner};
-use insitu_engine::{NamespaceConfig, Engine};
 use insitu_proto::{Descriptor, ExecResult, Extent, VirtualObject, SECTOR};
 use serde::Serialize;
 use std::fs::File;
@@ -103,7 +103,11 @@ pub fn io_engine(opts: &IoEngineOptions) -> Result<IoEngineReport, Error> {
     let mut target = Engine::new();
     target.add_namespace(&path, NamespaceConfig::default()).map_err(|e| format!("{}: {e}", path.display()))?;
     let desc = Descriptor::new("crc32c", vec![VirtualObject { offset: 0, length: size, extents: vec![Extent::data(0, (size / SECTOR) as u32)] }]).encode();
-    let mut scanners = SHAPES.iter().map(|&(chunk, depth)| UringScanner::new(depth, chunk)).collect::<Result<Vec<_>, _>>().map_err(|e| format!("io_uring is not available here: {e}"))?;
+    let mut scanners = SHAPES
+        .iter()
+        .map(|&(chunk, depth)| UringScanner::new(depth, chunk))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("io_uring is not available here: {e}"))?;
 
     let mut exec_secs = Vec::new();
     let mut uring_secs = vec![Vec::new(); SHAPES.len()];

@@ -29,15 +29,15 @@
 //! which cannot add its per-request latency: see there).
 
 use crate::common::{command, drop_caches, machine, Machine, Work};
+use crate::dbbench::{db_bench_key, DbBench, DB_BENCH_VALUE_SIZES as DB_VALUES};
 use crate::genome::{self, Files, GenomeRun};
-use insitu_image::{Fs as MkFs, Scratch};
 use crate::model::{parse_drive, parse_link, DriveReport};
 use crate::throttle::{device_of, FlushPaced, Limits, Throttle};
-use crate::dbbench::{db_bench_key, DbBench, DB_BENCH_VALUE_SIZES as DB_VALUES};
 use crate::ycsb::{Op, Workload, Ycsb, YcsbConfig, FIELD_LEN};
 use crate::Error;
-use insitu_kvstore::wire::{Key, StoreMode};
 use insitu_accelfs::{BlockDevice, FileDevice, Fs};
+use insitu_image::{Fs as MkFs, Scratch};
+use insitu_kvstore::wire::{Key, StoreMode};
 use insitu_kvstore::{KvStore, KvStoreError, PacedDevice};
 use insitu_model::DeviceModel;
 use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
@@ -445,7 +445,15 @@ fn redirect(root: &Path, size: u64, drive: Option<&DeviceModel>, link: Option<in
     let nqn = "nqn.2024-01.io.insitu:bench-kv";
     let model = match (drive, link) {
         (Some(d), link) => Some(DeviceModel { link, ..d.clone() }),
-        (None, Some(l)) => Some(DeviceModel { name: "link".into(), description: "the fabric link only".into(), source: String::new(), flash: None, link: Some(l), engine_link: None, compute: None }),
+        (None, Some(l)) => Some(DeviceModel {
+            name: "link".into(),
+            description: "the fabric link only".into(),
+            source: String::new(),
+            flash: None,
+            link: Some(l),
+            engine_link: None,
+            compute: None,
+        }),
         (None, None) => None,
     };
     let cfg = TargetConfig {
@@ -458,7 +466,8 @@ fn redirect(root: &Path, size: u64, drive: Option<&DeviceModel>, link: Option<in
     let mnt = root.join("redirect-mnt");
     let url = format!("nvme-tcp://{}/{nqn}/1", server.local_addr());
     let mut r = Redirect { mounted: Mounted::new(mnt.clone(), None), server: Some(server), image, attached: false };
-    insitu_attach::attach(&url, &mnt, Some(insitu_attach::Format::Ext4), None).map_err(|e| format!("cannot attach {url} at {} (the redirection baseline needs root, FUSE and loop devices): {e}", mnt.display()))?;
+    insitu_attach::attach(&url, &mnt, Some(insitu_attach::Format::Ext4), None)
+        .map_err(|e| format!("cannot attach {url} at {} (the redirection baseline needs root, FUSE and loop devices): {e}", mnt.display()))?;
     r.attached = true;
     Ok(r)
 }
@@ -497,7 +506,13 @@ fn key(k: &[u8]) -> Key {
 fn check(system: &str, k: &[u8], got: &[u8], model: &HashMap<Vec<u8>, Vec<u8>>) -> Result<(), Error> {
     match model.get(k) {
         Some(want) if want == got => Ok(()),
-        Some(want) => Err(format!("{system}: key {} read {} bytes that differ from the {} written: the stack corrupts data", String::from_utf8_lossy(k), got.len(), want.len()).into()),
+        Some(want) => Err(format!(
+            "{system}: key {} read {} bytes that differ from the {} written: the stack corrupts data",
+            String::from_utf8_lossy(k),
+            got.len(),
+            want.len()
+        )
+        .into()),
         None => Err(format!("{system}: key {} has a value that was never written", String::from_utf8_lossy(k)).into()),
     }
 }
@@ -521,7 +536,15 @@ fn put(store: &KvStore, system: &str, k: &[u8], v: &[u8], model: &mut HashMap<Ve
 }
 
 /// Read-merge-write of one field, as YCSB's key-value bindings update a record.
-fn update_field(store: &KvStore, system: &str, k: &[u8], field: usize, data: &[u8], model: &mut HashMap<Vec<u8>, Vec<u8>>, phase: &mut Phase) -> Result<(), Error> {
+fn update_field(
+    store: &KvStore,
+    system: &str,
+    k: &[u8],
+    field: usize,
+    data: &[u8],
+    model: &mut HashMap<Vec<u8>, Vec<u8>>,
+    phase: &mut Phase,
+) -> Result<(), Error> {
     let Some(mut v) = read_checked(store, system, k, model, phase)? else { return Ok(()) };
     let at = field * FIELD_LEN;
     if at + data.len() > v.len() {
@@ -559,7 +582,9 @@ fn ycsb_run(store: &KvStore, system: &str, gen: &mut Ycsb, model: &mut HashMap<V
             Op::Read { key: k } => {
                 read_checked(store, system, &k, model, &mut phase)?;
             }
-            Op::Update { key: k, field, data } | Op::ReadModifyWrite { key: k, field, data } => update_field(store, system, &k, field, &data, model, &mut phase)?,
+            Op::Update { key: k, field, data } | Op::ReadModifyWrite { key: k, field, data } => {
+                update_field(store, system, &k, field, &data, model, &mut phase)?
+            }
             Op::Insert { key: k, value } => put(store, system, &k, &value, model)?,
             Op::Scan { start, count } => {
                 for (k, v) in store.scan(&key(&start), count).map_err(|e| format!("{system}: scan: {e}"))? {
@@ -576,7 +601,13 @@ fn ycsb_run(store: &KvStore, system: &str, gen: &mut Ycsb, model: &mut HashMap<V
 
 /// A db_bench fill: every entry stored (and remembered in `model`), each timed, from cold
 /// caches.
-fn fill(stack: &dyn Stack, store: &KvStore, system: &str, entries: impl Iterator<Item = ([u8; 16], Vec<u8>)>, model: &mut HashMap<Vec<u8>, Vec<u8>>) -> Result<Phase, Error> {
+fn fill(
+    stack: &dyn Stack,
+    store: &KvStore,
+    system: &str,
+    entries: impl Iterator<Item = ([u8; 16], Vec<u8>)>,
+    model: &mut HashMap<Vec<u8>, Vec<u8>>,
+) -> Result<Phase, Error> {
     let mut phase = Phase::default();
     cold(stack);
     let started = Instant::now();
@@ -670,7 +701,13 @@ fn cold(stack: &dyn Stack) {
 
 /// All YCSB workloads asked for, on one store loaded once (YCSB's recommended sequence
 /// runs A, B, C, F, D on one load; E follows here on the same data).
-fn ycsb_all(stack: &mut dyn Stack, system: &str, workloads: &[Workload], opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Vec<(String, Phase)>, Error> {
+fn ycsb_all(
+    stack: &mut dyn Stack,
+    system: &str,
+    workloads: &[Workload],
+    opts: &KvBenchOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<(String, Phase)>, Error> {
     if workloads.is_empty() {
         return Ok(Vec::new());
     }
@@ -721,7 +758,8 @@ pub fn kv(opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<KvRep
     // The drive's own host link is not used: the fabric's link is `link`.
     let drive = parse_drive(&drive_name)?.map(|d| DeviceModel { link: None, ..d });
     let mut applied = DriveApplied::default();
-    let ycsb: Vec<Workload> = KV_WORKLOADS[..6].iter().filter(|w| opts.workloads.iter().any(|x| x == *w)).map(|w| w.parse().expect("a YCSB workload name")).collect();
+    let ycsb: Vec<Workload> =
+        KV_WORKLOADS[..6].iter().filter(|w| opts.workloads.iter().any(|x| x == *w)).map(|w| w.parse().expect("a YCSB workload name")).collect();
     let db: Vec<&str> = opts.workloads.iter().map(String::as_str).filter(|w| w.starts_with("fill") || w.starts_with("read")).collect();
     let genome_bytes = if opts.workloads.iter().any(|w| w == "genome") { (opts.genome_target_bytes + opts.genome_reference_bases * 3) as u64 } else { 0 };
     // Room for the YCSB data (and its inserts) or the largest db_bench store, three times over.
@@ -730,7 +768,8 @@ pub fn kv(opts: &KvBenchOptions, progress: &mut dyn FnMut(&str)) -> Result<KvRep
     let work = Work::on_disk(opts.dir.clone(), "kv", store_bytes * 2)?;
     let root = work.root().to_path_buf();
     let mut rows = Vec::new();
-    let genome_data = opts.workloads.iter().any(|w| w == "genome").then(|| genome::GenomeData::generate(opts.genome_reference_bases, opts.genome_target_bytes, opts.seed));
+    let genome_data =
+        opts.workloads.iter().any(|w| w == "genome").then(|| genome::GenomeData::generate(opts.genome_reference_bases, opts.genome_target_bytes, opts.seed));
     let (mut genome_found, mut genome_rows) = (Vec::new(), Vec::new());
     for system in KV_SYSTEMS.iter().filter(|s| opts.systems.iter().any(|x| x == *s)) {
         let fs_bytes = store_bytes * 6;

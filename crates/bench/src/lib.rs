@@ -56,26 +56,30 @@
 
 mod common;
 mod dataset;
+mod dbbench;
 mod exec_scaling;
 mod fabric;
+mod genome;
 mod io_engine;
 mod kv;
-mod genome;
 mod model;
 mod scan;
 mod tcp;
 mod throttle;
 mod ycsb;
-mod dbbench;
 
 pub use common::{command, machine, Machine};
 pub use dataset::{generate as generate_dataset, Dataset, Rng};
+pub use dbbench::{db_bench_key, DbBench, DbBenchValues, DB_BENCH_VALUE_SIZES};
 pub use exec_scaling::{exec_scaling, ExecScaling, ExecScalingOptions, ExecScalingReport, ExecScalingRow, PoolReport};
 pub use fabric::{fabric, fabric_wire_check, FabricOptions, FabricReport, FabricRequests, FabricSeconds, SessionWireBytes};
 pub use genome::{GenomeRun, GenomeSteps};
-pub use io_engine::{io_engine, IoEngineOptions, IoEngineReport, IoEngineRow, IoEngineSeconds};
-pub use kv::{kv, DbBenchParams, DriveApplied, KernelThrottle, KvBenchOptions, KvRatios, KvReport, KvRow, StackPacing, YcsbParams, KV_DEFAULT_DRIVE, KV_SYSTEMS, KV_WORKLOADS};
 pub use insitu_image::{create as create_image, human, mount as mount_image, parse_size, umount as umount_image, Fs, Scratch};
+pub use io_engine::{io_engine, IoEngineOptions, IoEngineReport, IoEngineRow, IoEngineSeconds};
+pub use kv::{
+    kv, DbBenchParams, DriveApplied, KernelThrottle, KvBenchOptions, KvRatios, KvReport, KvRow, StackPacing, YcsbParams, KV_DEFAULT_DRIVE, KV_SYSTEMS,
+    KV_WORKLOADS,
+};
 pub use model::{break_even, latency, model_check, scrub_scaling, BreakEvenOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScrubScalingOptions};
 pub use model::{BreakEvenData, BreakEvenMethod, BreakEvenReport, BreakEvenTerms, KernelBreakEven, SeriesPoint};
 pub use model::{DerivedRates, DriveReport, LinkReport, ModelsReport};
@@ -83,10 +87,9 @@ pub use model::{LatencyModelSeconds, LatencyParts, LatencyQuery, LatencyReport, 
 pub use model::{ModelCheck, ModelCheckCeilings, ModelCheckMethod, ModelCheckReport};
 pub use model::{PerPath, ScrubData, ScrubMethod, ScrubPoint, ScrubReport, ScrubSummary};
 pub use scan::{scan, ScanOptions, ScanReport, ScanSeconds};
-pub use throttle::Limits as ThrottleLimits;
 pub use tcp::{tcp_loopback, Source as TcpSource, TcpLoad};
+pub use throttle::Limits as ThrottleLimits;
 pub use ycsb::{fnvhash64, key_for, Op, Workload, Ycsb, YcsbConfig, FIELD_COUNT, FIELD_LEN, MAX_SCAN_LEN, RECORD_LEN};
-pub use dbbench::{db_bench_key, DbBench, DbBenchValues, DB_BENCH_VALUE_SIZES};
 
 /// A benchmark that could not run, or whose two paths disagree. The message says what
 /// failed, on which object, and what to do.

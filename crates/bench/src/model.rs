@@ -168,9 +168,15 @@ mod tests {
         let m = ModelChoice::default().resolve("custom:500", "10gbe").map_err(|f| f.to_string()).unwrap();
         assert!((m.drive.unwrap().internal_read_mb_s().unwrap() - 500.0).abs() < 1e-6);
         assert!((m.link.unwrap().mb_s - 1186.6).abs() < 0.1);
-        let m = ModelChoice { drive: Some("none".into()), link: Some("none".into()), ..Default::default() }.resolve("newport", "40gbe").map_err(|f| f.to_string()).unwrap();
+        let m = ModelChoice { drive: Some("none".into()), link: Some("none".into()), ..Default::default() }
+            .resolve("newport", "40gbe")
+            .map_err(|f| f.to_string())
+            .unwrap();
         assert!(m.drive.is_none() && m.link.is_none());
-        let m = ModelChoice { drive_mb_s: Some(800.0), link: Some("2500".into()), ..Default::default() }.resolve("newport", "40gbe").map_err(|f| f.to_string()).unwrap();
+        let m = ModelChoice { drive_mb_s: Some(800.0), link: Some("2500".into()), ..Default::default() }
+            .resolve("newport", "40gbe")
+            .map_err(|f| f.to_string())
+            .unwrap();
         assert!((m.drive.unwrap().internal_read_mb_s().unwrap() - 800.0).abs() < 1e-6);
         assert_eq!(m.link.unwrap().mb_s, 2500.0);
         let e = parse_link("token-ring").unwrap_err().to_string();

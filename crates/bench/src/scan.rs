@@ -5,11 +5,11 @@
 
 use crate::common::{command, drop_caches, gbps, machine, median, Machine, REAL_SPEED};
 use crate::dataset::Rng;
-use insitu_image::{Fs, Scratch};
 use crate::Error;
-use insitu_host::{device, virtual_object, Mode, Offloader, Request};
-use insitu_media::{AlignedBuf, Backing, DIRECT_ALIGN};
 use insitu_engine::CHUNK;
+use insitu_host::{device, virtual_object, Mode, Offloader, Request};
+use insitu_image::{Fs, Scratch};
+use insitu_media::{AlignedBuf, Backing, DIRECT_ALIGN};
 use insitu_proto::{ExtentKind, SECTOR};
 use serde::Serialize;
 use std::fs::File;

@@ -137,7 +137,12 @@ impl Throttle {
             let dir = parent.join(&name);
             std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             let t = Throttle { dir: dir.clone(), back: (parent.join("tasks"), tid.to_string()) };
-            for (file, v) in [("read_bps_device", limits.read_bps), ("write_bps_device", limits.write_bps), ("read_iops_device", limits.read_iops), ("write_iops_device", limits.write_iops)] {
+            for (file, v) in [
+                ("read_bps_device", limits.read_bps),
+                ("write_bps_device", limits.write_bps),
+                ("read_iops_device", limits.read_iops),
+                ("write_iops_device", limits.write_iops),
+            ] {
                 write(&dir.join(format!("blkio.throttle.{file}")), &format!("{maj}:{min} {v}"))?;
             }
             write(&dir.join("tasks"), &t.back.1)?;

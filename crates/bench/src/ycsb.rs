@@ -115,7 +115,13 @@ impl Mix {
     /// read, update, insert, scan, read-modify-write, each taking its share of [0, 1) in turn;
     /// `u` picks one.
     fn choose(&self, u: f64) -> OpKind {
-        let table = [(self.read, OpKind::Read), (self.update, OpKind::Update), (self.insert, OpKind::Insert), (self.scan, OpKind::Scan), (self.rmw, OpKind::ReadModifyWrite)];
+        let table = [
+            (self.read, OpKind::Read),
+            (self.update, OpKind::Update),
+            (self.insert, OpKind::Insert),
+            (self.scan, OpKind::Scan),
+            (self.rmw, OpKind::ReadModifyWrite),
+        ];
         let sum: f64 = table.iter().map(|&(p, _)| p).sum();
         let mut left = u;
         let mut last = OpKind::Read;
@@ -593,7 +599,8 @@ mod tests {
     #[test]
     fn zeta_matches_direct_sums() {
         // Reference values: math.fsum(1/(i+1)**0.99 for i in range(n)) in Python.
-        for (n, want) in [(1, 1.0), (2, 1.503_477_775_028_359_4), (10, 2.956_107_516_510_364), (1000, 7.728_953_217_284_738), (100_000, 12.778_338_062_551_171)] {
+        for (n, want) in [(1, 1.0), (2, 1.503_477_775_028_359_4), (10, 2.956_107_516_510_364), (1000, 7.728_953_217_284_738), (100_000, 12.778_338_062_551_171)]
+        {
             let got = zeta(n, ZIPFIAN_CONSTANT);
             assert!((got - want).abs() < 1e-9 * want, "zeta({n}, 0.99) = {got}, expected {want}");
         }

@@ -3,8 +3,11 @@
 //! the reports printed as text or JSON.
 
 use crate::Failure;
+use insitu_bench::{
+    BreakEvenOptions, ExecScalingOptions, ExecScalingRow, FabricOptions, IoEngineOptions, KvBenchOptions, LatencyOptions, ModelCheckOptions, ModelChoice,
+    ScanOptions, ScrubScalingOptions,
+};
 use insitu_image::{human, parse_size};
-use insitu_bench::{BreakEvenOptions, ExecScalingOptions, ExecScalingRow, FabricOptions, IoEngineOptions, KvBenchOptions, LatencyOptions, ModelCheckOptions, ModelChoice, ScanOptions, ScrubScalingOptions};
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -251,7 +254,8 @@ pub(crate) struct ExecScalingArgs {
 
 /// `insitu bench exec-scaling`.
 pub(crate) fn exec_scaling(a: ExecScalingArgs, json_out: bool) -> Result<i32, Failure> {
-    let opts = ExecScalingOptions { object_size: parse_size(&a.object_size)?, objects: a.objects, rounds: a.rounds, streams: a.streams, repeat: a.repeat, dir: a.dir };
+    let opts =
+        ExecScalingOptions { object_size: parse_size(&a.object_size)?, objects: a.objects, rounds: a.rounds, streams: a.streams, repeat: a.repeat, dir: a.dir };
     let out = insitu_bench::exec_scaling(&opts)?;
     emit(json_out, &out, || {
         println!("concurrent EXECs, crc32c over {} objects, median of {}:", human(out.object_size_bytes), out.repeat);
@@ -298,7 +302,14 @@ pub(crate) fn scrub_scaling(a: ScrubArgs, json_out: bool) -> Result<i32, Failure
         );
         println!("{:>7} {:>12} {:>12} {:>7} {:>10}", "targets", "conv GB/s", "offload GB/s", "ratio", "traffic -%");
         for p in &out.points {
-            println!("{:>7} {:>12.3} {:>12.3} {:>7.2} {:>10.4}", p.targets, p.conventional_gbps, p.offload_gbps, p.offload_to_conventional, 100.0 * p.traffic_reduction);
+            println!(
+                "{:>7} {:>12.3} {:>12.3} {:>7.2} {:>10.4}",
+                p.targets,
+                p.conventional_gbps,
+                p.offload_gbps,
+                p.offload_to_conventional,
+                100.0 * p.traffic_reduction
+            );
         }
     });
     Ok(0)
@@ -347,7 +358,15 @@ pub(crate) fn latency(a: LatencyArgs, json_out: bool) -> Result<i32, Failure> {
 
 /// `insitu bench model-check`; exits 1 if a check failed.
 pub(crate) fn model_check(a: ModelCheckArgs, json_out: bool) -> Result<i32, Failure> {
-    let opts = ModelCheckOptions { drives: a.drives, links: a.links, size: parse_size(&a.size)?, tolerance: a.tolerance, path_tolerance: a.path_tolerance, repeat: a.repeat, dir: a.dir };
+    let opts = ModelCheckOptions {
+        drives: a.drives,
+        links: a.links,
+        size: parse_size(&a.size)?,
+        tolerance: a.tolerance,
+        path_tolerance: a.path_tolerance,
+        repeat: a.repeat,
+        dir: a.dir,
+    };
     let out = insitu_bench::model_check(&opts, &mut progress(json_out))?;
     emit(json_out, &out, || {
         let (scan, reads) = (out.ceilings.offload_scan_gbps, out.ceilings.conventional_read_gbps);
@@ -420,7 +439,10 @@ pub(crate) fn kv(a: KvArgs, json_out: bool) -> Result<i32, Failure> {
     };
     let out = insitu_bench::kv(&opts, &mut progress(json_out))?;
     emit(json_out, &out, || {
-        println!("key-value stacks on drive model {}, {} records, {} operations per workload, redirect over {}:", out.drive, out.records, out.operations, out.link);
+        println!(
+            "key-value stacks on drive model {}, {} records, {} operations per workload, redirect over {}:",
+            out.drive, out.records, out.operations, out.link
+        );
         println!("{:<16} {:<9} {:>10} {:>9} {:>9}", "workload", "system", "ops/s", "p50 µs", "p99 µs");
         for r in &out.results {
             println!("{:<16} {:<9} {:>10.0} {:>9.1} {:>9.1}", r.workload, r.system, r.ops_per_s, r.p50_us, r.p99_us);

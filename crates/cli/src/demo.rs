@@ -4,8 +4,8 @@
 
 use crate::Failure;
 use insitu_bench::{generate_dataset, Dataset};
-use insitu_image::{human, Fs, Scratch};
 use insitu_host::{Mode, Offloader, Report, Request};
+use insitu_image::{human, Fs, Scratch};
 use insitu_proto::Value;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -39,7 +39,13 @@ fn cases(ds: &Dataset) -> Vec<Case> {
     out.push(Case { label: "wc", function: "wc", args: vec![], paths: text, small_result: true });
     out.push(Case { label: "zstd", function: "zstd", args: vec![], paths: vec![ds.logs[2].clone()], small_result: false });
     let u = |k: &str, v: u64| (k.to_string(), Value::U64(v));
-    out.push(Case { label: "rs-encode 4+2", function: "rs-encode", args: vec![u("k", 4), u("m", 2), u("unit", 64 << 10)], paths: vec![ds.logs[1].clone()], small_result: false });
+    out.push(Case {
+        label: "rs-encode 4+2",
+        function: "rs-encode",
+        args: vec![u("k", 4), u("m", 2), u("unit", 64 << 10)],
+        paths: vec![ds.logs[1].clone()],
+        small_result: false,
+    });
     out.push(Case { label: "sort", function: "sort", args: vec![], paths: vec![ds.logs[3].clone()], small_result: false });
     out.push(Case { label: "count", function: "count", args: vec![u("min", 1000), u("max", 2_000_000)], paths: ds.arrays.clone(), small_result: true });
     out.push(Case { label: "vector-add", function: "vector-add", args: vec![], paths: ds.arrays.clone(), small_result: false });
@@ -57,7 +63,11 @@ fn cases(ds: &Dataset) -> Vec<Case> {
     out.push(Case {
         label: "csv-select-piece",
         function: "csv-select-piece",
-        args: vec![s("header", "order_id,customer,country,amount,status,created"), s("where", "country=DE;amount>=1500;status!=cancelled"), s("columns", "order_id,customer,amount")],
+        args: vec![
+            s("header", "order_id,customer,country,amount,status,created"),
+            s("where", "country=DE;amount>=1500;status!=cancelled"),
+            s("columns", "order_id,customer,amount"),
+        ],
         paths: vec![ds.tables[0].clone()],
         small_result: false,
     });
@@ -132,8 +142,17 @@ pub(crate) fn run(off: &Offloader, size: u64, fs: Fs, dir: Option<PathBuf>, json
 }
 
 fn print_table(s: &serde_json::Value) {
-    println!("{} files, {} of data on a {} {} image\n", s["image"]["files"], human(s["image"]["data_bytes"].as_u64().unwrap_or(0)), human(s["image"]["size"].as_u64().unwrap_or(0)), s["image"]["fs"].as_str().unwrap_or(""));
-    println!("{:<12} {:>5} {:<6} {:>14} {:>14} {:>9} {:>10} {:>10}", "function", "files", "agree", "to host:offl.", "to host:conv.", "moved", "offload s", "conv. s");
+    println!(
+        "{} files, {} of data on a {} {} image\n",
+        s["image"]["files"],
+        human(s["image"]["data_bytes"].as_u64().unwrap_or(0)),
+        human(s["image"]["size"].as_u64().unwrap_or(0)),
+        s["image"]["fs"].as_str().unwrap_or("")
+    );
+    println!(
+        "{:<12} {:>5} {:<6} {:>14} {:>14} {:>9} {:>10} {:>10}",
+        "function", "files", "agree", "to host:offl.", "to host:conv.", "moved", "offload s", "conv. s"
+    );
     for r in s["rows"].as_array().into_iter().flatten() {
         let (o, c) = (&r["offload"], &r["conventional"]);
         println!(

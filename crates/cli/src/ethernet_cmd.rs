@@ -93,7 +93,12 @@ fn resolve(url: &str, hostnqn: Option<&String>) -> Result<TargetUrl, Failure> {
     match nqns.as_slice() {
         [one] => Ok(TargetUrl { nqn: (*one).clone(), ..d }),
         [] => Err(format!("{url}: the target offers this host no subsystem").into()),
-        many => Err(format!("{url}: the target offers several subsystems ({}); name one: nvme-tcp://{}/NQN", many.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "), d.address()).into()),
+        many => Err(format!(
+            "{url}: the target offers several subsystems ({}); name one: nvme-tcp://{}/NQN",
+            many.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+            d.address()
+        )
+        .into()),
     }
 }
 
@@ -115,7 +120,9 @@ pub(crate) fn up(a: UpArgs, json_out: bool) -> Result<i32, Failure> {
     let device = Tap::name_for(cidr.addr);
     let file = pid_file(cidr.addr);
     if let Some(pid) = running(&file) {
-        return Err(format!("Ether-oN is already up with address {} (pid {pid}); stop it with `insitu ethernet down --address {}`", cidr.addr, cidr.addr).into());
+        return Err(
+            format!("Ether-oN is already up with address {} (pid {pid}); stop it with `insitu ethernet down --address {}`", cidr.addr, cidr.addr).into()
+        );
     }
     if a.foreground {
         let u = resolve(&a.url, a.hostnqn.as_ref())?;
@@ -266,7 +273,13 @@ pub(crate) fn status(json_out: bool) -> Result<i32, Failure> {
     } else {
         for r in &list {
             let state = if r["running"] == json!(true) { "running" } else { "NOT RUNNING" };
-            println!("{} {} {} pid {} {state}", r["device"].as_str().unwrap_or(""), r["address"].as_str().unwrap_or(""), r["url"].as_str().unwrap_or(""), r["pid"]);
+            println!(
+                "{} {} {} pid {} {state}",
+                r["device"].as_str().unwrap_or(""),
+                r["address"].as_str().unwrap_or(""),
+                r["url"].as_str().unwrap_or(""),
+                r["pid"]
+            );
         }
     }
     Ok(0)

@@ -106,7 +106,11 @@ pub(crate) fn dispatch(cmd: KvCmd, json_out: bool) -> Result<i32, Failure> {
             };
             let (u, s, nsid) = open(&url, hostnqn)?;
             s.kv_store(nsid, &k, &value, StoreMode::Upsert).map_err(|e| failure(&u, e))?;
-            report(json_out, json!({"key": show_key(&k), "nsid": nsid, "stored": value.len()}), &format!("stored {} bytes under {}", value.len(), show_key(&k)));
+            report(
+                json_out,
+                json!({"key": show_key(&k), "nsid": nsid, "stored": value.len()}),
+                &format!("stored {} bytes under {}", value.len(), show_key(&k)),
+            );
             Ok(0)
         }
         KvCmd::Get { url, key, hostnqn } => {
@@ -186,7 +190,11 @@ pub(crate) fn parse_key(arg: &str) -> Result<Vec<u8>, Failure> {
         return Err("the key is empty: keys are 1 to 16 bytes".to_string().into());
     }
     if k.len() > MAX_KEY {
-        return Err(format!("the key {arg:?} has {} bytes: keys are 1 to {MAX_KEY} bytes (the NVMe Key Value command set carries them in the command)", k.len()).into());
+        return Err(format!(
+            "the key {arg:?} has {} bytes: keys are 1 to {MAX_KEY} bytes (the NVMe Key Value command set carries them in the command)",
+            k.len()
+        )
+        .into());
     }
     Ok(k)
 }
@@ -197,7 +205,10 @@ fn parse_bytes(arg: &str, what: &str) -> Result<Vec<u8>, Failure> {
         return Ok(arg.as_bytes().to_vec());
     };
     if digits.len() % 2 != 0 || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!("the {what} {arg:?} starts with 0x but is not an even number of hex digits after it; write bytes as 0x6b6579, or text without a leading 0x").into());
+        return Err(format!(
+            "the {what} {arg:?} starts with 0x but is not an even number of hex digits after it; write bytes as 0x6b6579, or text without a leading 0x"
+        )
+        .into());
     }
     Ok((0..digits.len()).step_by(2).map(|i| u8::from_str_radix(&digits[i..i + 2], 16).unwrap_or_default()).collect())
 }
@@ -225,13 +236,25 @@ fn open(url: &str, hostnqn: Option<String>) -> Result<(TargetUrl, Session, u32),
     opts.kato_ms = 0;
     opts.timeout = TIMEOUT;
     let s = Session::connect(opts).map_err(|e| failure(&u, e))?;
-    let found = s.kv_namespace().map_err(|e| failure(&u, e))?.ok_or_else(|| {
-        Failure { code: 2, message: format!("{} at {} serves no key-value namespace; start the target with `insitu target start --private IMG --kv-store SIZE`", u.nqn, u.address()) }
+    let found = s.kv_namespace().map_err(|e| failure(&u, e))?.ok_or_else(|| Failure {
+        code: 2,
+        message: format!(
+            "{} at {} serves no key-value namespace; start the target with `insitu target start --private IMG --kv-store SIZE`",
+            u.nqn,
+            u.address()
+        ),
     })?;
     // A block namespace would answer the KV opcodes as Reads and Writes, or refuse them
     // with a bare status: name the right one instead.
     if let Some(n) = u.nsid.filter(|n| *n != found) {
-        return Err(Failure { code: 2, message: format!("namespace {n} of {} at {} is not a key-value namespace; its key-value namespace is {found} (leave /NSID out of the URL to use it)", u.nqn, u.address()) });
+        return Err(Failure {
+            code: 2,
+            message: format!(
+                "namespace {n} of {} at {} is not a key-value namespace; its key-value namespace is {found} (leave /NSID out of the URL to use it)",
+                u.nqn,
+                u.address()
+            ),
+        });
     }
     Ok((u, s, found))
 }

@@ -11,14 +11,14 @@ mod demo;
 mod ethernet_cmd;
 mod kv_cmd;
 mod lock_cmd;
-mod nvme_cmd;
 mod model_cmd;
+mod nvme_cmd;
 mod pool_cmd;
 mod target_cmd;
 
 use clap::{Parser, Subcommand};
-use insitu_image::{create as create_image, human, mount as mount_image, parse_size, umount as umount_image};
 use insitu_host::{parse_args, scrub, Mode, OasError, Offloader, Report, Request};
+use insitu_image::{create as create_image, human, mount as mount_image, parse_size, umount as umount_image};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -614,31 +614,29 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             return Ok(if report.clean() { 0 } else { 1 });
         }
         Cmd::Functions => print_functions(&off, json),
-        Cmd::Image(cmd) => {
-            match cmd {
-                ImageCmd::Create { path, size, fs, block_size, force, model } => {
-                    if let Some(m) = &model {
-                        insitu_model::parse(m).map_err(|e| e.to_string())?;
-                    }
-                    create_image(&path, parse_size(&size)?, fs.into(), block_size, force)?;
-                    model_cmd::set_image_model(&path, model.as_deref())?;
-                    done(json, &format!("created {} ({size}, {fs:?})", path.display()));
+        Cmd::Image(cmd) => match cmd {
+            ImageCmd::Create { path, size, fs, block_size, force, model } => {
+                if let Some(m) = &model {
+                    insitu_model::parse(m).map_err(|e| e.to_string())?;
                 }
-                ImageCmd::Mount { path, dir, model } => {
-                    match model.as_deref() {
-                        Some("none") => model_cmd::set_image_model(&path, None)?,
-                        Some(m) => model_cmd::set_image_model(&path, Some(m))?,
-                        None => {}
-                    }
-                    mount_image(&path, &dir)?;
-                    done(json, &format!("mounted {} at {}", path.display(), dir.display()));
-                }
-                ImageCmd::Umount { dir } => {
-                    umount_image(&dir)?;
-                    done(json, &format!("unmounted {}", dir.display()));
-                }
+                create_image(&path, parse_size(&size)?, fs.into(), block_size, force)?;
+                model_cmd::set_image_model(&path, model.as_deref())?;
+                done(json, &format!("created {} ({size}, {fs:?})", path.display()));
             }
-        }
+            ImageCmd::Mount { path, dir, model } => {
+                match model.as_deref() {
+                    Some("none") => model_cmd::set_image_model(&path, None)?,
+                    Some(m) => model_cmd::set_image_model(&path, Some(m))?,
+                    None => {}
+                }
+                mount_image(&path, &dir)?;
+                done(json, &format!("mounted {} at {}", path.display(), dir.display()));
+            }
+            ImageCmd::Umount { dir } => {
+                umount_image(&dir)?;
+                done(json, &format!("unmounted {}", dir.display()));
+            }
+        },
         Cmd::Demo { size, fs, dir } => return demo::run(&off, parse_size(&size)?, fs.into(), dir, json),
         Cmd::Target(TargetCmd::Start { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker, ether, kv_store, direct_reads }) => {
             let kv_store = kv_store.map(|s| parse_size(&s).map_err(|e| format!("--kv-store: {e}"))).transpose()?;
@@ -739,11 +737,8 @@ fn print_functions(off: &Offloader, json: bool) {
         .registry()
         .iter()
         .map(|k| {
-            let params: Vec<serde_json::Value> = k
-                .params()
-                .iter()
-                .map(|p| serde_json::json!({"key": p.key, "type": p.ty.name(), "required": p.required, "doc": p.doc}))
-                .collect();
+            let params: Vec<serde_json::Value> =
+                k.params().iter().map(|p| serde_json::json!({"key": p.key, "type": p.ty.name(), "required": p.required, "doc": p.doc})).collect();
             serde_json::json!({"name": k.name(), "summary": k.summary(), "outputs": k.output_count(), "args": params})
         })
         .collect();

@@ -5,9 +5,9 @@
 //! URLs are `nvme-tcp://HOST:PORT/NQN[/NSID]`. `list-subsys` talks to the discovery
 //! controller, so its URL may stop after the port.
 
-use insitu_image::human;
 use crate::Failure;
 use insitu_attach::TargetUrl;
+use insitu_image::human;
 use insitu_initiator::{CommandSet, ConnectOptions, ControllerInfo, DiscoveryEntry, InitiatorError, KvNamespaceInfo, NamespaceInfo, Session, DISCOVERY_NQN};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -228,7 +228,12 @@ mod tests {
 
     #[test]
     fn discovery_urls() {
-        for ok in ["nvme-tcp://127.0.0.1:4420", "nvme-tcp://127.0.0.1:4420/", "nvme-tcp://127.0.0.1:4420/nqn.2014-08.org.nvmexpress.discovery", "nvme-tcp://[::1]:4421"] {
+        for ok in [
+            "nvme-tcp://127.0.0.1:4420",
+            "nvme-tcp://127.0.0.1:4420/",
+            "nvme-tcp://127.0.0.1:4420/nqn.2014-08.org.nvmexpress.discovery",
+            "nvme-tcp://[::1]:4421",
+        ] {
             let u = discovery_url(ok).unwrap_or_else(|f| panic!("{ok}: {}", f.message));
             assert_eq!(u.nqn, DISCOVERY_NQN);
         }

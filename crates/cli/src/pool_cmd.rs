@@ -34,7 +34,8 @@ pub(crate) fn load(path: &Path) -> Result<PoolConfig, Failure> {
 }
 
 pub(crate) fn parse(text: &str) -> Result<PoolConfig, String> {
-    let cfg: PoolConfig = serde_json::from_str(text).map_err(|e| format!("not a pool config ({e}); expected {{\"targets\": [{{\"url\": ..., \"dir\": ...}}]}}"))?;
+    let cfg: PoolConfig =
+        serde_json::from_str(text).map_err(|e| format!("not a pool config ({e}); expected {{\"targets\": [{{\"url\": ..., \"dir\": ...}}]}}"))?;
     if cfg.targets.is_empty() {
         return Err("the pool names no targets".into());
     }
@@ -102,7 +103,12 @@ pub(crate) fn status(cfg: &PoolConfig, json_out: bool) -> Result<i32, Failure> {
         println!("{}", serde_json::to_string_pretty(&json!({"targets": rows, "all_attached": all})).unwrap_or_default());
     } else {
         for r in &rows {
-            println!("{:<10} {} at {}", if r["attached"] == json!(true) { "attached" } else { "DETACHED" }, r["url"].as_str().unwrap_or(""), r["dir"].as_str().unwrap_or(""));
+            println!(
+                "{:<10} {} at {}",
+                if r["attached"] == json!(true) { "attached" } else { "DETACHED" },
+                r["url"].as_str().unwrap_or(""),
+                r["dir"].as_str().unwrap_or("")
+            );
         }
     }
     Ok(if all { 0 } else { 1 })
@@ -124,11 +130,14 @@ mod tests {
 
     #[test]
     fn configs_are_checked() {
-        let ok = r#"{"targets": [{"url": "nvme-tcp://127.0.0.1:4420/nqn.a:b/1", "dir": "/mnt/a"}, {"url": "nvme-tcp://127.0.0.1:4421/nqn.a:c", "dir": "/mnt/b"}]}"#;
+        let ok =
+            r#"{"targets": [{"url": "nvme-tcp://127.0.0.1:4420/nqn.a:b/1", "dir": "/mnt/a"}, {"url": "nvme-tcp://127.0.0.1:4421/nqn.a:c", "dir": "/mnt/b"}]}"#;
         assert_eq!(parse(ok).unwrap().targets.len(), 2);
         assert!(parse(r#"{"targets": []}"#).unwrap_err().contains("no targets"));
         assert!(parse(r#"{"targets": [{"url": "http://x", "dir": "/a"}]}"#).is_err());
-        assert!(parse(r#"{"targets": [{"url": "nvme-tcp://h/nqn.a", "dir": "/a"}, {"url": "nvme-tcp://g/nqn.b", "dir": "/a"}]}"#).unwrap_err().contains("twice"));
+        assert!(parse(r#"{"targets": [{"url": "nvme-tcp://h/nqn.a", "dir": "/a"}, {"url": "nvme-tcp://g/nqn.b", "dir": "/a"}]}"#)
+            .unwrap_err()
+            .contains("twice"));
         assert!(parse(r#"{"targets": [], "extra": 1}"#).is_err());
         assert!(parse("not json").is_err());
     }

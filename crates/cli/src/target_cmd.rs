@@ -79,7 +79,13 @@ pub(crate) fn status(json_out: bool) -> Result<i32, Failure> {
         println!("no targets started by insitu");
     } else {
         for r in &list {
-            println!("{} {} pid {} {}", r["listen"].as_str().unwrap_or(""), r["nqn"].as_str().unwrap_or(""), r["pid"], if r["running"] == json!(true) { "running" } else { "NOT RUNNING" });
+            println!(
+                "{} {} pid {} {}",
+                r["listen"].as_str().unwrap_or(""),
+                r["nqn"].as_str().unwrap_or(""),
+                r["pid"],
+                if r["running"] == json!(true) { "running" } else { "NOT RUNNING" }
+            );
         }
     }
     Ok(0)
@@ -89,7 +95,10 @@ pub(crate) fn status(json_out: bool) -> Result<i32, Failure> {
 pub(crate) fn fsck(private: &Path, bytes: u64, json_out: bool) -> Result<i32, Failure> {
     let r = insitu_nvmf::fsck_kv_store(private, bytes)?;
     if json_out {
-        println!("{}", json!({"clean": r.is_clean(), "generation": r.generation, "files": r.files, "blocks": r.blocks, "free_blocks": r.free_blocks, "problems": r.problems, "notes": r.notes}));
+        println!(
+            "{}",
+            json!({"clean": r.is_clean(), "generation": r.generation, "files": r.files, "blocks": r.blocks, "free_blocks": r.free_blocks, "problems": r.problems, "notes": r.notes})
+        );
     } else {
         match r.generation {
             Some(g) => println!("{}: generation {g}, {} files, {} blocks, {} free", private.display(), r.files, r.blocks, r.free_blocks),

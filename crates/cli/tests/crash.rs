@@ -177,10 +177,7 @@ fn flushed_writes_survive_sigkill() {
     match &big {
         Ok(()) => panic!("a write in flight when the target was killed reported success"),
         Err(
-            InitiatorError::OutcomeUnknown { .. }
-            | InitiatorError::Connect { .. }
-            | InitiatorError::Handshake { .. }
-            | InitiatorError::ConnectionLost { .. },
+            InitiatorError::OutcomeUnknown { .. } | InitiatorError::Connect { .. } | InitiatorError::Handshake { .. } | InitiatorError::ConnectionLost { .. },
         ) => {}
         Err(e) => panic!("unexpected error for the write in flight at the kill: {e}"),
     }

@@ -49,7 +49,10 @@ impl Plan {
         };
         if spec.kv_store.is_some() && fabric_private.is_empty() {
             let why = if spec.private.is_empty() { "" } else { " (with --docker the last --private namespace holds the containers, so give one more)" };
-            return Err(format!("--kv-store keeps the key-value store in the first private namespace: add --private IMG (a file or block device larger than the store){why}").into());
+            return Err(format!(
+                "--kv-store keeps the key-value store in the first private namespace: add --private IMG (a file or block device larger than the store){why}"
+            )
+            .into());
         }
         if spec.kv_store == Some(0) {
             return Err("--kv-store 0: give the store's size, e.g. --kv-store 64M".to_string().into());

@@ -33,8 +33,8 @@ pub mod fence;
 mod namespace;
 mod stream;
 
-pub use insitu_media::PoolStats;
 pub use fence::{LockInfo, LockListener, LockPayloadError, LockRequest};
+pub use insitu_media::PoolStats;
 pub use namespace::{Namespace, NamespaceConfig, Visibility};
 pub use stream::CHUNK;
 
@@ -47,13 +47,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// CPU time the calling thread has used, in nanoseconds.
+pub use insitu_model::thread_cpu_ns;
 /// A CPU budget for the offload engine, standing for a drive's weaker cores: told how much
 /// CPU time a kernel spent, it may stall the kernel's thread to keep within the budget
 /// (the device model's [`insitu_model::ComputeBudget`] is one). With none set, kernels run
 /// at this machine's full speed.
 pub use insitu_model::ChargeCpu as ComputeBudget;
-/// CPU time the calling thread has used, in nanoseconds.
-pub use insitu_model::thread_cpu_ns;
 
 /// A namespace identifier, 1-based as in NVMe.
 pub type Nsid = u32;
@@ -113,7 +113,16 @@ impl Engine {
     /// A target with no namespaces, the standard kernels, default descriptor limits and a
     /// 16 MiB inline result limit.
     pub fn new() -> Self {
-        Engine { namespaces: Vec::new(), registry: Arc::new(Registry::standard()), limits: Limits::default(), max_inline_result: 16 << 20, compute: None, kv: None, kv_service: None, fences: fence::Fences::default() }
+        Engine {
+            namespaces: Vec::new(),
+            registry: Arc::new(Registry::standard()),
+            limits: Limits::default(),
+            max_inline_result: 16 << 20,
+            compute: None,
+            kv: None,
+            kv_service: None,
+            fences: fence::Fences::default(),
+        }
     }
 
     /// Replaces the kernel registry.
@@ -225,7 +234,10 @@ impl Engine {
         }
         let start = slba.checked_mul(lba).filter(|s| s.checked_add(bytes as u64).is_some_and(|e| e <= ns.size));
         start.map(|s| ns.offset + s).ok_or_else(|| {
-            CommandError::new(Status::LBA_OUT_OF_RANGE, format!("LBA {slba} + {} blocks is beyond namespace {nsid} ({} blocks)", bytes as u64 / lba, ns.size / lba))
+            CommandError::new(
+                Status::LBA_OUT_OF_RANGE,
+                format!("LBA {slba} + {} blocks is beyond namespace {nsid} ({} blocks)", bytes as u64 / lba, ns.size / lba),
+            )
         })
     }
 
@@ -242,7 +254,8 @@ impl Engine {
         let ns = self.host_ns(nsid)?;
         let off = Self::lba_range(ns, nsid, slba, bytes)?;
         let mut buf = ns.pool.take_at_least(bytes + 2 * insitu_media::DIRECT_ALIGN);
-        let window = ns.media.read_window(&mut buf, off, bytes).map_err(|e| CommandError::new(Status::DATA_TRANSFER_ERROR, format!("namespace {nsid}: {e}")))?;
+        let window =
+            ns.media.read_window(&mut buf, off, bytes).map_err(|e| CommandError::new(Status::DATA_TRANSFER_ERROR, format!("namespace {nsid}: {e}")))?;
         let skip = window.as_ptr() as usize - buf.as_slice().as_ptr() as usize;
         Ok(BlockRead { buf, skip, len: bytes })
     }
@@ -330,8 +343,8 @@ impl Engine {
     pub fn exec(&self, nsid: Nsid, descriptor: &[u8]) -> Result<ExecOutcome, CommandError> {
         let started = Instant::now();
         let ns = self.host_ns(nsid)?;
-        let d = Descriptor::decode(descriptor, &self.limits)
-            .map_err(|e| CommandError::new(Status::BAD_DESCRIPTOR, format!("compute descriptor rejected: {e}")))?;
+        let d =
+            Descriptor::decode(descriptor, &self.limits).map_err(|e| CommandError::new(Status::BAD_DESCRIPTOR, format!("compute descriptor rejected: {e}")))?;
         let kernel = self.registry.get(&d.function).ok_or_else(|| {
             let known: Vec<&str> = self.registry.iter().map(|k| k.name()).collect();
             CommandError::new(Status::UNKNOWN_FUNCTION, format!("no function {:?} on this target; available: {}", d.function, known.join(", ")))
@@ -381,8 +394,7 @@ impl Engine {
             let meter = self.compute.clone().map(stream::Meter::start);
             let mut inputs: Vec<stream::ObjectInput> =
                 d.inputs.iter().enumerate().map(|(i, o)| stream::ObjectInput::new(i, o.length, feed.clone(), meter.clone())).collect();
-            let mut outputs: Vec<stream::ObjectOutput<'_>> =
-                d.outputs.iter().enumerate().map(|(i, o)| stream::ObjectOutput::new(ns, i, o)).collect();
+            let mut outputs: Vec<stream::ObjectOutput<'_>> = d.outputs.iter().enumerate().map(|(i, o)| stream::ObjectOutput::new(ns, i, o)).collect();
             let mut in_refs: Vec<&mut dyn InputStream> = inputs.iter_mut().map(|i| i as &mut dyn InputStream).collect();
             let mut out_refs: Vec<&mut dyn OutputSink> = outputs.iter_mut().map(|o| o as &mut dyn OutputSink).collect();
             let result = job.run(&mut in_refs, &mut out_refs);
@@ -405,7 +417,10 @@ impl Engine {
         if result.len() as u64 > limit {
             return Err(CommandError::new(
                 Status::RESULT_TOO_LARGE,
-                format!("result of {} bytes exceeds the {limit}-byte limit; narrow the request (e.g. max_matches), split it, or give a larger result object", result.len()),
+                format!(
+                    "result of {} bytes exceeds the {limit}-byte limit; narrow the request (e.g. max_matches), split it, or give a larger result object",
+                    result.len()
+                ),
             ));
         }
         if let Some(obj) = &d.result {

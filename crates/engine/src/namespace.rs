@@ -82,9 +82,10 @@ impl Namespace {
         if !cfg.offset.is_multiple_of(512) {
             return Err(format!("namespace offset {} is not a multiple of 512", cfg.offset));
         }
-        let avail = media.len().checked_sub(cfg.offset).ok_or_else(|| {
-            format!("namespace offset {} is beyond the end of {} ({} bytes)", cfg.offset, media.path().display(), media.len())
-        })?;
+        let avail = media
+            .len()
+            .checked_sub(cfg.offset)
+            .ok_or_else(|| format!("namespace offset {} is beyond the end of {} ({} bytes)", cfg.offset, media.path().display(), media.len()))?;
         let lba = u64::from(cfg.lba_size);
         let size = match cfg.size {
             Some(s) if s > avail => return Err(format!("namespace size {s} exceeds the {avail} bytes available in {}", media.path().display())),

@@ -8,15 +8,15 @@
 //! input skips what is left of earlier ones, and going back yields nothing.
 
 use crate::namespace::Namespace;
+use crate::ComputeBudget;
 use crossbeam_channel::{bounded, Receiver, Sender};
 use insitu_media::{media_cost, PooledBuf, ReadPurpose, UringScanner};
-use std::ops::ControlFlow;
 use insitu_offload::{InputStream, KernelError, OutputSink};
 use insitu_proto::{ExtentKind, VirtualObject, SECTOR};
 use std::cell::RefCell;
 use std::io;
+use std::ops::ControlFlow;
 use std::rc::Rc;
-use crate::ComputeBudget;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 

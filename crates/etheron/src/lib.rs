@@ -38,11 +38,11 @@ mod tap;
 
 pub use error::EtherError;
 pub use frame::Cidr;
-pub use insitu_proto::ether::{
-    check_frame, check_receive, check_transmit, status_message, FrameError, MAX_FRAME, MIN_FRAME, RECEIVE_BUFFER, RECEIVE_FRAME, STATUS_BRIDGE_BUSY, STATUS_INTERNAL_ERROR,
-    STATUS_INVALID_FIELD, STATUS_NO_INTERFACE, STATUS_SGL_LENGTH_INVALID, STATUS_TOO_MANY_RECEIVES, TRANSMIT_FRAME,
-};
 pub use host::{HostBridge, HostLink, Received};
+pub use insitu_proto::ether::{
+    check_frame, check_receive, check_transmit, status_message, FrameError, MAX_FRAME, MIN_FRAME, RECEIVE_BUFFER, RECEIVE_FRAME, STATUS_BRIDGE_BUSY,
+    STATUS_INTERNAL_ERROR, STATUS_INVALID_FIELD, STATUS_NO_INTERFACE, STATUS_SGL_LENGTH_INVALID, STATUS_TOO_MANY_RECEIVES, TRANSMIT_FRAME,
+};
 pub use switch::{Counters, CountersSnapshot, Posted, Switch, Upcall};
 pub use tap::Tap;
 
@@ -63,4 +63,3 @@ pub const IDLE_RECEIVE: Duration = Duration::from_secs(10);
 
 /// Receives the host keeps posted (DockerSSD's four upcalls per queue).
 pub const HOST_RECEIVES: usize = 4;
-

@@ -8,7 +8,9 @@
 //! it and gone with the test; nothing is sent anywhere else. Tests that need it are skipped
 //! (with a message) when not root or without /dev/net/tun.
 
-use insitu_etheron::{Tap, RECEIVE_BUFFER, RECEIVE_FRAME, STATUS_INVALID_FIELD, STATUS_NO_INTERFACE, STATUS_SGL_LENGTH_INVALID, STATUS_TOO_MANY_RECEIVES, TRANSMIT_FRAME};
+use insitu_etheron::{
+    Tap, RECEIVE_BUFFER, RECEIVE_FRAME, STATUS_INVALID_FIELD, STATUS_NO_INTERFACE, STATUS_SGL_LENGTH_INVALID, STATUS_TOO_MANY_RECEIVES, TRANSMIT_FRAME,
+};
 use insitu_initiator::{Command, ConnectOptions, Session};
 use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
 use std::fs::File;

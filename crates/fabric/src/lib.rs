@@ -25,7 +25,10 @@
 mod pdu;
 mod sqe;
 
-pub use pdu::{check_data_digest, data_digest, write_all_vectored, header_len, pdu_type, CommonHeader, Digests, Layout, Pdu, PduError, FLAG_DDGST, FLAG_HDGST, FLAG_LAST_PDU, FLAG_SUCCESS};
+pub use pdu::{
+    check_data_digest, data_digest, header_len, pdu_type, write_all_vectored, CommonHeader, Digests, Layout, Pdu, PduError, FLAG_DDGST, FLAG_HDGST,
+    FLAG_LAST_PDU, FLAG_SUCCESS,
+};
 pub use sqe::{Command, Completion, SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK};
 
 /// The 15-bit NVMe status field of a completion: bit 14 DNR, bit 13 More, bits 10:8 Status

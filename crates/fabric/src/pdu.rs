@@ -267,8 +267,6 @@ fn crc(bytes: &[u8]) -> [u8; 4] {
     crc32c::crc32c(bytes).to_le_bytes()
 }
 
-
-
 /// Whether a PDU type carries digests (ICReq, ICResp and terminate requests never do).
 fn digestible(ty: u8) -> bool {
     !matches!(ty, pdu_type::IC_REQ | pdu_type::IC_RESP | pdu_type::H2C_TERM_REQ | pdu_type::C2H_TERM_REQ)
@@ -393,9 +391,7 @@ impl Pdu {
                     Pdu::IcResp { pfv, cpda: h[2], digests, maxh2cdata: u32_at(h, 4) }
                 }
             }
-            H2C_TERM_REQ | C2H_TERM_REQ => {
-                Pdu::TermReq { from_host: ch.ty == H2C_TERM_REQ, fes: u16_at(h, 0), fei: u32_at(h, 2), data: Vec::new() }
-            }
+            H2C_TERM_REQ | C2H_TERM_REQ => Pdu::TermReq { from_host: ch.ty == H2C_TERM_REQ, fes: u16_at(h, 0), fei: u32_at(h, 2), data: Vec::new() },
             CAPSULE_CMD => {
                 let mut sqe = [0u8; 64];
                 sqe.copy_from_slice(&h[..64]);

@@ -23,10 +23,10 @@ pub mod device;
 pub mod fiemap;
 pub mod local;
 pub mod lock;
-pub mod pool;
-pub mod scrub;
 mod offloader;
+pub mod pool;
 mod remote;
+pub mod scrub;
 mod vobj;
 
 pub use offloader::{model_sidecar, output_suffix, parse_args, run_in_memory, FileResult, Mode, Offloader, Report, Request, Stats};

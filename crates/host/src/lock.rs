@@ -315,7 +315,10 @@ pub fn lock(path: &Path) -> Result<LockHandle, LockError> {
     drop(f);
     let extents = extents_of(&files)?;
     if extents.len() > MAX_EXTENTS {
-        return Err(LockError::TooLarge { path, reason: format!("{} extents; a lock holds at most {MAX_EXTENTS}: lock its subdirectories separately", extents.len()) });
+        return Err(LockError::TooLarge {
+            path,
+            reason: format!("{} extents; a lock holds at most {MAX_EXTENTS}: lock its subdirectories separately", extents.len()),
+        });
     }
     let bytes = extents.iter().map(|e| e.1).sum();
     let payload = LockRequest { path: relative.clone(), extents }.encode();
@@ -324,7 +327,11 @@ pub fn lock(path: &Path) -> Result<LockHandle, LockError> {
         let _ = session.disconnect();
         return Err(LockError::TooLarge {
             path,
-            reason: format!("the lock request is {} bytes, over the target's {}-byte transfer limit: lock its subdirectories separately", payload.len(), session.max_transfer()),
+            reason: format!(
+                "the lock request is {} bytes, over the target's {}-byte transfer limit: lock its subdirectories separately",
+                payload.len(),
+                session.max_transfer()
+            ),
         });
     }
     let mut cmd = Command::zeroed();
@@ -396,8 +403,7 @@ fn mounts_at(path: &Path) -> usize {
 pub fn unlock(path: &Path) -> Result<Unlocked, LockError> {
     let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     let rec = record_path(&path);
-    let lock: LockHandle =
-        std::fs::read(&rec).ok().and_then(|b| serde_json::from_slice(&b).ok()).ok_or_else(|| LockError::NotLocked { path: path.clone() })?;
+    let lock: LockHandle = std::fs::read(&rec).ok().and_then(|b| serde_json::from_slice(&b).ok()).ok_or_else(|| LockError::NotLocked { path: path.clone() })?;
     let p = path.to_string_lossy();
     // The attached file system's own mount stays when its root was locked.
     let base = usize::from(path == lock.mount);

@@ -3,10 +3,10 @@
 
 use crate::conventional::{device_read_bytes, make_cold, FileInput, FileOutput};
 use crate::device::{self, DeviceMap};
+use crate::local::{LocalTarget, LocalTargets};
 use crate::pool::OutputPool;
 use crate::{virtual_object, OasError};
 use insitu_offload::{Args, InputStream, Kernel, OutputSink, ParamType, Registry, SliceInput};
-use crate::local::{LocalTarget, LocalTargets};
 use insitu_proto::{Descriptor, ExecResult, ExtentKind, Record, Value};
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
@@ -242,11 +242,8 @@ impl Offloader {
                 return Err(OasError::BadRequest(format!("{}: not a regular file", p.display())));
             }
         }
-        let devices: BTreeSet<String> = if req.mode == Mode::Conventional {
-            req.paths.iter().filter_map(|p| map_of(p).ok()).map(|m| m.device).collect()
-        } else {
-            BTreeSet::new()
-        };
+        let devices: BTreeSet<String> =
+            if req.mode == Mode::Conventional { req.paths.iter().filter_map(|p| map_of(p).ok()).map(|m| m.device).collect() } else { BTreeSet::new() };
         let before: Vec<Option<u64>> = devices.iter().map(|d| device_read_bytes(d)).collect();
 
         let next = AtomicUsize::new(0);
@@ -373,13 +370,26 @@ impl Offloader {
 
     /// Sends `d` to the target of the file at `path`: over the fabric when its file system is
     /// attached (`remote`), else to the embedded target of its image.
-    fn run_descriptor(&self, remote: Option<&insitu_attach::Attachment>, target: Option<&dyn LocalTarget>, map: &DeviceMap, path: &Path, d: Descriptor) -> Result<(Vec<u8>, Stats), OasError> {
+    fn run_descriptor(
+        &self,
+        remote: Option<&insitu_attach::Attachment>,
+        target: Option<&dyn LocalTarget>,
+        map: &DeviceMap,
+        path: &Path,
+        d: Descriptor,
+    ) -> Result<(Vec<u8>, Stats), OasError> {
         match (remote, target) {
             (Some(att), _) => crate::remote::exec(&self.remote, att, map, path, d).map(|o| (o.result, o.stats)),
             (None, Some(t)) => {
                 let bytes = d.encode();
                 t.exec(&bytes).map_err(|e| OasError::Target { path: path.to_owned(), source: e }).map(|o| {
-                    let stats = Stats { bytes_to_host: o.result.len() as u64, bytes_from_host: bytes.len() as u64, media_bytes: o.media_read_bytes, seconds: 0.0, commands: 1 };
+                    let stats = Stats {
+                        bytes_to_host: o.result.len() as u64,
+                        bytes_from_host: bytes.len() as u64,
+                        media_bytes: o.media_read_bytes,
+                        seconds: 0.0,
+                        commands: 1,
+                    };
                     (o.result, stats)
                 })
             }
@@ -417,7 +427,8 @@ impl Offloader {
             d.args = args.to_vec();
             let (bytes, s) = self.run_descriptor(remote.as_ref(), target.as_deref(), &map, path, d)?;
             stats.add(&s);
-            let result = ExecResult::decode(&bytes).map_err(|e| OasError::BadRequest(format!("{}: the target sent an unreadable result: {e}", path.display())))?;
+            let result =
+                ExecResult::decode(&bytes).map_err(|e| OasError::BadRequest(format!("{}: the target sent an unreadable result: {e}", path.display())))?;
             if result.records.len() != batch.len() {
                 return Err(OasError::BadRequest(format!("{}: the target sent {} records for {} ranges", path.display(), result.records.len(), batch.len())));
             }
@@ -467,8 +478,8 @@ impl Offloader {
                 return Err(e);
             }
         };
-        let result = ExecResult::decode(&result_bytes)
-            .map_err(|e| OasError::BadRequest(format!("{}: the target sent an unreadable result: {e}", path.display())))?;
+        let result =
+            ExecResult::decode(&result_bytes).map_err(|e| OasError::BadRequest(format!("{}: the target sent an unreadable result: {e}", path.display())))?;
         let record = result.records.into_iter().next().unwrap_or_default();
         let mut fr = file_result(group, &record);
         if let (Some(slot), Some(dest)) = (slot, out) {
@@ -550,7 +561,9 @@ fn conventional_one(kernel: &dyn Kernel, req: &Request, group: &[PathBuf], out: 
     let job = kernel.prepare(&Args::new(&req.args)).map_err(|e| OasError::BadRequest(e.to_string()))?;
     let tmp = out.map(|o| PathBuf::from(format!("{}.insitu-tmp", o.display())));
     let mut sink = match &tmp {
-        Some(t) => Some(FileOutput::new(OpenOptions::new().write(true).create(true).truncate(true).open(t).map_err(|e| OasError::Io { path: t.clone(), source: e })?)),
+        Some(t) => {
+            Some(FileOutput::new(OpenOptions::new().write(true).create(true).truncate(true).open(t).map_err(|e| OasError::Io { path: t.clone(), source: e })?))
+        }
         None => None,
     };
     let run = {

@@ -145,10 +145,7 @@ mod tests {
         let map = [ext(0, 1 << 20, 4096, 0), ext(8192, 2 << 20, 4096, flags::UNWRITTEN), ext(16384, (1 << 20) + 4096, 4096, flags::LAST)];
         let obj = from_extents(&map, 16384 + 100, 1024, Path::new("f")).unwrap();
         let s = |b: u64| (b + 1024) / 512;
-        assert_eq!(
-            obj.extents,
-            vec![Extent::data(s(1 << 20), 8), Extent::zero(24), Extent::data(s((1 << 20) + 4096), 8)]
-        );
+        assert_eq!(obj.extents, vec![Extent::data(s(1 << 20), 8), Extent::zero(24), Extent::data(s((1 << 20) + 4096), 8)]);
         assert_eq!(obj.length, 16484);
     }
 

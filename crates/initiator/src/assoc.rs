@@ -147,14 +147,7 @@ fn connect_refused(opts: &ConnectOptions, qid: u16, cqe: &Completion) -> Initiat
         (1, 0x83) => "the discovery information changed; read the discovery log again".to_string(),
         _ => "see the target's log".to_string(),
     };
-    InitiatorError::ConnectRefused {
-        subnqn: opts.subnqn.clone(),
-        qid,
-        sct,
-        sc,
-        reason: crate::error::status_name("Connect", sct, sc).to_string(),
-        hint,
-    }
+    InitiatorError::ConnectRefused { subnqn: opts.subnqn.clone(), qid, sct, sc, reason: crate::error::status_name("Connect", sct, sc).to_string(), hint }
 }
 
 /// Sends Fabrics Connect for queue `qid` with in-capsule Connect data; returns the
@@ -174,7 +167,10 @@ fn wait_ready(q: &Queue, opts: &ConnectOptions, cap: u64) -> Result<(), Initiato
     loop {
         let csts = property_get(q, property::CSTS, false, opts.timeout)?;
         if csts & 2 != 0 {
-            return Err(InitiatorError::NotReady { subnqn: opts.subnqn.clone(), detail: format!("CSTS {csts:#x} reports Controller Fatal Status; reset the target") });
+            return Err(InitiatorError::NotReady {
+                subnqn: opts.subnqn.clone(),
+                detail: format!("CSTS {csts:#x} reports Controller Fatal Status; reset the target"),
+            });
         }
         if csts & 1 != 0 {
             return Ok(());

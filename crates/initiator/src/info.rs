@@ -35,9 +35,6 @@ pub struct ControllerInfo {
     pub raw: Vec<u8>,
 }
 
-
-
-
 use insitu_proto::le::{u16_at, u32_at, u64_at};
 
 /// An ASCII field: space-padded (Identify) or NUL-padded (NQNs, discovery entries).

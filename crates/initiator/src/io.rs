@@ -27,7 +27,10 @@ impl Session {
         let mut split = Vec::new();
         let results = self.run(C, true, |a| {
             split = cmd::split_blocks(slba, nlb, lba, a.split_at);
-            let pieces = split.iter().map(|&(s, n, off)| Piece { cmd: cmd::rw(opcode::READ, nsid, s, n), out: &[], in_at: off, in_len: n as usize * lba as usize }).collect();
+            let pieces = split
+                .iter()
+                .map(|&(s, n, off)| Piece { cmd: cmd::rw(opcode::READ, nsid, s, n), out: &[], in_at: off, in_len: n as usize * lba as usize })
+                .collect();
             pipeline(self.pick(a), pieces, &mut *buf)
         })?;
         for ((cqe, got), (s, n, _)) in results.iter().zip(&split) {
@@ -116,7 +119,10 @@ impl Session {
     fn check_transfer(&self, command: &'static str, len: usize) -> Result<(), InitiatorError> {
         let max = self.max_transfer();
         if len > max {
-            return Err(InitiatorError::InvalidArgument { command, detail: format!("{len} bytes of data exceed the controller's maximum transfer of {max} bytes per command") });
+            return Err(InitiatorError::InvalidArgument {
+                command,
+                detail: format!("{len} bytes of data exceed the controller's maximum transfer of {max} bytes per command"),
+            });
         }
         Ok(())
     }
@@ -155,7 +161,10 @@ impl Session {
         const C: &str = "Passthrough";
         let out = data_out.unwrap_or(&[]);
         if !out.is_empty() && data_in_len > 0 {
-            return Err(InitiatorError::InvalidArgument { command: C, detail: "a command moves data in one direction only; give data_out or data_in_len".into() });
+            return Err(InitiatorError::InvalidArgument {
+                command: C,
+                detail: "a command moves data in one direction only; give data_out or data_in_len".into(),
+            });
         }
         self.check_transfer(C, out.len().max(data_in_len))?;
         let (cqe, data, _) = self.run(C, false, |a| run_one(if admin { &a.admin } else { self.pick(a) }, c, out, data_in_len, false))?;
@@ -166,7 +175,10 @@ impl Session {
 /// Blocks in `len` bytes, which must be a positive multiple of `lba`.
 fn blocks(command: &'static str, len: usize, lba: u32) -> Result<u64, InitiatorError> {
     if len == 0 || !len.is_multiple_of(lba as usize) {
-        return Err(InitiatorError::InvalidArgument { command, detail: format!("{len} bytes is not a positive multiple of the namespace's {lba}-byte block size") });
+        return Err(InitiatorError::InvalidArgument {
+            command,
+            detail: format!("{len} bytes is not a positive multiple of the namespace's {lba}-byte block size"),
+        });
     }
     Ok((len / lba as usize) as u64)
 }

@@ -18,7 +18,8 @@ impl Session {
     pub fn kv_store(&self, nsid: u32, key: &[u8], value: &[u8], mode: StoreMode) -> Result<(), InitiatorError> {
         const C: &str = "KV Store";
         let key = kv_key(C, key)?;
-        let value_size = u32::try_from(value.len()).map_err(|_| InitiatorError::InvalidArgument { command: C, detail: format!("a value of {} bytes is too large", value.len()) })?;
+        let value_size = u32::try_from(value.len())
+            .map_err(|_| InitiatorError::InvalidArgument { command: C, detail: format!("a value of {} bytes is too large", value.len()) })?;
         self.kv_check_transfer(C, value.len())?;
         self.kv_run(C, false, KvCommand::Store { key, value_size, mode }, nsid, value, 0).map(|_| ())
     }
@@ -37,7 +38,10 @@ impl Session {
                 return Ok(data);
             }
             if size > self.max_transfer() {
-                return Err(InitiatorError::Protocol { command: C, detail: format!("the value has {size} bytes, more than one transfer ({}) can carry", self.max_transfer()) });
+                return Err(InitiatorError::Protocol {
+                    command: C,
+                    detail: format!("the value has {size} bytes, more than one transfer ({}) can carry", self.max_transfer()),
+                });
             }
             buffer = size;
         }
@@ -111,12 +115,23 @@ impl Session {
     fn kv_check_transfer(&self, command: &'static str, len: usize) -> Result<(), InitiatorError> {
         let max = self.max_transfer();
         if len > max {
-            return Err(InitiatorError::InvalidArgument { command, detail: format!("a value of {len} bytes exceeds the controller's maximum transfer of {max} bytes per command") });
+            return Err(InitiatorError::InvalidArgument {
+                command,
+                detail: format!("a value of {len} bytes exceeds the controller's maximum transfer of {max} bytes per command"),
+            });
         }
         Ok(())
     }
 
-    fn kv_run(&self, command: &'static str, retryable: bool, kv: KvCommand, nsid: u32, out: &[u8], data_in: usize) -> Result<(Completion, Vec<u8>), InitiatorError> {
+    fn kv_run(
+        &self,
+        command: &'static str,
+        retryable: bool,
+        kv: KvCommand,
+        nsid: u32,
+        out: &[u8],
+        data_in: usize,
+    ) -> Result<(Completion, Vec<u8>), InitiatorError> {
         self.require_io(command)?;
         let (op, cdw) = kv.encode();
         let mut c = Command::zeroed();

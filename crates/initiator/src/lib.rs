@@ -52,6 +52,6 @@ pub use cmd::DISCOVERY_NQN;
 pub use error::{status_name, InitiatorError};
 pub use info::{parse_discovery_log, CommandSet, ControllerInfo, DiscoveryEntry, KvNamespaceInfo, NamespaceInfo};
 pub use insitu_fabric::{Command, Completion, Digests};
-pub use options::{default_hostid, default_hostnqn, hostnqn_for, ConnectOptions};
 pub use insitu_proto::kv::StoreMode;
+pub use options::{default_hostid, default_hostnqn, hostnqn_for, ConnectOptions};
 pub use session::{Session, Stats};

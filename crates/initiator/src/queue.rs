@@ -18,7 +18,7 @@
 
 use crate::cid::CidPool;
 use crate::InitiatorError;
-use insitu_fabric::{check_data_digest, CommonHeader, Command, Completion, Digests, Pdu, SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK};
+use insitu_fabric::{check_data_digest, Command, CommonHeader, Completion, Digests, Pdu, SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK};
 use std::io::{BufReader, Read, Write};
 use std::marker::PhantomData;
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
@@ -562,15 +562,7 @@ impl Queue {
                 return Err(io(e));
             }
         };
-        Ok(Queue {
-            qid,
-            digests,
-            shared,
-            cids: CidPool::new(depth),
-            threads: Mutex::new(vec![sender]),
-            cpda,
-            in_capsule: AtomicUsize::new(0),
-        })
+        Ok(Queue { qid, digests, shared, cids: CidPool::new(depth), threads: Mutex::new(vec![sender]), cpda, in_capsule: AtomicUsize::new(0) })
     }
 
     /// Sets the largest in-capsule write (bytes).
@@ -604,7 +596,14 @@ impl Queue {
     /// Sends `cmd` under the reserved identifier with `data_out` (in-capsule when it fits
     /// or `force_inline`, else by R2T) or receiving into `data_in`. Both buffers are lent
     /// to the queue until the ticket completes.
-    pub fn start<'a>(&'a self, reserved: Reserved, mut cmd: Command, data_out: &'a [u8], data_in: &'a mut [u8], force_inline: bool) -> Result<Ticket<'a>, QError> {
+    pub fn start<'a>(
+        &'a self,
+        reserved: Reserved,
+        mut cmd: Command,
+        data_out: &'a [u8],
+        data_in: &'a mut [u8],
+        force_inline: bool,
+    ) -> Result<Ticket<'a>, QError> {
         let cid = reserved.0;
         let (tx, rx) = mpsc::channel();
         let inline = !data_out.is_empty() && (force_inline || data_out.len() <= self.in_capsule.load(Ordering::Relaxed));
@@ -620,7 +619,8 @@ impl Queue {
                 self.cids.release(cid);
                 return Err(QError::NotSent(r));
             }
-            s.map[usize::from(cid)] = Some(Slot { tx, waiting: false, received: 0, data_in: lent_in.clone(), in_len, data_out: lent_out.clone(), out_len: data_out.len() });
+            s.map[usize::from(cid)] =
+                Some(Slot { tx, waiting: false, received: 0, data_in: lent_in.clone(), in_len, data_out: lent_out.clone(), out_len: data_out.len() });
         }
         cmd.set_cid(cid);
         let capsule_data: &[u8] = if inline {
@@ -630,7 +630,8 @@ impl Queue {
             cmd.set_sgl(0, data_out.len().max(in_len) as u32, SGL_TRANSPORT_DATA_BLOCK);
             &[]
         };
-        let ticket = Ticket { q: self, cid, rx, leases: [lent_in, lent_out], finished: false, deadline: Instant::now() + self.shared.timeout, _buffers: PhantomData };
+        let ticket =
+            Ticket { q: self, cid, rx, leases: [lent_in, lent_out], finished: false, deadline: Instant::now() + self.shared.timeout, _buffers: PhantomData };
         if let Err(e) = self.shared.send(&Pdu::CapsuleCmd { sqe: cmd, data: Vec::new() }, capsule_data, self.cpda) {
             // The command fails through its slot when the queue closes.
             self.close(&format!("send failed: {e}"));

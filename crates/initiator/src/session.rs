@@ -216,7 +216,11 @@ impl Session {
     /// pick one without failing).
     pub(crate) fn require_io(&self, command: &'static str) -> Result<(), InitiatorError> {
         if self.inner.current().io.is_empty() {
-            let why = if self.inner.opts.subnqn == DISCOVERY_NQN { "a discovery session has no I/O queues" } else { "the session has no I/O queues (ConnectOptions::io_queues is 0)" };
+            let why = if self.inner.opts.subnqn == DISCOVERY_NQN {
+                "a discovery session has no I/O queues"
+            } else {
+                "the session has no I/O queues (ConnectOptions::io_queues is 0)"
+            };
             return Err(InitiatorError::InvalidArgument { command, detail: why.to_string() });
         }
         Ok(())

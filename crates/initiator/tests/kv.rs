@@ -8,9 +8,9 @@ mod common;
 use common::{opts, NQN};
 use insitu_fabric::{opcode, Command, SGL_TRANSPORT_DATA_BLOCK};
 use insitu_initiator::Session;
+use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
 use insitu_proto::attention::{decode_info, Admin, Append, Attend, AttendResult};
 use insitu_proto::attention::{Dtype, Method};
-use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
 use std::path::Path;
 
 const HEADS: usize = 2;

@@ -31,7 +31,11 @@ fn serve_modelled(dir: &Path, kv_bytes: Option<u64>, model: Option<insitu_model:
     }
     let cfg = TargetConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
-        subsystems: vec![SubsystemConfig { nqn: NQN.into(), namespaces: vec![NamespaceSpec::sharable(&shared), NamespaceSpec::private(&private)], allow_hosts: vec![] }],
+        subsystems: vec![SubsystemConfig {
+            nqn: NQN.into(),
+            namespaces: vec![NamespaceSpec::sharable(&shared), NamespaceSpec::private(&private)],
+            allow_hosts: vec![],
+        }],
         kv_store: kv_bytes,
         model,
         ..TargetConfig::default()
@@ -100,9 +104,17 @@ fn randomized_operations_match_a_model() {
         match rng.below(100) {
             0..=34 => {
                 counts[0] += 1;
-                let len = match rng.below(10) { 0 => rng.below(20_000), 1 => 0, _ => rng.below(300) } as usize;
+                let len = match rng.below(10) {
+                    0 => rng.below(20_000),
+                    1 => 0,
+                    _ => rng.below(300),
+                } as usize;
                 let v: Vec<u8> = (0..len).map(|i| (i as u64 ^ step) as u8).collect();
-                let mode = match rng.below(10) { 0 => StoreMode::MustExist, 1 => StoreMode::MustNotExist, _ => StoreMode::Upsert };
+                let mode = match rng.below(10) {
+                    0 => StoreMode::MustExist,
+                    1 => StoreMode::MustNotExist,
+                    _ => StoreMode::Upsert,
+                };
                 let got = s.kv_store(KV_NSID, &k, &v, mode);
                 let present = model.contains_key(&k);
                 match (mode, present) {
@@ -149,7 +161,15 @@ fn randomized_operations_match_a_model() {
     for (k, v) in &model {
         assert_eq!(&s.kv_retrieve(KV_NSID, k).unwrap(), v);
     }
-    eprintln!("{ops} operations (store {}, retrieve {}, delete {}, exist {}, list {}), {} keys at the end: no difference", counts[0], counts[1], counts[2], counts[3], counts[4], model.len());
+    eprintln!(
+        "{ops} operations (store {}, retrieve {}, delete {}, exist {}, list {}), {} keys at the end: no difference",
+        counts[0],
+        counts[1],
+        counts[2],
+        counts[3],
+        counts[4],
+        model.len()
+    );
 }
 
 #[test]
@@ -300,7 +320,15 @@ fn a_modelled_drive_paces_the_store() {
     // Programming a page takes 20 ms on this drive: every durable Store writes at least
     // one page before it is acknowledged, so five cannot take less than 100 ms.
     let flash = insitu_model::FlashConfig { program_us: 20_000.0, ..insitu_model::FlashConfig::default() };
-    let model = insitu_model::DeviceModel { name: "slow".into(), description: String::new(), source: String::new(), flash: Some(flash), link: None, engine_link: None, compute: None };
+    let model = insitu_model::DeviceModel {
+        name: "slow".into(),
+        description: String::new(),
+        source: String::new(),
+        flash: Some(flash),
+        link: None,
+        engine_link: None,
+        compute: None,
+    };
     let dir = tempfile::tempdir().unwrap();
     let h = serve_modelled(dir.path(), Some(16 << 20), Some(model)).unwrap();
     let s = connect(&h);

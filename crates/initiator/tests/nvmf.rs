@@ -210,7 +210,8 @@ fn discovery_log_lists_the_subsystem() {
     assert_eq!(d.io_queue_count(), 0);
     assert!(matches!(d.read(1, 0, 1), Err(InitiatorError::InvalidArgument { .. })));
     let entries = d.discovery_log().unwrap();
-    let e = entries.iter().find(|e| e.subnqn == NQN).unwrap_or_else(|| panic!("{NQN} not listed (SUBNQN is at byte 256 of an entry, TRADDR at 512): {entries:?}"));
+    let e =
+        entries.iter().find(|e| e.subnqn == NQN).unwrap_or_else(|| panic!("{NQN} not listed (SUBNQN is at byte 256 of an entry, TRADDR at 512): {entries:?}"));
     let port = f.addr.rsplit(':').next().unwrap();
     assert_eq!((e.trtype, e.adrfam, e.subtype), (3, 1, 2));
     assert_eq!((e.traddr.as_str(), e.trsvcid.as_str()), ("127.0.0.1", port));

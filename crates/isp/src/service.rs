@@ -88,8 +88,12 @@ impl Drop for Service {
 
 /// Formats a blank private namespace with ext4; refuses one that holds something else.
 fn prepare_private(path: &Path) -> Result<(), String> {
-    let ty = Command::new("blkid").args(["-p", "-o", "value", "-s", "TYPE"]).arg(path).output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()).unwrap_or_default();
+    let ty = Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", "TYPE"])
+        .arg(path)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
     match ty.as_str() {
         "ext4" => Ok(()),
         "" => {

@@ -91,7 +91,10 @@ fn image_store_pulls_loads_and_removes_busybox_from_a_loopback_registry() {
     for r in [format!("{name}:latest"), format!("{name}:1.0"), img.repo_digests[0].clone()] {
         let mut again = Vec::new();
         assert_eq!(s.pull(&r, &mut |p| again.push(p)).unwrap().id, img.id);
-        assert!(again.iter().any(|e| matches!(e, Progress::AlreadyExists { .. })) && !again.iter().any(|e| matches!(e, Progress::Downloading { .. })), "{r}: {again:?}");
+        assert!(
+            again.iter().any(|e| matches!(e, Progress::AlreadyExists { .. })) && !again.iter().any(|e| matches!(e, Progress::Downloading { .. })),
+            "{r}: {again:?}"
+        );
     }
     assert_eq!(s.get(&img.id).unwrap().repo_tags, [format!("{name}:latest"), format!("{name}:1.0")]);
     let e = s.pull(&format!("{name}:nosuchtag"), &mut |_| {}).unwrap_err();

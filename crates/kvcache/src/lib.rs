@@ -22,8 +22,8 @@ mod store;
 pub use insitu_proto::attention as wire;
 
 pub use attention::{attend, Method};
-pub use layout::{Dtype, Layout};
 pub use attention::{attend_all, Task};
+pub use layout::{Dtype, Layout};
 pub use store::{HeadView, KvCache, SeqInfo, StoreUsage};
 
 use insitu_proto::Status;

@@ -10,8 +10,8 @@
 //! cached across opens: hosts change the store over NVMe/TCP at any time.
 
 use crate::names::{key_of, name_of};
-use insitu_proto::kv::{Key, StoreMode};
 use insitu_kvstore::{KvStore, KvStoreError};
+use insitu_proto::kv::{Key, StoreMode};
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::sync::Arc;

@@ -3,7 +3,10 @@
 //! [`KvMount`] mounts it and takes it down again.
 
 use crate::dir::{Attr, KvDir};
-use fuser::{FileAttr, FileType, Filesystem, MountOption, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow};
+use fuser::{
+    FileAttr, FileType, Filesystem, MountOption, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    Request, TimeOrNow,
+};
 use insitu_kvstore::KvStore;
 use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt;

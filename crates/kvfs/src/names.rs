@@ -112,7 +112,16 @@ mod tests {
         assert_eq!(name_of(b"greeting"), "greeting");
         assert_eq!(name_of(b"user:1 x"), "user:1 x");
         assert_eq!(name_of("cl\u{e9}".as_bytes()), "cl\u{e9}");
-        for (key, name) in [(&b"a/b"[..], "0x612f62"), (b"\0", "0x00"), (b"0xab", "0x30786162"), (b"0Xab", "0x30586162"), (b".", "0x2e"), (b"..", "0x2e2e"), (b"\xff\xfe", "0xfffe"), (b"a\nb", "0x610a62")] {
+        for (key, name) in [
+            (&b"a/b"[..], "0x612f62"),
+            (b"\0", "0x00"),
+            (b"0xab", "0x30786162"),
+            (b"0Xab", "0x30586162"),
+            (b".", "0x2e"),
+            (b"..", "0x2e2e"),
+            (b"\xff\xfe", "0xfffe"),
+            (b"a\nb", "0x610a62"),
+        ] {
             assert_eq!(name_of(key), name, "{key:?}");
         }
     }

@@ -61,7 +61,11 @@ impl RegionBackend {
         if base.checked_add(region).is_none_or(|e| e > media.len()) {
             return Err(format!("the KV store region ({}) extends past the end of the media ({} bytes)", where_(), media.len()));
         }
-        let file = std::fs::OpenOptions::new().read(true).write(true).open(media.path()).map_err(|e| format!("opening {} for the KV store: {e}", media.path().display()))?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(media.path())
+            .map_err(|e| format!("opening {} for the KV store: {e}", media.path().display()))?;
         let mut h = [0u8; 36];
         file.read_exact_at(&mut h, base).map_err(|e| format!("reading the KV store header ({}): {e}", where_()))?;
         let len = if h.iter().all(|b| *b == 0) {

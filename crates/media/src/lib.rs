@@ -125,7 +125,17 @@ impl Backing {
             Err(e) => return Err(with_path(e, path, "open with O_DIRECT")),
         };
         let in_memory = in_memory(&buffered);
-        Ok(Backing { path: path.to_owned(), direct, buffered, is_direct, in_memory, cached_reads: in_memory, len, counters: MediaCounters::default(), pacing: None })
+        Ok(Backing {
+            path: path.to_owned(),
+            direct,
+            buffered,
+            is_direct,
+            in_memory,
+            cached_reads: in_memory,
+            len,
+            counters: MediaCounters::default(),
+            pacing: None,
+        })
     }
 
     /// Lets [`Backing::send_from_page_cache`] send from a disk too (`true`), so that host
@@ -213,9 +223,10 @@ impl Backing {
     /// The aligned range `[start, stop)` a direct read of `len` bytes at `offset` covers;
     /// an error when those bytes are not all inside the store.
     fn direct_span(&self, offset: u64, len: usize) -> io::Result<(u64, u64)> {
-        let end = offset.checked_add(len as u64).filter(|e| *e <= self.len).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, format!("read of {len} bytes at {offset} is beyond the end ({})", self.len))
-        })?;
+        let end = offset
+            .checked_add(len as u64)
+            .filter(|e| *e <= self.len)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("read of {len} bytes at {offset} is beyond the end ({})", self.len)))?;
         Ok(aligned_span(offset, end))
     }
 
@@ -373,7 +384,6 @@ fn in_memory(file: &File) -> bool {
     let ty = s.f_type as i64;
     rc == 0 && (ty == TMPFS_MAGIC || ty == RAMFS_MAGIC)
 }
-
 
 fn with_path(e: io::Error, path: &Path, what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))

@@ -52,7 +52,10 @@ impl UringScanner {
     /// pinned (`RLIMIT_MEMLOCK`); callers then use [`Backing::read_window`].
     pub fn new(depth: usize, chunk: usize) -> io::Result<UringScanner> {
         if !(1..=64).contains(&depth) || chunk == 0 || !chunk.is_multiple_of(DIRECT_ALIGN) || chunk > 16 << 20 {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("io_uring scanner: depth {depth} (1-64), chunk {chunk} (a multiple of {DIRECT_ALIGN}, at most 16 MiB)")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("io_uring scanner: depth {depth} (1-64), chunk {chunk} (a multiple of {DIRECT_ALIGN}, at most 16 MiB)"),
+            ));
         }
         let ring = IoUring::new(depth.next_power_of_two() as u32)?;
         let mut bufs: Vec<AlignedBuf> = (0..depth).map(|_| AlignedBuf::new(chunk)).collect();
@@ -75,9 +78,10 @@ impl UringScanner {
     /// file in memory) is read the same way through the page cache. A device model set on
     /// the media paces each chunk as [`Backing::read_window_for`] would.
     pub fn scan(&mut self, media: &Backing, offset: u64, len: u64, purpose: ReadPurpose, mut each: impl FnMut(&[u8]) -> ControlFlow<()>) -> io::Result<()> {
-        let end = offset.checked_add(len).filter(|e| *e <= media.len()).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, format!("read of {len} bytes at {offset} is beyond the end ({})", media.len()))
-        })?;
+        let end = offset
+            .checked_add(len)
+            .filter(|e| *e <= media.len())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("read of {len} bytes at {offset} is beyond the end ({})", media.len())))?;
         if len == 0 {
             return Ok(());
         }

@@ -201,7 +201,6 @@ impl Flash {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -152,15 +152,7 @@ mod tests {
     use super::*;
 
     fn small(channels: u32, dies: u32) -> FlashConfig {
-        FlashConfig {
-            channels,
-            dies_per_channel: dies,
-            page_bytes: 4096,
-            read_us: 50.0,
-            program_us: 200.0,
-            channel_mb_s: 400.0,
-            ..FlashConfig::default()
-        }
+        FlashConfig { channels, dies_per_channel: dies, page_bytes: 4096, read_us: 50.0, program_us: 200.0, channel_mb_s: 400.0, ..FlashConfig::default() }
     }
 
     #[test]

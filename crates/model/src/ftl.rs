@@ -98,9 +98,7 @@ impl Ftl {
     /// An empty drive: nothing mapped, every block free.
     pub fn new(g: &Geometry) -> Ftl {
         let blocks = g.dies as usize * g.blocks_per_die as usize;
-        let free = (0..g.dies)
-            .map(|d| (d * g.blocks_per_die..(d + 1) * g.blocks_per_die).collect())
-            .collect();
+        let free = (0..g.dies).map(|d| (d * g.blocks_per_die..(d + 1) * g.blocks_per_die).collect()).collect();
         Ftl {
             ppb: g.pages_per_block,
             blocks_per_die: g.blocks_per_die,
@@ -181,9 +179,7 @@ impl Ftl {
     /// closed block has an invalid page (nothing to gain).
     fn collect(&mut self, die: u32) -> Option<u64> {
         let first = die * self.blocks_per_die;
-        let victim = (first..first + self.blocks_per_die)
-            .filter(|b| self.state[*b as usize] == BlockState::Closed)
-            .min_by_key(|b| self.valid[*b as usize])?;
+        let victim = (first..first + self.blocks_per_die).filter(|b| self.state[*b as usize] == BlockState::Closed).min_by_key(|b| self.valid[*b as usize])?;
         if self.valid[victim as usize] >= self.ppb {
             return None;
         }

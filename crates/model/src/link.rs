@@ -80,11 +80,7 @@ impl LinkConfig {
 
     /// Like [`named`](Self::named), with an error listing the known names.
     pub fn lookup(name: &str) -> Result<LinkConfig, ModelError> {
-        LinkConfig::named(name).ok_or_else(|| ModelError::Unknown {
-            kind: "link",
-            name: name.to_owned(),
-            known: LINK_NAMES.join(", "),
-        })
+        LinkConfig::named(name).ok_or_else(|| ModelError::Unknown { kind: "link", name: name.to_owned(), known: LINK_NAMES.join(", ") })
     }
 
     /// Checks both fields; the error names the field and the value.
@@ -108,13 +104,7 @@ impl Link {
     /// An idle link.
     pub fn new(cfg: LinkConfig) -> Result<Link, ModelError> {
         cfg.validate()?;
-        Ok(Link {
-            ns_per_byte: 1000.0 / cfg.mb_s,
-            latency_ns: (cfg.latency_us * 1000.0).round() as u64,
-            next_free: 0,
-            bytes: 0,
-            cfg,
-        })
+        Ok(Link { ns_per_byte: 1000.0 / cfg.mb_s, latency_ns: (cfg.latency_us * 1000.0).round() as u64, next_free: 0, bytes: 0, cfg })
     }
 
     /// The configuration the link was built with.

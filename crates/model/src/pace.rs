@@ -312,7 +312,15 @@ mod tests {
 
     #[test]
     fn a_protected_cache_makes_a_flush_cheap() {
-        let cfg = FlashConfig { channels: 1, dies_per_channel: 1, page_bytes: 4096, program_us: 1000.0, channel_mb_s: 4096.0, power_loss_protection: true, ..FlashConfig::default() };
+        let cfg = FlashConfig {
+            channels: 1,
+            dies_per_channel: 1,
+            page_bytes: 4096,
+            program_us: 1000.0,
+            channel_mb_s: 4096.0,
+            power_loss_protection: true,
+            ..FlashConfig::default()
+        };
         let p = Pacer::new(Some(Flash::new(cfg, 1 << 20).unwrap()), None);
         p.on_write(0, 4096);
         p.on_write(4096, 512);
@@ -345,14 +353,7 @@ mod tests {
 
     fn slow_flash() -> Flash {
         // One die: a 4 KiB read takes 10 ms sense + 4096 B at 4.096 MB/s = 11 ms.
-        let cfg = FlashConfig {
-            channels: 1,
-            dies_per_channel: 1,
-            page_bytes: 4096,
-            read_us: 10_000.0,
-            channel_mb_s: 4.096,
-            ..FlashConfig::default()
-        };
+        let cfg = FlashConfig { channels: 1, dies_per_channel: 1, page_bytes: 4096, read_us: 10_000.0, channel_mb_s: 4.096, ..FlashConfig::default() };
         Flash::new(cfg, 1 << 20).unwrap()
     }
 

@@ -230,9 +230,7 @@ pub fn custom(mb_s: f64) -> Result<DeviceModel, ModelError> {
 /// Resolves a model specification: a preset name (`newport`), a preset re-timed to an
 /// internal read rate in MB/s (`newport@2000`), or a generic drive (`custom:2000`).
 pub fn parse(spec: &str) -> Result<DeviceModel, ModelError> {
-    let rate = |s: &str| {
-        s.trim().parse::<f64>().map_err(|_| ModelError::Spec { spec: spec.into(), reason: format!("`{s}` is not a rate in MB/s") })
-    };
+    let rate = |s: &str| s.trim().parse::<f64>().map_err(|_| ModelError::Spec { spec: spec.into(), reason: format!("`{s}` is not a rate in MB/s") });
     if let Some(r) = spec.strip_prefix("custom:") {
         return custom(rate(r)?);
     }

@@ -10,7 +10,10 @@ use crate::controller::{self, Controller, Reply, Subsystem, CONNECT_INVALID_HOST
 use crate::io;
 use crate::Shared;
 use crossbeam_channel::{unbounded, Sender};
-use insitu_fabric::{check_data_digest, data_digest, write_all_vectored, fabrics, opcode, pdu_type, CommonHeader, Command, Completion, Digests, Pdu, PduError, SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK};
+use insitu_fabric::{
+    check_data_digest, data_digest, fabrics, opcode, pdu_type, write_all_vectored, Command, CommonHeader, Completion, Digests, Pdu, PduError,
+    SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK,
+};
 use std::collections::HashMap;
 use std::io::{BufReader, IoSlice, Read, Write};
 use std::net::TcpStream;
@@ -249,7 +252,19 @@ fn serve_with(shared: Arc<Shared>, reader: Box<dyn Transport>, writer: Box<dyn W
     let link = shared.links.as_ref().map(|(to_host, _)| to_host.clone());
     let sink = Sink { stream: Arc::new(Mutex::new(writer)), link, digests: Digests::default(), hpda: 0, sqid: 0, metrics: shared.metrics.clone(), socket };
     let reader = BufReader::with_capacity(RECV_BUFFER, reader);
-    let mut conn = Conn { shared, reader, head: Vec::new(), sink, state: State::AwaitIcReq, sqhd: 0, sqsize: 1, pending: HashMap::new(), next_ttag: 0, peer, reads: io::ReadRun::default() };
+    let mut conn = Conn {
+        shared,
+        reader,
+        head: Vec::new(),
+        sink,
+        state: State::AwaitIcReq,
+        sqhd: 0,
+        sqsize: 1,
+        pending: HashMap::new(),
+        next_ttag: 0,
+        peer,
+        reads: io::ReadRun::default(),
+    };
     let end = conn.run();
     match &conn.state {
         State::Admin(ctrl) => ctrl.subsys.remove_controller(ctrl.cntlid),
@@ -376,7 +391,9 @@ impl Conn {
             }
             (State::AwaitIcReq, other) => Err(sequence(&other, "expected ICReq first")),
             // The host ends the connection.
-            (_, Pdu::TermReq { fes, .. }) => Err(End::Closed(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("host terminated (FES {fes:#x})")))),
+            (_, Pdu::TermReq { fes, .. }) => {
+                Err(End::Closed(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("host terminated (FES {fes:#x})"))))
+            }
             (_, Pdu::CapsuleCmd { sqe, data }) => {
                 self.sqhd = (self.sqhd + 1) % self.sqsize.max(1);
                 self.command(sqe, data)
@@ -419,7 +436,8 @@ impl Conn {
                 }
                 // Consecutive reads of a disk read directly go to the media as one larger
                 // read (the kernel reads ahead of those sent from the page cache).
-                if cmd.opcode() == opcode::READ && target.namespace(cmd.nsid()).is_some_and(|ns| !ns.media().is_paced() && !self.sink.can_send_from(ns.media())) {
+                if cmd.opcode() == opcode::READ && target.namespace(cmd.nsid()).is_some_and(|ns| !ns.media().is_paced() && !self.sink.can_send_from(ns.media()))
+                {
                     let job = io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd, more: Vec::new() };
                     if let Some(held) = self.reads.push(job, target) {
                         let _ = jobs.send(held);
@@ -488,7 +506,10 @@ impl Conn {
         };
         let off = datao as usize;
         if p.ttag != ttag || off != p.received || off + len > p.buf.len() {
-            return Err(End::Fatal { fes: 0x04, reason: format!("H2CData for command {cccid}: tag {ttag}, offset {off} + {len} outside the {} bytes requested", p.buf.len()) });
+            return Err(End::Fatal {
+                fes: 0x04,
+                reason: format!("H2CData for command {cccid}: tag {ttag}, offset {off} + {len} outside the {} bytes requested", p.buf.len()),
+            });
         }
         Ok(&mut p.buf[off..off + len])
     }

@@ -4,8 +4,8 @@
 
 use crate::config::{TargetConfig, DISCOVERY_NQN};
 use crate::identify::{self, ControllerIdentity, DiscoveryEntry};
-use insitu_fabric::{opcode, Command};
 use insitu_engine::{Engine, Visibility};
+use insitu_fabric::{opcode, Command};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -10,7 +10,9 @@
 use crate::connection::Sink;
 use crate::controller::Controller;
 use crate::{Server, Shared};
-use insitu_etheron::{check_receive, check_transmit, Counters, Switch, Tap, Upcall, IDLE_RECEIVE, RECEIVE_FRAME, STATUS_INTERNAL_ERROR, STATUS_NO_INTERFACE, TRANSMIT_FRAME};
+use insitu_etheron::{
+    check_receive, check_transmit, Counters, Switch, Tap, Upcall, IDLE_RECEIVE, RECEIVE_FRAME, STATUS_INTERNAL_ERROR, STATUS_NO_INTERFACE, TRANSMIT_FRAME,
+};
 use insitu_fabric::{Command, SGL_DATA_BLOCK_OFFSET};
 use std::sync::{Arc, Once, OnceLock, Weak};
 use std::time::Duration;

@@ -173,14 +173,24 @@ pub fn seed_inputs() -> Vec<(&'static str, Vec<u8>)> {
         (cmd(opcode::ASYNC_EVENT, 0, &[], 0), Vec::new(), None),
     ];
     let kv = {
-        use insitu_proto::attention::{Admin, Append, Attend};
         use insitu_kvcache::{Dtype, Method};
+        use insitu_proto::attention::{Admin, Append, Attend};
         let (heads, d, t) = (2usize, 16usize, 40usize);
         let vals = |n: usize, s: f32| (0..n).map(|i| ((i as f32) * s).sin()).collect::<Vec<f32>>();
         let create = Admin::Create { seq: 1, layers: 2, kv_heads: heads, head_dim: d, dtype: Dtype::F32, dims_per_page: 1 };
         let append = Append { seq: 1, layer: 0, heads, head_dim: d, tokens: t, k: vals(heads * t * d, 0.37), v: vals(heads * t * d, 0.11) };
         let attend = |method, tag: u32| {
-            let a = Attend { layer: 0, heads, group: 2, head_dim: d, method, scale: 0.25, seqs: vec![1], q: vals(heads * 2 * d, 0.7), new_kv: Some((vals(heads * d, 0.3), vals(heads * d, 0.5))) };
+            let a = Attend {
+                layer: 0,
+                heads,
+                group: 2,
+                head_dim: d,
+                method,
+                scale: 0.25,
+                seqs: vec![1],
+                q: vals(heads * 2 * d, 0.7),
+                new_kv: Some((vals(heads * d, 0.3), vals(heads * d, 0.5))),
+            };
             (cmd(opcode::KV_ATTEND, 0, &[(10, tag)], 0), Vec::new(), Some(a.encode()))
         };
         vec![

@@ -3,14 +3,14 @@
 //! worker threads against the insitu target.
 
 use crate::connection::Sink;
+use crate::controller::{status, Controller, INVALID_FIELD, INVALID_OPCODE};
 use crate::kv;
 use crate::lock;
-use crate::controller::{status, Controller, INVALID_FIELD, INVALID_OPCODE};
 use crate::metrics::CommandCost;
 use crate::Shared;
+use insitu_engine::{BlockRead, Engine};
 use insitu_fabric::{opcode, Command};
 use insitu_media::PooledBuf;
-use insitu_engine::{BlockRead, Engine};
 use insitu_proto::{CommandError, FLAG_RESULT_OBJECT};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -199,7 +199,16 @@ pub(crate) fn run(shared: &Shared, target: &Engine, ctrl: &Controller, sink: &Si
 /// part. Gives the commands back, having sent nothing, when any is refused or the read
 /// fails, so that each is run alone and gets its own status.
 #[allow(clippy::too_many_arguments)]
-fn run_reads(shared: &Shared, target: &Engine, ctrl: &Controller, sink: &Sink, first: &Command, sqhd: u16, more: &[(Command, u16)], started: Instant) -> Option<Vec<(Command, u16)>> {
+fn run_reads(
+    shared: &Shared,
+    target: &Engine,
+    ctrl: &Controller,
+    sink: &Sink,
+    first: &Command,
+    sqhd: u16,
+    more: &[(Command, u16)],
+    started: Instant,
+) -> Option<Vec<(Command, u16)>> {
     let cmds: Vec<(&Command, u16)> = std::iter::once((first, sqhd)).chain(more.iter().map(|(c, s)| (c, *s))).collect();
     let sizes: Result<Vec<usize>, u16> = cmds.iter().map(|(c, _)| read_bytes(shared, target, c)).collect();
     let read = sizes.ok().and_then(|sizes| target.read_blocks(first.nsid(), slba(first), sizes.iter().sum()).ok().map(|b| (sizes, b)));
@@ -348,7 +357,11 @@ fn metric_labels(target: &Engine, cmd: &Command, data: &[u8]) -> (u32, String) {
     let function = match cmd.opcode() {
         opcode::EXEC => {
             let f = function_name(data);
-            if target.registry().get(&f).is_some() { f } else { "unknown".to_string() }
+            if target.registry().get(&f).is_some() {
+                f
+            } else {
+                "unknown".to_string()
+            }
         }
         _ => String::new(),
     };
@@ -360,7 +373,9 @@ fn metric_labels(target: &Engine, cmd: &Command, data: &[u8]) -> (u32, String) {
 fn function_name(descriptor: &[u8]) -> String {
     let n = descriptor.get(16).map_or(0, |n| usize::from(*n)).min(32);
     match descriptor.get(32..32 + n) {
-        Some(name) if name.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_' || *b == b'-') => String::from_utf8_lossy(name).into_owned(),
+        Some(name) if name.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_' || *b == b'-') => {
+            String::from_utf8_lossy(name).into_owned()
+        }
         _ => String::new(),
     }
 }

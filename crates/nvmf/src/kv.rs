@@ -7,10 +7,10 @@
 //! KV_RESULT takes them out: two commands a stock host can send.
 
 use crate::controller::Controller;
-use insitu_fabric::{opcode, Command};
-use insitu_proto::attention::{encode_info, Admin, Append, Attend, AttendResult};
-use insitu_kvcache::{AttendStats, KvError, KvCache, Task};
 use insitu_engine::Engine;
+use insitu_fabric::{opcode, Command};
+use insitu_kvcache::{AttendStats, KvCache, KvError, Task};
+use insitu_proto::attention::{encode_info, Admin, Append, Attend, AttendResult};
 use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
 

@@ -11,9 +11,9 @@
 //! handed to the store from there.
 
 use crate::controller::status;
-use insitu_proto::kv::{encode_list, list_entry_len, status as kvs, KvCommand};
-use insitu_kvstore::KvStore;
 use insitu_fabric::Command;
+use insitu_kvstore::KvStore;
+use insitu_proto::kv::{encode_list, list_entry_len, status as kvs, KvCommand};
 
 /// Data SGL Length Invalid.
 const SGL_LENGTH_INVALID: u16 = status(0, 0x0F);

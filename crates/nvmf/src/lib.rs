@@ -43,7 +43,10 @@ use std::thread::JoinHandle;
 /// namespace, byte offset in that file, length), the region 4 KiB aligned at the file's end.
 fn kv_region(s: &SubsystemConfig, bytes: u64) -> Result<(usize, u64, u64), String> {
     let Some(at) = s.namespaces.iter().position(|n| n.visibility == Vis::Private) else {
-        return Err(format!("subsystem {}: a key-value store (--kv-store) lives in the target's private namespace, and there is none: add --private IMG", s.nqn));
+        return Err(format!(
+            "subsystem {}: a key-value store (--kv-store) lives in the target's private namespace, and there is none: add --private IMG",
+            s.nqn
+        ));
     };
     let (offset, len) = kv_store_span(&s.namespaces[at].path, bytes)?;
     Ok((at, offset, len))
@@ -157,7 +160,8 @@ impl Server {
             // The store's file system is paced with its namespace: one drive, one model.
             let mut kv_pacing = None;
             for (i, ns) in s.namespaces.iter().enumerate() {
-                let mut nc = NamespaceConfig { lba_size: ns.lba_size, visibility: ns.visibility, cached_reads: !cfg.direct_reads, ..NamespaceConfig::default() };
+                let mut nc =
+                    NamespaceConfig { lba_size: ns.lba_size, visibility: ns.visibility, cached_reads: !cfg.direct_reads, ..NamespaceConfig::default() };
                 if let Some((at, offset, _)) = &kv_region {
                     if *at == i {
                         nc.size = Some(offset / u64::from(ns.lba_size) * u64::from(ns.lba_size));
@@ -189,7 +193,8 @@ impl Server {
         let listener = TcpListener::bind(cfg.listen)?;
         cfg.listen = listener.local_addr()?;
         // The host link, one model per direction (links are full duplex).
-        let link = |m: &insitu_model::DeviceModel| m.link.clone().map(|l| insitu_model::Link::new(l).map(|l| Arc::new(insitu_model::Pacer::new(None, Some(l)))));
+        let link =
+            |m: &insitu_model::DeviceModel| m.link.clone().map(|l| insitu_model::Link::new(l).map(|l| Arc::new(insitu_model::Pacer::new(None, Some(l)))));
         let links = match cfg.model.as_ref().and_then(link) {
             Some(to_host) => {
                 let to_target = cfg.model.as_ref().and_then(link).expect("same model");
@@ -198,7 +203,17 @@ impl Server {
             }
             None => None,
         };
-        let shared = Arc::new(Shared { links, cfg, subsystems, metrics: Arc::new(Metrics::default()), ether: Default::default(), stopping: AtomicBool::new(false), connections: Mutex::new(Default::default()), next_connection: Default::default(), live: AtomicUsize::new(0) });
+        let shared = Arc::new(Shared {
+            links,
+            cfg,
+            subsystems,
+            metrics: Arc::new(Metrics::default()),
+            ether: Default::default(),
+            stopping: AtomicBool::new(false),
+            connections: Mutex::new(Default::default()),
+            next_connection: Default::default(),
+            live: AtomicUsize::new(0),
+        });
         Ok(Server { listener, shared })
     }
 

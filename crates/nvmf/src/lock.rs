@@ -11,8 +11,8 @@
 //! lives on one subsystem's namespaces only; private namespaces are refused by the target.
 //! Every refusal and every lock taken or released is logged with its reason.
 
-use insitu_fabric::{opcode, Command};
 use insitu_engine::Engine;
+use insitu_fabric::{opcode, Command};
 use insitu_proto::lock::LockRequest;
 use insitu_proto::{CommandError, Status};
 

@@ -71,10 +71,7 @@ impl<'a> Args<'a> {
                 });
             };
             if !p.ty.accepts(value) {
-                return Err(KernelError::BadArgument {
-                    key: key.clone(),
-                    detail: format!("expected a {}, got a {}", p.ty.name(), value.type_name()),
-                });
+                return Err(KernelError::BadArgument { key: key.clone(), detail: format!("expected a {}, got a {}", p.ty.name(), value.type_name()) });
             }
         }
         for p in params.iter().filter(|p| p.required) {

@@ -158,16 +158,9 @@ impl<D: Digest> Kernel for Checksum<D> {
 struct ChecksumJob<D>(PhantomData<fn() -> D>);
 
 impl<D: Digest> Job for ChecksumJob<D> {
-    fn run(
-        self: Box<Self>,
-        inputs: &mut [&mut dyn InputStream],
-        outputs: &mut [&mut dyn OutputSink],
-    ) -> Result<Vec<Record>, KernelError> {
+    fn run(self: Box<Self>, inputs: &mut [&mut dyn InputStream], outputs: &mut [&mut dyn OutputSink]) -> Result<Vec<Record>, KernelError> {
         check_shape(D::NAME, inputs, outputs, None, 0)?;
-        inputs
-            .iter_mut()
-            .map(|input| Ok(vec![("digest".to_string(), Value::Str(digest::<D>(&mut **input)?))]))
-            .collect()
+        inputs.iter_mut().map(|input| Ok(vec![("digest".to_string(), Value::Str(digest::<D>(&mut **input)?))])).collect()
     }
 }
 

@@ -35,7 +35,12 @@ static PARAMS: [Param; 6] = [
     Param { key: "header", ty: ParamType::Str, required: false, doc: "the object's header record, as CSV text (required unless scan)" },
     Param { key: "where", ty: ParamType::Str, required: false, doc: "as csv-select's" },
     Param { key: "columns", ty: ParamType::Str, required: false, doc: "as csv-select's" },
-    Param { key: "starts", ty: ParamType::Str, required: false, doc: "each input's start state: q (in quotes), c (after a closing quote), f (field start), m (mid field); default f" },
+    Param {
+        key: "starts",
+        ty: ParamType::Str,
+        required: false,
+        doc: "each input's start state: q (in quotes), c (after a closing quote), f (field start), m (mid field); default f",
+    },
     Param { key: "scan", ty: ParamType::Bool, required: false, doc: "only count each input's quotes (default false)" },
     Param { key: "whole", ty: ParamType::Bool, required: false, doc: "the inputs are complete records, without head or tail (default false)" },
 ];

@@ -223,30 +223,18 @@ pub(crate) fn column_index(header: &ByteRecord, name: &str, key: &str) -> Result
 }
 
 impl Job for CsvSelectJob {
-    fn run(
-        self: Box<Self>,
-        inputs: &mut [&mut dyn InputStream],
-        outputs: &mut [&mut dyn OutputSink],
-    ) -> Result<Vec<Record>, KernelError> {
+    fn run(self: Box<Self>, inputs: &mut [&mut dyn InputStream], outputs: &mut [&mut dyn OutputSink]) -> Result<Vec<Record>, KernelError> {
         check_shape("csv-select", inputs, outputs, Some(1), 1)?;
         let sink = &mut *outputs[0];
-        let mut reader = csv::ReaderBuilder::new()
-            .has_headers(false)
-            .flexible(true)
-            .from_reader(ChunkReader::new(&mut *inputs[0]));
-        let mut writer = csv::WriterBuilder::new()
-            .terminator(Terminator::Any(b'\n'))
-            .quote_style(QuoteStyle::Necessary)
-            .from_writer(SinkWriter::new(&mut *sink));
+        let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(ChunkReader::new(&mut *inputs[0]));
+        let mut writer =
+            csv::WriterBuilder::new().terminator(Terminator::Any(b'\n')).quote_style(QuoteStyle::Necessary).from_writer(SinkWriter::new(&mut *sink));
 
         let (mut rows_in, mut rows_out) = (0u64, 0u64);
         let mut header = ByteRecord::new();
         if reader.read_byte_record(&mut header).map_err(csv_error)? {
-            let tests: Vec<(usize, &Predicate)> = self
-                .predicates
-                .iter()
-                .map(|p| Ok((column_index(&header, &p.column, "where")?, p)))
-                .collect::<Result<_, KernelError>>()?;
+            let tests: Vec<(usize, &Predicate)> =
+                self.predicates.iter().map(|p| Ok((column_index(&header, &p.column, "where")?, p))).collect::<Result<_, KernelError>>()?;
             let projection: Vec<usize> = match &self.columns {
                 Some(names) => names.iter().map(|n| column_index(&header, n, "columns")).collect::<Result<_, _>>()?,
                 None => (0..header.len()).collect(),
@@ -265,11 +253,7 @@ impl Job for CsvSelectJob {
                 rows_in += 1;
                 if row.len() != header.len() {
                     let line = row.position().map_or(0, |p| p.line());
-                    return Err(KernelError::Failed(format!(
-                        "CSV row {rows_in} (line {line}) has {} fields but the header has {}",
-                        row.len(),
-                        header.len()
-                    )));
+                    return Err(KernelError::Failed(format!("CSV row {rows_in} (line {line}) has {} fields but the header has {}", row.len(), header.len())));
                 }
                 if tests.iter().all(|(i, p)| p.holds(&row[*i])) {
                     rows_out += 1;
@@ -279,11 +263,7 @@ impl Job for CsvSelectJob {
         }
         writer.into_inner().map_err(|e| unwrap_io(e.into_error()))?;
         let output_length = sink.finish()?;
-        Ok(vec![vec![
-            ("output_length".into(), Value::U64(output_length)),
-            ("rows_in".into(), Value::U64(rows_in)),
-            ("rows_out".into(), Value::U64(rows_out)),
-        ]])
+        Ok(vec![vec![("output_length".into(), Value::U64(output_length)), ("rows_in".into(), Value::U64(rows_in)), ("rows_out".into(), Value::U64(rows_out))]])
     }
 }
 

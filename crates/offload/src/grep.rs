@@ -50,7 +50,12 @@ static PARAMS: [Param; 6] = [
     Param { key: "regex", ty: ParamType::Bool, required: false, doc: "pattern is a regular expression (default false: literal)" },
     Param { key: "ignore_case", ty: ParamType::Bool, required: false, doc: "ASCII case-insensitive matching (default false)" },
     Param { key: "max_matches", ty: ParamType::U64, required: false, doc: "most matching lines to list (default 1000000); count stays exact" },
-    Param { key: "edges", ty: ParamType::Bool, required: false, doc: "the input is a piece of a larger object: search its inner lines, return its head and tail (default false)" },
+    Param {
+        key: "edges",
+        ty: ParamType::Bool,
+        required: false,
+        doc: "the input is a piece of a larger object: search its inner lines, return its head and tail (default false)",
+    },
     Param { key: "edge_limit", ty: ParamType::U64, required: false, doc: "most bytes of head or tail with edges (default 16777216)" },
 ];
 
@@ -117,11 +122,7 @@ struct GrepJob {
 }
 
 impl Job for GrepJob {
-    fn run(
-        self: Box<Self>,
-        inputs: &mut [&mut dyn InputStream],
-        outputs: &mut [&mut dyn OutputSink],
-    ) -> Result<Vec<Record>, KernelError> {
+    fn run(self: Box<Self>, inputs: &mut [&mut dyn InputStream], outputs: &mut [&mut dyn OutputSink]) -> Result<Vec<Record>, KernelError> {
         check_shape("grep", inputs, outputs, None, 0)?;
         let mut records = Vec::with_capacity(inputs.len());
         for input in inputs.iter_mut() {
@@ -184,11 +185,7 @@ fn edges(mut scan: Scan<'_>, input: &mut dyn InputStream, limit: usize) -> Resul
             pairs.chunks_exact_mut(2).for_each(|p| p[1] += head.len() as u64);
         }
     }
-    record.extend([
-        ("newlines".into(), Value::U64(newlines)),
-        ("head".into(), Value::Bytes(head)),
-        ("tail".into(), Value::Bytes(tail)),
-    ]);
+    record.extend([("newlines".into(), Value::U64(newlines)), ("head".into(), Value::Bytes(head)), ("tail".into(), Value::Bytes(tail))]);
     Ok(record)
 }
 
@@ -335,9 +332,7 @@ impl<'m> Scan<'m> {
             // No earlier line matches (a match there would have been found first), and a
             // match without '\n' proves this line matches; one spanning lines proves nothing.
             let matched = match self.matcher {
-                Matcher::Regex { regex, .. } if region[s..e].contains(&b'\n') => {
-                    regex.is_match(&region[line..end])
-                }
+                Matcher::Regex { regex, .. } if region[s..e].contains(&b'\n') => regex.is_match(&region[line..end]),
                 _ => true,
             };
             if matched {
@@ -355,11 +350,7 @@ impl<'m> Scan<'m> {
         if self.partial {
             self.end_partial();
         }
-        vec![
-            ("count".into(), Value::U64(self.count)),
-            ("matches".into(), Value::U64List(self.matches)),
-            ("truncated".into(), Value::Bool(self.truncated)),
-        ]
+        vec![("count".into(), Value::U64(self.count)), ("matches".into(), Value::U64List(self.matches)), ("truncated".into(), Value::Bool(self.truncated))]
     }
 }
 

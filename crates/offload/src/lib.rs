@@ -92,16 +92,10 @@ pub(crate) fn check_shape(
     };
     if !ok {
         let want = want_inputs.map_or_else(|| "one or more".to_string(), |n| n.to_string());
-        return Err(KernelError::BadShape(format!(
-            "{kernel} takes {want} input object(s), the descriptor has {}",
-            inputs.len()
-        )));
+        return Err(KernelError::BadShape(format!("{kernel} takes {want} input object(s), the descriptor has {}", inputs.len())));
     }
     if outputs.len() != want_outputs {
-        return Err(KernelError::BadShape(format!(
-            "{kernel} takes {want_outputs} output object(s), the descriptor has {}",
-            outputs.len()
-        )));
+        return Err(KernelError::BadShape(format!("{kernel} takes {want_outputs} output object(s), the descriptor has {}", outputs.len())));
     }
     Ok(())
 }
@@ -142,11 +136,7 @@ pub trait Job: Send {
     ///
     /// Returns one record per input for kernels with no outputs, or one record (holding at
     /// least `output_length`) for kernels that write an output object.
-    fn run(
-        self: Box<Self>,
-        inputs: &mut [&mut dyn InputStream],
-        outputs: &mut [&mut dyn OutputSink],
-    ) -> Result<Vec<Record>, KernelError>;
+    fn run(self: Box<Self>, inputs: &mut [&mut dyn InputStream], outputs: &mut [&mut dyn OutputSink]) -> Result<Vec<Record>, KernelError>;
 }
 
 /// Kernels by name.

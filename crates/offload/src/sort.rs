@@ -44,11 +44,7 @@ impl Kernel for Sort {
 struct SortJob;
 
 impl Job for SortJob {
-    fn run(
-        self: Box<Self>,
-        inputs: &mut [&mut dyn InputStream],
-        outputs: &mut [&mut dyn OutputSink],
-    ) -> Result<Vec<Record>, KernelError> {
+    fn run(self: Box<Self>, inputs: &mut [&mut dyn InputStream], outputs: &mut [&mut dyn OutputSink]) -> Result<Vec<Record>, KernelError> {
         check_shape("sort", inputs, outputs, Some(1), 1)?;
         let input = &mut *inputs[0];
         let sink = &mut *outputs[0];
@@ -84,10 +80,7 @@ impl Job for SortJob {
         }
         sink.write(&buf)?;
         let output_length = sink.finish()?;
-        Ok(vec![vec![
-            ("output_length".into(), Value::U64(output_length)),
-            ("lines".into(), Value::U64(lines.len() as u64)),
-        ]])
+        Ok(vec![vec![("output_length".into(), Value::U64(output_length)), ("lines".into(), Value::U64(lines.len() as u64))]])
     }
 }
 

@@ -46,13 +46,7 @@ pub(crate) fn u64_field(record: &Record, key: &str) -> u64 {
 /// Runs `program args` with `stdin` as input under `LC_ALL=C` and returns its stdout, or
 /// `None` (with a note on stderr) when the program is not installed.
 pub(crate) fn tool(program: &str, args: &[&str], stdin: &[u8]) -> Option<Vec<u8>> {
-    let mut child = match Command::new(program)
-        .args(args)
-        .env("LC_ALL", "C")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-    {
+    let mut child = match Command::new(program).args(args).env("LC_ALL", "C").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("skipping comparison with {program}: {e}");

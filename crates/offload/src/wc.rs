@@ -31,8 +31,12 @@
 
 use crate::{check_shape, Args, InputStream, Job, Kernel, KernelError, OutputSink, Param, ParamType, Record, Value};
 
-static PARAMS: [Param; 1] =
-    [Param { key: "edges", ty: ParamType::Bool, required: false, doc: "also report lead and in_word, to join the counts of consecutive pieces (default false)" }];
+static PARAMS: [Param; 1] = [Param {
+    key: "edges",
+    ty: ParamType::Bool,
+    required: false,
+    doc: "also report lead and in_word, to join the counts of consecutive pieces (default false)",
+}];
 
 /// The `wc` kernel.
 pub(crate) struct Wc;
@@ -91,11 +95,7 @@ impl Counts {
     }
 
     fn record(&self) -> Record {
-        vec![
-            ("lines".into(), Value::U64(self.lines)),
-            ("words".into(), Value::U64(self.words)),
-            ("bytes".into(), Value::U64(self.bytes)),
-        ]
+        vec![("lines".into(), Value::U64(self.lines)), ("words".into(), Value::U64(self.words)), ("bytes".into(), Value::U64(self.bytes))]
     }
 
     fn edges(&self) -> [(String, Value); 2] {
@@ -125,11 +125,7 @@ struct WcJob {
 }
 
 impl Job for WcJob {
-    fn run(
-        self: Box<Self>,
-        inputs: &mut [&mut dyn InputStream],
-        outputs: &mut [&mut dyn OutputSink],
-    ) -> Result<Vec<Record>, KernelError> {
+    fn run(self: Box<Self>, inputs: &mut [&mut dyn InputStream], outputs: &mut [&mut dyn OutputSink]) -> Result<Vec<Record>, KernelError> {
         check_shape("wc", inputs, outputs, None, 0)?;
         let mut records = Vec::with_capacity(inputs.len());
         for input in inputs.iter_mut() {

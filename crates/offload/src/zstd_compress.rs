@@ -18,8 +18,7 @@ use std::io::Write;
 /// The `zstd` kernel.
 pub(crate) struct Zstd;
 
-static PARAMS: [Param; 1] =
-    [Param { key: "level", ty: ParamType::U64, required: false, doc: "compression level 1..=19 (default 3)" }];
+static PARAMS: [Param; 1] = [Param { key: "level", ty: ParamType::U64, required: false, doc: "compression level 1..=19 (default 3)" }];
 
 /// Frame header, block headers and checksum beyond what `ZSTD_compressBound` allows for.
 const MARGIN: u64 = 64;
@@ -41,9 +40,7 @@ impl Kernel for Zstd {
         1
     }
     fn output_capacity(&self, _args: &Args<'_>, input_len: u64) -> u64 {
-        usize::try_from(input_len)
-            .map_or(u64::MAX, |n| zstd::zstd_safe::compress_bound(n) as u64)
-            .saturating_add(MARGIN)
+        usize::try_from(input_len).map_or(u64::MAX, |n| zstd::zstd_safe::compress_bound(n) as u64).saturating_add(MARGIN)
     }
     fn prepare(&self, args: &Args<'_>) -> Result<Box<dyn Job>, KernelError> {
         args.check(self.params())?;
@@ -61,20 +58,13 @@ struct ZstdJob {
 }
 
 impl Job for ZstdJob {
-    fn run(
-        self: Box<Self>,
-        inputs: &mut [&mut dyn InputStream],
-        outputs: &mut [&mut dyn OutputSink],
-    ) -> Result<Vec<Record>, KernelError> {
+    fn run(self: Box<Self>, inputs: &mut [&mut dyn InputStream], outputs: &mut [&mut dyn OutputSink]) -> Result<Vec<Record>, KernelError> {
         check_shape("zstd", inputs, outputs, Some(1), 1)?;
         let input = &mut *inputs[0];
         let sink = &mut *outputs[0];
         let input_length = compress(self.level, input, sink).map_err(unwrap_io)?;
         let output_length = sink.finish()?;
-        Ok(vec![vec![
-            ("output_length".into(), Value::U64(output_length)),
-            ("input_length".into(), Value::U64(input_length)),
-        ]])
+        Ok(vec![vec![("output_length".into(), Value::U64(output_length)), ("input_length".into(), Value::U64(input_length))]])
     }
 }
 
@@ -116,12 +106,7 @@ mod tests {
 
     fn inputs() -> Vec<Vec<u8>> {
         let all: Vec<u8> = (0..=255).collect();
-        vec![
-            Vec::new(),
-            b"hello hello hello hello\n".to_vec(),
-            random_bytes(3, 200_000, b"abcde \n"),
-            random_bytes(4, 300_000, &all),
-        ]
+        vec![Vec::new(), b"hello hello hello hello\n".to_vec(), random_bytes(3, 200_000, b"abcde \n"), random_bytes(4, 300_000, &all)]
     }
 
     #[test]

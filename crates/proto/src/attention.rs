@@ -124,7 +124,6 @@ impl std::ops::AddAssign for AttendStats {
     }
 }
 
-
 /// Magic of an admin request (create, fork, free, info).
 pub const ADMIN_MAGIC: &[u8; 4] = b"KVAD";
 /// Magic of an append request.
@@ -161,9 +160,6 @@ pub const MAX_APPEND_TOKENS: usize = 1 << 20;
 fn bad(m: impl Into<String>) -> BadRequest {
     BadRequest(m.into())
 }
-
-
-
 
 use crate::le::{u16_at, u32_at, u64_at};
 
@@ -610,11 +606,22 @@ mod tests {
             new_kv: Some((vec![1.0; 16], vec![2.0; 16])),
         };
         assert_eq!(Attend::decode(&at.encode()).unwrap(), at);
-        for method in [Method::SparF { r: 2, k: 8, local: 2, pages: 3, mean_v: false }, Method::SparQ { r: 1, k: 3, local: 0, mean_v: false }, Method::SparQ { r: 1, k: 3, local: 0, mean_v: true }] {
+        for method in [
+            Method::SparF { r: 2, k: 8, local: 2, pages: 3, mean_v: false },
+            Method::SparQ { r: 1, k: 3, local: 0, mean_v: false },
+            Method::SparQ { r: 1, k: 3, local: 0, mean_v: true },
+        ] {
             let at = Attend { method, new_kv: None, ..at.clone() };
             assert_eq!(Attend::decode(&at.encode()).unwrap(), at);
         }
-        let r = AttendResult { entries: 1, heads: 1, group: 2, head_dim: 2, stats: AttendStats { pages_read: 3, media_bytes: 4096, rows_used: 9 }, out: vec![1.0, 2.0, 3.0, 4.0] };
+        let r = AttendResult {
+            entries: 1,
+            heads: 1,
+            group: 2,
+            head_dim: 2,
+            stats: AttendStats { pages_read: 3, media_bytes: 4096, rows_used: 9 },
+            out: vec![1.0, 2.0, 3.0, 4.0],
+        };
         assert_eq!(AttendResult::decode(&r.encode()).unwrap(), r);
     }
 

@@ -230,11 +230,7 @@ impl Descriptor {
     /// Namespace bounds and overlaps are checked by [`Descriptor::check_extents`].
     pub fn decode(buf: &[u8], limits: &Limits) -> Result<Descriptor, DecodeError> {
         if buf.len() > limits.max_descriptor_bytes {
-            return Err(DecodeError::TooMany {
-                field: "descriptor bytes",
-                count: buf.len() as u64,
-                max: limits.max_descriptor_bytes as u64,
-            });
+            return Err(DecodeError::TooMany { field: "descriptor bytes", count: buf.len() as u64, max: limits.max_descriptor_bytes as u64 });
         }
         let mut cur = Cursor::new(buf);
         cur.magic(DESCRIPTOR_MAGIC, "compute descriptor")?;
@@ -323,12 +319,7 @@ impl Descriptor {
                 match end {
                     Some(end) if end <= ns_sectors => spans.push((e.start_sector, end, is_output, index)),
                     _ => {
-                        return Err(ExtentError::OutOfRange {
-                            object: index,
-                            start_sector: e.start_sector,
-                            sectors: e.sectors,
-                            namespace_sectors: ns_sectors,
-                        })
+                        return Err(ExtentError::OutOfRange { object: index, start_sector: e.start_sector, sectors: e.sectors, namespace_sectors: ns_sectors })
                     }
                 }
             }

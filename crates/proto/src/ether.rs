@@ -121,12 +121,13 @@ pub fn check_receive(buffer_len: u32) -> Result<(), FrameError> {
 pub fn status_message(status: u16) -> Option<&'static str> {
     Some(match status & 0x7FF {
         s if s == STATUS_NO_INTERFACE & 0x7FF => "this target has no Ether-oN interface; start it with --ether ADDR/PREFIX",
-        s if s == STATUS_BRIDGE_BUSY & 0x7FF => "another host's association owns this target's Ether-oN bridge; stop `insitu ethernet` there first (a bridge is one host at a time)",
+        s if s == STATUS_BRIDGE_BUSY & 0x7FF => {
+            "another host's association owns this target's Ether-oN bridge; stop `insitu ethernet` there first (a bridge is one host at a time)"
+        }
         s if s == STATUS_TOO_MANY_RECEIVES & 0x7FF => "the target already holds 64 RECEIVE_FRAME commands of this host; post fewer",
         _ => return None,
     })
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -37,8 +37,8 @@ mod value;
 
 pub use cursor::{le, DecodeError};
 pub use descriptor::{
-    Descriptor, Extent, ExtentError, ExtentKind, Limits, VirtualObject, DESCRIPTOR_MAGIC, DESCRIPTOR_VERSION, FLAG_RESULT_OBJECT,
-    EXTENT_LEN, HEADER_LEN, OBJECT_HEADER_LEN, SECTOR,
+    Descriptor, Extent, ExtentError, ExtentKind, Limits, VirtualObject, DESCRIPTOR_MAGIC, DESCRIPTOR_VERSION, EXTENT_LEN, FLAG_RESULT_OBJECT, HEADER_LEN,
+    OBJECT_HEADER_LEN, SECTOR,
 };
 pub use result::{ExecResult, Record, MAX_RESULT_VALUE, RESULT_MAGIC, RESULT_VERSION};
 pub use status::{CommandError, Status};

@@ -118,4 +118,3 @@ impl LockRequest {
         Ok(LockRequest { path, extents })
     }
 }
-

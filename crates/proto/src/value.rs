@@ -74,21 +74,14 @@ impl Value {
             2 => Value::I64(cur.u64("i64 value")? as i64),
             3 => {
                 let bytes = blob(cur, max_len, "string value")?;
-                let s = std::str::from_utf8(bytes)
-                    .map_err(|_| DecodeError::BadUtf8 { field: "string value", offset: at })?;
+                let s = std::str::from_utf8(bytes).map_err(|_| DecodeError::BadUtf8 { field: "string value", offset: at })?;
                 Value::Str(s.to_owned())
             }
             4 => Value::Bytes(blob(cur, max_len, "bytes value")?.to_vec()),
             5 => match cur.u8("bool value")? {
                 0 => Value::Bool(false),
                 1 => Value::Bool(true),
-                other => {
-                    return Err(DecodeError::BadField {
-                        field: "bool value",
-                        offset: at + 1,
-                        detail: format!("must be 0 or 1, found {other}"),
-                    })
-                }
+                other => return Err(DecodeError::BadField { field: "bool value", offset: at + 1, detail: format!("must be 0 or 1, found {other}") }),
             },
             6 => {
                 let n = cur.u32("list length")?;
@@ -140,11 +133,7 @@ pub(crate) fn get_name(cur: &mut Cursor<'_>, max: u8, field: &'static str) -> Re
     }
     let bytes = cur.bytes(usize::from(n), field)?;
     if !bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_' || *b == b'-') {
-        return Err(DecodeError::BadField {
-            field,
-            offset: at + 1,
-            detail: "only a-z, 0-9, '_' and '-' are allowed".into(),
-        });
+        return Err(DecodeError::BadField { field, offset: at + 1, detail: "only a-z, 0-9, '_' and '-' are allowed".into() });
     }
     // The alphabet check above makes this infallible.
     Ok(String::from_utf8(bytes.to_vec()).unwrap_or_default())

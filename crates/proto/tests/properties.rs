@@ -4,9 +4,7 @@
 //! Case counts are kept modest so the suite runs in seconds; raise them for a longer soak
 //! with `PROPTEST_CASES=10000 cargo test -p insitu-proto --release --test properties`.
 
-use insitu_proto::{
-    DecodeError, Descriptor, ExecResult, Extent, ExtentError, ExtentKind, Limits, Value, VirtualObject, SECTOR,
-};
+use insitu_proto::{DecodeError, Descriptor, ExecResult, Extent, ExtentError, ExtentKind, Limits, Value, VirtualObject, SECTOR};
 use proptest::prelude::*;
 
 /// `default` cases, or `PROPTEST_CASES` when set.
@@ -70,8 +68,7 @@ fn descriptor() -> impl Strategy<Value = Descriptor> {
 
 fn result() -> impl Strategy<Value = ExecResult> {
     // Result field names need not be unique.
-    prop::collection::vec(prop::collection::vec((name(), value()), 0..5), 0..4)
-        .prop_map(|records| ExecResult { records })
+    prop::collection::vec(prop::collection::vec((name(), value()), 0..5), 0..4).prop_map(|records| ExecResult { records })
 }
 
 /// Bytes that look like a descriptor: right magic, version, header length and total length,
@@ -88,24 +85,22 @@ fn descriptor_like_noise() -> impl Strategy<Value = Vec<u8>> {
         1 => any::<u8>().prop_map(|b| vec![b]),
     ];
     let n_inputs = prop_oneof![1 => Just(0u16), 4 => 1u16..=3];
-    (name(), 0u8..=3, n_inputs, 0u16..=2, prop::collection::vec(piece, 0..30)).prop_map(
-        |(function, n_args, n_inputs, n_outputs, pieces)| {
-            let body: Vec<u8> = pieces.concat();
-            let mut b = Vec::with_capacity(32 + function.len() + body.len());
-            b.extend_from_slice(b"ISCD");
-            b.extend_from_slice(&1u16.to_le_bytes());
-            b.extend_from_slice(&32u16.to_le_bytes());
-            b.extend_from_slice(&u32::try_from(32 + function.len() + body.len()).unwrap().to_le_bytes());
-            b.extend_from_slice(&[0; 4]);
-            b.extend_from_slice(&[u8::try_from(function.len()).unwrap(), n_args]);
-            b.extend_from_slice(&n_inputs.to_le_bytes());
-            b.extend_from_slice(&n_outputs.to_le_bytes());
-            b.extend_from_slice(&[0; 10]);
-            b.extend_from_slice(function.as_bytes());
-            b.extend_from_slice(&body);
-            b
-        },
-    )
+    (name(), 0u8..=3, n_inputs, 0u16..=2, prop::collection::vec(piece, 0..30)).prop_map(|(function, n_args, n_inputs, n_outputs, pieces)| {
+        let body: Vec<u8> = pieces.concat();
+        let mut b = Vec::with_capacity(32 + function.len() + body.len());
+        b.extend_from_slice(b"ISCD");
+        b.extend_from_slice(&1u16.to_le_bytes());
+        b.extend_from_slice(&32u16.to_le_bytes());
+        b.extend_from_slice(&u32::try_from(32 + function.len() + body.len()).unwrap().to_le_bytes());
+        b.extend_from_slice(&[0; 4]);
+        b.extend_from_slice(&[u8::try_from(function.len()).unwrap(), n_args]);
+        b.extend_from_slice(&n_inputs.to_le_bytes());
+        b.extend_from_slice(&n_outputs.to_le_bytes());
+        b.extend_from_slice(&[0; 10]);
+        b.extend_from_slice(function.as_bytes());
+        b.extend_from_slice(&body);
+        b
+    })
 }
 
 /// Decodes with default limits; if it succeeds, the bytes must be the canonical encoding.
@@ -246,13 +241,21 @@ fn crowded_extent(allow_zero: bool) -> impl Strategy<Value = Extent> {
 }
 
 fn crowded_object(allow_zero: bool) -> impl Strategy<Value = VirtualObject> {
-    prop::collection::vec(crowded_extent(allow_zero), 0..4)
-        .prop_map(|extents| VirtualObject { offset: 0, length: extents.iter().map(Extent::bytes).sum(), extents })
+    prop::collection::vec(crowded_extent(allow_zero), 0..4).prop_map(|extents| VirtualObject {
+        offset: 0,
+        length: extents.iter().map(Extent::bytes).sum(),
+        extents,
+    })
 }
 
 fn crowded_descriptor() -> impl Strategy<Value = Descriptor> {
-    (prop::collection::vec(crowded_object(true), 1..4), prop::collection::vec(crowded_object(false), 0..3))
-        .prop_map(|(inputs, outputs)| Descriptor { function: "f".into(), args: vec![], inputs, outputs, result: None })
+    (prop::collection::vec(crowded_object(true), 1..4), prop::collection::vec(crowded_object(false), 0..3)).prop_map(|(inputs, outputs)| Descriptor {
+        function: "f".into(),
+        args: vec![],
+        inputs,
+        outputs,
+        result: None,
+    })
 }
 
 /// (object index, is output, start, end) of every data extent, in check order, in u128.
@@ -352,13 +355,7 @@ proptest! {
 #[test]
 fn check_extents_examples() {
     let input = |extents: Vec<Extent>| VirtualObject { offset: 0, length: 0, extents };
-    let d = |inputs: Vec<VirtualObject>, outputs: Vec<VirtualObject>| Descriptor {
-        function: "f".into(),
-        args: vec![],
-        inputs,
-        outputs,
-        result: None,
-    };
+    let d = |inputs: Vec<VirtualObject>, outputs: Vec<VirtualObject>| Descriptor { function: "f".into(), args: vec![], inputs, outputs, result: None };
     let ns = 100 * SECTOR;
 
     // The last sector of the namespace is usable; one past is not. A partial sector is not.
@@ -366,31 +363,20 @@ fn check_extents_examples() {
     assert!(d(vec![input(vec![Extent::data(99, 2)])], vec![]).check_extents(ns).is_err());
     assert!(d(vec![input(vec![Extent::data(99, 1)])], vec![]).check_extents(ns - 1).is_err());
     // Overflowing start + sectors is out of range, not a wrap-around.
-    assert!(matches!(
-        d(vec![input(vec![Extent::data(u64::MAX, 2)])], vec![]).check_extents(u64::MAX),
-        Err(ExtentError::OutOfRange { .. })
-    ));
+    assert!(matches!(d(vec![input(vec![Extent::data(u64::MAX, 2)])], vec![]).check_extents(u64::MAX), Err(ExtentError::OutOfRange { .. })));
     // Zero extents address nothing.
     assert!(d(vec![input(vec![Extent::zero(1000)])], vec![]).check_extents(0).is_ok());
     // Adjacent is not overlapping.
-    assert!(d(vec![input(vec![Extent::data(0, 10)])], vec![input(vec![Extent::data(10, 10)])])
-        .check_extents(ns)
-        .is_ok());
+    assert!(d(vec![input(vec![Extent::data(0, 10)])], vec![input(vec![Extent::data(10, 10)])]).check_extents(ns).is_ok());
     // An output inside a long input, an output over another output, an output over itself.
     assert_eq!(
         d(vec![input(vec![Extent::data(0, 50)])], vec![input(vec![Extent::data(20, 1)])]).check_extents(ns),
         Err(ExtentError::OutputOverlap { object: 1, other: 0, sector: 20 })
     );
-    assert!(d(vec![input(vec![])], vec![input(vec![Extent::data(5, 5)]), input(vec![Extent::data(9, 5)])])
-        .check_extents(ns)
-        .is_err());
-    assert!(d(vec![input(vec![])], vec![input(vec![Extent::data(5, 5), Extent::data(9, 5)])])
-        .check_extents(ns)
-        .is_err());
+    assert!(d(vec![input(vec![])], vec![input(vec![Extent::data(5, 5)]), input(vec![Extent::data(9, 5)])]).check_extents(ns).is_err());
+    assert!(d(vec![input(vec![])], vec![input(vec![Extent::data(5, 5), Extent::data(9, 5)])]).check_extents(ns).is_err());
     // Two inputs reading the same sectors are fine.
-    assert!(d(vec![input(vec![Extent::data(0, 10)]), input(vec![Extent::data(0, 10), Extent::data(5, 1)])], vec![])
-        .check_extents(ns)
-        .is_ok());
+    assert!(d(vec![input(vec![Extent::data(0, 10)]), input(vec![Extent::data(0, 10), Extent::data(5, 1)])], vec![]).check_extents(ns).is_ok());
 }
 
 /// A hostile extent count is refused before the extent list is allocated.
@@ -422,15 +408,9 @@ fn huge_list_counts_fail_fast() {
     let mut bytes = d.encode();
     let count_at = 32 + 1 + 2 + 1;
     bytes[count_at..count_at + 4].copy_from_slice(&65536u32.to_le_bytes());
-    assert!(matches!(
-        Descriptor::decode(&bytes, &Limits::default()),
-        Err(DecodeError::Truncated { field: "list element", .. })
-    ));
+    assert!(matches!(Descriptor::decode(&bytes, &Limits::default()), Err(DecodeError::Truncated { field: "list element", .. })));
     bytes[count_at..count_at + 4].copy_from_slice(&65537u32.to_le_bytes());
-    assert!(matches!(
-        Descriptor::decode(&bytes, &Limits::default()),
-        Err(DecodeError::TooMany { field: "list elements", .. })
-    ));
+    assert!(matches!(Descriptor::decode(&bytes, &Limits::default()), Err(DecodeError::TooMany { field: "list elements", .. })));
 }
 
 /// Where each byte of a small object comes from: its namespace byte address, or `None` for

@@ -56,9 +56,7 @@ fn value_from_json(j: &Json) -> Value {
         "str" => Value::Str(value.as_str().expect("str").to_owned()),
         "bytes" => Value::Bytes(hex::decode(value.as_str().expect("hex")).expect("hex")),
         "bool" => Value::Bool(value.as_bool().expect("bool")),
-        "u64-list" => {
-            Value::U64List(value.as_array().expect("list").iter().map(|x| x.as_u64().expect("u64")).collect())
-        }
+        "u64-list" => Value::U64List(value.as_array().expect("list").iter().map(|x| x.as_u64().expect("u64")).collect()),
         other => panic!("unknown value type {other:?}"),
     }
 }
@@ -68,11 +66,7 @@ fn fields_to_json(fields: &[(String, Value)]) -> Json {
 }
 
 fn fields_from_json(j: &Json) -> Vec<(String, Value)> {
-    j.as_array()
-        .expect("field list")
-        .iter()
-        .map(|pair| (pair[0].as_str().expect("key").to_owned(), value_from_json(&pair[1])))
-        .collect()
+    j.as_array().expect("field list").iter().map(|pair| (pair[0].as_str().expect("key").to_owned(), value_from_json(&pair[1]))).collect()
 }
 
 fn object_to_json(o: &VirtualObject) -> Json {
@@ -369,19 +363,11 @@ fn invalid_descriptors() -> Vec<(&'static str, Vec<u8>, &'static str)> {
 
     let mut d = minimal_crc32c();
     d.inputs[0].length = 1025;
-    v.push((
-        "length-exceeds-extents",
-        d.encode(),
-        "invalid object length at byte 38: 1025 bytes but extents cover only 1024",
-    ));
+    v.push(("length-exceeds-extents", d.encode(), "invalid object length at byte 38: 1025 bytes but extents cover only 1024"));
 
     let mut d = minimal_crc32c();
     d.inputs[0] = obj((1 << 48) + 1, vec![Extent::data(0, u32::MAX)]);
-    v.push((
-        "object-length-over-limit",
-        d.encode(),
-        "too many object length bytes: 281474976710657 (limit 281474976710656)",
-    ));
+    v.push(("object-length-over-limit", d.encode(), "too many object length bytes: 281474976710657 (limit 281474976710656)"));
 
     let mut d = zstd_with_output();
     d.outputs[0].extents.push(Extent::zero(4));
@@ -490,8 +476,7 @@ fn committed_vectors_match_the_encoder() {
     let committed: Json = serde_json::from_str(&fs::read_to_string(dir.join("vectors.json")).expect(hint)).unwrap();
     assert_eq!(committed, index, "docs/vectors/vectors.json is stale; {hint}");
     for v in &vectors {
-        let text =
-            fs::read_to_string(dir.join(format!("{}.hex", v.name))).unwrap_or_else(|_| panic!("{}: {hint}", v.name));
+        let text = fs::read_to_string(dir.join(format!("{}.hex", v.name))).unwrap_or_else(|_| panic!("{}: {hint}", v.name));
         assert_eq!(from_hex_file(&text), v.bytes, "{}.hex is stale; {hint}", v.name);
     }
 }
@@ -573,8 +558,7 @@ fn required_vectors_exist() {
 /// `OFFSET: xx xx ... | comment`; the bytes of consecutive lines must be the vector's bytes.
 #[test]
 fn annotated_dumps_in_spec_match_vectors() {
-    let spec =
-        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/compute-descriptor.md")).unwrap();
+    let spec = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/compute-descriptor.md")).unwrap();
     let vectors = all_vectors();
     let mut checked = Vec::new();
     let mut lines = spec.lines();

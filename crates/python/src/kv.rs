@@ -168,7 +168,9 @@ impl KvTarget {
             let mut start = 0;
             while start < tokens {
                 let n = step.min(tokens - start);
-                let slice = |x: &[f32]| -> Vec<f32> { (0..heads).flat_map(|h| x[(h * tokens + start) * head_dim..(h * tokens + start + n) * head_dim].iter().copied()).collect() };
+                let slice = |x: &[f32]| -> Vec<f32> {
+                    (0..heads).flat_map(|h| x[(h * tokens + start) * head_dim..(h * tokens + start + n) * head_dim].iter().copied()).collect()
+                };
                 let a = Append { seq, layer, heads, head_dim, tokens: n, k: slice(&k), v: slice(&v) };
                 count = self.send("KV append", opcode::KV_APPEND, 0, &a.encode())?;
                 start += n;
@@ -321,7 +323,8 @@ impl EmbeddedTarget {
                 kv_store: None,
                 direct_reads: false,
             };
-            let target = insitu_daemon::start_embedded(spec).map_err(|e| StorageIOError::new_err(format!("embedded target in {}: {e}", directory.display())))?;
+            let target =
+                insitu_daemon::start_embedded(spec).map_err(|e| StorageIOError::new_err(format!("embedded target in {}: {e}", directory.display())))?;
             let url = format!("nvme-tcp://{}/{nqn}", target.local_addr());
             Ok(EmbeddedTarget { url, handle: Mutex::new(Some(target)) })
         })

@@ -19,7 +19,12 @@ use std::sync::OnceLock;
 
 create_exception!(_native, InsituError, PyException, "Base class of every insitu error.");
 create_exception!(_native, RequestError, InsituError, "The request is wrong: unknown function, bad argument, bad path.");
-create_exception!(_native, NotOffloadableError, InsituError, "The file cannot be offloaded: not on an insitu device, or stored in a way the target cannot read.");
+create_exception!(
+    _native,
+    NotOffloadableError,
+    InsituError,
+    "The file cannot be offloaded: not on an insitu device, or stored in a way the target cannot read."
+);
 create_exception!(_native, TargetError, InsituError, "The target refused or failed the command (the message carries the NVMe status).");
 create_exception!(_native, StorageIOError, InsituError, "An I/O call on the host failed.");
 

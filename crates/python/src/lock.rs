@@ -9,8 +9,8 @@
 //! ```
 
 use crate::{json, RequestError, StorageIOError, TargetError};
-use insitu_host::lock::{LockError, LockHandle};
 use insitu_host::lock as host_lock;
+use insitu_host::lock::{LockError, LockHandle};
 use pyo3::prelude::*;
 use pyo3::types::PyModule;
 use std::path::PathBuf;

@@ -91,9 +91,8 @@ impl Session {
     /// descriptor's result object: read it with `read`.
     #[pyo3(signature = (nsid, descriptor, idempotent=true))]
     fn exec(&self, py: Python<'_>, nsid: u32, descriptor: &[u8], idempotent: bool) -> PyResult<(u32, u32)> {
-        let c = py
-            .allow_threads(|| if idempotent { self.inner.exec_idempotent(nsid, descriptor) } else { self.inner.exec(nsid, descriptor) })
-            .map_err(to_py)?;
+        let c =
+            py.allow_threads(|| if idempotent { self.inner.exec_idempotent(nsid, descriptor) } else { self.inner.exec(nsid, descriptor) }).map_err(to_py)?;
         Ok((c.dw0, c.dw1))
     }
 

@@ -35,12 +35,30 @@ fn main() -> std::io::Result<()> {
         ("admin-create", Admin::Create { seq: 1, layers: 2, kv_heads: 2, head_dim: 8, dtype: Dtype::F16, dims_per_page: 2 }.encode()),
         ("admin-fork", Admin::Fork { parent: 1, child: 2 }.encode()),
         ("append", Append { seq: 1, layer: 0, heads: 2, head_dim: 8, tokens: 3, k: f(48), v: f(48) }.encode()),
-        ("attend-dense", Attend { layer: 1, heads: 2, group: 3, head_dim: 8, method: Method::Dense, scale: 0.35, seqs: vec![1, 2], q: f(96), new_kv: None }.encode()),
+        (
+            "attend-dense",
+            Attend { layer: 1, heads: 2, group: 3, head_dim: 8, method: Method::Dense, scale: 0.35, seqs: vec![1, 2], q: f(96), new_kv: None }.encode(),
+        ),
         (
             "attend-sparf",
-            Attend { layer: 0, heads: 1, group: 1, head_dim: 8, method: Method::SparF { r: 2, k: 4, local: 1, pages: 1, mean_v: false }, scale: 0.35, seqs: vec![3], q: f(8), new_kv: Some((f(8), f(8))) }.encode(),
+            Attend {
+                layer: 0,
+                heads: 1,
+                group: 1,
+                head_dim: 8,
+                method: Method::SparF { r: 2, k: 4, local: 1, pages: 1, mean_v: false },
+                scale: 0.35,
+                seqs: vec![3],
+                q: f(8),
+                new_kv: Some((f(8), f(8))),
+            }
+            .encode(),
         ),
-        ("result", AttendResult { entries: 1, heads: 1, group: 1, head_dim: 4, stats: AttendStats { pages_read: 2, media_bytes: 8192, rows_used: 8 }, out: f(4) }.encode()),
+        (
+            "result",
+            AttendResult { entries: 1, heads: 1, group: 1, head_dim: 4, stats: AttendStats { pages_read: 2, media_bytes: 8192, rows_used: 8 }, out: f(4) }
+                .encode(),
+        ),
     ];
     for (name, bytes) in requests {
         std::fs::write(kv.join(name), bytes)?;

@@ -273,10 +273,12 @@ struct HostPass {
 fn host_pass(a: &Array, kernel: &str, models: &Models) -> Result<HostPass, Error> {
     let net = Network::new(models.link.clone())?;
     let t = Instant::now();
-    let (data, pull_busy) = with_utilization(|| std::thread::scope(|s| {
-        let hs: Vec<_> = a.drives.iter().zip(&a.placed).map(|(d, p)| s.spawn(|| pull_all(d, &net, &p.inputs, &PullStats::default()))).collect();
-        hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("a pull thread panicked")))).collect::<Result<Vec<_>, _>>()
-    }));
+    let (data, pull_busy) = with_utilization(|| {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = a.drives.iter().zip(&a.placed).map(|(d, p)| s.spawn(|| pull_all(d, &net, &p.inputs, &PullStats::default()))).collect();
+            hs.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("a pull thread panicked")))).collect::<Result<Vec<_>, _>>()
+        })
+    });
     let data = data.map_err(|e| format!("pulling {kernel} data: {e}"))?;
     let pull_s = t.elapsed().as_secs_f64();
     let meter = Meter::new(None)?;
@@ -317,7 +319,15 @@ fn check(a: &Array, kernel: &str, host: &[Outcome], dev: &[Vec<Record>]) -> Resu
     Ok(())
 }
 
-fn kernel_result(kernel: &str, k: usize, bytes: u64, a: &BreakEvenOptions, models: &Models, work: &mut Work, progress: &mut dyn FnMut(&str)) -> Result<KernelBreakEven, Error> {
+fn kernel_result(
+    kernel: &str,
+    k: usize,
+    bytes: u64,
+    a: &BreakEvenOptions,
+    models: &Models,
+    work: &mut Work,
+    progress: &mut dyn FnMut(&str),
+) -> Result<KernelBreakEven, Error> {
     let repeat = a.repeat.max(1);
     let cal = calibrate(kernel, bytes, models, repeat)?;
     let host_compute = cal.host_s;

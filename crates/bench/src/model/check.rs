@@ -20,13 +20,13 @@ use super::pull::{exec_remote, pull, PullStats};
 use super::rig::{random_fill, write_image, Drive, Placer};
 use super::{parse_drive, parse_link};
 use crate::common::{command, gbps, machine, median, Machine, Work};
-use insitu_image::human;
 use crate::Error;
+use insitu_engine::{Engine, NamespaceConfig};
+use insitu_image::human;
 use insitu_initiator::{ConnectOptions, Session};
 use insitu_model::DeviceModel;
 use insitu_nvmf::{NamespaceSpec, Server, SubsystemConfig, TargetConfig};
 use insitu_offload::InputStream;
-use insitu_engine::{NamespaceConfig, Engine};
 use insitu_proto::{Descriptor, Extent, VirtualObject, SECTOR};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -220,7 +220,8 @@ fn target_scan(image: &Path, model: &DeviceModel, obj: &VirtualObject, result_se
         ..TargetConfig::default()
     };
     let server = Server::bind(cfg).map_err(|e| format!("cannot start a target with model {}: {e}", model.name))?.spawn();
-    let session = Session::connect(ConnectOptions::new(server.local_addr().to_string(), NQN)).map_err(|e| format!("cannot connect to the target at {}: {e}", server.local_addr()))?;
+    let session = Session::connect(ConnectOptions::new(server.local_addr().to_string(), NQN))
+        .map_err(|e| format!("cannot connect to the target at {}: {e}", server.local_addr()))?;
     let mut d = Descriptor::new("crc32c", vec![obj.clone()]);
     d.result = Some(VirtualObject { offset: 0, length: 4096, extents: vec![Extent::data(result_sector, (4096 / SECTOR) as u32)] });
     let desc = d.encode();
@@ -301,7 +302,8 @@ pub fn run(a: &ModelCheckOptions, progress: &mut dyn FnMut(&str)) -> Result<Mode
         progress(&format!("  drive {:<16} configured {want:.3} GB/s, measured {got:.3} GB/s ({:+.1}%): {st}", model.name, 100.0 * (got / want - 1.0)));
         let result_sector = placer.used().div_ceil(SECTOR);
         for (kind, label) in [("image --model scan", "image"), ("target --model scan", "target")] {
-            let secs = measure(repeat, || if label == "image" { image_scan(&path, &media_only, &obj) } else { target_scan(&path, &media_only, &obj, result_sector) })?;
+            let secs =
+                measure(repeat, || if label == "image" { image_scan(&path, &media_only, &obj) } else { target_scan(&path, &media_only, &obj, result_sector) })?;
             let got = gbps(size, secs);
             let st = status(got, want, scan_ceiling, a.path_tolerance);
             checks.push(ModelCheck { tolerance: Some(a.path_tolerance), ..ModelCheck::rate(kind, &model.name, want, got, scan_ceiling, st) });
@@ -356,11 +358,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // End to end only: how close the rates come is the benchmark's business, and tests
         // run beside each other on a loaded machine.
-        let a = ModelCheckOptions { drives: "custom:200".into(), links: "150".into(), size: 16 << 20, tolerance: 0.9, path_tolerance: 0.9, repeat: 1, dir: Some(dir.path().to_path_buf()) };
+        let a = ModelCheckOptions {
+            drives: "custom:200".into(),
+            links: "150".into(),
+            size: 16 << 20,
+            tolerance: 0.9,
+            path_tolerance: 0.9,
+            repeat: 1,
+            dir: Some(dir.path().to_path_buf()),
+        };
         let out = run(&a, &mut |_| {}).unwrap();
         assert_eq!(out.failed, 0, "{out:?}");
         let kinds: Vec<&str> = out.checks.iter().map(|c| c.kind).collect();
         assert_eq!(kinds, ["no model", "drive internal read", "image --model scan", "target --model scan", "link"]);
     }
 }
-

@@ -209,14 +209,7 @@ mod tests {
     /// sense takes 50 µs; sequential reads run at the channel's 40.96 MB/s.
     fn slow_drive() -> DeviceModel {
         let mut m = insitu_model::custom(1000.0).unwrap();
-        m.flash = Some(FlashConfig {
-            channels: 1,
-            dies_per_channel: 8,
-            page_bytes: 4096,
-            read_us: 50.0,
-            channel_mb_s: 40.96,
-            ..FlashConfig::default()
-        });
+        m.flash = Some(FlashConfig { channels: 1, dies_per_channel: 8, page_bytes: 4096, read_us: 50.0, channel_mb_s: 40.96, ..FlashConfig::default() });
         m
     }
 

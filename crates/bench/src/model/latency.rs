@@ -61,7 +61,14 @@ fn log_text(len: usize, seed: u64) -> Vec<u8> {
     while out.len() < len {
         ts += rng.below(3);
         let level = if rng.below(100) == 0 { "ERROR" } else { LEVELS[rng.below(3) as usize] };
-        let line = format!("{ts} {level} host-{} GET {}/{} {} {}ms\n", rng.below(64), PATHS[rng.below(4) as usize], rng.below(1_000_000), 200 + 100 * rng.below(4), rng.below(900));
+        let line = format!(
+            "{ts} {level} host-{} GET {}/{} {} {}ms\n",
+            rng.below(64),
+            PATHS[rng.below(4) as usize],
+            rng.below(1_000_000),
+            200 + 100 * rng.below(4),
+            rng.below(900)
+        );
         out.extend_from_slice(line.as_bytes());
     }
     out.truncate(len);

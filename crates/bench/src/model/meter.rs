@@ -108,7 +108,12 @@ pub(crate) fn registry(meter: &Arc<Meter>) -> Registry {
 
 /// Runs `kernel` over in-memory `inputs` on this thread, metered by `meter` (so under its
 /// budget, if any); returns the records and the output bytes.
-pub(crate) fn run_in_memory(kernel: &str, args: &[(String, insitu_proto::Value)], inputs: &[&[u8]], meter: &Arc<Meter>) -> Result<(Vec<Record>, Vec<u8>), String> {
+pub(crate) fn run_in_memory(
+    kernel: &str,
+    args: &[(String, insitu_proto::Value)],
+    inputs: &[&[u8]],
+    meter: &Arc<Meter>,
+) -> Result<(Vec<Record>, Vec<u8>), String> {
     let reg = registry(meter);
     let k = reg.get(kernel).ok_or_else(|| format!("no kernel {kernel:?}"))?;
     let job = k.prepare(&Args::new(args)).map_err(|e| format!("{kernel}: {e}"))?;

@@ -13,8 +13,8 @@
 
 use super::emu::{Network, COMMAND_BYTES, COMPLETION_BYTES, DATA_PDU_BYTES};
 use super::rig::{Drive, ENGINE_NS, HOST_NS};
-use insitu_offload::InputStream;
 use insitu_engine::ExecOutcome;
+use insitu_offload::InputStream;
 use insitu_proto::{ExtentKind, VirtualObject, SECTOR};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

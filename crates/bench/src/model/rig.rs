@@ -6,11 +6,11 @@
 use super::emu::{DriveCore, DriveView};
 use super::meter::{self, Meter};
 use crate::dataset::Rng;
-use insitu_image::human;
 use crate::Error;
+use insitu_engine::{Engine, NamespaceConfig, Nsid};
+use insitu_image::human;
 use insitu_media::Pacing;
 use insitu_model::DeviceModel;
-use insitu_engine::{NamespaceConfig, Nsid, Engine};
 use insitu_proto::{Extent, VirtualObject, SECTOR};
 use std::fs::File;
 use std::os::unix::fs::FileExt;

@@ -170,7 +170,17 @@ pub struct ScrubSummary {
 
 impl Default for ScrubScalingOptions {
     fn default() -> Self {
-        ScrubScalingOptions { model: ModelChoice::default(), targets: 8, files: 100, file_size: 16 << 20, extents: 1, function: "crc32c".into(), repeat: 1, ceiling: false, dir: None }
+        ScrubScalingOptions {
+            model: ModelChoice::default(),
+            targets: 8,
+            files: 100,
+            file_size: 16 << 20,
+            extents: 1,
+            function: "crc32c".into(),
+            repeat: 1,
+            ceiling: false,
+            dir: None,
+        }
     }
 }
 
@@ -371,7 +381,10 @@ pub fn run(a: &ScrubScalingOptions, progress: &mut dyn FnMut(&str)) -> Result<Sc
             work_dir: work.root().display().to_string(),
         },
         method: ScrubMethod {
-            conventional: format!("one host thread per target pulls every file over the shared link in {} KiB reads, {QUEUE_DEPTH} outstanding, and checksums it on the host", IO_BYTES >> 10),
+            conventional: format!(
+                "one host thread per target pulls every file over the shared link in {} KiB reads, {QUEUE_DEPTH} outstanding, and checksums it on the host",
+                IO_BYTES >> 10
+            ),
             offload: "one thread per target sends one EXEC per file; the descriptor and the digest cross the link",
             link_bytes: "payload plus NVMe/TCP command, data-PDU and completion headers, both directions",
             machine_limited: "the pass kept at least 85 % of the cores busy, or (with --ceiling) the model asks for more than 90 % of the unpaced rate",

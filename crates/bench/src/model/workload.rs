@@ -43,10 +43,7 @@ fn u64s(n: u64, mut f: impl FnMut() -> u64) -> Vec<u8> {
 pub(crate) fn generate(kernel: &str, bytes: u64, seed: u64) -> Result<Share, String> {
     let mut rng = Rng::new(seed);
     let share = match kernel {
-        "count" => Share {
-            inputs: vec![u64s(bytes / 8, || rng.next_u64())],
-            args: vec![("min".into(), Value::U64(0)), ("max".into(), Value::U64(1 << 63))],
-        },
+        "count" => Share { inputs: vec![u64s(bytes / 8, || rng.next_u64())], args: vec![("min".into(), Value::U64(0)), ("max".into(), Value::U64(1 << 63))] },
         "vector-add" => {
             let n = bytes / 16;
             Share { inputs: vec![u64s(n, || rng.next_u64()), u64s(n, || rng.next_u64())], args: vec![] }

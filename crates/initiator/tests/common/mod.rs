@@ -129,7 +129,13 @@ fn pump(from: TcpStream, to: TcpStream, cut: Option<Arc<AtomicBool>>, both: (Tcp
     pump_counted(from, to, cut, both, None)
 }
 
-fn pump_counted(mut from: TcpStream, mut to: TcpStream, cut: Option<Arc<AtomicBool>>, both: (TcpStream, TcpStream), count: Option<Arc<std::sync::atomic::AtomicU64>>) {
+fn pump_counted(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    cut: Option<Arc<AtomicBool>>,
+    both: (TcpStream, TcpStream),
+    count: Option<Arc<std::sync::atomic::AtomicU64>>,
+) {
     let mut buf = vec![0u8; 1 << 16];
     loop {
         let n = match from.read(&mut buf) {

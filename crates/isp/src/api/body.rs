@@ -29,11 +29,7 @@ impl Body for ChannelBody {
 /// A streamed response and the sender that feeds it.
 pub fn stream(status: StatusCode, content_type: &str) -> (Response<ApiBody>, mpsc::Sender<Bytes>) {
     let (tx, rx) = mpsc::channel(64);
-    let r = Response::builder()
-        .status(status)
-        .header("Content-Type", content_type)
-        .body(ChannelBody(rx).boxed())
-        .expect("static response parts");
+    let r = Response::builder().status(status).header("Content-Type", content_type).body(ChannelBody(rx).boxed()).expect("static response parts");
     (r, tx)
 }
 

@@ -27,7 +27,9 @@ fn strings(v: &Value, field: &str) -> Result<Option<Vec<String>>, String> {
     match v.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(vec![s.clone()])),
-        Some(Value::Array(a)) => a.iter().map(|x| x.as_str().map(str::to_string).ok_or_else(|| format!("{field} must be a list of strings"))).collect::<Result<_, _>>().map(Some),
+        Some(Value::Array(a)) => {
+            a.iter().map(|x| x.as_str().map(str::to_string).ok_or_else(|| format!("{field} must be a list of strings"))).collect::<Result<_, _>>().map(Some)
+        }
         Some(_) => Err(format!("{field} must be a list of strings")),
     }
 }
@@ -164,10 +166,8 @@ fn ps_ports(c: &Container) -> Value {
         return Value::Array(Vec::new());
     }
     let published = c.published();
-    let mut v: Vec<Value> = published
-        .iter()
-        .map(|p| json!({"IP": p.host.ip().to_string(), "PrivatePort": p.container_port, "PublicPort": p.host.port(), "Type": "tcp"}))
-        .collect();
+    let mut v: Vec<Value> =
+        published.iter().map(|p| json!({"IP": p.host.ip().to_string(), "PrivatePort": p.container_port, "PublicPort": p.host.port(), "Type": "tcp"})).collect();
     for port in exposed(c) {
         if !published.iter().any(|p| p.container_port == port) {
             v.push(json!({"PrivatePort": port, "Type": "tcp"}));
@@ -214,10 +214,16 @@ fn port_bindings_asked(c: &Container) -> Value {
 }
 
 fn mounts(c: &Container) -> Value {
-    Value::Array(c.spec.binds.iter().map(|b| {
-        let mut p = b.split(':');
-        json!({"Source": p.next().unwrap_or(""), "Destination": p.next().unwrap_or(""), "RW": p.next() == Some("rw")})
-    }).collect())
+    Value::Array(
+        c.spec
+            .binds
+            .iter()
+            .map(|b| {
+                let mut p = b.split(':');
+                json!({"Source": p.next().unwrap_or(""), "Destination": p.next().unwrap_or(""), "RW": p.next() == Some("rw")})
+            })
+            .collect(),
+    )
 }
 
 /// `GET /containers/{id}/json`.
@@ -230,26 +236,27 @@ pub fn inspect(rt: &Runtime, id: &str) -> Response<ApiBody> {
     let (status_word, running, pid, code, started, finished) = match c.state() {
         RunState::Created => ("created", false, 0, 0, zero.clone(), zero.clone()),
         RunState::Running { started, pid } => ("running", true, pid, 0, rfc3339(secs(started)), zero.clone()),
-        RunState::Exited { code, started, finished } => {
-            ("exited", false, 0, code, started.map_or(zero.clone(), |s| rfc3339(secs(s))), rfc3339(secs(finished)))
-        }
+        RunState::Exited { code, started, finished } => ("exited", false, 0, code, started.map_or(zero.clone(), |s| rfc3339(secs(s))), rfc3339(secs(finished))),
     };
     let cmd = if c.args.len() > 1 { c.args[1..].to_vec() } else { Vec::new() };
-    json(StatusCode::OK, &json!({
-        "Id": c.id, "Created": rfc3339(secs(c.created)), "Path": c.args.first(), "Args": cmd,
-        "State": {"Status": status_word, "Running": running, "Paused": false, "Restarting": false, "OOMKilled": false,
-                  "Dead": false, "Pid": pid, "ExitCode": code, "Error": "", "StartedAt": started, "FinishedAt": finished},
-        "Image": c.image_id, "Name": format!("/{}", c.name), "RestartCount": c.restarts(), "Driver": "overlay",
-        "Platform": "linux", "LogPath": "", "Mounts": mounts(&c),
-        "HostConfig": {"Binds": c.spec.binds, "AutoRemove": c.spec.auto_remove, "NetworkMode": c.spec.network.name(),
-                       "PortBindings": port_bindings_asked(&c), "PublishAllPorts": false,
-                       "NanoCpus": c.spec.cpus.map_or(0, |x| (x * 1e9) as i64), "Memory": c.spec.memory.unwrap_or(0)},
-        "Config": {"Hostname": &c.id[..12], "Image": c.spec.image, "Cmd": c.spec.cmd, "Entrypoint": c.spec.entrypoint,
-                   "Env": c.env, "WorkingDir": c.cwd, "Tty": c.spec.tty, "OpenStdin": c.spec.open_stdin,
-                   "AttachStdin": false, "AttachStdout": !c.spec.tty, "AttachStderr": !c.spec.tty, "Labels": c.spec.labels,
-                   "ExposedPorts": exposed(&c).iter().map(|p| (format!("{p}/tcp"), json!({}))).collect::<serde_json::Map<String, Value>>()},
-        "NetworkSettings": {"Networks": {}, "Ports": network_ports(&c)},
-    }))
+    json(
+        StatusCode::OK,
+        &json!({
+            "Id": c.id, "Created": rfc3339(secs(c.created)), "Path": c.args.first(), "Args": cmd,
+            "State": {"Status": status_word, "Running": running, "Paused": false, "Restarting": false, "OOMKilled": false,
+                      "Dead": false, "Pid": pid, "ExitCode": code, "Error": "", "StartedAt": started, "FinishedAt": finished},
+            "Image": c.image_id, "Name": format!("/{}", c.name), "RestartCount": c.restarts(), "Driver": "overlay",
+            "Platform": "linux", "LogPath": "", "Mounts": mounts(&c),
+            "HostConfig": {"Binds": c.spec.binds, "AutoRemove": c.spec.auto_remove, "NetworkMode": c.spec.network.name(),
+                           "PortBindings": port_bindings_asked(&c), "PublishAllPorts": false,
+                           "NanoCpus": c.spec.cpus.map_or(0, |x| (x * 1e9) as i64), "Memory": c.spec.memory.unwrap_or(0)},
+            "Config": {"Hostname": &c.id[..12], "Image": c.spec.image, "Cmd": c.spec.cmd, "Entrypoint": c.spec.entrypoint,
+                       "Env": c.env, "WorkingDir": c.cwd, "Tty": c.spec.tty, "OpenStdin": c.spec.open_stdin,
+                       "AttachStdin": false, "AttachStdout": !c.spec.tty, "AttachStderr": !c.spec.tty, "Labels": c.spec.labels,
+                       "ExposedPorts": exposed(&c).iter().map(|p| (format!("{p}/tcp"), json!({}))).collect::<serde_json::Map<String, Value>>()},
+            "NetworkSettings": {"Networks": {}, "Ports": network_ports(&c)},
+        }),
+    )
 }
 
 /// `POST /containers/{id}/start`.

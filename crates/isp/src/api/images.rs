@@ -169,13 +169,16 @@ pub fn inspect(rt: &Runtime, name: &str) -> Response<ApiBody> {
                 "Env": i.config.env, "Cmd": i.config.cmd, "Entrypoint": i.config.entrypoint, "WorkingDir": i.config.working_dir,
                 "User": i.config.user, "Labels": i.config.labels,
             });
-            json(StatusCode::OK, &json!({
-                "Id": i.id, "RepoTags": i.repo_tags, "RepoDigests": i.repo_digests, "Parent": "", "Comment": "",
-                "Created": created, "DockerVersion": "", "Author": "", "Config": cfg, "Architecture": i.architecture,
-                "Os": i.os, "Size": i.size, "VirtualSize": i.size,
-                "GraphDriver": {"Name": "overlay", "Data": null},
-                "RootFS": {"Type": "layers", "Layers": i.diff_ids}, "Metadata": {"LastTagTime": "0001-01-01T00:00:00Z"},
-            }))
+            json(
+                StatusCode::OK,
+                &json!({
+                    "Id": i.id, "RepoTags": i.repo_tags, "RepoDigests": i.repo_digests, "Parent": "", "Comment": "",
+                    "Created": created, "DockerVersion": "", "Author": "", "Config": cfg, "Architecture": i.architecture,
+                    "Os": i.os, "Size": i.size, "VirtualSize": i.size,
+                    "GraphDriver": {"Name": "overlay", "Data": null},
+                    "RootFS": {"Type": "layers", "Layers": i.diff_ids}, "Metadata": {"LastTagTime": "0001-01-01T00:00:00Z"},
+                }),
+            )
         }
         Err(e) => error(e.http_status(), &e.to_string()),
     }
@@ -184,10 +187,17 @@ pub fn inspect(rt: &Runtime, name: &str) -> Response<ApiBody> {
 /// `DELETE /images/{name}`.
 pub fn remove(rt: &Runtime, name: &str, force: bool) -> Response<ApiBody> {
     match rt.images().remove(name, force, &|id| rt.image_in_use(id)) {
-        Ok(done) => json(StatusCode::OK, &Value::Array(done.iter().map(|r| match r {
-            Removed::Untagged(t) => json!({"Untagged": t}),
-            Removed::Deleted(d) => json!({"Deleted": d}),
-        }).collect())),
+        Ok(done) => json(
+            StatusCode::OK,
+            &Value::Array(
+                done.iter()
+                    .map(|r| match r {
+                        Removed::Untagged(t) => json!({"Untagged": t}),
+                        Removed::Deleted(d) => json!({"Deleted": d}),
+                    })
+                    .collect(),
+            ),
+        ),
         Err(e) => error(e.http_status(), &e.to_string()),
     }
 }

@@ -27,8 +27,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::runtime::Runtime;
-pub use body::ApiBody;
 use body::error;
+pub use body::ApiBody;
 
 /// The API version this server speaks.
 pub const API_VERSION: &str = "1.47";
@@ -125,7 +125,8 @@ impl Target {
                 }
             }
         }
-        let segs = path.split('/').filter(|s| !s.is_empty()).map(|s| urlencoding::decode(s).map(|c| c.into_owned()).unwrap_or_else(|_| s.to_string())).collect();
+        let segs =
+            path.split('/').filter(|s| !s.is_empty()).map(|s| urlencoding::decode(s).map(|c| c.into_owned()).unwrap_or_else(|_| s.to_string())).collect();
         let mut query = HashMap::new();
         for kv in raw_query.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
             let (k, v) = kv.split_once('=').unwrap_or((kv, ""));

@@ -72,7 +72,8 @@ impl Runtime {
             return Err(bad("not a regular file; containers write only regular files the host pre-allocated".into()));
         }
         let file = std::fs::File::open(&path).map_err(|e| bad(e.to_string()))?;
-        let raw = extents::fiemap(&file).map_err(|e| bad(format!("its extents cannot be read (FIEMAP: {e}); the sharable namespace's file system must report them (ext4, xfs)")))?;
+        let raw = extents::fiemap(&file)
+            .map_err(|e| bad(format!("its extents cannot be read (FIEMAP: {e}); the sharable namespace's file system must report them (ext4, xfs)")))?;
         let device = media_len(image).map_err(|e| RuntimeError::io(image, e))?;
         let map = ExtentMap::new(meta.len(), &raw, device).map_err(|u| bad(format!("cannot be written by a container: {u}")))?;
         Ok((map, meta))

@@ -182,7 +182,17 @@ impl Container {
             created: SystemTime::UNIX_EPOCH + Duration::from_secs(m.created),
             dir,
             layers,
-            inner: Mutex::new(Inner { state: RunState::Created, subscribers: Vec::new(), stdin_tx, stdin_rx, console: None, restarts: 0, held: Vec::new(), proxy: None, view_pin: None }),
+            inner: Mutex::new(Inner {
+                state: RunState::Created,
+                subscribers: Vec::new(),
+                stdin_tx,
+                stdin_rx,
+                console: None,
+                restarts: 0,
+                held: Vec::new(),
+                proxy: None,
+                view_pin: None,
+            }),
             exits: watch::channel(ExitEvent::default()).0,
         })
     }
@@ -330,7 +340,8 @@ mod tests {
 
     fn container(dir: &std::path::Path, open_stdin: bool) -> Arc<Container> {
         let spec = CreateSpec { image: "img".into(), open_stdin, ..Default::default() };
-        let m = Meta { id: "ab".repeat(32), name: "c".into(), image_id: "i".into(), created: 7, spec, args: vec!["true".into()], env: Vec::new(), cwd: "/".into() };
+        let m =
+            Meta { id: "ab".repeat(32), name: "c".into(), image_id: "i".into(), created: 7, spec, args: vec!["true".into()], env: Vec::new(), cwd: "/".into() };
         Container::new(m, Vec::new(), dir.to_path_buf())
     }
 

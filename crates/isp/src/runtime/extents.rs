@@ -88,7 +88,9 @@ pub enum Unfit {
         end: u64,
     },
     /// An extent's bytes are not stored as they are (inline, tail-packed, encoded, encrypted, unaligned).
-    #[error("bytes {start}..{end} are stored {how}, not as plain blocks: use a larger file (a few KiB at least) on a file system without compression or encryption")]
+    #[error(
+        "bytes {start}..{end} are stored {how}, not as plain blocks: use a larger file (a few KiB at least) on a file system without compression or encryption"
+    )]
     NotPlain {
         /// First byte.
         start: u64,
@@ -328,21 +330,23 @@ mod tests {
     /// A random valid layout: `n` extents of whole 512-byte sectors at distinct places, and
     /// a size that ends inside the last one.
     fn layout() -> impl Strategy<Value = (u64, Vec<RawExtent>)> {
-        prop::collection::vec((1u64..64, 0u64..512), 1..12).prop_flat_map(|parts| {
-            let total: u64 = parts.iter().map(|p| p.0 * 512).sum();
-            let last = parts.last().map_or(512, |p| p.0 * 512);
-            (Just(parts), (total - last + 1)..=total)
-        }).prop_map(|(parts, size)| {
-            let mut logical = 0;
-            let mut v = Vec::new();
-            for (i, (sectors, slot)) in parts.iter().enumerate() {
-                // Distinct 64-sector slots keep extents apart on the device.
-                let physical = (slot * 16 + i as u64) * 64 * 512;
-                v.push(ext(logical, physical, sectors * 512, 0));
-                logical += sectors * 512;
-            }
-            (size, v)
-        })
+        prop::collection::vec((1u64..64, 0u64..512), 1..12)
+            .prop_flat_map(|parts| {
+                let total: u64 = parts.iter().map(|p| p.0 * 512).sum();
+                let last = parts.last().map_or(512, |p| p.0 * 512);
+                (Just(parts), (total - last + 1)..=total)
+            })
+            .prop_map(|(parts, size)| {
+                let mut logical = 0;
+                let mut v = Vec::new();
+                for (i, (sectors, slot)) in parts.iter().enumerate() {
+                    // Distinct 64-sector slots keep extents apart on the device.
+                    let physical = (slot * 16 + i as u64) * 64 * 512;
+                    v.push(ext(logical, physical, sectors * 512, 0));
+                    logical += sectors * 512;
+                }
+                (size, v)
+            })
     }
 
     proptest! {

@@ -17,7 +17,9 @@
 //! named by its inode number; the container's bind mount of the entry is all it sees.
 //! Entries live while their container runs ([`WritableFiles::add`], [`WritableFiles::remove`]).
 
-use fuser::{FileAttr, FileType, Filesystem, MountOption, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, TimeOrNow};
+use fuser::{
+    FileAttr, FileType, Filesystem, MountOption, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, TimeOrNow,
+};
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr};
 use std::fs::File;
@@ -88,8 +90,21 @@ impl FilesFs {
     fn root_attr() -> FileAttr {
         let now = SystemTime::now();
         FileAttr {
-            ino: ROOT, size: 0, blocks: 0, atime: now, mtime: now, ctime: now, crtime: now, kind: FileType::Directory,
-            perm: 0o755, nlink: 2, uid: 0, gid: 0, rdev: 0, blksize: 4096, flags: 0,
+            ino: ROOT,
+            size: 0,
+            blocks: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            kind: FileType::Directory,
+            perm: 0o755,
+            nlink: 2,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
         }
     }
 
@@ -302,8 +317,12 @@ impl WritableFiles {
             MountOption::RW,
         ];
         let fs = FilesFs { media: Arc::new(media), table: table.clone() };
-        let session = fuser::spawn_mount2(fs, dir, &options)
-            .map_err(|e| RuntimeError::Setup(format!("cannot mount the writable files' FUSE file system at {}: {e} (the target needs /dev/fuse: `modprobe fuse`)", dir.display())))?;
+        let session = fuser::spawn_mount2(fs, dir, &options).map_err(|e| {
+            RuntimeError::Setup(format!(
+                "cannot mount the writable files' FUSE file system at {}: {e} (the target needs /dev/fuse: `modprobe fuse`)",
+                dir.display()
+            ))
+        })?;
         Ok(WritableFiles { dir: dir.into(), table, next: AtomicU64::new(ROOT + 1), session: Some(session) })
     }
 
@@ -371,10 +390,7 @@ mod tests {
         let image = dir.path().join("ns.img");
         std::fs::write(&image, vec![0xAAu8; 1 << 20]).unwrap();
         // File bytes 0..4096 at image byte 65536, 4096..6000 at image byte 8192.
-        let raw = [
-            RawExtent { logical: 0, physical: 65536, length: 4096, flags: 0 },
-            RawExtent { logical: 4096, physical: 8192, length: 4096, flags: 1 },
-        ];
+        let raw = [RawExtent { logical: 0, physical: 65536, length: 4096, flags: 0 }, RawExtent { logical: 4096, physical: 8192, length: 4096, flags: 1 }];
         let map = ExtentMap::new(6000, &raw, 1 << 20).unwrap();
         let files = WritableFiles::mount(&dir.path().join("mnt"), &image).unwrap();
         let meta = std::fs::metadata(&image).unwrap();

@@ -173,7 +173,13 @@ pub(crate) fn parse_bind(b: &str) -> Result<(BindSource, String, Option<bool>), 
     if ro && rw {
         return Err(format!("invalid mode {mode:?} in {b:?}: ro or rw, not both"));
     }
-    let access = if rw { Some(true) } else if ro { Some(false) } else { None };
+    let access = if rw {
+        Some(true)
+    } else if ro {
+        Some(false)
+    } else {
+        None
+    };
     let source = if src.starts_with('/') {
         if Path::new(src).components().any(|c| c == Component::ParentDir) {
             return Err(format!("invalid volume source {src:?}: '..' is not allowed"));
@@ -220,7 +226,14 @@ impl Runtime {
     /// under `runc_root` (tmpfs: a restarted target has no running containers), images in
     /// `images`, `/data` from `view`, and `/kv` (read-write) from `kv_dir`. Containers left
     /// by an earlier run are listed as exited.
-    pub fn open(root: &Path, runc_root: &Path, images: Arc<ImageStore>, view: Option<Arc<SharableView>>, kv_dir: Option<PathBuf>, limits: Limits) -> Result<Arc<Runtime>, RuntimeError> {
+    pub fn open(
+        root: &Path,
+        runc_root: &Path,
+        images: Arc<ImageStore>,
+        view: Option<Arc<SharableView>>,
+        kv_dir: Option<PathBuf>,
+        limits: Limits,
+    ) -> Result<Arc<Runtime>, RuntimeError> {
         for d in [root, runc_root] {
             std::fs::create_dir_all(d).map_err(|e| RuntimeError::io(d, e))?;
         }
@@ -306,11 +319,8 @@ impl Runtime {
         if let Some(c) = all.get(key).or_else(|| all.values().find(|c| c.name == name)) {
             return Ok(c.clone());
         }
-        let hits: Vec<_> = if !key.is_empty() && key.bytes().all(|b| b.is_ascii_hexdigit()) {
-            all.values().filter(|c| c.id.starts_with(key)).collect()
-        } else {
-            Vec::new()
-        };
+        let hits: Vec<_> =
+            if !key.is_empty() && key.bytes().all(|b| b.is_ascii_hexdigit()) { all.values().filter(|c| c.id.starts_with(key)).collect() } else { Vec::new() };
         match hits.len() {
             1 => Ok(hits[0].clone()),
             0 => Err(RuntimeError::NotFound(key.to_string())),
@@ -338,7 +348,9 @@ impl Runtime {
             None => format!("insitu_{}", &id[..8]),
         };
         if self.all().values().any(|c| c.name == name) {
-            return Err(RuntimeError::Conflict(format!("Conflict. The container name \"/{name}\" is already in use. Remove that container or choose another name.")));
+            return Err(RuntimeError::Conflict(format!(
+                "Conflict. The container name \"/{name}\" is already in use. Remove that container or choose another name."
+            )));
         }
         let args: Vec<String> = match (&spec.entrypoint, &spec.cmd) {
             (Some(ep), cmd) => ep.iter().chain(cmd.iter().flatten()).cloned().collect(),
@@ -357,7 +369,12 @@ impl Runtime {
         if !env.iter().any(|e| e.starts_with("PATH=")) {
             env.push("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
         }
-        let cwd = spec.working_dir.clone().filter(|w| !w.is_empty()).or_else(|| Some(image.config.working_dir.clone()).filter(|w| !w.is_empty())).unwrap_or_else(|| "/".into());
+        let cwd = spec
+            .working_dir
+            .clone()
+            .filter(|w| !w.is_empty())
+            .or_else(|| Some(image.config.working_dir.clone()).filter(|w| !w.is_empty()))
+            .unwrap_or_else(|| "/".into());
         if !cwd.starts_with('/') {
             return Err(RuntimeError::BadRequest(format!("the working directory {cwd:?} is invalid: it needs to be an absolute path")));
         }
@@ -365,13 +382,21 @@ impl Runtime {
             return Err(RuntimeError::BadRequest(format!(
                 "conflicting options: port publishing (-p) and --network {}: {}",
                 spec.network.name(),
-                if spec.network == NetworkMode::Host { "with the target's network the container's ports are the target's already" } else { "a container without a network has no ports to publish" }
+                if spec.network == NetworkMode::Host {
+                    "with the target's network the container's ports are the target's already"
+                } else {
+                    "a container without a network has no ports to publish"
+                }
             )));
         }
-        let files: Vec<_> = self.binds(&spec)?.into_iter().filter_map(|b| match b {
-            Bind::File { rel, src, dst } => Some((rel, src, dst)),
-            Bind::Path { .. } => None,
-        }).collect();
+        let files: Vec<_> = self
+            .binds(&spec)?
+            .into_iter()
+            .filter_map(|b| match b {
+                Bind::File { rel, src, dst } => Some((rel, src, dst)),
+                Bind::Path { .. } => None,
+            })
+            .collect();
         if !files.is_empty() {
             if let Some(v) = &self.view {
                 // The host may have made the file since the view was last refreshed.
@@ -485,7 +510,9 @@ impl Runtime {
         if matches!(c.state(), RunState::Running { .. }) {
             if !force {
                 return Err(RuntimeError::Conflict(format!(
-                    "cannot remove container \"/{}\": container is running: stop the container before removing or force remove", c.name)));
+                    "cannot remove container \"/{}\": container is running: stop the container before removing or force remove",
+                    c.name
+                )));
             }
             let mut rx = c.exits();
             let before = rx.borrow().exits;

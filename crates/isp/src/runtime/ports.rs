@@ -83,11 +83,7 @@ pub fn parse_port_key(key: &str) -> Result<u16, String> {
     let (port, proto) = key.split_once('/').unwrap_or((key, "tcp"));
     match proto {
         "tcp" => {}
-        "udp" | "sctp" => {
-            return Err(format!(
-                "cannot publish {key}: this target's port proxy carries TCP only; publish a TCP port, or use --network host"
-            ))
-        }
+        "udp" | "sctp" => return Err(format!("cannot publish {key}: this target's port proxy carries TCP only; publish a TCP port, or use --network host")),
         _ => return Err(format!("invalid port {key:?}: PORT or PORT/tcp")),
     }
     match port.parse::<u16>() {
@@ -220,8 +216,12 @@ pub(crate) fn publish(bindings: &[PortBinding], default_ip: IpAddr, runc_root: &
         let l = std::net::TcpListener::bind(addr).map_err(|e| {
             let what = format!("cannot publish port {}/tcp on {addr}", b.container_port);
             match e.kind() {
-                std::io::ErrorKind::AddrInUse => RuntimeError::Conflict(format!("{what}: the address is already in use (another container or program listens there); choose another host port")),
-                std::io::ErrorKind::AddrNotAvailable => RuntimeError::BadRequest(format!("{what}: the target has no such address; use one of its own (e.g. 127.0.0.1)")),
+                std::io::ErrorKind::AddrInUse => RuntimeError::Conflict(format!(
+                    "{what}: the address is already in use (another container or program listens there); choose another host port"
+                )),
+                std::io::ErrorKind::AddrNotAvailable => {
+                    RuntimeError::BadRequest(format!("{what}: the target has no such address; use one of its own (e.g. 127.0.0.1)"))
+                }
                 _ => RuntimeError::Setup(format!("{what}: {e}")),
             }
         })?;
@@ -370,8 +370,13 @@ mod tests {
         assert_eq!(b[2], PortBinding { container_port: 9090, host_ip: None, host_port: 0 });
         let twice = json!({"PortBindings": {"80/tcp": [{"HostPort": "1"}], "81/tcp": [{"HostPort": "1"}]}});
         assert!(port_bindings(&json!({}), &twice).unwrap_err().contains("twice"));
-        for bad in [json!({"PortBindings": []}), json!({"PortBindings": {"80/tcp": {}}}), json!({"PortBindings": {"80/tcp": [{"HostPort": 80}]}}),
-                    json!({"PortBindings": {"80/tcp": [3]}}), json!({"PortBindings": {"80/udp": [{"HostPort": "80"}]}})] {
+        for bad in [
+            json!({"PortBindings": []}),
+            json!({"PortBindings": {"80/tcp": {}}}),
+            json!({"PortBindings": {"80/tcp": [{"HostPort": 80}]}}),
+            json!({"PortBindings": {"80/tcp": [3]}}),
+            json!({"PortBindings": {"80/udp": [{"HostPort": "80"}]}}),
+        ] {
             assert!(port_bindings(&json!({}), &bad).is_err(), "{bad}");
         }
     }

@@ -247,12 +247,7 @@ fn mount_rootfs(layers: &[std::path::PathBuf], dir: &Path, rootfs: &Path) -> Res
     } else {
         layers.iter().rev().map(|p| p.to_string_lossy().into_owned()).collect()
     };
-    let opts = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        lower.join(":"),
-        dir.join("upper").display(),
-        dir.join("work").display()
-    );
+    let opts = format!("lowerdir={},upperdir={},workdir={}", lower.join(":"), dir.join("upper").display(), dir.join("work").display());
     let out = std::process::Command::new("mount")
         .args(["-t", "overlay", "overlay", "-o", &opts])
         .arg(rootfs)
@@ -278,7 +273,12 @@ pub(super) fn unmount(rootfs: &Path) -> Result<(), RuntimeError> {
 /// Sends `signal` (a name like `TERM` or `SIGKILL`, or a number) to a running container.
 pub(super) async fn signal(rt: &Runtime, id: &str, signal: &str) -> Result<(), RuntimeError> {
     let sig = signal.trim_start_matches("SIG");
-    let out = Command::new("runc").arg("--root").arg(&rt.runc_root).args(["kill", id, sig]).output().await
+    let out = Command::new("runc")
+        .arg("--root")
+        .arg(&rt.runc_root)
+        .args(["kill", id, sig])
+        .output()
+        .await
         .map_err(|e| RuntimeError::Setup(format!("runc kill: {e}")))?;
     if out.status.success() {
         Ok(())

@@ -50,20 +50,77 @@ pub struct SpecInput<'a> {
 /// Docker's default capabilities: enough for ordinary programs, nothing that administers
 /// the machine (no CAP_SYS_ADMIN, CAP_SYS_MODULE, CAP_SYS_RAWIO, CAP_NET_ADMIN, ...).
 const CAPS: &[&str] = &[
-    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
-    "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
 ];
 
 /// System calls refused with EPERM. Most already need a capability the container lacks;
 /// refusing them here too keeps a kernel bug in one of them from becoming an escape.
 const DENIED_SYSCALLS: &[&str] = &[
-    "acct", "add_key", "bpf", "clock_adjtime", "clock_settime", "create_module", "delete_module", "finit_module",
-    "fsconfig", "fsmount", "fsopen", "fspick", "get_kernel_syms", "init_module", "ioperm", "iopl", "kcmp",
-    "kexec_file_load", "kexec_load", "keyctl", "lookup_dcookie", "mount", "mount_setattr", "move_mount",
-    "name_to_handle_at", "nfsservctl", "open_by_handle_at", "open_tree", "perf_event_open", "pivot_root",
-    "process_vm_readv", "process_vm_writev", "ptrace", "query_module", "quotactl", "reboot", "request_key",
-    "setns", "settimeofday", "stime", "swapoff", "swapon", "syslog", "umount", "umount2", "unshare", "uselib",
-    "userfaultfd", "ustat", "vhangup", "vm86", "vm86old",
+    "acct",
+    "add_key",
+    "bpf",
+    "clock_adjtime",
+    "clock_settime",
+    "create_module",
+    "delete_module",
+    "finit_module",
+    "fsconfig",
+    "fsmount",
+    "fsopen",
+    "fspick",
+    "get_kernel_syms",
+    "init_module",
+    "ioperm",
+    "iopl",
+    "kcmp",
+    "kexec_file_load",
+    "kexec_load",
+    "keyctl",
+    "lookup_dcookie",
+    "mount",
+    "mount_setattr",
+    "move_mount",
+    "name_to_handle_at",
+    "nfsservctl",
+    "open_by_handle_at",
+    "open_tree",
+    "perf_event_open",
+    "pivot_root",
+    "process_vm_readv",
+    "process_vm_writev",
+    "ptrace",
+    "query_module",
+    "quotactl",
+    "reboot",
+    "request_key",
+    "setns",
+    "settimeofday",
+    "stime",
+    "swapoff",
+    "swapon",
+    "syslog",
+    "umount",
+    "umount2",
+    "unshare",
+    "uselib",
+    "userfaultfd",
+    "ustat",
+    "vhangup",
+    "vm86",
+    "vm86old",
 ];
 
 /// Builds `config.json` for runc.
@@ -112,7 +169,14 @@ pub fn runtime_config(s: &SpecInput) -> Value {
         resources["blockIO"] = json!({"throttleReadBpsDevice": [{"major": major, "minor": minor, "rate": rate}]});
     }
     let caps: Vec<&str> = CAPS.to_vec();
-    let mut namespaces = vec![json!({"type": "pid"}), json!({"type": "network"}), json!({"type": "ipc"}), json!({"type": "uts"}), json!({"type": "mount"}), json!({"type": "cgroup"})];
+    let mut namespaces = vec![
+        json!({"type": "pid"}),
+        json!({"type": "network"}),
+        json!({"type": "ipc"}),
+        json!({"type": "uts"}),
+        json!({"type": "mount"}),
+        json!({"type": "cgroup"}),
+    ];
     if s.host_network {
         namespaces.retain(|n| n["type"] != "network");
     }
@@ -159,8 +223,19 @@ mod tests {
 
     fn input<'a>(binds: &'a [(String, String, bool)]) -> SpecInput<'a> {
         SpecInput {
-            rootfs: Path::new("/x/rootfs"), args: &[], env: &[], cwd: "/", hostname: "h", binds,
-            cpus: Some(1.5), memory: Some(64 << 20), pids: 256, cgroup: "/insitu/c", tty: false, console_size: None, data_read_bps: None,
+            rootfs: Path::new("/x/rootfs"),
+            args: &[],
+            env: &[],
+            cwd: "/",
+            hostname: "h",
+            binds,
+            cpus: Some(1.5),
+            memory: Some(64 << 20),
+            pids: 256,
+            cgroup: "/insitu/c",
+            tty: false,
+            console_size: None,
+            data_read_bps: None,
             host_network: false,
         }
     }

@@ -231,8 +231,8 @@ fn mount_fresh(image: &Path, at: &Path) -> Result<(u32, u32), RuntimeError> {
     };
     // A loop device of its own, read-only: `mount -o loop` would refuse a file the host
     // has mounted already, and a device shared with the host would share its cache.
-    let out = Command::new("losetup").args(["--find", "--show", "--read-only"]).arg(image).output()
-        .map_err(|e| RuntimeError::Setup(format!("losetup: {e}")))?;
+    let out =
+        Command::new("losetup").args(["--find", "--show", "--read-only"]).arg(image).output().map_err(|e| RuntimeError::Setup(format!("losetup: {e}")))?;
     if !out.status.success() {
         return Err(RuntimeError::Setup(format!("losetup {}: {}", image.display(), String::from_utf8_lossy(&out.stderr).trim())));
     }
@@ -273,7 +273,9 @@ fn mount_beneath(fresh: &Path, data: &Path) -> std::io::Result<()> {
     let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     use std::os::fd::AsRawFd;
     // SAFETY: move_mount with the tree's descriptor, an empty and a NUL-terminated path.
-    let r = unsafe { libc::syscall(libc::SYS_move_mount, tree.as_raw_fd(), c"".as_ptr(), libc::AT_FDCWD, to.as_ptr(), MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_BENEATH) };
+    let r = unsafe {
+        libc::syscall(libc::SYS_move_mount, tree.as_raw_fd(), c"".as_ptr(), libc::AT_FDCWD, to.as_ptr(), MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_BENEATH)
+    };
     if r < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -318,13 +320,14 @@ fn run(cmd: &str, args: &[&str]) -> Result<(), RuntimeError> {
 pub(crate) fn is_mount_point(p: &Path) -> bool {
     let Ok(canon) = std::fs::canonicalize(p) else { return false };
     let want = canon.to_string_lossy().replace(' ', "\\040");
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|t| t.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str())))
-        .unwrap_or(false)
+    std::fs::read_to_string("/proc/self/mountinfo").map(|t| t.lines().any(|l| l.split(' ').nth(4) == Some(want.as_str()))).unwrap_or(false)
 }
 
 fn fs_type(image: &Path) -> String {
-    Command::new("blkid").args(["-p", "-o", "value", "-s", "TYPE"]).arg(image).output()
+    Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", "TYPE"])
+        .arg(image)
+        .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
 }

@@ -128,7 +128,8 @@ fn index_names(index: &[u8]) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for m in v["manifests"].as_array().into_iter().flatten() {
         let a = &m["annotations"];
-        let name = a["io.containerd.image.name"].as_str().or_else(|| a["org.opencontainers.image.ref.name"].as_str().filter(|n| n.contains(':') || n.contains('/')));
+        let name =
+            a["io.containerd.image.name"].as_str().or_else(|| a["org.opencontainers.image.ref.name"].as_str().filter(|n| n.contains(':') || n.contains('/')));
         if let (Some(n), Some(d)) = (name, m["digest"].as_str()) {
             out.insert(d.to_string(), n.to_string());
         }
@@ -177,7 +178,12 @@ impl ImageStore {
             let id = sha256(&cfg_bytes);
             let cfg = manifest::parse_config(&cfg_bytes, &format!("config {} of the archive", ent.config))?;
             if cfg.diff_ids.len() != ent.layers.len() {
-                return Err(ImageError::Malformed(format!("image {} of the archive: {} layers but the config has {} diff ids", ent.config, ent.layers.len(), cfg.diff_ids.len())));
+                return Err(ImageError::Malformed(format!(
+                    "image {} of the archive: {} layers but the config has {} diff ids",
+                    ent.config,
+                    ent.layers.len(),
+                    cfg.diff_ids.len()
+                )));
             }
             let tags = ent.repo_tags.iter().map(|t| Reference::parse(t).map(|r| r.familiar())).collect::<Result<Vec<_>, _>>()?;
             let mut sizes = Vec::new();

@@ -109,7 +109,8 @@ pub fn parse_manifest(bytes: &[u8], content_type: &str, what: &str) -> Result<Ma
     let media = v["mediaType"].as_str().unwrap_or(content_type);
     if v["schemaVersion"].as_i64() == Some(1) || media.starts_with("application/vnd.docker.distribution.manifest.v1") {
         return Err(ImageError::Malformed(format!(
-            "{what} is a Docker schema 1 manifest, which is not supported: push the image again with a current client (schema 2 or OCI)")));
+            "{what} is a Docker schema 1 manifest, which is not supported: push the image again with a current client (schema 2 or OCI)"
+        )));
     }
     if let Some(list) = v.get("manifests") {
         let list = list.as_array().ok_or_else(|| ImageError::Malformed(format!("{what}: \"manifests\" is not a list")))?;
@@ -123,7 +124,10 @@ pub fn parse_manifest(bytes: &[u8], content_type: &str, what: &str) -> Result<Ma
     let layers: Vec<Descriptor> = layers.iter().map(|d| descriptor(d, what)).collect::<Result<_, _>>()?;
     for l in &layers {
         if l.media_type.contains("zstd") {
-            return Err(ImageError::Malformed(format!("{what}: layer {} is zstd-compressed ({}); only gzip and plain tar layers are supported", l.digest, l.media_type)));
+            return Err(ImageError::Malformed(format!(
+                "{what}: layer {} is zstd-compressed ({}); only gzip and plain tar layers are supported",
+                l.digest, l.media_type
+            )));
         }
     }
     Ok(Manifest::Image { config, layers })
@@ -186,7 +190,8 @@ pub fn parse_save_manifest(bytes: &[u8]) -> Result<Vec<SaveEntry>, ImageError> {
     list.iter()
         .map(|e| {
             let config = e["Config"].as_str().ok_or_else(|| ImageError::Malformed("an image in manifest.json of the archive has no \"Config\"".into()))?;
-            let layers = strings(&e["Layers"]).ok_or_else(|| ImageError::Malformed(format!("image {config} in manifest.json of the archive has no \"Layers\" list")))?;
+            let layers =
+                strings(&e["Layers"]).ok_or_else(|| ImageError::Malformed(format!("image {config} in manifest.json of the archive has no \"Layers\" list")))?;
             Ok(SaveEntry { config: config.to_string(), repo_tags: strings(&e["RepoTags"]).unwrap_or_default(), layers })
         })
         .collect()
@@ -209,7 +214,9 @@ pub fn parse_time(s: &str) -> i64 {
     let mut t = (era * 146_097 + doe - 719_468) * 86_400 + h * 3600 + mi * 60 + se;
     // A numeric offset after the seconds (and their fraction): "+02:00" / "-05:30".
     let tail = s.get(19..).unwrap_or("").trim_start_matches(|c: char| c == '.' || c.is_ascii_digit());
-    if let (Some(sign), Some(oh), Some(om)) = (tail.chars().next(), tail.get(1..3).and_then(|x| x.parse::<i64>().ok()), tail.get(4..6).and_then(|x| x.parse::<i64>().ok())) {
+    if let (Some(sign), Some(oh), Some(om)) =
+        (tail.chars().next(), tail.get(1..3).and_then(|x| x.parse::<i64>().ok()), tail.get(4..6).and_then(|x| x.parse::<i64>().ok()))
+    {
         let off = oh * 3600 + om * 60;
         match sign {
             '+' => t -= off,

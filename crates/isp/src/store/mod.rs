@@ -20,9 +20,9 @@ pub(crate) mod manifest;
 mod pull;
 mod reference;
 mod registry;
-mod unpack;
 #[cfg(test)]
 mod tests;
+mod unpack;
 
 pub use manifest::MAX_JSON;
 pub use reference::Reference;
@@ -385,7 +385,11 @@ impl ImageStore {
         let (actual, size) = unpack::unpack_layer(blob, &tmp, name)?;
         if actual != diff {
             let _ = std::fs::remove_dir_all(&tmp);
-            return Err(ImageError::DigestMismatch { what: format!("layer {name} (uncompressed, against the config's diff id)"), expected: diff.into(), actual });
+            return Err(ImageError::DigestMismatch {
+                what: format!("layer {name} (uncompressed, against the config's diff id)"),
+                expected: diff.into(),
+                actual,
+            });
         }
         if let Err(e) = std::fs::rename(&tmp, &dest) {
             let _ = std::fs::remove_dir_all(&tmp);

@@ -49,7 +49,10 @@ impl ImageStore {
             Manifest::Index(list) => {
                 let pick = manifest::pick_platform(&list).ok_or_else(|| {
                     let have: Vec<&str> = list.iter().filter_map(|d| d.platform.as_deref()).collect();
-                    ImageError::NotFound(format!("{what}: no image for linux/amd64 (the index has {})", if have.is_empty() { "none".into() } else { have.join(", ") }))
+                    ImageError::NotFound(format!(
+                        "{what}: no image for linux/amd64 (the index has {})",
+                        if have.is_empty() { "none".into() } else { have.join(", ") }
+                    ))
                 })?;
                 let (body, ct, digest) = reg.manifest(&r, &pick.digest)?;
                 manifests.push((digest, body.clone()));

@@ -129,7 +129,10 @@ fn load_get_list_and_layers() {
     assert_eq!(img.repo_tags, ["busybox:latest", "127.0.0.1:5000/team/x:1"]);
     assert_eq!((img.created, img.architecture.as_str(), img.os.as_str()), (1_700_000_000, "amd64", "linux"));
     assert_eq!(img.config.cmd.as_deref(), Some(&["cmd0".to_string()][..]));
-    assert_eq!((img.config.working_dir.as_str(), img.config.exposed_ports.as_slice(), img.config.volumes.as_slice()), ("/w", &["80/tcp".to_string()][..], &["/v".to_string()][..]));
+    assert_eq!(
+        (img.config.working_dir.as_str(), img.config.exposed_ports.as_slice(), img.config.volumes.as_slice()),
+        ("/w", &["80/tcp".to_string()][..], &["/v".to_string()][..])
+    );
     assert_eq!(img.layers.len(), 2);
     assert_eq!(img.size, 7);
     assert_eq!(std::fs::read(img.layers[0].join("bin/hello")).unwrap(), b"hello\n");
@@ -141,7 +144,15 @@ fn load_get_list_and_layers() {
     let mut v = vec![0u8; 2];
     let n = opaque_xattr(&img.layers[1].join("bin"), &mut v);
     assert_eq!(&v[..n], b"y");
-    for key in ["busybox:latest", "docker.io/library/busybox", "127.0.0.1:5000/team/x:1", &img.id, hex_of(&img.id), &hex_of(&img.id)[..4], &format!("sha256:{}", &hex_of(&img.id)[..12])] {
+    for key in [
+        "busybox:latest",
+        "docker.io/library/busybox",
+        "127.0.0.1:5000/team/x:1",
+        &img.id,
+        hex_of(&img.id),
+        &hex_of(&img.id)[..4],
+        &format!("sha256:{}", &hex_of(&img.id)[..12]),
+    ] {
         assert_eq!(s.get(key).unwrap().id, img.id, "{key}");
     }
     assert_eq!(s.list().unwrap().len(), 1);
@@ -288,13 +299,18 @@ fn docker_save_links_and_oci_layouts_load() {
     let gl = gz(&l2);
     let m = serde_json::to_vec(&serde_json::json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": sha256(&cfg2), "size": cfg2.len()},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": sha256(&gl), "size": gl.len()}]})).unwrap();
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": sha256(&gl), "size": gl.len()}]}))
+    .unwrap();
     let idx = serde_json::to_vec(&serde_json::json!({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
         "digest": sha256(&m), "size": m.len(), "annotations": {"io.containerd.image.name": "docker.io/library/ocitest:2", "org.opencontainers.image.ref.name": "2"}}]})).unwrap();
     let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in [("oci-layout".to_string(), br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec()), ("index.json".into(), idx),
-        (format!("blobs/sha256/{}", hex_of(&sha256(&m))), m.clone()), (format!("blobs/sha256/{}", hex_of(&sha256(&cfg2))), cfg2.clone()),
-        (format!("blobs/sha256/{}", hex_of(&sha256(&gl))), gl.clone())] {
+    for (name, data) in [
+        ("oci-layout".to_string(), br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec()),
+        ("index.json".into(), idx),
+        (format!("blobs/sha256/{}", hex_of(&sha256(&m))), m.clone()),
+        (format!("blobs/sha256/{}", hex_of(&sha256(&cfg2))), cfg2.clone()),
+        (format!("blobs/sha256/{}", hex_of(&sha256(&gl))), gl.clone()),
+    ] {
         let mut h = tar::Header::new_gnu();
         h.set_size(data.len() as u64);
         h.set_cksum();

@@ -12,12 +12,7 @@ use crate::{AttendStats, HeadPages, Kind, KvError};
 
 /// Dense attention of the `q.len() / head_dim` rows of `q` into `out` (shapes checked by
 /// the caller).
-pub(super) fn attend(
-    head: &dyn HeadPages,
-    q: &[f32],
-    scale: f64,
-    out: &mut [f32],
-) -> Result<AttendStats, KvError> {
+pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, out: &mut [f32]) -> Result<AttendStats, KvError> {
     let layout = *head.layout();
     let (hd, tpp) = (layout.head_dim, layout.tokens_per_page);
     let tokens = head.tokens();

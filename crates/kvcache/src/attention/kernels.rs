@@ -28,11 +28,7 @@ pub(super) fn dot_rows(q: &[f64], k: &[f32], out: &mut [f64]) {
     for (qb, ob) in (&mut blocks).zip(&mut outs) {
         dot_block::<ROWS>(std::array::from_fn(|r| &qb[r * hd..(r + 1) * hd]), k, ob);
     }
-    for (qr, o) in blocks
-        .remainder()
-        .chunks_exact(hd)
-        .zip(outs.into_remainder())
-    {
+    for (qr, o) in blocks.remainder().chunks_exact(hd).zip(outs.into_remainder()) {
         *o = dot(qr, k);
     }
 }
@@ -78,8 +74,7 @@ pub(super) fn axpy_rows(acc: &mut [f64], w: &[f64], x: &[f32]) {
         let (x1, rest) = rest.split_at(hd);
         let (x2, x3) = rest.split_at(hd);
         for i in 0..hd {
-            acc[i] += (w[0] * f64::from(x0[i]) + w[1] * f64::from(x1[i]))
-                + (w[2] * f64::from(x2[i]) + w[3] * f64::from(x3[i]));
+            acc[i] += (w[0] * f64::from(x0[i]) + w[1] * f64::from(x1[i])) + (w[2] * f64::from(x2[i]) + w[3] * f64::from(x3[i]));
         }
     }
     for (w, x) in ws.remainder().iter().zip(xs.remainder().chunks_exact(hd)) {
@@ -119,12 +114,7 @@ pub(super) fn softmax(x: &mut [f64]) {
 /// Fills `idx` with the `k` best of `0..n` under `first` (an order in which the better
 /// index comes first; it must be total, so ties are broken by index), in ascending index
 /// order. Linear time: a selection, then a sort of the `k` chosen only.
-pub(super) fn top_k(
-    n: usize,
-    k: usize,
-    idx: &mut Vec<usize>,
-    first: impl Fn(usize, usize) -> Ordering,
-) {
+pub(super) fn top_k(n: usize, k: usize, idx: &mut Vec<usize>, first: impl Fn(usize, usize) -> Ordering) {
     idx.clear();
     idx.extend(0..n);
     if k < n {
@@ -146,10 +136,7 @@ mod tests {
             let q: Vec<f64> = (0..n).map(|i| (i as f64 * 0.37).sin()).collect();
             let k: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
             let plain: f64 = q.iter().zip(&k).map(|(a, b)| a * f64::from(*b)).sum();
-            assert!(
-                (dot(&q, &k) - plain).abs() <= 1e-12 * (1.0 + plain.abs()),
-                "n = {n}"
-            );
+            assert!((dot(&q, &k) - plain).abs() <= 1e-12 * (1.0 + plain.abs()), "n = {n}");
             let mut acc = q.clone();
             axpy(&mut acc, 0.5, &k);
             for i in 0..n {
@@ -168,10 +155,7 @@ mod tests {
                 dot_rows(&q, &x[..hd], &mut got);
                 for (g, qr) in got.iter().zip(q.chunks(hd)) {
                     let want = dot(qr, &x[..hd]);
-                    assert!(
-                        (g - want).abs() <= 1e-13 * (1.0 + want.abs()),
-                        "dot_rows {hd} {rows}"
-                    );
+                    assert!((g - want).abs() <= 1e-13 * (1.0 + want.abs()), "dot_rows {hd} {rows}");
                 }
                 let w = &q[..rows];
                 let mut got = vec![0.25; hd];
@@ -181,10 +165,7 @@ mod tests {
                     axpy(&mut want, *w, xr);
                 }
                 for (g, w) in got.iter().zip(&want) {
-                    assert!(
-                        (g - w).abs() <= 1e-13 * (1.0 + w.abs()),
-                        "axpy_rows {hd} {rows}"
-                    );
+                    assert!((g - w).abs() <= 1e-13 * (1.0 + w.abs()), "axpy_rows {hd} {rows}");
                 }
             }
         }

@@ -50,36 +50,21 @@ pub struct Task<'a> {
 /// Returns [`KvError::BadRequest`] when `q` is empty or not whole rows, `out` is not the
 /// size of `q`, `q` or `scale` is not finite, `r` or `k` is 0, or the cache has no tokens;
 /// errors of the store are passed on. `out` is unspecified after an error.
-pub fn attend(
-    head: &dyn HeadPages,
-    q: &[f32],
-    scale: f32,
-    method: Method,
-    out: &mut [f32],
-) -> Result<AttendStats, KvError> {
+pub fn attend(head: &dyn HeadPages, q: &[f32], scale: f32, method: Method, out: &mut [f32]) -> Result<AttendStats, KvError> {
     let layout = head.layout();
     let hd = layout.head_dim;
     if q.is_empty() || !q.len().is_multiple_of(hd) {
-        return Err(bad(format!(
-            "query of {} elements is not whole rows of {hd}",
-            q.len()
-        )));
+        return Err(bad(format!("query of {} elements is not whole rows of {hd}", q.len())));
     }
     if out.len() != q.len() {
-        return Err(bad(format!(
-            "output of {} elements for a query of {}",
-            out.len(),
-            q.len()
-        )));
+        return Err(bad(format!("output of {} elements for a query of {}", out.len(), q.len())));
     }
     if !scale.is_finite() || !q.iter().all(|x| x.is_finite()) {
         return Err(bad("the query and the scale must be finite".into()));
     }
     let tokens = head.tokens();
     if tokens == 0 {
-        return Err(bad(
-            "attention over an empty cache (append the current token first)".into(),
-        ));
+        return Err(bad("attention over an empty cache (append the current token first)".into()));
     }
     let (r, k, local, count, budget, mean_v) = match method {
         Method::Dense => return dense::attend(head, q, f64::from(scale), out),
@@ -87,9 +72,7 @@ pub fn attend(
         Method::SparQ { r, k, local, mean_v } => (r, k, local, Count::Elements, 0, mean_v),
     };
     if r == 0 || k == 0 {
-        return Err(bad(format!(
-            "sparse attention needs r and k above 0 (got r = {r}, k = {k})"
-        )));
+        return Err(bad(format!("sparse attention needs r and k above 0 (got r = {r}, k = {k})")));
     }
     if k >= tokens {
         // Every token is kept, so α = 1 and the approximate scores change nothing: the
@@ -100,14 +83,7 @@ pub fn attend(
             Count::Elements => element_stats(layout, 0, tokens, stats.rows_used / 2),
         });
     }
-    let plan = sparse::Plan {
-        r: r.min(hd),
-        k,
-        local: local.min(tokens),
-        count,
-        budget,
-        mean_v,
-    };
+    let plan = sparse::Plan { r: r.min(hd), k, local: local.min(tokens), count, budget, mean_v };
     sparse::attend(head, q, f64::from(scale), plan, out)
 }
 
@@ -115,15 +91,8 @@ pub fn attend(
 ///
 /// Every task runs even when one fails; the error returned is that of the first failing
 /// task in `tasks` order, and the outputs of the other tasks are then still valid.
-pub fn attend_all(
-    tasks: Vec<Task<'_>>,
-    scale: f32,
-    method: Method,
-) -> Result<AttendStats, KvError> {
-    let results: Vec<Result<AttendStats, KvError>> = tasks
-        .into_par_iter()
-        .map(|t| attend(t.head, t.q, scale, method, t.out))
-        .collect();
+pub fn attend_all(tasks: Vec<Task<'_>>, scale: f32, method: Method) -> Result<AttendStats, KvError> {
+    let results: Vec<Result<AttendStats, KvError>> = tasks.into_par_iter().map(|t| attend(t.head, t.q, scale, method, t.out)).collect();
     let mut total = AttendStats::default();
     for r in results {
         total += r?;
@@ -151,11 +120,7 @@ fn element_stats(layout: &crate::Layout, dims: usize, tokens: usize, rows: u64) 
     let size = layout.dtype.size() as u64;
     let elements = (dims * tokens) as u64 + 2 * rows * layout.head_dim as u64;
     let bytes = elements * size;
-    AttendStats {
-        pages_read: bytes.div_ceil(layout.page_bytes as u64),
-        media_bytes: bytes,
-        rows_used: 2 * rows,
-    }
+    AttendStats { pages_read: bytes.div_ceil(layout.page_bytes as u64), media_bytes: bytes, rows_used: 2 * rows }
 }
 
 /// Token groups loaded per batch of reads: enough for a drive to overlap them over its
@@ -217,9 +182,7 @@ fn check_rows(head: &dyn HeadPages, kind: Kind, groups: &[usize], rows: &[usize]
     for (&group, &rows) in groups.iter().zip(rows) {
         let want = tpp.min(head.tokens() - group * tpp);
         if rows != want {
-            return Err(KvError::invalid_data(format!(
-                "{kind:?} token group {group} gave {rows} rows, {want} expected"
-            )));
+            return Err(KvError::invalid_data(format!("{kind:?} token group {group} gave {rows} rows, {want} expected")));
         }
     }
     Ok(())
@@ -229,11 +192,7 @@ fn check_rows(head: &dyn HeadPages, kind: Kind, groups: &[usize], rows: &[usize]
 fn v_mean(head: &dyn HeadPages) -> Result<Vec<f64>, KvError> {
     let sum = head.v_sum();
     if sum.len() != head.layout().head_dim {
-        return Err(KvError::invalid_data(format!(
-            "the V sum has {} elements for a head of {}",
-            sum.len(),
-            head.layout().head_dim
-        )));
+        return Err(KvError::invalid_data(format!("the V sum has {} elements for a head of {}", sum.len(), head.layout().head_dim)));
     }
     let n = head.tokens() as f64;
     Ok(sum.into_iter().map(|s| s / n).collect())

@@ -35,19 +35,9 @@ pub(super) struct Plan {
 }
 
 /// Sparse attention of the rows of `q` into `out` (shapes checked by the caller).
-pub(super) fn attend(
-    head: &dyn HeadPages,
-    q: &[f32],
-    scale: f64,
-    plan: Plan,
-    out: &mut [f32],
-) -> Result<AttendStats, KvError> {
+pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, out: &mut [f32]) -> Result<AttendStats, KvError> {
     let layout = *head.layout();
-    let (hd, dpp, tpp) = (
-        layout.head_dim,
-        layout.dims_per_page,
-        layout.tokens_per_page,
-    );
+    let (hd, dpp, tpp) = (layout.head_dim, layout.dims_per_page, layout.tokens_per_page);
     let n = head.tokens();
     let rows = q.len() / hd;
     let qd: Vec<f64> = q.iter().map(|&x| f64::from(x)).collect();
@@ -66,21 +56,14 @@ pub(super) fn attend(
         for qr in qd.chunks_exact(hd) {
             let l1: f64 = qr.iter().map(|x| x.abs()).sum();
             if l1 > 0.0 {
-                weight
-                    .iter_mut()
-                    .zip(qr)
-                    .for_each(|(w, x)| *w += x.abs() / l1);
+                weight.iter_mut().zip(qr).for_each(|(w, x)| *w += x.abs() / l1);
             }
         }
-        top_k(hd, plan.r, &mut order, |a, b| {
-            weight[b].total_cmp(&weight[a]).then(a.cmp(&b))
-        });
+        top_k(hd, plan.r, &mut order, |a, b| weight[b].total_cmp(&weight[a]).then(a.cmp(&b)));
         dims.resize(rows, order.clone());
     } else {
         for qr in qd.chunks_exact(hd) {
-            top_k(hd, plan.r, &mut order, |a, b| {
-                qr[b].abs().total_cmp(&qr[a].abs()).then(a.cmp(&b))
-            });
+            top_k(hd, plan.r, &mut order, |a, b| qr[b].abs().total_cmp(&qr[a].abs()).then(a.cmp(&b)));
             dims.push(order.clone());
         }
     }
@@ -106,11 +89,7 @@ pub(super) fn attend(
         // temperature corrects for it. A zero query scores every token 0 whatever the scale.
         let l1: f64 = qr.iter().map(|x| x.abs()).sum();
         let l1_kept: f64 = ds.iter().map(|&d| qr[d].abs()).sum();
-        let factor = if l1_kept > 0.0 {
-            scale / (l1_kept / l1).sqrt()
-        } else {
-            scale
-        };
+        let factor = if l1_kept > 0.0 { scale / (l1_kept / l1).sqrt() } else { scale };
         s.iter_mut().for_each(|v| *v *= factor);
         softmax(s);
     }
@@ -128,17 +107,13 @@ pub(super) fn attend(
         let mass: Vec<f64> = (0..groups_n)
             .map(|g| {
                 let t = g * tpp..n.min((g + 1) * tpp);
-                shat.chunks_exact(n)
-                    .map(|s| s[t.clone()].iter().fold(0.0, |a, &x| a + x))
-                    .fold(0.0, f64::max)
+                shat.chunks_exact(n).map(|s| s[t.clone()].iter().fold(0.0, |a, &x| a + x)).fold(0.0, f64::max)
             })
             .collect();
         let candidates = if plan.local > 0 { local_from.min(groups_n) } else { groups_n };
         let mut pick = Vec::new();
         if candidates > 1 {
-            top_k(candidates - 1, plan.budget, &mut pick, |a, b| {
-                mass[b + 1].total_cmp(&mass[a + 1]).then(a.cmp(&b))
-            });
+            top_k(candidates - 1, plan.budget, &mut pick, |a, b| mass[b + 1].total_cmp(&mass[a + 1]).then(a.cmp(&b)));
         }
         let mut allowed: Vec<bool> = (0..groups_n).map(|g| g == 0 || g >= candidates).collect();
         pick.iter().for_each(|&g| allowed[g + 1] = true);
@@ -151,13 +126,7 @@ pub(super) fn attend(
     let mut toks = Vec::with_capacity(rows);
     let mut alpha = Vec::with_capacity(rows);
     for s in shat.chunks_exact(n) {
-        top_k(n, k, &mut order, |a, b| {
-            reach[b]
-                .cmp(&reach[a])
-                .then((b >= first_local).cmp(&(a >= first_local)))
-                .then(s[b].total_cmp(&s[a]))
-                .then(a.cmp(&b))
-        });
+        top_k(n, k, &mut order, |a, b| reach[b].cmp(&reach[a]).then((b >= first_local).cmp(&(a >= first_local))).then(s[b].total_cmp(&s[a])).then(a.cmp(&b)));
         alpha.push(order.iter().map(|&t| s[t]).sum::<f64>());
         toks.push(order.clone());
     }
@@ -166,9 +135,7 @@ pub(super) fn attend(
     // Steps 8-10: exact scores of the kept tokens, from the K pages that hold one.
     let mut tok_used = vec![false; n];
     toks.iter().flatten().for_each(|&t| tok_used[t] = true);
-    let groups: Vec<usize> = (0..layout.token_groups(n))
-        .filter(|&g| tok_used[g * tpp..n.min((g + 1) * tpp)].contains(&true))
-        .collect();
+    let groups: Vec<usize> = (0..layout.token_groups(n)).filter(|&g| tok_used[g * tpp..n.min((g + 1) * tpp)].contains(&true)).collect();
     let mut pages = PagedRows::new(head, &groups);
     let mut scores: Vec<Vec<f64>> = toks.iter().map(|j| vec![0f64; j.len()]).collect();
     pages.pass(Kind::K, |batch, buf| {
@@ -196,12 +163,7 @@ pub(super) fn attend(
         }
     })?;
     loaded += pages.loaded;
-    for (((o, a), sum), alpha) in out
-        .chunks_exact_mut(hd)
-        .zip(acc.chunks_exact(hd))
-        .zip(sums)
-        .zip(alpha)
-    {
+    for (((o, a), sum), alpha) in out.chunks_exact_mut(hd).zip(acc.chunks_exact(hd)).zip(sums).zip(alpha) {
         match &mean {
             Some(mean) => o.iter_mut().zip(a).zip(mean).for_each(|((o, a), m)| *o = (alpha * (a / sum) + (1.0 - alpha) * m) as f32),
             None => o.iter_mut().zip(a).for_each(|(o, a)| *o = (a / sum) as f32),
@@ -210,17 +172,8 @@ pub(super) fn attend(
 
     let distinct = tok_used.iter().filter(|&&u| u).count() as u64;
     Ok(match plan.count {
-        Count::Pages => AttendStats {
-            pages_read: loaded.pages,
-            media_bytes: loaded.bytes,
-            rows_used: 2 * distinct,
-        },
-        Count::Elements => element_stats(
-            &layout,
-            dim_used.iter().filter(|&&u| u).count(),
-            n,
-            distinct,
-        ),
+        Count::Pages => AttendStats { pages_read: loaded.pages, media_bytes: loaded.bytes, rows_used: 2 * distinct },
+        Count::Elements => element_stats(&layout, dim_used.iter().filter(|&&u| u).count(), n, distinct),
     })
 }
 

@@ -6,9 +6,7 @@ use std::collections::HashSet;
 
 use proptest::prelude::*;
 
-use super::testutil::{
-    assert_close, attention, dense_ref, layout, run, scale_of, sparf_capped_ref, sparf_ref, MemHead, Read, Rng, SHAPES,
-};
+use super::testutil::{assert_close, attention, dense_ref, layout, run, scale_of, sparf_capped_ref, sparf_ref, MemHead, Read, Rng, SHAPES};
 use super::Method;
 use crate::{AttendStats, Kind};
 
@@ -22,10 +20,7 @@ fn sparf_with_k_at_least_tokens_equals_dense() {
         h.take_reads();
         for k in [77, 78, 1000] {
             assert_eq!(run(&h, &q, 0.3, Method::SparF { r: 4, k, local: 3, pages: 0, mean_v: true }), dense);
-            assert!(
-                !h.take_reads().iter().any(|r| matches!(r, Read::Dim(_))),
-                "no approximate pass needed"
-            );
+            assert!(!h.take_reads().iter().any(|r| matches!(r, Read::Dim(_))), "no approximate pass needed");
         }
     }
 }
@@ -35,14 +30,7 @@ fn sparf_matches_algorithm_1_reference() {
     let mut rng = Rng::new(4);
     for shape in SHAPES {
         let l = layout(shape);
-        for (tokens, r, k, local) in [
-            (50, 4, 8, 2),
-            (200, 1, 1, 0),
-            (200, 1, 1, 1),
-            (333, shape.0, 40, 0),
-            (333, 8, 10, 25),
-            (1100, 16, 64, 8),
-        ] {
+        for (tokens, r, k, local) in [(50, 4, 8, 2), (200, 1, 1, 0), (200, 1, 1, 1), (333, shape.0, 40, 0), (333, 8, 10, 25), (1100, 16, 64, 8)] {
             let h = MemHead::random(l, tokens, &mut rng);
             let q = rng.vec(3 * l.head_dim);
             let (out, _) = run(&h, &q, 0.2, Method::SparF { r, k, local, pages: 0, mean_v: true });
@@ -50,16 +38,9 @@ fn sparf_matches_algorithm_1_reference() {
                 let (want, i, j) = sparf_ref(&h, qr, 0.2, r, k, local);
                 assert_eq!((i.len(), j.len()), (r.min(l.head_dim), k));
                 if local <= k {
-                    assert_eq!(
-                        j[k - local..],
-                        (tokens - local..tokens).collect::<Vec<_>>(),
-                        "the local tokens are kept"
-                    );
+                    assert_eq!(j[k - local..], (tokens - local..tokens).collect::<Vec<_>>(), "the local tokens are kept");
                 } else {
-                    assert!(
-                        j.iter().all(|&t| t >= tokens - local),
-                        "the best of the local tokens are kept"
-                    );
+                    assert!(j.iter().all(|&t| t >= tokens - local), "the best of the local tokens are kept");
                 }
                 let what = format!("{shape:?} tokens {tokens} r {r} k {k} local {local} row {g}");
                 assert_close(&out[g * l.head_dim..][..l.head_dim], &want, 1e-6, &what);
@@ -73,33 +54,14 @@ fn sparf_with_a_zero_query_mixes_means_of_v() {
     let mut rng = Rng::new(5);
     let h = MemHead::random(layout(SHAPES[0]), 90, &mut rng);
     let q = vec![0f32; 16];
-    let (out, _) = run(
-        &h,
-        &q,
-        0.25,
-        Method::SparF {
-            r: 3,
-            k: 9,
-            local: 4, pages: 0, mean_v: true },
-    );
-    assert_close(
-        &out,
-        &sparf_ref(&h, &q, 0.25, 3, 9, 4).0,
-        1e-6,
-        "zero query",
-    );
+    let (out, _) = run(&h, &q, 0.25, Method::SparF { r: 3, k: 9, local: 4, pages: 0, mean_v: true });
+    assert_close(&out, &sparf_ref(&h, &q, 0.25, 3, 9, 4).0, 1e-6, "zero query");
 }
 
 /// The pages SparF must read for query rows `q`: the dimension groups holding a kept
 /// component and the token groups (K and V) holding a kept token, each once; and the
 /// distinct kept tokens.
-fn expected_reads(
-    h: &MemHead,
-    q: &[f32],
-    r: usize,
-    k: usize,
-    local: usize,
-) -> (HashSet<Read>, usize) {
+fn expected_reads(h: &MemHead, q: &[f32], r: usize, k: usize, local: usize) -> (HashSet<Read>, usize) {
     let l = h.layout;
     let (mut reads, mut toks) = (HashSet::new(), HashSet::new());
     for qr in q.chunks(l.head_dim) {
@@ -119,12 +81,7 @@ fn sparf_reads_only_pages_holding_selected_units() {
     let mut rng = Rng::new(6);
     for shape in SHAPES {
         let l = layout(shape);
-        for (tokens, group, r, k, local) in [
-            (300, 1, 2, 8, 2),
-            (300, 4, 3, 5, 1),
-            (5000, 1, 8, 64, 4),
-            (5000, 4, 8, 64, 4),
-        ] {
+        for (tokens, group, r, k, local) in [(300, 1, 2, 8, 2), (300, 4, 3, 5, 1), (5000, 1, 8, 64, 4), (5000, 4, 8, 64, 4)] {
             let h = MemHead::random(l, tokens, &mut rng);
             let q = rng.vec(group * l.head_dim);
             let (_, stats) = run(&h, &q, 0.5, Method::SparF { r, k, local, pages: 0, mean_v: true });
@@ -134,11 +91,7 @@ fn sparf_reads_only_pages_holding_selected_units() {
             assert_eq!(reads.into_iter().collect::<HashSet<_>>(), want);
             let dims = want.iter().filter(|r| matches!(r, Read::Dim(_))).count() as u64;
             let pages = dims * h.dim_group_pages() + (want.len() as u64 - dims);
-            let want = AttendStats {
-                pages_read: pages,
-                media_bytes: pages * l.page_bytes as u64,
-                rows_used: 2 * distinct as u64,
-            };
+            let want = AttendStats { pages_read: pages, media_bytes: pages * l.page_bytes as u64, rows_used: 2 * distinct as u64 };
             assert_eq!(stats, want, "{shape:?} tokens {tokens} group {group}");
             if tokens >= 5000 && group == 1 {
                 // Long caches are what SparF is for: one query row then reads less than
@@ -147,10 +100,7 @@ fn sparf_reads_only_pages_holding_selected_units() {
                 // token is on a page of its own) need 642 pages here against dense's 626
                 // with the 64-dimension f32 layout.
                 let (_, dense) = run(&h, &q, 0.5, Method::Dense);
-                assert!(
-                    stats.pages_read < dense.pages_read && stats.media_bytes < dense.media_bytes,
-                    "{shape:?} group {group}: {stats:?} vs {dense:?}"
-                );
+                assert!(stats.pages_read < dense.pages_read && stats.media_bytes < dense.media_bytes, "{shape:?} group {group}: {stats:?} vs {dense:?}");
             }
         }
     }
@@ -178,21 +128,13 @@ fn sparq_outputs_equal_sparf_with_element_counts() {
                 let dims: usize = (0..l.dim_groups())
                     .filter(|g| want.contains(&Read::Dim(*g)))
                     .map(|g| {
-                        let kept = |d: usize| {
-                            q.chunks(l.head_dim)
-                                .any(|qr| sparf_ref(&h, qr, 0.5, r, k, 4).1.contains(&d))
-                        };
-                        (g * l.dims_per_page..(g + 1) * l.dims_per_page)
-                            .filter(|&d| kept(d))
-                            .count()
+                        let kept = |d: usize| q.chunks(l.head_dim).any(|qr| sparf_ref(&h, qr, 0.5, r, k, 4).1.contains(&d));
+                        (g * l.dims_per_page..(g + 1) * l.dims_per_page).filter(|&d| kept(d)).count()
                     })
                     .sum();
                 (dims as u64 * 300 + 2 * distinct as u64 * l.head_dim as u64) * size
             };
-            assert_eq!(
-                stats.media_bytes, bytes,
-                "{shape:?} group {group} r {r} k {k}"
-            );
+            assert_eq!(stats.media_bytes, bytes, "{shape:?} group {group} r {r} k {k}");
             assert_eq!(stats.pages_read, bytes.div_ceil(l.page_bytes as u64));
         }
     }
@@ -247,8 +189,13 @@ fn a_page_cap_bounds_the_token_pages_read() {
             let mut local_pages: HashSet<usize> = ((tokens - local) / l.tokens_per_page..groups).collect();
             local_pages.insert(0);
             for kind in [Kind::K, Kind::V] {
-                let read: HashSet<usize> =
-                    reads.iter().filter_map(|r| match r { Read::Token(k2, g) if *k2 == kind => Some(*g), _ => None }).collect();
+                let read: HashSet<usize> = reads
+                    .iter()
+                    .filter_map(|r| match r {
+                        Read::Token(k2, g) if *k2 == kind => Some(*g),
+                        _ => None,
+                    })
+                    .collect();
                 assert!(read.difference(&local_pages).count() <= cap, "{shape:?} cap {cap}: {kind:?} pages {read:?}");
             }
             assert!(stats.pages_read < uncapped.1.pages_read, "{shape:?} cap {cap}: {stats:?} vs {:?}", uncapped.1);
@@ -261,13 +208,9 @@ fn a_page_cap_shares_components_and_picks_pages_by_mass() {
     let mut rng = Rng::new(12);
     for shape in SHAPES {
         let l = layout(shape);
-        for (tokens, group, r, k, local, pages) in [
-            (1100, 3, 4, 400, 17, 6),
-            (1100, 3, 8, 40, 5, 9),
-            (300, 1, 2, 300 - 1, 1, 3),
-            (300, 4, 3, 50, 0, 2),
-            (40, 2, 3, 30, 39, 1),
-        ] {
+        for (tokens, group, r, k, local, pages) in
+            [(1100, 3, 4, 400, 17, 6), (1100, 3, 8, 40, 5, 9), (300, 1, 2, 300 - 1, 1, 3), (300, 4, 3, 50, 0, 2), (40, 2, 3, 30, 39, 1)]
+        {
             let h = MemHead::random(l, tokens, &mut rng);
             let q = rng.vec(group * l.head_dim);
             let plan = (r, k, local, pages);

@@ -30,12 +30,7 @@ impl MemHead {
     pub fn new(layout: Layout, k: Vec<f32>, v: Vec<f32>) -> MemHead {
         assert_eq!(k.len(), v.len());
         assert_eq!(k.len() % layout.head_dim, 0);
-        MemHead {
-            layout,
-            k,
-            v,
-            reads: Mutex::new(Vec::new()),
-        }
+        MemHead { layout, k, v, reads: Mutex::new(Vec::new()) }
     }
 
     /// A head of `tokens` random rows.
@@ -54,10 +49,7 @@ impl MemHead {
     }
 
     fn cost(&self, pages: u64) -> Loaded {
-        Loaded {
-            pages,
-            bytes: pages * self.layout.page_bytes as u64,
-        }
+        Loaded { pages, bytes: pages * self.layout.page_bytes as u64 }
     }
 }
 
@@ -70,18 +62,11 @@ impl HeadPages for MemHead {
         self.k.len() / self.layout.head_dim
     }
 
-    fn load_token_group(
-        &self,
-        kind: Kind,
-        group: usize,
-        out: &mut [f32],
-    ) -> Result<(usize, Loaded), KvError> {
+    fn load_token_group(&self, kind: Kind, group: usize, out: &mut [f32]) -> Result<(usize, Loaded), KvError> {
         let (hd, tpp) = (self.layout.head_dim, self.layout.tokens_per_page);
         let first = group * tpp;
         if first >= self.tokens() {
-            return Err(KvError::BadRequest(format!(
-                "token group {group} is past the end"
-            )));
+            return Err(KvError::BadRequest(format!("token group {group} is past the end")));
         }
         let rows = tpp.min(self.tokens() - first);
         let src = match kind {
@@ -94,11 +79,7 @@ impl HeadPages for MemHead {
     }
 
     fn load_dim_group(&self, group: usize, out: &mut [f32]) -> Result<Loaded, KvError> {
-        let (hd, dpp, n) = (
-            self.layout.head_dim,
-            self.layout.dims_per_page,
-            self.tokens(),
-        );
+        let (hd, dpp, n) = (self.layout.head_dim, self.layout.dims_per_page, self.tokens());
         for j in 0..dpp {
             let d = group * dpp + j;
             for t in 0..n {
@@ -134,20 +115,13 @@ fn row(m: &[f32], hd: usize, t: usize) -> &[f32] {
 }
 
 fn dot(q: &[f32], k: &[f32]) -> f64 {
-    q.iter()
-        .zip(k)
-        .map(|(a, b)| f64::from(*a) * f64::from(*b))
-        .sum()
+    q.iter().zip(k).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum()
 }
 
 /// Softmax attention of one query row over the tokens `j` of `h`.
 pub fn attention(h: &MemHead, q: &[f32], scale: f64, j: &[usize]) -> Vec<f64> {
     let hd = h.layout.head_dim;
-    let s = softmax(
-        &j.iter()
-            .map(|&t| dot(q, row(&h.k, hd, t)) * scale)
-            .collect::<Vec<_>>(),
-    );
+    let s = softmax(&j.iter().map(|&t| dot(q, row(&h.k, hd, t)) * scale).collect::<Vec<_>>());
     let mut out = vec![0f64; hd];
     for (w, &t) in s.iter().zip(j) {
         for (o, v) in out.iter_mut().zip(row(&h.v, hd, t)) {
@@ -164,14 +138,7 @@ pub fn dense_ref(h: &MemHead, q: &[f32], scale: f64) -> Vec<f64> {
 
 /// Algorithm 1 for one query row, straight from the paper: the output, the components kept
 /// (`i`) and the tokens kept (`j`), both ascending.
-pub fn sparf_ref(
-    h: &MemHead,
-    q: &[f32],
-    scale: f64,
-    r: usize,
-    k: usize,
-    local: usize,
-) -> (Vec<f64>, Vec<usize>, Vec<usize>) {
+pub fn sparf_ref(h: &MemHead, q: &[f32], scale: f64, r: usize, k: usize, local: usize) -> (Vec<f64>, Vec<usize>, Vec<usize>) {
     let (hd, n) = (h.layout.head_dim, h.tokens());
     // 1: argtopk(|q|, r), ties to the lower index.
     let mut i: Vec<usize> = (0..hd).collect();
@@ -181,11 +148,7 @@ pub fn sparf_ref(
     // 4: ŝ = softmax(q[i]·K[:, i] · scale / sqrt(|q[i]|_1 / |q|_1)).
     let l1: f64 = q.iter().map(|x| f64::from(x.abs())).sum();
     let l1_i: f64 = i.iter().map(|&d| f64::from(q[d].abs())).sum();
-    let factor = if l1_i > 0.0 {
-        scale / (l1_i / l1).sqrt()
-    } else {
-        scale
-    };
+    let factor = if l1_i > 0.0 { scale / (l1_i / l1).sqrt() } else { scale };
     let logits: Vec<f64> = (0..n)
         .map(|t| {
             let mut s = 0.0;
@@ -200,12 +163,7 @@ pub fn sparf_ref(
     let local = local.min(n);
     let is_local = |t: usize| t >= n - local;
     let mut j: Vec<usize> = (0..n).collect();
-    j.sort_by(|&a, &b| {
-        is_local(b)
-            .cmp(&is_local(a))
-            .then(s_hat[b].total_cmp(&s_hat[a]))
-            .then(a.cmp(&b))
-    });
+    j.sort_by(|&a, &b| is_local(b).cmp(&is_local(a)).then(s_hat[b].total_cmp(&s_hat[a])).then(a.cmp(&b)));
     j.truncate(k.min(n));
     j.sort();
     // 7: α = Σ ŝ[j].
@@ -213,11 +171,7 @@ pub fn sparf_ref(
     // 10-11: out = α · softmax(q·K[j] · scale) · V[j] + (1 − α) · mean(V).
     let att = attention(h, q, scale, &j);
     let mean: Vec<f64> = h.v_sum().iter().map(|s| s / n as f64).collect();
-    let out = att
-        .iter()
-        .zip(&mean)
-        .map(|(a, m)| alpha * a + (1.0 - alpha) * m)
-        .collect();
+    let out = att.iter().zip(&mean).map(|(a, m)| alpha * a + (1.0 - alpha) * m).collect();
     (out, i, j)
 }
 
@@ -227,12 +181,7 @@ pub fn sparf_ref(
 /// (a row's ŝ summed over the page, the largest over the rows); each row keeps its `k`
 /// best tokens in reach, the local ones first. Per row: the output, the components and the
 /// tokens kept.
-pub fn sparf_capped_ref(
-    h: &MemHead,
-    q: &[f32],
-    scale: f64,
-    (r, k, local, pages): (usize, usize, usize, usize),
-) -> Vec<(Vec<f64>, Vec<usize>, Vec<usize>)> {
+pub fn sparf_capped_ref(h: &MemHead, q: &[f32], scale: f64, (r, k, local, pages): (usize, usize, usize, usize)) -> Vec<(Vec<f64>, Vec<usize>, Vec<usize>)> {
     let (hd, n, tpp) = (h.layout.head_dim, h.tokens(), h.layout.tokens_per_page);
     let rows: Vec<&[f32]> = q.chunks(hd).collect();
     let mut weight = vec![0f64; hd];
@@ -254,22 +203,13 @@ pub fn sparf_capped_ref(
             let l1: f64 = qr.iter().map(|x| f64::from(x.abs())).sum();
             let l1_i: f64 = i.iter().map(|&d| f64::from(qr[d].abs())).sum();
             let factor = if l1_i > 0.0 { scale / (l1_i / l1).sqrt() } else { scale };
-            softmax(
-                &(0..n)
-                    .map(|t| i.iter().map(|&d| f64::from(qr[d]) * f64::from(h.k[t * hd + d])).fold(0.0, |a, x| a + x) * factor)
-                    .collect::<Vec<_>>(),
-            )
+            softmax(&(0..n).map(|t| i.iter().map(|&d| f64::from(qr[d]) * f64::from(h.k[t * hd + d])).fold(0.0, |a, x| a + x) * factor).collect::<Vec<_>>())
         })
         .collect();
     let local = local.min(n);
     let groups = n.div_ceil(tpp);
     let local_from = if local > 0 { ((n - local) / tpp).min(groups) } else { groups };
-    let mass = |g: usize| {
-        s_hats
-            .iter()
-            .map(|s| s[g * tpp..n.min((g + 1) * tpp)].iter().fold(0.0, |a, &x| a + x))
-            .fold(0.0, f64::max)
-    };
+    let mass = |g: usize| s_hats.iter().map(|s| s[g * tpp..n.min((g + 1) * tpp)].iter().fold(0.0, |a, &x| a + x)).fold(0.0, f64::max);
     let mut others: Vec<usize> = (1..local_from).collect();
     others.sort_by(|&a, &b| mass(b).total_cmp(&mass(a)).then(a.cmp(&b)));
     others.truncate(pages);
@@ -322,21 +262,14 @@ pub fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let err = (f64::from(*g) - w).abs();
-        assert!(
-            err <= tol * w.abs().max(0.01),
-            "{what}: element {i}: {g} vs {w} (error {err:e})"
-        );
+        assert!(err <= tol * w.abs().max(0.01), "{what}: element {i}: {g} vs {w} (error {err:e})");
     }
 }
 
 /// (head_dim, dtype, page bytes, dims per page): token pages of 4 to 32 tokens, dimension
 /// pages of 32 to 1,024 tokens, so small caches still span several of both.
-pub const SHAPES: [(usize, Dtype, usize, usize); 4] = [
-    (16, Dtype::F32, 256, 2),
-    (32, Dtype::F16, 512, 1),
-    (64, Dtype::F32, 4096, 4),
-    (128, Dtype::F16, 4096, 2),
-];
+pub const SHAPES: [(usize, Dtype, usize, usize); 4] =
+    [(16, Dtype::F32, 256, 2), (32, Dtype::F16, 512, 1), (64, Dtype::F32, 4096, 4), (128, Dtype::F16, 4096, 2)];
 
 pub fn layout((hd, dtype, page, dpp): (usize, Dtype, usize, usize)) -> Layout {
     Layout::new(hd, dtype, page, dpp).unwrap()

@@ -20,11 +20,30 @@ const FRAME_HEADER: usize = 16;
 /// One change to the store's metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Record {
-    Create { seq: u64, layers: u16, kv_heads: u16, head_dim: u16, dtype: u8, dims_per_page: u8 },
-    Fork { parent: u64, child: u64 },
-    Free { seq: u64 },
+    Create {
+        seq: u64,
+        layers: u16,
+        kv_heads: u16,
+        head_dim: u16,
+        dtype: u8,
+        dims_per_page: u8,
+    },
+    Fork {
+        parent: u64,
+        child: u64,
+    },
+    Free {
+        seq: u64,
+    },
     /// Pages `first..` of a head's list: kind 0 = K, 1 = V, 2 + g = dimension group g of K.
-    Pages { seq: u64, layer: u16, head: u16, kind: u8, first: u32, pages: Vec<u32> },
+    Pages {
+        seq: u64,
+        layer: u16,
+        head: u16,
+        kind: u8,
+        first: u32,
+        pages: Vec<u32>,
+    },
 }
 
 impl Record {

@@ -274,7 +274,9 @@ impl KvCache {
                     h.k_tail = Arc::default();
                     h.v_tail = Arc::default();
                     for p in h.pages() {
-                        refs.get_mut(p as usize).map(|r| *r += 1).ok_or_else(|| KvError::Io(std::io::Error::other(format!("journal names page {p} beyond the store"))))?;
+                        refs.get_mut(p as usize)
+                            .map(|r| *r += 1)
+                            .ok_or_else(|| KvError::Io(std::io::Error::other(format!("journal names page {p} beyond the store"))))?;
                     }
                 }
             }
@@ -303,7 +305,14 @@ impl KvCache {
         if st.seqs.contains_key(&seq) {
             return Err(KvError::SequenceExists(seq));
         }
-        let rec = Record::Create { seq, layers: layers as u16, kv_heads: kv_heads as u16, head_dim: head_dim as u16, dtype: dtype.code(), dims_per_page: dims_per_page as u8 };
+        let rec = Record::Create {
+            seq,
+            layers: layers as u16,
+            kv_heads: kv_heads as u16,
+            head_dim: head_dim as u16,
+            dtype: dtype.code(),
+            dims_per_page: dims_per_page as u8,
+        };
         self.log(&mut st, vec![rec])?;
         let s = Seq { layers, kv_heads, layout, heads: vec![Head::new(&layout); layers * kv_heads] };
         let info = s.info(seq);
@@ -361,7 +370,10 @@ impl KvCache {
             return Err(KvError::Mismatch { seq, what: format!("layer {layer} does not exist (the sequence has {} layers)", s.layers) });
         }
         if tokens == 0 || tokens > 1 << 20 || k.len() != heads * tokens * l.head_dim || v.len() != k.len() {
-            return Err(KvError::Mismatch { seq, what: format!("an append of {tokens} tokens needs {} values each of K and V, got {} and {}", heads * tokens * l.head_dim, k.len(), v.len()) });
+            return Err(KvError::Mismatch {
+                seq,
+                what: format!("an append of {tokens} tokens needs {} values each of K and V, got {} and {}", heads * tokens * l.head_dim, k.len(), v.len()),
+            });
         }
         let before = s.heads[layer * heads].tokens;
         let after = before + tokens;
@@ -394,7 +406,14 @@ impl KvCache {
                 }
                 for (g, d) in head.d_pages.iter().enumerate() {
                     if d.len() > first.1 {
-                        records.push(Record::Pages { seq, layer: layer as u16, head: h as u16, kind: 2 + g as u8, first: first.1 as u32, pages: at(d, first.1) });
+                        records.push(Record::Pages {
+                            seq,
+                            layer: layer as u16,
+                            head: h as u16,
+                            kind: 2 + g as u8,
+                            first: first.1 as u32,
+                            pages: at(d, first.1),
+                        });
                     }
                 }
             }
@@ -491,7 +510,14 @@ fn checkpoint(seqs: &HashMap<u64, Seq>) -> Vec<Record> {
     let mut out = Vec::new();
     for (id, s) in seqs {
         let l = s.layout;
-        out.push(Record::Create { seq: *id, layers: s.layers as u16, kv_heads: s.kv_heads as u16, head_dim: l.head_dim as u16, dtype: l.dtype.code(), dims_per_page: l.dims_per_page as u8 });
+        out.push(Record::Create {
+            seq: *id,
+            layers: s.layers as u16,
+            kv_heads: s.kv_heads as u16,
+            head_dim: l.head_dim as u16,
+            dtype: l.dtype.code(),
+            dims_per_page: l.dims_per_page as u8,
+        });
         for (i, h) in s.heads.iter().enumerate() {
             let (layer, head) = ((i / s.kv_heads) as u16, (i % s.kv_heads) as u16);
             let lists = [(0u8, &h.k_pages), (1, &h.v_pages)].into_iter().chain(h.d_pages.iter().enumerate().map(|(g, d)| (2 + g as u8, d)));

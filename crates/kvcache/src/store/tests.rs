@@ -247,7 +247,14 @@ fn a_reopened_store_has_every_flushed_page() {
         let mut out = vec![0f32; D];
         // What attention gives over the first 1088 tokens (the flushed pages).
         s.create(4, 1, H, D, Dtype::F32, 1).unwrap();
-        s.append(4, 0, 1088, &[head_rows(&k, 0, t)[..1088 * D].to_vec(), head_rows(&k, 1, t)[..1088 * D].to_vec()].concat(), &[head_rows(&v, 0, t)[..1088 * D].to_vec(), head_rows(&v, 1, t)[..1088 * D].to_vec()].concat()).unwrap();
+        s.append(
+            4,
+            0,
+            1088,
+            &[head_rows(&k, 0, t)[..1088 * D].to_vec(), head_rows(&k, 1, t)[..1088 * D].to_vec()].concat(),
+            &[head_rows(&v, 0, t)[..1088 * D].to_vec(), head_rows(&v, 1, t)[..1088 * D].to_vec()].concat(),
+        )
+        .unwrap();
         attend(&s.head(4, 0, 1).unwrap(), &q, 0.25, Method::Dense, &mut out).unwrap();
         (out, q)
     };
