@@ -12,7 +12,6 @@ Usage: bench/llm_accuracy.py [--text FILE] [--prefill N] [--context N] [--starts
 """
 
 import argparse
-import json
 import math
 import os
 import sys

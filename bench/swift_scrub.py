@@ -15,7 +15,6 @@ re-renders. $INSITU overrides the insitu command (default: .venv/bin/insitu).
 """
 
 import argparse
-import json
 import os
 import shutil
 import subprocess

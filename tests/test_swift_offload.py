@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import random
-import shutil
 import subprocess
 from pathlib import Path
 
