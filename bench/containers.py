@@ -32,14 +32,18 @@ def markdown(r: dict) -> str:
     s += "|---|---:|---:|---:|---:|---:|---:|\n"
     sizes = {"grep": r["size_bytes"], "sha256": r["compute_size_bytes"]}
     for x in r["results"]:
-        s += (f"| {x['workload']} | {sizes.get(x['workload'], 0) >> 20} MiB | {x['host_s']:.2f} | {x['container_s']:.2f} | "
-              f"{x['host_mb_s']:.0f} | {x['container_mb_s']:.0f} | {x['container_vs_host']:.2f}x |\n")
+        s += (
+            f"| {x['workload']} | {sizes.get(x['workload'], 0) >> 20} MiB | {x['host_s']:.2f} | {x['container_s']:.2f} | "
+            f"{x['host_mb_s']:.0f} | {x['container_mb_s']:.0f} | {x['container_vs_host']:.2f}x |\n"
+        )
     link = d.get("host_read_mb_s") or 0
     slow = [x["workload"] for x in r["results"] if x["workload"] == "grep" and link and x["host_mb_s"] < link / 2]
     if slow:
-        s += (f"\nOn the host, {', '.join(slow)} ran at less than half the modelled {link:.0f} MB/s: there the limit is this "
-              "machine's host software path (FUSE, loop device and the NVMe/TCP initiator sharing its cores with the target), "
-              "not the modelled link. The container skips that path, which is where its advantage comes from here.\n")
+        s += (
+            f"\nOn the host, {', '.join(slow)} ran at less than half the modelled {link:.0f} MB/s: there the limit is this "
+            "machine's host software path (FUSE, loop device and the NVMe/TCP initiator sharing its cores with the target), "
+            "not the modelled link. The container skips that path, which is where its advantage comes from here.\n"
+        )
     return s
 
 

@@ -28,8 +28,10 @@ def markdown(r: dict) -> str:
     if "raw_read_shaped_gbps" in r:
         s += f"| raw direct read, {q['fabric_read_bytes'] >> 10} KiB requests, QD{q['fabric_queue_depth']} (the fabric read's shape) | {r['raw_read_shaped_gbps']:.3f} | |\n"
     if "raw_read_streams_gbps" in r:
-        s += (f"| raw direct read, {q['raw_read_bytes'] >> 10} KiB requests in {q['io_queues']} streams of 8 MiB spans (as the fabric "
-              f"read's queues read the file) | {r['raw_read_streams_gbps']:.3f} | |\n")
+        s += (
+            f"| raw direct read, {q['raw_read_bytes'] >> 10} KiB requests in {q['io_queues']} streams of 8 MiB spans (as the fabric "
+            f"read's queues read the file) | {r['raw_read_streams_gbps']:.3f} | |\n"
+        )
     cached = " (host reads from the page cache, the target's default)" if "fabric_read_direct_gbps" in r else ""
     s += (
         f"| fabric read, {q['fabric_read_bytes'] >> 10} KiB requests, QD{q['fabric_queue_depth']} on {q['io_queues']} queues{cached} "
@@ -39,15 +41,19 @@ def markdown(r: dict) -> str:
         + " |\n"
     )
     if "fabric_read_to_raw_paired" in r:
-        s += (f"| fabric read over raw within each round (median of the rounds' ratios) | | "
-              f"{r['fabric_read_to_raw_paired']:.1%} of raw, {r['fabric_read_to_raw_shaped_paired']:.1%} of raw at its shape"
-              + (f", {r['fabric_read_to_raw_streams_paired']:.1%} of raw in its streams" if "raw_read_streams_gbps" in r else "")
-              + " |\n")
+        s += (
+            f"| fabric read over raw within each round (median of the rounds' ratios) | | "
+            f"{r['fabric_read_to_raw_paired']:.1%} of raw, {r['fabric_read_to_raw_shaped_paired']:.1%} of raw at its shape"
+            + (f", {r['fabric_read_to_raw_streams_paired']:.1%} of raw in its streams" if "raw_read_streams_gbps" in r else "")
+            + " |\n"
+        )
     if "fabric_read_direct_gbps" in r:
         how = " (media in memory: it sends from the page cache all the same)" if r.get("in_memory") else ""
-        s += (f"| fabric read, the same, from a target started with `--direct-reads`{how} | {r['fabric_read_direct_gbps']:.3f} | "
-              f"{r['fabric_read_direct_to_raw']:.1%} of raw, {r['fabric_read_direct_to_raw_paired']:.1%} within each round; "
-              f"the default's fabric read is {r['fabric_read_to_direct_paired']:.2f}x it within each round |\n")
+        s += (
+            f"| fabric read, the same, from a target started with `--direct-reads`{how} | {r['fabric_read_direct_gbps']:.3f} | "
+            f"{r['fabric_read_direct_to_raw']:.1%} of raw, {r['fabric_read_direct_to_raw_paired']:.1%} within each round; "
+            f"the default's fabric read is {r['fabric_read_to_direct_paired']:.2f}x it within each round |\n"
+        )
     if "tcp_loopback_cached_gbps" in r:
         s += f"| plain TCP on loopback serving the file (sendfile), the same requests, connections and buffers, no NVMe framing | {r['tcp_loopback_gbps']:.3f} | "
         s += f"fabric read {r['fabric_read_to_tcp']:.1%} of it |\n"

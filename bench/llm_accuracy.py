@@ -22,9 +22,11 @@ import report
 # (label, method, ratio, page cap, mean of V)
 ROWS = [("dense", "dense", None, True, False)]
 ROWS += [("SparF", "sparf", r, True, False) for r in (0.5, 0.25, 0.125, 0.0625)]
-ROWS += [("SparF, mixed with mean(V) (paper's step 11)", "sparf", 0.125, True, True),
-         ("SparF, no page cap", "sparf", 0.125, False, False),
-         ("SparQ (no page groups)", "sparq", 0.125, False, False)]
+ROWS += [
+    ("SparF, mixed with mean(V) (paper's step 11)", "sparf", 0.125, True, True),
+    ("SparF, no page cap", "sparf", 0.125, False, False),
+    ("SparQ (no page groups)", "sparq", 0.125, False, False),
+]
 
 
 def main() -> None:
@@ -62,16 +64,27 @@ def main() -> None:
         for start in starts:
             kw = {"context": a.context, "prefill": a.prefill, "start": start}
             ref = run.evaluate(m, text, "memory", **kw)
-            rows = [{"method": "memory (reference)", "ratio": None, "mean_v": False, "perplexity": ref["perplexity"],
-                     "agreement": 1.0, "media_bytes": 0}]
+            rows = [{"method": "memory (reference)", "ratio": None, "mean_v": False, "perplexity": ref["perplexity"], "agreement": 1.0, "media_bytes": 0}]
             for label, method, ratio, capped, mean_v in ROWS:
                 variant(method, capped, mean_v)
                 t0 = time.perf_counter()
                 r = run.evaluate(m, text, "insitu", pool=pool, sparf=ratio, reference=ref, **kw)
-                print(f"window at {start}: {label} {ratio}: ppl {r['perplexity']:.3f} agreement {r['agreement']:.3f} "
-                      f"media {r['stats']['media_bytes']:,} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-                rows.append({"method": label, "ratio": ratio, "mean_v": mean_v, "perplexity": r["perplexity"],
-                             "agreement": r["agreement"], "media_bytes": r["stats"]["media_bytes"]})
+                print(
+                    f"window at {start}: {label} {ratio}: ppl {r['perplexity']:.3f} agreement {r['agreement']:.3f} "
+                    f"media {r['stats']['media_bytes']:,} ({time.perf_counter() - t0:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                rows.append(
+                    {
+                        "method": label,
+                        "ratio": ratio,
+                        "mean_v": mean_v,
+                        "perplexity": r["perplexity"],
+                        "agreement": r["agreement"],
+                        "media_bytes": r["stats"]["media_bytes"],
+                    }
+                )
             windows.append({"start": start, "scored_tokens": ref["tokens"], "rows": rows})
     finally:
         remote.TargetStore, remote.params = base_store, base_params
@@ -85,15 +98,28 @@ def main() -> None:
         per = [w["rows"][i] for w in windows]
         vs = [x["perplexity"] / d["perplexity"] for x, d in zip(per, dense)]
         media = [x["media_bytes"] / d["media_bytes"] for x, d in zip(per, dense) if d["media_bytes"] and x["media_bytes"]]
-        summary.append({"method": row["method"], "ratio": row["ratio"], "mean_v": row["mean_v"],
-                        "perplexity_vs_dense": math.exp(sum(map(math.log, vs)) / len(vs)) - 1,
-                        "perplexity_vs_dense_worst": max(vs) - 1,
-                        "perplexity_vs_dense_per_window": [v - 1 for v in vs],
-                        "agreement": sum(x["agreement"] for x in per) / len(per),
-                        "media_to_dense": sum(media) / len(media) if media else None})
-    result = {"model": m.path, "text": a.text, "prefill": a.prefill, "context": a.context, "starts": starts,
-              "windows": windows, "summary": summary,
-              "command": "bench/llm_accuracy.py " + " ".join(sys.argv[1:])}
+        summary.append(
+            {
+                "method": row["method"],
+                "ratio": row["ratio"],
+                "mean_v": row["mean_v"],
+                "perplexity_vs_dense": math.exp(sum(map(math.log, vs)) / len(vs)) - 1,
+                "perplexity_vs_dense_worst": max(vs) - 1,
+                "perplexity_vs_dense_per_window": [v - 1 for v in vs],
+                "agreement": sum(x["agreement"] for x in per) / len(per),
+                "media_to_dense": sum(media) / len(media) if media else None,
+            }
+        )
+    result = {
+        "model": m.path,
+        "text": a.text,
+        "prefill": a.prefill,
+        "context": a.context,
+        "starts": starts,
+        "windows": windows,
+        "summary": summary,
+        "command": "bench/llm_accuracy.py " + " ".join(sys.argv[1:]),
+    }
 
     def markdown(r):
         s = "# Accuracy of sparse in-storage attention\n\n"
@@ -110,10 +136,12 @@ def main() -> None:
             rat = "" if x["ratio"] is None else f"1/{round(1 / x['ratio'])}"
             per = ", ".join(f"{v:+.1%}" for v in x["perplexity_vs_dense_per_window"])
             mb = "" if x["media_to_dense"] is None else f"{x['media_to_dense']:.3f}"
-            s += (f"| {x['method']} | {rat} | {x['perplexity_vs_dense']:+.1%} | {x['perplexity_vs_dense_worst']:+.1%} | "
-                  f"{per} | {x['agreement']:.3f} | {mb} |\n")
-        s += "\nDense perplexity per window: " + ", ".join(
-            f"{next(x for x in w['rows'] if x['method'] == 'dense')['perplexity']:.3f} (at {w['start']})" for w in r["windows"]) + ".\n"
+            s += f"| {x['method']} | {rat} | {x['perplexity_vs_dense']:+.1%} | {x['perplexity_vs_dense_worst']:+.1%} | {per} | {x['agreement']:.3f} | {mb} |\n"
+        s += (
+            "\nDense perplexity per window: "
+            + ", ".join(f"{next(x for x in w['rows'] if x['method'] == 'dense')['perplexity']:.3f} (at {w['start']})" for w in r["windows"])
+            + ".\n"
+        )
         return s
 
     report.write(result, a.name, markdown, None, a.out)

@@ -116,11 +116,22 @@ def scrub_plot(r, plt):
     ax.set_ylim(0, top)
     model_top = pts[-1].get("expected_offload_gbps")
     if model_top is not None and model_top > top:
-        ax.annotate(f"model offload: {model_top:.1f} GB/s at {pts[-1]['targets']} (off scale)", xy=(0.98, 0.97), xycoords="axes fraction", ha="right", va="top", fontsize=8, color="#2a7ab9")
+        ax.annotate(
+            f"model offload: {model_top:.1f} GB/s at {pts[-1]['targets']} (off scale)",
+            xy=(0.98, 0.97),
+            xycoords="axes fraction",
+            ha="right",
+            va="top",
+            fontsize=8,
+            color="#2a7ab9",
+        )
     ax.set_xticks(n)
     ax.set_xlabel("targets behind one link")
     ax.set_ylabel("checksum throughput, GB/s")
-    ax.set_title(f"Scrub, drive {r['models']['drive']['name'] if r['models']['drive'] else 'none'}, link {r['models']['link']['name']} (x = machine-limited)", fontsize=10)
+    ax.set_title(
+        f"Scrub, drive {r['models']['drive']['name'] if r['models']['drive'] else 'none'}, link {r['models']['link']['name']} (x = machine-limited)",
+        fontsize=10,
+    )
     ax.legend(fontsize=8, loc="best")
     ax.grid(alpha=0.3)
     return fig
@@ -155,9 +166,14 @@ def breakeven_md(r):
     s += "| kernel | " + " | ".join(f"N={p['drives']} host / offload" for p in ks[0]["series"]) + " |\n"
     s += "|---|" + "---:|" * len(ks[0]["series"]) + "\n"
     for k in ks:
-        s += f"| {k['kernel']} | " + " | ".join(
-            f"{p['host_s']:.3f}{'*' if p.get('host_machine_limited') else ''} / {p['offload_s']:.3f}{'*' if p['machine_limited'] else ''}" for p in k["series"]
-        ) + " |\n"
+        s += (
+            f"| {k['kernel']} | "
+            + " | ".join(
+                f"{p['host_s']:.3f}{'*' if p.get('host_machine_limited') else ''} / {p['offload_s']:.3f}{'*' if p['machine_limited'] else ''}"
+                for p in k["series"]
+            )
+            + " |\n"
+        )
     return s
 
 

@@ -71,12 +71,13 @@ def plan(args: list) -> dict:
 
 EC_SWEEPS = [
     # (name, arguments, what the paper shows)
-    ("plan-ec-blocks", ["ec", "--sweep", "blocks", "--block-size", "64M", "--no-plot"],
-     "Fig. 6b: BEP 2 at 12 blocks, 5 at 48 (64 MiB blocks)"),
-    ("plan-ec-block-size", ["ec", "--sweep", "block-size", "--blocks", "24", "--no-plot"],
-     "Fig. 5b: BEP 2 at 16 MiB, 3 at 128 MiB (24 blocks)"),
-    ("plan-ec-device-compute", ["ec", "--sweep", "device-compute", "--blocks", "48", "--block-size", "64M", "--no-plot"],
-     "Fig. 7a: BEP 5 falls to 1 at 5x CSD compute ((32, 16), 64 MiB)"),
+    ("plan-ec-blocks", ["ec", "--sweep", "blocks", "--block-size", "64M", "--no-plot"], "Fig. 6b: BEP 2 at 12 blocks, 5 at 48 (64 MiB blocks)"),
+    ("plan-ec-block-size", ["ec", "--sweep", "block-size", "--blocks", "24", "--no-plot"], "Fig. 5b: BEP 2 at 16 MiB, 3 at 128 MiB (24 blocks)"),
+    (
+        "plan-ec-device-compute",
+        ["ec", "--sweep", "device-compute", "--blocks", "48", "--block-size", "64M", "--no-plot"],
+        "Fig. 7a: BEP 5 falls to 1 at 5x CSD compute ((32, 16), 64 MiB)",
+    ),
 ]
 
 
@@ -90,8 +91,10 @@ def ec_md(r: dict) -> str:
     for x in r["points"]:
         v = fmt_bytes(x[p]) if p == "block-size" else f"{x[p]:g}"
         s += f"| {v} | ({x['n']}, {x['k']}) | {fmt_s(x['host_encode_s'])} | {fmt_s(x['csd_encode_s'])} | {x['break_even'] or '-'} |\n"
-    s += ("\nModel: T_SSD(M) = M x T_host_ec, T_CSD(M) = T_csd_ec (block transfer overlapped and paid once, "
-          "left out as in the paper); the break-even point is the least M with T_CSD(M) < T_SSD(M).\n")
+    s += (
+        "\nModel: T_SSD(M) = M x T_host_ec, T_CSD(M) = T_csd_ec (block transfer overlapped and paid once, "
+        "left out as in the paper); the break-even point is the least M with T_CSD(M) < T_SSD(M).\n"
+    )
     return s
 
 
@@ -127,6 +130,7 @@ def llm_models_md(r: dict) -> str:
     s += "| model | H-NoCache s (dp/tp/pp) | H-Cache s | D-NoCache s | D-Cache s | H-Cache gain over H-NoCache | D-Cache gain over D-NoCache | D-Cache gain over H-Cache | D-NoCache slowdown vs H-NoCache |\n"
     s += "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     for p in r["models"]:
+
         def c(name):
             v = p["systems"][name]
             return "does not fit" if v is None else f"{fmt_s(v['step_s'])} ({v['dp']}/{v['tp']}/{v['pp']}, {v['dominant']})"
@@ -135,11 +139,15 @@ def llm_models_md(r: dict) -> str:
             v = p["speedup"][key]
             return f"{v:,.1f}x" if v else "-"
 
-        s += (f"| {p['model']} | {c('h-nocache')} | {c('h-cache')} | {c('d-nocache')} | {c('d-cache')} | {x('h_cache_over_h_nocache')} "
-              f"| {x('d_cache_over_d_nocache')} | {x('d_cache_over_h_cache')} | {x('h_nocache_over_d_nocache')} |\n")
-    s += ("\nThe paper (averages over the eight models): pipeline parallelism wins without a KV cache and tensor "
-          "parallelism with one (Fig. 12a); D-NoCache 1.7x slower than H-NoCache; H-Cache 421x faster than "
-          "H-NoCache, D-Cache 4.6Kx faster than D-NoCache and 7.9x faster than H-Cache (Fig. 12b).\n")
+        s += (
+            f"| {p['model']} | {c('h-nocache')} | {c('h-cache')} | {c('d-nocache')} | {c('d-cache')} | {x('h_cache_over_h_nocache')} "
+            f"| {x('d_cache_over_d_nocache')} | {x('d_cache_over_h_cache')} | {x('h_nocache_over_d_nocache')} |\n"
+        )
+    s += (
+        "\nThe paper (averages over the eight models): pipeline parallelism wins without a KV cache and tensor "
+        "parallelism with one (Fig. 12a); D-NoCache 1.7x slower than H-NoCache; H-Cache 421x faster than "
+        "H-NoCache, D-Cache 4.6Kx faster than D-NoCache and 7.9x faster than H-Cache (Fig. 12b).\n"
+    )
     return s + _assumed_md(r)
 
 
@@ -154,12 +162,16 @@ def llm_sweep_md(r: dict) -> str:
         sp = x["speedup"]["d_cache_over_h_cache"]
         s += f"| {x['model']} | {x[p]} | " + " | ".join(fmt_s((x[k] or {}).get("step_s")) for k in r["systems"]) + f" | {f'{sp:.2f}x' if sp else '-'} |\n"
     if p == "seq-len":
-        s += ("\nThe paper: at short sequences compute dominates and the drives run at about 60 % of the hosts' speed; "
-              "the pool overtakes the hosts at 256 tokens for lamda and 1,024 for megatron; the speedup approaches "
-              "about 9.5x for long sequences, and smaller models gain more.\n")
+        s += (
+            "\nThe paper: at short sequences compute dominates and the drives run at about 60 % of the hosts' speed; "
+            "the pool overtakes the hosts at 256 tokens for lamda and 1,024 for megatron; the speedup approaches "
+            "about 9.5x for long sequences, and smaller models gain more.\n"
+        )
     if p == "batch":
-        s += ("\nThe paper: the KV cache grows linearly with the batch; D-Cache improves on H-Cache only modestly, "
-              "at most 1.3x, for lamda and megatron. Its sequence length is not given; 256 tokens is assumed here.\n")
+        s += (
+            "\nThe paper: the KV cache grows linearly with the batch; D-Cache improves on H-Cache only modestly, "
+            "at most 1.3x, for lamda and megatron. Its sequence length is not given; 256 tokens is assumed here.\n"
+        )
     return s + _assumed_md(r)
 
 
@@ -185,21 +197,27 @@ def validation_md(r: dict) -> str:
     s += f"1. `{r['calibration_command']}` → `{os.path.basename(r['calibration_file'])}`\n"
     s += f"2. `{r['measured_command']}` (measured series)\n"
     s += f"3. `{r['ec_command']}` (measured erasure-coding series)\n\n"
-    s += ("Predictions come from the calibration only (other data sizes for the kernels, other codes for the "
-          "encoder); the error is the mean over all drive counts of |predicted − measured| / measured, host and "
-          "drives together (largest in brackets). `here` follows the benchmark share by share on this machine; "
-          "CSDPLAN is the paper's formula with the calibrated terms at the full size.\n\n")
+    s += (
+        "Predictions come from the calibration only (other data sizes for the kernels, other codes for the "
+        "encoder); the error is the mean over all drive counts of |predicted − measured| / measured, host and "
+        "drives together (largest in brackets). `here` follows the benchmark share by share on this machine; "
+        "CSDPLAN is the paper's formula with the calibrated terms at the full size.\n\n"
+    )
     s += "| kernel | data | error here | error CSDPLAN | BEP measured | BEP here | BEP CSDPLAN | BEP of the benchmark's own model |\n"
     s += "|---|---:|---:|---:|---:|---:|---:|---:|\n"
     for k in r["kernels"]:
         b, e, c = k["break_even"], k["error"], k["csdplan_error"]
-        s += (f"| {k['kernel']} | {fmt_bytes(k['data_bytes'])} | {e['mean']:.1%} ({e['max']:.0%}) | {c['mean']:.1%} ({c['max']:.0%}) "
-              f"| {b['measured'] or '> ' + str(len(k['measured']))} | {b['predicted'] or '-'} | {b['csdplan'] or '-'} | {b['benchmark_model'] or '-'} |\n")
+        s += (
+            f"| {k['kernel']} | {fmt_bytes(k['data_bytes'])} | {e['mean']:.1%} ({e['max']:.0%}) | {c['mean']:.1%} ({c['max']:.0%}) "
+            f"| {b['measured'] or '> ' + str(len(k['measured']))} | {b['predicted'] or '-'} | {b['csdplan'] or '-'} | {b['benchmark_model'] or '-'} |\n"
+        )
     if r.get("ec"):
         e = r["ec"]
         c = e["config"]
-        s += (f"| EC ({c['n']},{c['k']}) RS, {fmt_bytes(c['block_bytes'])} blocks x {c['rounds']} stripes | | "
-              f"{e['error']['mean']:.1%} ({e['error']['max']:.0%}) | | {e['break_even']['measured'] or '-'} | {e['break_even']['predicted'] or '-'} | | |\n")
+        s += (
+            f"| EC ({c['n']},{c['k']}) RS, {fmt_bytes(c['block_bytes'])} blocks x {c['rounds']} stripes | | "
+            f"{e['error']['mean']:.1%} ({e['error']['max']:.0%}) | | {e['break_even']['measured'] or '-'} | {e['break_even']['predicted'] or '-'} | | |\n"
+        )
     s += "\nSeries (seconds, measured / predicted here):\n\n"
     n = max(len(k["measured"]) for k in r["kernels"])
     s += "| kernel | " + " | ".join(f"N={i} host" + " | " + f"N={i} drives" for i in range(1, n + 1)) + " |\n"
@@ -232,8 +250,19 @@ def run_validate(out: str) -> None:
     measured["command"] = f"{env} {measured['command']}"
     c = EC_CHECK
     rate = cal["drive"]["compute_rate"]
-    ec_cmd = [sys.executable, "-m", "insitu.plan.ecbench", "series", str(c["n"]), str(c["k"]), str(c["block"]), str(c["rounds"]),
-              repr(rate), str(c["max_drives"]), str(c["repeat"])]
+    ec_cmd = [
+        sys.executable,
+        "-m",
+        "insitu.plan.ecbench",
+        "series",
+        str(c["n"]),
+        str(c["k"]),
+        str(c["block"]),
+        str(c["rounds"]),
+        repr(rate),
+        str(c["max_drives"]),
+        str(c["repeat"]),
+    ]
     print("+ " + " ".join(ec_cmd), file=sys.stderr, flush=True)
     p = subprocess.run(ec_cmd, stdout=subprocess.PIPE, text=True)
     if p.returncode != 0:
@@ -246,8 +275,12 @@ def run_validate(out: str) -> None:
         "measured_command": measured["command"],
         "ec_command": "python -m insitu.plan.ecbench series " + " ".join(ec_cmd[4:]),
         "machine": measured.get("machine", {}),
-        "measured_break_even": {"command": measured["command"], "models": measured.get("models"), "repeat": measured.get("repeat"),
-                                "kernels": [{k2: v for k2, v in k.items()} for k in measured["kernels"]]},
+        "measured_break_even": {
+            "command": measured["command"],
+            "models": measured.get("models"),
+            "repeat": measured.get("repeat"),
+            "kernels": [{k2: v for k2, v in k.items()} for k in measured["kernels"]],
+        },
         "measured_ec": ec_measured,
         "kernels": validate.compare_kernels(cal, measured),
         "ec": validate.compare_ec(cal, ec_measured),

@@ -56,8 +56,7 @@ def load(path: str) -> dict:
         return json.load(f)
 
 
-def write(r: dict, name: str, markdown: Callable[[dict], str], plot: Optional[Callable] = None,
-          out: str = RESULTS, keep_json: bool = False) -> str:
+def write(r: dict, name: str, markdown: Callable[[dict], str], plot: Optional[Callable] = None, out: str = RESULTS, keep_json: bool = False) -> str:
     """Writes OUT/NAME.json (unless `keep_json`: the JSON it was read from stays), the
     Markdown `markdown(r)` as OUT/NAME.md and the figure `plot(r, pyplot)` as OUT/NAME.png;
     prints and returns the Markdown."""

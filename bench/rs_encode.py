@@ -70,9 +70,17 @@ def measure(a: argparse.Namespace) -> dict:
         med = {k: statistics.median(v) for k, v in times.items()}
         lib_s = statistics.median(lib)
         return {
-            "size_bytes": size, "k": a.k, "m": a.m, "unit": unit, "repeat": a.repeat, "cpus": os.cpu_count(),
-            "offload_s": med["offload"], "conventional_s": med["conventional"], "library_s": lib_s,
-            "offload_gbps": size / med["offload"] / 1e9, "conventional_gbps": size / med["conventional"] / 1e9,
+            "size_bytes": size,
+            "k": a.k,
+            "m": a.m,
+            "unit": unit,
+            "repeat": a.repeat,
+            "cpus": os.cpu_count(),
+            "offload_s": med["offload"],
+            "conventional_s": med["conventional"],
+            "library_s": lib_s,
+            "offload_gbps": size / med["offload"] / 1e9,
+            "conventional_gbps": size / med["conventional"] / 1e9,
             "library_gbps": size / lib_s / 1e9,
             "offload_vs_host": med["conventional"] / med["offload"],
             "offload_share_of_library": lib_s / med["offload"],

@@ -20,7 +20,11 @@ def markdown(r: dict) -> str:
     s += f"{r['size_bytes'] >> 20} MiB file on a loop-mounted ext4 image, median of {r['repeat']}, cold caches. "
     s += f"Device model: {r['model']}.\n\n"
     s += "| path | GB/s | vs raw |\n|---|---:|---:|\n"
-    for k, label in (("raw_read_gbps", "raw direct read of the file's extents"), ("offload_gbps", f"offloaded {fn} (EXEC)"), ("conventional_gbps", f"host {fn}, read through the file system")):
+    for k, label in (
+        ("raw_read_gbps", "raw direct read of the file's extents"),
+        ("offload_gbps", f"offloaded {fn} (EXEC)"),
+        ("conventional_gbps", f"host {fn}, read through the file system"),
+    ):
         s += f"| {label} | {r[k]:.3f} | {r[k] / r['raw_read_gbps']:.1%} |\n"
     return s
 

@@ -56,9 +56,15 @@ def measure(a: argparse.Namespace) -> dict:
         auditor, _ = report.run(["swift", "once", d, "auditor"])
         auditor["bench_wall_s"] = time.monotonic() - t0
         return {
-            "ec": a.ec, "objects": a.objects, "object_bytes": size, "cpus": os.cpu_count(),
-            "files": runs["offload"]["files"], "bytes": runs["offload"]["bytes"],
-            "offload": runs["offload"], "conventional": runs["conventional"], "auditor": auditor,
+            "ec": a.ec,
+            "objects": a.objects,
+            "object_bytes": size,
+            "cpus": os.cpu_count(),
+            "files": runs["offload"]["files"],
+            "bytes": runs["offload"]["bytes"],
+            "offload": runs["offload"],
+            "conventional": runs["conventional"],
+            "auditor": auditor,
             "auditor_s": auditor["wall_s"],
             "offload_speedup_vs_auditor": auditor["wall_s"] / runs["offload"]["seconds"],
             "offload_speedup_vs_conventional": runs["conventional"]["seconds"] / runs["offload"]["seconds"],

@@ -72,8 +72,9 @@ def cli_error(*args: object, rc: int = 2) -> str:
     return r.doc["error"]
 
 
-def exec_args(function: str, paths: Sequence[object], args: Dict[str, object] = None, conventional: bool = False,
-              output: object = None, force: bool = False) -> List[str]:
+def exec_args(
+    function: str, paths: Sequence[object], args: Dict[str, object] = None, conventional: bool = False, output: object = None, force: bool = False
+) -> List[str]:
     argv = ["exec", function, *map(str, paths)]
     for k, v in (args or {}).items():
         if isinstance(v, bool):
@@ -163,10 +164,10 @@ def ref_grep_literal_stream(chunks: Iterable, pattern: bytes) -> Tuple[int, List
         while True:
             nl = data.find(b"\n", i, n)
             end = n if nl < 0 else nl
-            if not matched and (pattern in carry + bytes(data[i:min(end, i + k - 1)]) or data.find(pattern, i, end) >= 0):
+            if not matched and (pattern in carry + bytes(data[i : min(end, i + k - 1)]) or data.find(pattern, i, end) >= 0):
                 matched = True
             if nl < 0:
-                carry = (carry + bytes(data[max(i, end - (k - 1)):end]))[-(k - 1):] if k > 1 else b""
+                carry = (carry + bytes(data[max(i, end - (k - 1)) : end]))[-(k - 1) :] if k > 1 else b""
                 break
             if matched:
                 count += 1
@@ -234,7 +235,7 @@ def parse_csv(data: bytes) -> List[List[bytes]]:
     i, n = 0, len(data)
     while i < n:
         if data[i] in b"\r\n":  # a blank line
-            i += 2 if data[i:i + 2] == b"\r\n" else 1
+            i += 2 if data[i : i + 2] == b"\r\n" else 1
             continue
         rec: List[bytes] = []
         while True:
@@ -244,7 +245,7 @@ def parse_csv(data: bytes) -> List[List[bytes]]:
                 while True:
                     j = data.index(b'"', i)
                     field += data[i:j]
-                    if data[j + 1:j + 2] == b'"':
+                    if data[j + 1 : j + 2] == b'"':
                         field += b'"'
                         i = j + 2
                     else:
@@ -261,7 +262,7 @@ def parse_csv(data: bytes) -> List[List[bytes]]:
                 i += 1
                 continue
             if i < n:
-                i += 2 if data[i:i + 2] == b"\r\n" else 1
+                i += 2 if data[i : i + 2] == b"\r\n" else 1
             break
         records.append(rec)
     return records
@@ -270,7 +271,7 @@ def parse_csv(data: bytes) -> List[List[bytes]]:
 def _predicate(text: str):
     at = min((text.find(c) for c in "=!<>~" if c in text), default=-1)
     assert at >= 0, text
-    two = text[at + 1:at + 2] == "="
+    two = text[at + 1 : at + 2] == "="
     c = text[at]
     if c == "=":
         op, ln = "=", 1
@@ -282,7 +283,7 @@ def _predicate(text: str):
     else:
         op, ln = "~", 1
     column = text[:at].strip()
-    value = text[at + ln:].strip().encode()
+    value = text[at + ln :].strip().encode()
     number = None if op == "~" else rust_f64(value)
     return column, op, value, number
 
@@ -421,8 +422,28 @@ def corrupt_behind_fs(path: Path, logical: int, length: int = 16) -> None:
 
 # --------------------------------------------------------------------------- file shapes
 
-WORDS = [b"ERROR", b"error", b"Error", b"WARN", b"warning", b"INFO", b"status=503", b"status=200", b"status=5xx",
-         b"abc", b"abcabc", b"ab", b"c", b"e", b"GET", b"/api/v2/orders", b"x" * 40, b"\t", b"caf\xc3\xa9", b"\xff\xfe"]
+WORDS = [
+    b"ERROR",
+    b"error",
+    b"Error",
+    b"WARN",
+    b"warning",
+    b"INFO",
+    b"status=503",
+    b"status=200",
+    b"status=5xx",
+    b"abc",
+    b"abcabc",
+    b"ab",
+    b"c",
+    b"e",
+    b"GET",
+    b"/api/v2/orders",
+    b"x" * 40,
+    b"\t",
+    b"caf\xc3\xa9",
+    b"\xff\xfe",
+]
 
 
 def text_bytes(n: int, rng: random.Random) -> bytes:

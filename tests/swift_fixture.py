@@ -60,8 +60,14 @@ def swift_missing() -> Optional[str]:
         return "the Swift cluster needs root (mounts, loop devices, a mount namespace)"
     if not Path(INSITU).exists():
         return f"{INSITU} not found: run `make build` first"
-    for prog in ("/usr/bin/swift-proxy-server", "/usr/bin/swift-object-server", "/usr/bin/swift-account-server",
-                 "/usr/bin/swift-container-server", "/usr/bin/memcached", SYSTEM_PYTHON):
+    for prog in (
+        "/usr/bin/swift-proxy-server",
+        "/usr/bin/swift-object-server",
+        "/usr/bin/swift-account-server",
+        "/usr/bin/swift-container-server",
+        "/usr/bin/memcached",
+        SYSTEM_PYTHON,
+    ):
         if not os.access(prog, os.X_OK):
             return f"{prog} is missing: install Debian's swift, swift-proxy, swift-account, swift-container, swift-object and memcached"
     p = subprocess.run([SYSTEM_PYTHON, "-I", "-c", "import pyeclib.ec_iface, swift"], capture_output=True, text=True)

@@ -50,20 +50,23 @@ def test_unknown_function(on_fs):
         assert name in msg, "the message should list the available functions"
 
 
-@pytest.mark.parametrize("function,arg,words", [
-    ("zstd", "level=abc", ["level", "abc", "unsigned integer"]),
-    ("zstd", "level=-3", ["level", "unsigned integer"]),
-    ("zstd", "level=0", ["level", "1..=19"]),
-    ("zstd", "level=20", ["level", "1..=19"]),
-    ("grep", "regex=maybe", ["regex", "true or false"]),
-    ("zstd", "lvl=3", ["lvl", "unknown argument", "level"]),
-    ("crc32c", "seed=1", ["seed", "unknown argument"]),
-    ("zstd", "level", ["key=value"]),
-    ("csv-select", "where=amount", ["no operator"]),
-    ("csv-select", "where=a!b", ["'!' must be followed by '='"]),
-    ("csv-select", "where==3", ["no column name"]),
-    ("csv-select", "columns=a,,b", ["empty column"]),
-])
+@pytest.mark.parametrize(
+    "function,arg,words",
+    [
+        ("zstd", "level=abc", ["level", "abc", "unsigned integer"]),
+        ("zstd", "level=-3", ["level", "unsigned integer"]),
+        ("zstd", "level=0", ["level", "1..=19"]),
+        ("zstd", "level=20", ["level", "1..=19"]),
+        ("grep", "regex=maybe", ["regex", "true or false"]),
+        ("zstd", "lvl=3", ["lvl", "unknown argument", "level"]),
+        ("crc32c", "seed=1", ["seed", "unknown argument"]),
+        ("zstd", "level", ["key=value"]),
+        ("csv-select", "where=amount", ["no operator"]),
+        ("csv-select", "where=a!b", ["'!' must be followed by '='"]),
+        ("csv-select", "where==3", ["no column name"]),
+        ("csv-select", "columns=a,,b", ["empty column"]),
+    ],
+)
 def test_bad_arguments(on_fs, function, arg, words):
     argv = ["exec", function, on_fs / "a.log", "--arg", arg]
     if function == "grep":

@@ -101,8 +101,21 @@ def env():
             f.truncate(1 << 30)
         target_listen = f"127.0.0.1:{free_port()}"
         api = f"127.0.0.1:{free_port()}"
-        cli_json("target", "start", "--listen", target_listen, "--nqn", "nqn.2024-01.io.insitu:containers",
-                 "--namespace", ns, "--private", priv, "--docker", api, timeout=120)
+        cli_json(
+            "target",
+            "start",
+            "--listen",
+            target_listen,
+            "--nqn",
+            "nqn.2024-01.io.insitu:containers",
+            "--namespace",
+            ns,
+            "--private",
+            priv,
+            "--docker",
+            api,
+            timeout=120,
+        )
         (d / "docker-config").mkdir()
         yield Env(d, api, reg, image, data_mnt, target_listen)
     finally:
@@ -144,8 +157,7 @@ def test_stdin_passes_through(env):
 
 
 def test_env_workdir_volume_and_limits(env):
-    out = env.ok("run", "--rm", "-e", "GREETING=hi there", "-w", "/tmp", "--cpus", "0.5", "--memory", "64m",
-                 env.image, "sh", "-c", "echo $GREETING; pwd")
+    out = env.ok("run", "--rm", "-e", "GREETING=hi there", "-w", "/tmp", "--cpus", "0.5", "--memory", "64m", env.image, "sh", "-c", "echo $GREETING; pwd")
     assert out.split("\n")[:2] == ["hi there", "/tmp"]
     # A named volume lives in the private namespace and outlives the container.
     env.ok("run", "--rm", "-v", "results:/out", env.image, "sh", "-c", "wc -l < /data/lines.txt > /out/count")
@@ -264,12 +276,17 @@ def test_bad_input_gets_clear_errors_and_changes_nothing(env):
             info.size = 3
             lt.addfile(info, io.BytesIO(b"bad"))
         import hashlib
+
         diff = hashlib.sha256(layer.getvalue()).hexdigest()
-        cfg = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Cmd": ["sh"]},
-                          "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff}"]}}).encode()
+        cfg = json.dumps(
+            {"architecture": "amd64", "os": "linux", "config": {"Cmd": ["sh"]}, "rootfs": {"type": "layers", "diff_ids": [f"sha256:{diff}"]}}
+        ).encode()
         cfg_name = hashlib.sha256(cfg).hexdigest() + ".json"
-        for name, data in [("layer.tar", layer.getvalue()), (cfg_name, cfg),
-                           ("manifest.json", json.dumps([{"Config": cfg_name, "RepoTags": ["evil:1"], "Layers": ["layer.tar"]}]).encode())]:
+        for name, data in [
+            ("layer.tar", layer.getvalue()),
+            (cfg_name, cfg),
+            ("manifest.json", json.dumps([{"Config": cfg_name, "RepoTags": ["evil:1"], "Layers": ["layer.tar"]}]).encode()),
+        ]:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             t.addfile(info, io.BytesIO(data))
@@ -296,6 +313,7 @@ def test_host_container_locks(env, tmp_path):
     the host's new content; a target restart drops locks."""
     sys_path = str(ROOT / "python")
     import sys
+
     if sys_path not in sys.path:
         sys.path.insert(0, sys_path)
     import insitu  # the binding built by `make build`
@@ -324,6 +342,7 @@ def test_host_container_locks(env, tmp_path):
         # Below the file system too: a raw write into the file's blocks is refused by the target.
         import fcntl
         import struct
+
         with open(f, "rb") as fh:
             buf = bytearray(struct.pack("=QQLLLL", 0, 1 << 30, 0, 0, 1, 0) + bytes(56))
             fcntl.ioctl(fh.fileno(), 0xC020660B, buf)
@@ -364,8 +383,25 @@ def test_kv_store_is_every_containers_kv(env):
         with open(p, "wb") as f:
             f.truncate(size)
     listen, api, nqn = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}", "nqn.2024-01.io.insitu:kv-local"
-    cli_json("target", "start", "--listen", listen, "--nqn", nqn, "--namespace", ns, "--private", kv_priv, "--private", priv,
-             "--kv-store", "16M", "--docker", api, timeout=120)
+    cli_json(
+        "target",
+        "start",
+        "--listen",
+        listen,
+        "--nqn",
+        nqn,
+        "--namespace",
+        ns,
+        "--private",
+        kv_priv,
+        "--private",
+        priv,
+        "--kv-store",
+        "16M",
+        "--docker",
+        api,
+        timeout=120,
+    )
     denv = Env(env.d, api, env.registry, env.image, env.data_mnt, listen)
     url = f"nvme-tcp://{listen}/{nqn}"
     mnt = Path("/run/insitu") / f"kv-{listen.replace(':', '_')}"
@@ -413,8 +449,12 @@ def test_bench_containers_runs_both_sides_and_they_agree(tmp_path):
     entry = ROOT / ".venv" / "bin" / "insitu"
     if not entry.exists():
         pytest.skip("the package's insitu entry point is not installed (make build)")
-    p = subprocess.run([entry, "bench", "containers", "--size", "8M", "--compute-size", "2M", "--quiet", "--json", "--dir", tmp_path / "work"],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [entry, "bench", "containers", "--size", "8M", "--compute-size", "2M", "--quiet", "--json", "--dir", tmp_path / "work"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     assert [x["workload"] for x in r["results"]] == ["grep", "sha256"]

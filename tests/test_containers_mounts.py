@@ -50,8 +50,7 @@ def container_target(d: Path):
     with open(priv, "wb") as f:
         f.truncate(512 << 20)
     listen, api = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    cli_json("target", "start", "--listen", listen, "--nqn", "nqn.2024-01.io.insitu:mounts",
-             "--namespace", ns, "--private", priv, "--docker", api, timeout=120)
+    cli_json("target", "start", "--listen", listen, "--nqn", "nqn.2024-01.io.insitu:mounts", "--namespace", ns, "--private", priv, "--docker", api, timeout=120)
     (d / "docker-config").mkdir(exist_ok=True)
     env = {**os.environ, "DOCKER_HOST": f"tcp://{api}", "DOCKER_CONFIG": str(d / "docker-config")}
     try:
@@ -104,8 +103,7 @@ def test_a_hundred_container_runs_keep_mounts_and_loop_devices_flat(setup):
             os.sync()
             docker(env, "pull", image)
             # A container that runs through all of it: its /data must follow the refreshes.
-            docker(env, "run", "-d", "--name", "beside", image, "sh", "-c",
-                   "while true; do cat /data/marker; sleep 0.2; done")
+            docker(env, "run", "-d", "--name", "beside", image, "sh", "-c", "while true; do cat /data/marker; sleep 0.2; done")
             assert wait_for(lambda: last_line(env, "beside") == "v1")
             mounts = loops = -1
             for i in range(100):

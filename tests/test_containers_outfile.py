@@ -123,15 +123,38 @@ def test_dd_fills_a_file_and_a_write_past_its_end_fails(env):
     size = 1 << 19
     out = env.data_mnt / "results" / "copy.bin"
     preallocate(out, size, 0x5A)
-    env.ok("run", "--rm", "-v", "/results/copy.bin:/out.bin:rw", env.image,
-           "dd", "if=/data/lines.txt", "of=/out.bin", "bs=64k", f"count={size // 65536}", "conv=notrunc")
+    env.ok(
+        "run",
+        "--rm",
+        "-v",
+        "/results/copy.bin:/out.bin:rw",
+        env.image,
+        "dd",
+        "if=/data/lines.txt",
+        "of=/out.bin",
+        "bs=64k",
+        f"count={size // 65536}",
+        "conv=notrunc",
+    )
     drop_cache(out)
     data = (env.data_mnt / "lines.txt").read_bytes()
     assert len(data) > size
     assert out.read_bytes() == data[:size]
     # Past the pre-allocated size: EFBIG, and nothing changes.
-    r = env.docker("run", "--rm", "-v", "/results/copy.bin:/out.bin:rw", env.image,
-                   "dd", "if=/dev/zero", "of=/out.bin", "bs=4096", "count=1", f"seek={size // 4096}", "conv=notrunc")
+    r = env.docker(
+        "run",
+        "--rm",
+        "-v",
+        "/results/copy.bin:/out.bin:rw",
+        env.image,
+        "dd",
+        "if=/dev/zero",
+        "of=/out.bin",
+        "bs=4096",
+        "count=1",
+        f"seek={size // 4096}",
+        "conv=notrunc",
+    )
     assert r.returncode != 0 and "File too large" in r.stdout + r.stderr, r
     r = env.docker("run", "--rm", "-v", "/results/copy.bin:/out.bin:rw", env.image, "sh", "-c", "echo more >> /out.bin")
     assert r.returncode != 0 and "File too large" in r.stdout + r.stderr, r
@@ -171,6 +194,7 @@ def test_a_held_file_is_fenced_against_the_host_and_other_writers(env):
 def physical_of(path: Path) -> int:
     import fcntl
     import struct
+
     with open(path, "rb") as fh:
         buf = bytearray(struct.pack("=QQLLLL", 0, 1 << 30, 0, 0, 1, 0) + bytes(56))
         fcntl.ioctl(fh.fileno(), 0xC020660B, buf)

@@ -38,8 +38,9 @@ def env():
         with open(priv, "wb") as f:
             f.truncate(1 << 30)
         listen, api = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-        cli_json("target", "start", "--listen", listen, "--nqn", "nqn.2024-01.io.insitu:ports", "--namespace", ns,
-                 "--private", priv, "--docker", api, timeout=120)
+        cli_json(
+            "target", "start", "--listen", listen, "--nqn", "nqn.2024-01.io.insitu:ports", "--namespace", ns, "--private", priv, "--docker", api, timeout=120
+        )
         (d / "docker-config").mkdir()
         e = Env(d, api, reg, image, d / "unused", listen)
         e.ok("pull", image)
@@ -74,8 +75,18 @@ def http_get(port: int, path: str = "/", deadline: float = 20) -> bytes:
 def test_a_published_port_reaches_a_server_in_the_container(env):
     port = free_port()
     page = "hello from the drive " * 2000  # 42 KB, more than one segment each way
-    cid = env.ok("run", "-d", "--name", "web", "-p", f"127.0.0.1:{port}:8080", env.image, "sh", "-c",
-                 f"mkdir -p /www && echo -n '{page}' > /www/index.html && exec httpd -f -p 8080 -h /www").strip()
+    cid = env.ok(
+        "run",
+        "-d",
+        "--name",
+        "web",
+        "-p",
+        f"127.0.0.1:{port}:8080",
+        env.image,
+        "sh",
+        "-c",
+        f"mkdir -p /www && echo -n '{page}' > /www/index.html && exec httpd -f -p 8080 -h /www",
+    ).strip()
     try:
         got = http_get(port, "/index.html")
         head, _, body = got.partition(b"\r\n\r\n")
@@ -113,8 +124,7 @@ def test_a_published_port_reaches_a_server_in_the_container(env):
 
 
 def test_an_echo_server_with_nc_and_a_port_the_kernel_picks(env):
-    env.ok("run", "-d", "--name", "echo", "-p", "127.0.0.1::7000", env.image, "sh", "-c",
-           "while true; do nc -l -p 7000 -e cat; done")
+    env.ok("run", "-d", "--name", "echo", "-p", "127.0.0.1::7000", env.image, "sh", "-c", "while true; do nc -l -p 7000 -e cat; done")
     try:
         mapped = env.ok("port", "echo", "7000/tcp").strip()
         host, port = mapped.rsplit(":", 1)
@@ -140,8 +150,18 @@ def test_an_echo_server_with_nc_and_a_port_the_kernel_picks(env):
 
 def test_host_network_shares_the_targets_namespace_and_none_has_loopback_only(env):
     port = free_port()
-    env.ok("run", "-d", "--name", "hostnet", "--network", "host", env.image, "sh", "-c",
-           f"mkdir -p /www && echo hi > /www/index.html && exec httpd -f -p 127.0.0.1:{port} -h /www")
+    env.ok(
+        "run",
+        "-d",
+        "--name",
+        "hostnet",
+        "--network",
+        "host",
+        env.image,
+        "sh",
+        "-c",
+        f"mkdir -p /www && echo hi > /www/index.html && exec httpd -f -p 127.0.0.1:{port} -h /www",
+    )
     try:
         assert http_get(port, "/index.html").endswith(b"hi\n")
         assert json.loads(env.ok("inspect", "hostnet"))[0]["HostConfig"]["NetworkMode"] == "host"

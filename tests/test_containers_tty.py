@@ -162,8 +162,17 @@ def test_initial_size_and_resize_through_the_api(env, names):
     assert raw(env, "logs", "tty-sized").stdout == b"33 77\r\n"
     # A resize reaches a running container's terminal (and its SIGWINCH).
     names.append("tty-resize")
-    env.ok("run", "-d", "-t", "--name", "tty-resize", env.image, "sh", "-c",
-           "trap 'echo winch' WINCH; i=0; while [ \"$(stty size)\" != '25 100' ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; stty size")
+    env.ok(
+        "run",
+        "-d",
+        "-t",
+        "--name",
+        "tty-resize",
+        env.image,
+        "sh",
+        "-c",
+        "trap 'echo winch' WINCH; i=0; while [ \"$(stty size)\" != '25 100' ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; stty size",
+    )
     st, data = env.request("POST", "/v1.47/containers/tty-resize/resize?h=25&w=100")
     assert st == 200, data
     assert env.ok("wait", "tty-resize", timeout=60).strip() == "0"
@@ -204,11 +213,22 @@ def test_stdin_without_and_with_a_terminal(env, terminal):
 
 def test_the_terminal_follows_the_cli_window(env, terminal):
     env.ok("pull", env.image)
-    t = terminal(["run", "-it", "--rm", env.image, "sh", "-c",
-                  "i=0; while [ \"$(stty size)\" != '37 91' ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; "
-                  "echo size1 $(stty size); "
-                  "i=0; while [ \"$(stty size)\" = '37 91' ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; "
-                  "echo size2 $(stty size)"], rows=37, cols=91)
+    t = terminal(
+        [
+            "run",
+            "-it",
+            "--rm",
+            env.image,
+            "sh",
+            "-c",
+            "i=0; while [ \"$(stty size)\" != '37 91' ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; "
+            "echo size1 $(stty size); "
+            "i=0; while [ \"$(stty size)\" = '37 91' ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done; "
+            "echo size2 $(stty size)",
+        ],
+        rows=37,
+        cols=91,
+    )
     t.expect(b"size1 37 91")
     # Under load the CLI may miss the first window change (its SIGWINCH watcher starts
     # after it attaches); a user would resize again, and so does the test, a few times.

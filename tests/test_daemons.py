@@ -238,8 +238,8 @@ def _connect(nqn: str, rng: random.Random, qid: int = 0, cntlid: int = 0xFFFF, s
     struct.pack_into("<H", data, 16, cntlid)
     subnqn = nqn.encode()
     hostnqn = b"nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-hostile00000"
-    data[256:256 + len(subnqn)] = subnqn
-    data[512:512 + len(hostnqn)] = hostnqn
+    data[256 : 256 + len(subnqn)] = subnqn
+    data[512 : 512 + len(hostnqn)] = hostnqn
     return _capsule(bytes(sqe), bytes(data))
 
 
@@ -264,8 +264,14 @@ def _hostile_payload(kind: str, rng: random.Random, nqn: str) -> List[bytes]:
         ptype = rng.choice([0x04, 0x04, 0x06])  # capsule or H2C data
         return [_icreq() + _pdu_header(ptype, 0, 72 if ptype == 4 else 24, 0, rng.choice(HUGE)) + rng.randbytes(64)]
     if kind == "capsule-fuzz":
-        sqe = _sqe(rng.choice(OPCODES), rng.randrange(1 << 16), rng.choice([0, 1, 2, 3, 0xFFFFFFFF, rng.randrange(1 << 32)]),
-                   rng.choice([0, 512, 4096, 8192, 1 << 20, rng.randrange(1 << 32)]), rng.choice([0x01, 0x5A, 0x00, rng.randrange(256)]), rng)
+        sqe = _sqe(
+            rng.choice(OPCODES),
+            rng.randrange(1 << 16),
+            rng.choice([0, 1, 2, 3, 0xFFFFFFFF, rng.randrange(1 << 32)]),
+            rng.choice([0, 512, 4096, 8192, 1 << 20, rng.randrange(1 << 32)]),
+            rng.choice([0x01, 0x5A, 0x00, rng.randrange(256)]),
+            rng,
+        )
         data = rng.randbytes(rng.choice([0, 16, 512, 4096]))
         plen = rng.choice([None, None, 72, 72 + len(data) + 16, 72 + 4096, rng.randrange(8, 1 << 16)])
         return [_icreq() + _capsule(bytes(sqe), data, flags=rng.choice([0, 0, 1, 2, 3]), pdo=rng.choice([None, 0, 72, 255]), plen=plen)]
@@ -275,8 +281,20 @@ def _hostile_payload(kind: str, rng: random.Random, nqn: str) -> List[bytes]:
         for _ in range(rng.randint(1, 4)):
             r = rng.random()
             if r < 0.5:
-                out.append(_capsule(bytes(_sqe(rng.choice(OPCODES), rng.randrange(1 << 16), rng.choice([0, 1, 2, 0xFFFFFFFF]),
-                                               rng.choice([0, 4096, 1 << 20, rng.randrange(1 << 32)]), rng.choice([0x01, 0x5A]), rng))))
+                out.append(
+                    _capsule(
+                        bytes(
+                            _sqe(
+                                rng.choice(OPCODES),
+                                rng.randrange(1 << 16),
+                                rng.choice([0, 1, 2, 0xFFFFFFFF]),
+                                rng.choice([0, 4096, 1 << 20, rng.randrange(1 << 32)]),
+                                rng.choice([0x01, 0x5A]),
+                                rng,
+                            )
+                        )
+                    )
+                )
             elif r < 0.7:  # an I/O queue Connect for a controller that does not exist
                 out.append(_connect(nqn, rng, qid=rng.randint(1, 70), cntlid=rng.randrange(1 << 16), sqsize=rng.choice([0, 31, 65535])))
             elif r < 0.85:  # unsolicited H2C data
@@ -289,8 +307,7 @@ def _hostile_payload(kind: str, rng: random.Random, nqn: str) -> List[bytes]:
     raise ValueError(kind)
 
 
-KINDS = ["random", "bitflip-icreq", "icreq-garbage", "huge-length", "capsule-fuzz", "connect-fuzz", "slow-drip",
-         "reset", "silent"]
+KINDS = ["random", "bitflip-icreq", "icreq-garbage", "huge-length", "capsule-fuzz", "connect-fuzz", "slow-drip", "reset", "silent"]
 
 
 def _hostile_connection(addr: tuple, kind: str, seed: int, nqn: str) -> Dict[str, object]:
@@ -360,8 +377,7 @@ def _vanishing_readers(url: str, rounds: int, blocks: int, results: List[str]) -
     """`rounds` clients, each a process with a Session of 4 I/O queues reading 1 MiB blocks
     from 4 threads, SIGKILLed while reads are in flight."""
     for i in range(rounds):
-        p = subprocess.Popen([sys.executable, "-c", VANISHING_READER, url, str(blocks)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
+        p = subprocess.Popen([sys.executable, "-c", VANISHING_READER, url, str(blocks)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             ready, _, _ = select.select([p.stdout], [], [], 60)
             line = p.stdout.readline().decode().strip() if ready else ""
@@ -384,8 +400,10 @@ def _vanishing_readers(url: str, rounds: int, blocks: int, results: List[str]) -
 
 # What the daemon logs for a connection it ends or loses. The peer is empty when the client
 # reset the connection before the target asked for its address (`peer_addr()` fails then).
-TERMINATED = re.compile(r"insitu-target: (127\.0\.0\.1:\d+)?: (terminating connection: |connection closed: "
-                        r"|connect to unknown subsystem \"nqn\.2024-01\.io\.insitu:hostile-a-absent\"$)")
+TERMINATED = re.compile(
+    r"insitu-target: (127\.0\.0\.1:\d+)?: (terminating connection: |connection closed: "
+    r"|connect to unknown subsystem \"nqn\.2024-01\.io\.insitu:hostile-a-absent\"$)"
+)
 
 
 def test_hostile_and_vanishing_clients_leave_the_daemon_serving(start_daemon):
@@ -459,8 +477,7 @@ def test_hostile_and_vanishing_clients_leave_the_daemon_serving(start_daemon):
     print(f"settled {20 - (deadline - time.monotonic()):.1f}s after the last client")
     rss1 = _rss(pid_a)
     print(f"daemon: descriptors {fds0} -> {fds1}, threads {threads0} -> {threads1}, RSS {rss0 >> 10} -> {rss1 >> 10} KiB")
-    assert fds1 <= fds0, f"descriptors leaked: {fds0} before, {fds1} 20 s after the last client:\n" + "\n".join(
-        sorted(set(_fds(pid_a)) - set(fd_list0)))
+    assert fds1 <= fds0, f"descriptors leaked: {fds0} before, {fds1} 20 s after the last client:\n" + "\n".join(sorted(set(_fds(pid_a)) - set(fd_list0)))
     assert threads1 <= threads0, f"threads leaked: {threads0} before, {threads1} 20 s after the last client"
     assert rss1 < rss0 + 32 * MiB, f"RSS grew from {rss0 >> 10} KiB to {rss1 >> 10} KiB"
 
@@ -629,8 +646,10 @@ def _llm_pair(first: Sequence[object], second: Sequence[object], timeout: float 
     (each spends most of its time loading the model, on one core) and returns their documents."""
     t = time.monotonic()
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    procs = [subprocess.Popen([INSITU, "llm", *map(str, args), "--json", "--quiet"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for args in (first, second)]
+    procs = [
+        subprocess.Popen([INSITU, "llm", *map(str, args), "--json", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for args in (first, second)
+    ]
     docs = []
     try:
         for args, p in zip((first, second), procs):
@@ -659,8 +678,7 @@ def test_insitu_attention_through_two_daemons(start_daemon, tmp_path):
     targets = ["--targets", a.url, b.url]
 
     common = ["--prompt-file", prompt, "--max-new-tokens", 8]
-    remote, memory = _llm_pair(["generate", *common, "--attention", "insitu", *targets],
-                               ["generate", *common, "--attention", "memory"])
+    remote, memory = _llm_pair(["generate", *common, "--attention", "insitu", *targets], ["generate", *common, "--attention", "memory"])
     assert remote["prompt_tokens"][0] >= 1000, remote["prompt_tokens"]
     assert remote["prompt_tokens"] == memory["prompt_tokens"]
     assert remote["targets"] == 2 and remote["embedded"] is False
@@ -717,12 +735,18 @@ def test_bench_llm_with_a_bad_device_model_fails_before_loading_the_model(tmp_pa
     # is measured against importing the modules it needs, timed here under the same load:
     # loading the model would add ~20 s on 2 cores.
     t = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import insitu.llm.cli, insitu.llm.bench, insitu.llm.run"], check=True,
-                   capture_output=True, timeout=300, cwd=tmp_path)
+    subprocess.run(
+        [sys.executable, "-c", "import insitu.llm.cli, insitu.llm.bench, insitu.llm.run"], check=True, capture_output=True, timeout=300, cwd=tmp_path
+    )
     imports = time.monotonic() - t
     t = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "insitu", "bench", "llm", "--device-model", "no-such-model",
-                        "--dir", str(tmp_path / "bench")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    p = subprocess.run(
+        [sys.executable, "-m", "insitu", "bench", "llm", "--device-model", "no-such-model", "--dir", str(tmp_path / "bench")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     seconds = time.monotonic() - t
     print(f"\nbench llm --device-model no-such-model: {seconds:.1f}s (the imports alone: {imports:.1f}s)")
     assert p.returncode == 2, (p.returncode, p.stderr)

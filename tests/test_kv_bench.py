@@ -55,7 +55,8 @@ def test_without_a_drive_model_every_stack_runs_at_real_speed():
 def test_insitu_kv_bench_is_the_same_benchmark():
     r = cli_json("kv", "bench", "--records", 300, "--operations", 20, "--workloads", "a,fillseq", "--systems", "direct,syscall", timeout=300)
     assert sorted((x["workload"], x["system"]) for x in r["results"]) == sorted(
-        (w, s) for w in ("a", "fillseq-100", "fillseq-4096") for s in ("direct", "syscall"))
+        (w, s) for w in ("a", "fillseq-100", "fillseq-4096") for s in ("direct", "syscall")
+    )
     assert set(r["ratios"]["a"]) == {"direct_to_syscall"}
 
 

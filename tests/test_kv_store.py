@@ -38,8 +38,7 @@ class KvTarget:
         return f"nvme-tcp://{self.listen}/{NQN}"
 
     def start(self) -> dict:
-        doc = cli_json("target", "start", "--listen", self.listen, "--nqn", NQN, "--namespace", self.shared,
-                       "--private", self.private, "--kv-store", KV_SIZE)
+        doc = cli_json("target", "start", "--listen", self.listen, "--nqn", NQN, "--namespace", self.shared, "--private", self.private, "--kv-store", KV_SIZE)
         self.running = True
         return doc
 
@@ -72,8 +71,7 @@ def test_target_start_refuses_kv_store_without_private(tmp_path):
     img.write_bytes(b"\0" * 4096)
     r = run_cli("target", "start", "--listen", f"127.0.0.1:{free_port()}", "--namespace", img, "--kv-store", "16M")
     assert r.rc == 2 and "--private IMG" in r.stderr, r.stderr
-    r = run_cli("target", "start", "--listen", f"127.0.0.1:{free_port()}", "--namespace", img, "--private", img,
-                "--kv-store", "lots")
+    r = run_cli("target", "start", "--listen", f"127.0.0.1:{free_port()}", "--namespace", img, "--private", img, "--kv-store", "lots")
     assert r.rc == 2 and "--kv-store" in r.stderr and "not a size" in r.stderr, r.stderr
 
 

@@ -30,8 +30,7 @@ from insitu.llm.remote import TargetStore  # noqa: E402
 from insitu.llm.targets import TargetPool  # noqa: E402
 
 TEXT = "/usr/share/common-licenses/GPL-3"
-SHORT = ["The capital of France is", "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-         "Three things to pack for a hike: water,"]
+SHORT = ["The capital of France is", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n', "Three things to pack for a hike: water,"]
 NEW_TOKENS = 8
 
 
@@ -104,8 +103,7 @@ def _prefill_logits(model, prompts, cache, impl):
     if isinstance(cache, hooks.OffloadCache):
         cache.set_padding(mask)
     with torch.inference_mode():
-        logits = model.model(input_ids=enc["input_ids"], attention_mask=mask, position_ids=pos,
-                             past_key_values=cache, use_cache=True).logits
+        logits = model.model(input_ids=enc["input_ids"], attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).logits
     return logits, mask.bool()
 
 
@@ -178,13 +176,17 @@ def test_sparf_reads_at_most_a_quarter_of_dense(evals):
     assert evals["sparf"]["agreement"] > 0.5
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "Holds on this window (+4.6% at 0.217 of dense's media) and on some others, not on all: "
-    "bench/results/llm-accuracy.md has +2.5%, +9.2% and +9.8% on three 1,024-token windows of "
-    "the same text. SmolLM2-135M (3 query heads per KV head, head size 64) spreads its attention "
-    "too widely for 1/8 of its tokens; pages chosen by exact attention leave +5 to +9% on the "
-    "hard windows. The media bound (previous test) holds. On 4,096-token contexts the bound holds "
-    "on every window (bench/results/llm-accuracy-4k.md; the next test)."))
+@pytest.mark.xfail(
+    strict=False,
+    reason=(
+        "Holds on this window (+4.6% at 0.217 of dense's media) and on some others, not on all: "
+        "bench/results/llm-accuracy.md has +2.5%, +9.2% and +9.8% on three 1,024-token windows of "
+        "the same text. SmolLM2-135M (3 query heads per KV head, head size 64) spreads its attention "
+        "too widely for 1/8 of its tokens; pages chosen by exact attention leave +5 to +9% on the "
+        "hard windows. The media bound (previous test) holds. On 4,096-token contexts the bound holds "
+        "on every window (bench/results/llm-accuracy-4k.md; the next test)."
+    ),
+)
 def test_sparf_perplexity_within_5_percent_of_dense(evals):
     assert evals["sparf"]["perplexity"] <= 1.05 * evals["memory"]["perplexity"]
 

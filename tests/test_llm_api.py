@@ -29,8 +29,7 @@ D = 64
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    with TargetPool.embedded(2, directory=str(tmp_path_factory.mktemp("llm-api")), shared_bytes=256 << 20,
-                             private_bytes=256 << 20) as p:
+    with TargetPool.embedded(2, directory=str(tmp_path_factory.mktemp("llm-api")), shared_bytes=256 << 20, private_bytes=256 << 20) as p:
         yield p
 
 
@@ -47,13 +46,13 @@ def test_bad_input_gets_a_clear_error(pool):
     kv = insitu.KvTarget(pool.urls[0])
     q = torch.randn(1, 2, 3, D)
     with pytest.raises(insitu.TargetError, match="unknown sequence"):
-        kv.attend(0, [987654321], f32_bytes(q), 3, D ** -0.5)
+        kv.attend(0, [987654321], f32_bytes(q), 3, D**-0.5)
     kv.create(41, 2, 2, D)
     try:
         with pytest.raises(insitu.InsituError, match="head|values per token|KV heads"):
             kv.append(41, 0, 4, f32_bytes(torch.randn(2, 4, 32)), f32_bytes(torch.randn(2, 4, 32)))
         with pytest.raises(insitu.InsituError, match="q holds|values"):
-            kv.attend(0, [41], f32_bytes(torch.randn(1, 2, 3, 32)), 3, D ** -0.5)
+            kv.attend(0, [41], f32_bytes(torch.randn(1, 2, 3, 32)), 3, D**-0.5)
         with pytest.raises(insitu.TargetError, match="exists"):
             kv.create(41, 2, 2, D)
         assert kv.info(41)["tokens"] == [0, 0]  # nothing was stored by the refused commands
@@ -84,7 +83,7 @@ def test_sparf_reference_target_and_flexgen_agree(pool, tokens, mean_v):
     K[:, ::37] *= 3
     q = torch.randn(1, Hkv * G, D, generator=g)
     k1, v1 = torch.randn(1, Hkv, D, generator=g), torch.randn(1, Hkv, D, generator=g)
-    scale = D ** -0.5
+    scale = D**-0.5
     target = TargetStore(pool, 1, Hkv, D, G, 1, method="sparf", ratio=0.125, mean_v=mean_v)
     flex = FlexGenStore(pool, 1, Hkv, D, G, 1, max_tokens=tokens + 1, ratio=0.125, mean_v=mean_v)
     try:
@@ -98,7 +97,7 @@ def test_sparf_reference_target_and_flexgen_agree(pool, tokens, mean_v):
         flex.close()
     Kf, Vf = torch.cat([K, k1[0][:, None]], 1), torch.cat([V, v1[0][:, None]], 1)
     p = sparf.params(0.125, D, tokens + 1, mean_v=mean_v)
-    want = torch.cat([sparf.sparf(q[0, h * G:(h + 1) * G], Kf[h], Vf[h], scale, *p) for h in range(Hkv)])
+    want = torch.cat([sparf.sparf(q[0, h * G : (h + 1) * G], Kf[h], Vf[h], scale, *p) for h in range(Hkv)])
     assert torch.allclose(outs[0][0].double(), want, atol=2e-5), (outs[0][0].double() - want).abs().max()
     assert torch.allclose(outs[1][0].double(), want, atol=2e-5), (outs[1][0].double() - want).abs().max()
     if p.k < tokens + 1:
@@ -140,14 +139,17 @@ def test_sparf_keeping_every_token_is_dense():
     assert torch.allclose(out, sparf.dense(q, K, V, 0.125))
 
 
-@pytest.mark.parametrize("args, message", [
-    (["llm", "generate", "--prompt", "x", "--max-new-tokens", "2", "--attention", "insitu", "--sparf", "2"], "not in (0, 1]"),
-    (["llm", "generate", "--prompt", "x", "--max-new-tokens", "0", "--attention", "memory"], "use 1 or more"),
-    (["llm", "generate", "--max-new-tokens", "2", "--attention", "memory"], "--prompt"),
-    (["llm", "eval", "--text", "f", "--attention", "gpu"], "invalid choice"),
-    (["llm", "eval", "--text", "f", "--attention", "memory", "--start", "-1"], "use 0 or more"),
-    (["llm", "generate", "--prompt", "x", "--per-line", "--max-new-tokens", "2", "--attention", "memory"], "--per-line needs"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["llm", "generate", "--prompt", "x", "--max-new-tokens", "2", "--attention", "insitu", "--sparf", "2"], "not in (0, 1]"),
+        (["llm", "generate", "--prompt", "x", "--max-new-tokens", "0", "--attention", "memory"], "use 1 or more"),
+        (["llm", "generate", "--max-new-tokens", "2", "--attention", "memory"], "--prompt"),
+        (["llm", "eval", "--text", "f", "--attention", "gpu"], "invalid choice"),
+        (["llm", "eval", "--text", "f", "--attention", "memory", "--start", "-1"], "use 0 or more"),
+        (["llm", "generate", "--prompt", "x", "--per-line", "--max-new-tokens", "2", "--attention", "memory"], "--per-line needs"),
+    ],
+)
 def test_cli_usage_errors(args, message):
     p = subprocess.run([INSITU, *args], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stderr

@@ -66,8 +66,7 @@ RESULT_FILL = 0xEE  # what the result object holds before the EXEC
 
 # NVMe/TCP PDU types and their header lengths without digests
 PDU_HLEN = {0: 128, 1: 128, 2: 24, 3: 24, 4: 72, 5: 24, 6: 24, 7: 24, 9: 24}
-PDU_NAMES = {0: "ICReq", 1: "ICResp", 2: "H2CTermReq", 3: "C2HTermReq", 4: "CapsuleCmd", 5: "CapsuleResp",
-             6: "H2CData", 7: "C2HData", 9: "R2T"}
+PDU_NAMES = {0: "ICReq", 1: "ICResp", 2: "H2CTermReq", 3: "C2HTermReq", 4: "CapsuleCmd", 5: "CapsuleResp", 6: "H2CData", 7: "C2HData", 9: "R2T"}
 FCTYPE_CONNECT = 0x01
 OPC_EXEC = 0x99
 # completion Status Field values (SC bits 7:0, SCT bits 10:8, DNR bit 14)
@@ -151,8 +150,7 @@ def _encode_descriptor_reference(function: str, inputs: List[dict], result: Opti
         for e in o["extents"]:
             body += struct.pack("<QIB3x", e["start_sector"], e["sectors"], {"data": 0, "zero": 1}[e["kind"]])
     total = 32 + len(body)
-    header = b"ISCD" + struct.pack("<HHI4xBBHHB9x", 1, 32, total, len(function), 0, len(inputs),
-                                   1 if result else 0, 1 if result else 0)
+    header = b"ISCD" + struct.pack("<HHI4xBBHHB9x", 1, 32, total, len(function), 0, len(inputs), 1 if result else 0, 1 if result else 0)
     return header + body
 
 
@@ -183,7 +181,7 @@ def decode_result(data: bytes) -> List[List[Tuple[str, object]]]:
         fields = []
         for _ in range(nfields):
             n = data[at]
-            name = data[at + 1:at + 1 + n].decode("ascii")
+            name = data[at + 1 : at + 1 + n].decode("ascii")
             at += 1 + n
             tag = data[at]
             at += 1
@@ -192,7 +190,7 @@ def decode_result(data: bytes) -> List[List[Tuple[str, object]]]:
                 at += 8
             elif tag in (3, 4):
                 (ln,) = struct.unpack_from("<I", data, at)
-                raw = data[at + 4:at + 4 + ln]
+                raw = data[at + 4 : at + 4 + ln]
                 value = raw.decode("utf-8") if tag == 3 else raw
                 at += 4 + ln
             elif tag == 5:
@@ -261,18 +259,20 @@ def nvme_env(kinit) -> Env:
         assert env.ns1.stat().st_blocks == 0 and env.ns2.stat().st_blocks * 512 < NS2_BYTES, "images should be sparse"
 
         data_in = [{"length": DATA_BYTES, "extents": [{"kind": "data", "start_sector": DATA_SECTOR, "sectors": 2048}]}]
-        result = {"length": RESULT_SECTORS * SECTOR,
-                  "extents": [{"kind": "data", "start_sector": RESULT_SECTOR, "sectors": RESULT_SECTORS}]}
+        result = {"length": RESULT_SECTORS * SECTOR, "extents": [{"kind": "data", "start_sector": RESULT_SECTOR, "sectors": RESULT_SECTORS}]}
         past_end = [{"length": 4096, "extents": [{"kind": "data", "start_sector": NS2_BYTES // SECTOR - 4, "sectors": 8}]}]
-        for name, blob in (("desc.bin", make_descriptor(data_in, result)),
-                           ("desc-noresult.bin", make_descriptor(data_in, None)),
-                           ("desc-range.bin", make_descriptor(past_end, result))):
+        for name, blob in (
+            ("desc.bin", make_descriptor(data_in, result)),
+            ("desc-noresult.bin", make_descriptor(data_in, None)),
+            ("desc-range.bin", make_descriptor(past_end, result)),
+        ):
             env.descriptors[name] = d / name
             env.descriptors[name].write_bytes(blob)
 
-        for p, args in ((port, ["--nqn", NQN, "--namespace", env.ns1, "--namespace", env.ns2,
-                                "--metrics", f"127.0.0.1:{metrics_port}"]),
-                        (deny_port, ["--nqn", DENY_NQN, "--namespace", env.ns3, "--allow-host", OTHER_HOST])):
+        for p, args in (
+            (port, ["--nqn", NQN, "--namespace", env.ns1, "--namespace", env.ns2, "--metrics", f"127.0.0.1:{metrics_port}"]),
+            (deny_port, ["--nqn", DENY_NQN, "--namespace", env.ns3, "--allow-host", OTHER_HOST]),
+        ):
             r = env.cli("target", "start", "--listen", f"127.0.0.1:{p}", *args, "--json")
             assert r.returncode == 0, f"target start on {p} exited {r.returncode}: {r.stderr}"
             doc = json.loads(r.stdout)
@@ -286,8 +286,7 @@ def nvme_env(kinit) -> Env:
             keep = os.environ.get("INSITU_NVME_TCP_KEEP")
             if keep:  # a directory to keep the guest log, the capture and the target logs in
                 Path(keep).mkdir(parents=True, exist_ok=True)
-                for f in [d / "guest.log", d / "nvme-tcp.pcapng", d / "nvme-tcp.log"] + [
-                        Path(doc["log"]) for doc in env.started.values()]:
+                for f in [d / "guest.log", d / "nvme-tcp.pcapng", d / "nvme-tcp.log"] + [Path(doc["log"]) for doc in env.started.values()]:
                     if f.exists():
                         shutil.copy(f, Path(keep) / f.name)
             shutil.rmtree(d, ignore_errors=True)
@@ -295,8 +294,10 @@ def nvme_env(kinit) -> Env:
 
 def _stop_all(env: Env) -> None:
     """Stops the daemons (in parallel: `target stop` waits up to 10 s for each)."""
-    procs = {p: subprocess.Popen([env.insitu, "target", "stop", "--listen", f"127.0.0.1:{p}", "--json"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in env.started}
+    procs = {
+        p: subprocess.Popen([env.insitu, "target", "stop", "--listen", f"127.0.0.1:{p}", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for p in env.started
+    }
     errors = []
     for p, proc in procs.items():
         out, err = proc.communicate(timeout=60)
@@ -349,8 +350,7 @@ class GuestRun:
 def _start_capture(tshark: str, pcap: Path, ports: List[int]) -> Tuple[subprocess.Popen, Path]:
     log = pcap.with_suffix(".log")
     filt = " or ".join(f"tcp port {p}" for p in ports)
-    proc = subprocess.Popen([tshark, "-i", "lo", "-B", "1024", "-f", filt, "-w", str(pcap)],
-                            stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+    proc = subprocess.Popen([tshark, "-i", "lo", "-B", "1024", "-f", filt, "-w", str(pcap)], stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
     deadline = time.monotonic() + 30
     while "Capturing on" not in log.read_text(errors="replace"):
         assert proc.poll() is None, f"tshark exited {proc.returncode}: {log.read_text(errors='replace')}"
@@ -376,11 +376,28 @@ def guest_run(nvme_env, kinit, tshark) -> GuestRun:
     env = nvme_env
     pcap = env.dir / "nvme-tcp.pcapng"
     cap, caplog = _start_capture(tshark, pcap, [env.port, env.deny_port])
-    argv = [str(kinit), "-q", "-t", "300",
-            "-e", f"KINIT_NQN={NQN}", "-e", f"KINIT_PORT={env.port}",
-            "-e", f"KINIT_DENY_NQN={DENY_NQN}", "-e", f"KINIT_DENY_PORT={env.deny_port}",
-            "-e", f"KINIT_RESULT_SECTOR={RESULT_SECTOR}", "-e", f"KINIT_RESULT_SECTORS={RESULT_SECTORS}",
-            "-e", f"KINIT_NS2_DATA_SECTOR={DATA_SECTOR}", "-e", f"KINIT_NS2_DATA_BYTES={DATA_BYTES}"]
+    argv = [
+        str(kinit),
+        "-q",
+        "-t",
+        "300",
+        "-e",
+        f"KINIT_NQN={NQN}",
+        "-e",
+        f"KINIT_PORT={env.port}",
+        "-e",
+        f"KINIT_DENY_NQN={DENY_NQN}",
+        "-e",
+        f"KINIT_DENY_PORT={env.deny_port}",
+        "-e",
+        f"KINIT_RESULT_SECTOR={RESULT_SECTOR}",
+        "-e",
+        f"KINIT_RESULT_SECTORS={RESULT_SECTORS}",
+        "-e",
+        f"KINIT_NS2_DATA_SECTOR={DATA_SECTOR}",
+        "-e",
+        f"KINIT_NS2_DATA_BYTES={DATA_BYTES}",
+    ]
     for path in env.descriptors.values():
         argv += ["-a", str(path)]
     argv.append(str(SNIPPET))
@@ -405,7 +422,8 @@ def test_guest_workload(guest_run, nvme_env):
     dedicated tests below judge)."""
     g = guest_run
     assert g.rc in (0, 3) and "WORKLOAD COMPLETED" in g.output, (
-        f"guest exited {g.rc}; failed step: {g.markers.get('STEP_FAILED')}; output ends:\n{g.output[-4000:]}")
+        f"guest exited {g.rc}; failed step: {g.markers.get('STEP_FAILED')}; output ends:\n{g.output[-4000:]}"
+    )
     for key in ("RAW_RW_OK", "FS_OK", "DISCONNECT_OK"):
         assert g.one(key) == "1"
     assert g.one("IDCTRL_SUBNQN") == NQN
@@ -422,7 +440,7 @@ def _identify(output: str, prefix: str) -> Dict[str, str]:
     fields = {}
     for line in output.splitlines():
         if line.startswith(prefix + ": ") and " : " in line:
-            k, v = line[len(prefix) + 2:].split(" : ", 1)
+            k, v = line[len(prefix) + 2 :].split(" : ", 1)
             fields.setdefault(k.strip(), v.strip())
     return fields
 
@@ -445,7 +463,7 @@ def test_identify(guest_run):
 
 def test_discovery_log(guest_run, nvme_env):
     """`nvme discover` lists the subsystem with the right NQN, address and port."""
-    lines = [l[len("DISC: "):] for l in guest_run.output.splitlines() if l.startswith("DISC: ")]
+    lines = [l[len("DISC: ") :] for l in guest_run.output.splitlines() if l.startswith("DISC: ")]
     entries, cur = [], None
     for l in lines:
         if l.startswith("=====Discovery Log Entry"):
@@ -460,7 +478,8 @@ def test_discovery_log(guest_run, nvme_env):
     assert (e.get("trtype"), e.get("adrfam"), e.get("trsvcid")) == ("tcp", "ipv4", str(nvme_env.port)), e
     assert e.get("subnqn") == NQN and e.get("traddr") == "127.0.0.1", (
         f"discovery log entry has subnqn={e.get('subnqn')!r} traddr={e.get('traddr')!r} "
-        f"(expected subnqn={NQN!r} traddr='127.0.0.1'; SUBNQN is bytes 256..511 of an entry, TRADDR 512..767)")
+        f"(expected subnqn={NQN!r} traddr='127.0.0.1'; SUBNQN is bytes 256..511 of an entry, TRADDR 512..767)"
+    )
 
 
 def test_exec_result(guest_run, nvme_env):
@@ -500,14 +519,17 @@ def test_refused_host(guest_run, nvme_env):
     assert GUEST_HOSTNQN in log, log[-2000:]
 
 
-KMSG_PROBLEM = re.compile(r"error|fail|timeout|timed out|reset|reconnect|invalid|unexpected|warn|abort|corrupt|"
-                          r"refused|out of range|mismatch|bad|stall", re.IGNORECASE)
+KMSG_PROBLEM = re.compile(
+    r"error|fail|timeout|timed out|reset|reconnect|invalid|unexpected|warn|abort|corrupt|"
+    r"refused|out of range|mismatch|bad|stall",
+    re.IGNORECASE,
+)
 
 
 def test_kernel_log_clean(guest_run):
     """The initiator logged nothing alarming about the target (the refused connect's lines
     are left out by the snippet)."""
-    kmsg = [l[len("KMSG: "):] for l in guest_run.output.splitlines() if l.startswith("KMSG: ")]
+    kmsg = [l[len("KMSG: ") :] for l in guest_run.output.splitlines() if l.startswith("KMSG: ")]
     assert any("new ctrl" in l and NQN in l for l in kmsg), kmsg
     problems = [l for l in kmsg if KMSG_PROBLEM.search(l)]
     assert not problems, "kernel log:\n" + "\n".join(problems)
@@ -537,10 +559,25 @@ class Capture:
     frames: int
 
 
-FIELDS = ["frame.number", "tcp.stream", "tcp.srcport", "tcp.dstport", "tcp.seq", "tcp.len",
-          "nvme-tcp.type", "nvme-tcp.hlen", "nvme-tcp.pdo", "nvme-tcp.plen",
-          "nvme.cmd.opc", "nvme.cmd.cid", "nvme.fabrics.cmd.fctype", "nvme.fabrics.cmd.cid",
-          "nvme.cqe.cid", "nvme.cqe.status", "nvme.cqe.dword0"]
+FIELDS = [
+    "frame.number",
+    "tcp.stream",
+    "tcp.srcport",
+    "tcp.dstport",
+    "tcp.seq",
+    "tcp.len",
+    "nvme-tcp.type",
+    "nvme-tcp.hlen",
+    "nvme-tcp.pdo",
+    "nvme-tcp.plen",
+    "nvme.cmd.opc",
+    "nvme.cmd.cid",
+    "nvme.fabrics.cmd.fctype",
+    "nvme.fabrics.cmd.cid",
+    "nvme.cqe.cid",
+    "nvme.cqe.status",
+    "nvme.cqe.dword0",
+]
 
 
 def _tshark(tshark: str, pcap: Path, ports: List[int], *args: str) -> str:
@@ -561,8 +598,7 @@ def _tshark(tshark: str, pcap: Path, ports: List[int], *args: str) -> str:
 def capture(guest_run, nvme_env, tshark) -> Capture:
     assert guest_run.pcap.exists(), f"no capture file; tshark said: {guest_run.tshark_log}"
     dropped = re.search(r"(\d+) packets? dropped", guest_run.tshark_log)
-    assert not dropped or dropped.group(1) == "0", (
-        f"the capture lost packets ({guest_run.tshark_log.strip()}); the wire checks need a complete capture")
+    assert not dropped or dropped.group(1) == "0", f"the capture lost packets ({guest_run.tshark_log.strip()}); the wire checks need a complete capture"
     ports = [nvme_env.port, nvme_env.deny_port]
     args = ["-T", "fields", "-E", "occurrence=a", "-E", "separator=/t", "-E", "aggregator=,"]
     for f in FIELDS:
@@ -591,7 +627,8 @@ def capture(guest_run, nvme_env, tshark) -> Capture:
         opcs, cids = lst("nvme.cmd.opc"), lst("nvme.cmd.cid")
         fcts, fcids = lst("nvme.fabrics.cmd.fctype"), lst("nvme.fabrics.cmd.cid")
         assert len(opcs) == len(cids) and len(fcts) == len(fcids) and len(opcs) + len(fcts) == ncmd, (
-            f"frame {frame}: {ncmd} capsules but opcodes {opcs}/{cids} fabrics {fcts}/{fcids}")
+            f"frame {frame}: {ncmd} capsules but opcodes {opcs}/{cids} fabrics {fcts}/{fcids}"
+        )
         cmd_plens = [n for t, n in zip(types, plens) if t == 4]
         for i, (opc, cid) in enumerate(zip(opcs, cids)):
             commands.append((frame, stream, cid, opc, None, cmd_plens[i] if len(cmd_plens) == 1 else -1))
@@ -614,8 +651,15 @@ def test_wire_every_pdu_decodes(capture, guest_run, nvme_env, tshark):
     with the header lengths the specification gives; no malformed frames, no expert errors."""
     c = capture
     assert c.frames > 1000 and c.pdus, "the capture is (nearly) empty"
-    bad = [p for p in c.pdus if p.type not in PDU_HLEN or p.hlen != PDU_HLEN[p.type] or p.plen < p.hlen
-           or (p.type in (6, 7) and p.pdo not in (0, p.hlen)) or (p.type not in (6, 7) and p.type != 4 and p.plen != p.hlen)]
+    bad = [
+        p
+        for p in c.pdus
+        if p.type not in PDU_HLEN
+        or p.hlen != PDU_HLEN[p.type]
+        or p.plen < p.hlen
+        or (p.type in (6, 7) and p.pdo not in (0, p.hlen))
+        or (p.type not in (6, 7) and p.type != 4 and p.plen != p.hlen)
+    ]
     assert not bad, f"PDUs with unexpected type/header length/data offset: {bad[:10]}"
     covered = collections.Counter()
     for p in c.pdus:
@@ -623,8 +667,7 @@ def test_wire_every_pdu_decodes(capture, guest_run, nvme_env, tshark):
     gaps = {k: (n, covered[k]) for k, n in c.stream_bytes.items() if covered[k] != n}
     assert not gaps, f"(stream, to target): (TCP payload bytes, bytes in decoded PDUs) differ: {gaps}"
     ports = [nvme_env.port, nvme_env.deny_port]
-    malformed = _tshark(tshark, guest_run.pcap, ports, "-Y", "_ws.malformed || nvme-tcp.unknown_data",
-                        "-T", "fields", "-e", "frame.number")
+    malformed = _tshark(tshark, guest_run.pcap, ports, "-Y", "_ws.malformed || nvme-tcp.unknown_data", "-T", "fields", "-e", "frame.number")
     assert not malformed.strip(), f"malformed frames: {malformed.split()[:20]}"
     expert = _tshark(tshark, guest_run.pcap, ports, "-q", "-z", "expert,note")
     assert not re.search(r"^Errors \(", expert, re.M), expert
@@ -650,7 +693,8 @@ def test_wire_connection_openings(capture, nvme_env):
     for s, pdus in sorted(by_stream.items()):
         head = [(p.to_target, p.type) for p in pdus[:4]]
         assert head == [(True, 0), (False, 1), (True, 4), (False, 5)], (
-            f"stream {s} opens with {[(('H' if d else 'C') + ':' + PDU_NAMES.get(t, str(t))) for d, t in head]}")
+            f"stream {s} opens with {[(('H' if d else 'C') + ':' + PDU_NAMES.get(t, str(t))) for d, t in head]}"
+        )
         assert pdus[2].frame in connect_frames, f"stream {s}: the first capsule (frame {pdus[2].frame}) is not a Connect"
         cmds = collections.Counter(cid for f, st, cid, *_ in c.commands if st == s)
         cqes = collections.Counter(cid for f, st, cid, *_ in c.completions if st == s)
@@ -684,7 +728,8 @@ def test_wire_exec_and_statuses(capture, guest_run, nvme_env):
     assert sorted(statuses) == sorted([(0, dw0), (ST_INVALID_FIELD, 0), (ST_LBA_OUT_OF_RANGE, 0)]), statuses
     failed = sorted({st for f, s, cid, st, _ in c.completions if st})
     assert failed == sorted([ST_INVALID_FIELD, ST_LBA_OUT_OF_RANGE, ST_CONNECT_INVALID_HOST]), (
-        f"non-zero completion statuses on the wire: {[hex(x) for x in failed]}")
+        f"non-zero completion statuses on the wire: {[hex(x) for x in failed]}"
+    )
     deny = {s for s, port in c.stream_port.items() if port == nvme_env.deny_port}
     assert {st for f, s, cid, st, _ in c.completions if s in deny} == {ST_CONNECT_INVALID_HOST}
 

@@ -160,8 +160,7 @@ def test_ec_json_has_the_contract_keys(capsys):
     assert run_json(capsys, "ec", "--blocks", "12", "--block-size", "64M", "--device-compute", "1", "--drive", "csdplan-ec")["break_even"] == 2
 
 
-@pytest.mark.parametrize("param,values,first,last", [
-    ("blocks", None, 2, 5), ("block-size", None, 2, 3), ("device-compute", "1,5", 5, 1)])
+@pytest.mark.parametrize("param,values,first,last", [("blocks", None, 2, 5), ("block-size", None, 2, 3), ("device-compute", "1,5", 5, 1)])
 def test_ec_sweeps_print_points_and_write_a_plot(capsys, tmp_path, param, values, first, last):
     png = tmp_path / f"{param}.png"
     args = ["ec", "--sweep", param, "--plot", str(png)] + (["--values", values] if values else [])
@@ -199,27 +198,30 @@ def test_llm_json(capsys):
     assert r["nodes"]["host"]["kv_gb_s"] == 9.6 and r["speedup"]["d_cache_over_h_cache"] < 1.5
 
 
-@pytest.mark.parametrize("argv,needle", [
-    (["ec", "--blocks", "13"], "multiple of 3"),
-    (["ec", "--block-size", "4Q"], "not a size"),
-    (["ec", "--block-size", "0"], "more than 0"),
-    (["ec", "--device-compute", "-1"], "more than 0"),
-    (["ec", "--drive", "no-such-drive"], "no-such-drive"),
-    (["ec", "--parity", "30", "--blocks", "24"], "--parity"),
-    (["ec", "--sweep", "colour"], "invalid choice"),
-    (["ec", "--sweep", "blocks", "--values", "12,x"], "not a number"),
-    (["ec", "--values", "1,2"], "--sweep"),
-    (["ec", "--calibration", "/nonexistent/cal.json"], "insitu plan calibrate"),
-    (["scan", "--kernel", "count"], "--host-mb-s"),
-    (["scan", "--kernel", "sort", "--host-mb-s", "1"], "invalid choice"),
-    (["scan", "--kernel", "count", "--host-mb-s", "1", "--link", "token-ring"], "token-ring"),
-    (["llm", "--model", "gpt5"], "gpt5"),
-    (["llm", "--set", "host.colour=3"], "NODE.FIELD"),
-    (["llm", "--systems", "x-cache"], "x-cache"),
-    (["calibrate", "--ec", "13:1M"], "multiple of 3"),
-    (["frobnicate"], "invalid choice"),
-    ([], "required"),
-])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["ec", "--blocks", "13"], "multiple of 3"),
+        (["ec", "--block-size", "4Q"], "not a size"),
+        (["ec", "--block-size", "0"], "more than 0"),
+        (["ec", "--device-compute", "-1"], "more than 0"),
+        (["ec", "--drive", "no-such-drive"], "no-such-drive"),
+        (["ec", "--parity", "30", "--blocks", "24"], "--parity"),
+        (["ec", "--sweep", "colour"], "invalid choice"),
+        (["ec", "--sweep", "blocks", "--values", "12,x"], "not a number"),
+        (["ec", "--values", "1,2"], "--sweep"),
+        (["ec", "--calibration", "/nonexistent/cal.json"], "insitu plan calibrate"),
+        (["scan", "--kernel", "count"], "--host-mb-s"),
+        (["scan", "--kernel", "sort", "--host-mb-s", "1"], "invalid choice"),
+        (["scan", "--kernel", "count", "--host-mb-s", "1", "--link", "token-ring"], "token-ring"),
+        (["llm", "--model", "gpt5"], "gpt5"),
+        (["llm", "--set", "host.colour=3"], "NODE.FIELD"),
+        (["llm", "--systems", "x-cache"], "x-cache"),
+        (["calibrate", "--ec", "13:1M"], "multiple of 3"),
+        (["frobnicate"], "invalid choice"),
+        ([], "required"),
+    ],
+)
 def test_bad_input_is_refused_with_a_message(capsys, argv, needle):
     assert needle in run_error(capsys, *argv)
 
@@ -283,10 +285,13 @@ def test_kernel_calibration_round_trip(capsys, tmp_path):
 
 
 def test_calibrated_curves_interpolate_and_scale():
-    kc = kernels.KernelCalibration.from_samples("count", [
-        {"data_bytes": 32, "host_compute_s": 1.0, "device_compute_cpu_s": 1.0, "csd_one_s": 2.0, "pull_one_s": 1.0, "pull_two_s": 1.5},
-        {"data_bytes": 128, "host_compute_s": 5.0, "device_compute_cpu_s": 5.0, "csd_one_s": 8.0, "pull_one_s": 4.0, "pull_two_s": 6.0},
-    ])
+    kc = kernels.KernelCalibration.from_samples(
+        "count",
+        [
+            {"data_bytes": 32, "host_compute_s": 1.0, "device_compute_cpu_s": 1.0, "csd_one_s": 2.0, "pull_one_s": 1.0, "pull_two_s": 1.5},
+            {"data_bytes": 128, "host_compute_s": 5.0, "device_compute_cpu_s": 5.0, "csd_one_s": 8.0, "pull_one_s": 4.0, "pull_two_s": 6.0},
+        ],
+    )
     assert kc.host_compute(64) == pytest.approx(1 + 4 * 32 / 96)
     assert kc.host_compute(256) == pytest.approx(10.0) and kc.host_compute(16) == pytest.approx(0.5)
     # Two drives with 64 each took 6 s where one took 2 s for 64: the shared path binds,
@@ -295,12 +300,31 @@ def test_calibrated_curves_interpolate_and_scale():
     assert kc.shared_path_s(128, None) == pytest.approx(6.0)
     assert kc.shared_path_s(256, None, drives=8) == pytest.approx(256 * (1.5 / 32) * (64 / 64))
     # Shares pulled by the host: one drive's whole size and two drives' halves.
-    kc = kernels.KernelCalibration.from_samples("count", [
-        {"data_bytes": 32, "host_compute_s": 9, "host_compute_pulled_s": 1.0, "host_compute_two_s": 0.8, "device_compute_cpu_s": 1.0,
-         "csd_one_s": 2.0, "pull_one_s": 1.0, "pull_two_s": 1.5},
-        {"data_bytes": 64, "host_compute_s": 9, "host_compute_pulled_s": 3.0, "host_compute_two_s": 1.6, "device_compute_cpu_s": 1.0,
-         "csd_one_s": 2.0, "pull_one_s": 1.0, "pull_two_s": 1.5},
-    ])
+    kc = kernels.KernelCalibration.from_samples(
+        "count",
+        [
+            {
+                "data_bytes": 32,
+                "host_compute_s": 9,
+                "host_compute_pulled_s": 1.0,
+                "host_compute_two_s": 0.8,
+                "device_compute_cpu_s": 1.0,
+                "csd_one_s": 2.0,
+                "pull_one_s": 1.0,
+                "pull_two_s": 1.5,
+            },
+            {
+                "data_bytes": 64,
+                "host_compute_s": 9,
+                "host_compute_pulled_s": 3.0,
+                "host_compute_two_s": 1.6,
+                "device_compute_cpu_s": 1.0,
+                "csd_one_s": 2.0,
+                "pull_one_s": 1.0,
+                "pull_two_s": 1.5,
+            },
+        ],
+    )
     assert kc.host_compute.points == ((16.0, 0.4), (32.0, 0.9), (64.0, 3.0))
 
 

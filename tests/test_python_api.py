@@ -69,8 +69,24 @@ def test_functions_list():
     fns = insitu.functions()
     assert fns == cli_json("functions")
     by_name = {f["name"]: f for f in fns}
-    assert set(by_name) == {"crc32c", "xxh3", "sha256", "blake3", "md5", "grep", "wc", "zstd", "rs-encode", "sort",
-                            "csv-select", "csv-select-piece", "count", "vector-add", "array-merge", "pagerank"}
+    assert set(by_name) == {
+        "crc32c",
+        "xxh3",
+        "sha256",
+        "blake3",
+        "md5",
+        "grep",
+        "wc",
+        "zstd",
+        "rs-encode",
+        "sort",
+        "csv-select",
+        "csv-select-piece",
+        "count",
+        "vector-add",
+        "array-merge",
+        "pagerank",
+    }
     assert {a["key"]: a["type"] for a in by_name["grep"]["args"]}.keys() == {"pattern", "regex", "ignore_case", "max_matches", "edges", "edge_limit"}
     assert [a["required"] for a in by_name["grep"]["args"] if a["key"] == "pattern"] == [True]
     assert {f["name"] for f in fns if f["outputs"] == 1} == {"zstd", "rs-encode", "sort", "csv-select", "vector-add", "array-merge", "pagerank"}

@@ -57,7 +57,7 @@ def test_host_reads_of_a_disk_match_the_image_either_way(start_target, extra):
     second = os.urandom(1 << 20)
     s.write(1, 1024, second)
     s.flush(1)
-    want = first[: 1024 * 512] + second + first[1024 * 512 + len(second):]
+    want = first[: 1024 * 512] + second + first[1024 * 512 + len(second) :]
     assert s.read(1, 0, len(first) // 512) == want
     s.disconnect()
     with open(t.image, "rb") as f:

@@ -49,8 +49,7 @@ SWIFT_SEGMENT_SIZE = "256K"
 
 
 def _mounts_under(d: Path) -> List[str]:
-    return [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
-            if line.split()[1].startswith(f"{d}/")]
+    return [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines() if line.split()[1].startswith(f"{d}/")]
 
 
 def _alive(pid: int) -> bool:
@@ -98,8 +97,7 @@ def test_up_reports_the_cluster(swift_cluster: SwiftCluster):
     state = swift_cluster.state()
     assert {k: v for k, v in state.items() if k != "private"} == doc
     # Swift's own files, where --swift-dir DIR finds them.
-    for name in ("swift.conf", "account.ring.gz", "container.ring.gz", "object.ring.gz", "object-1.ring.gz",
-                 "proxy-server.conf", "object-server.conf"):
+    for name in ("swift.conf", "account.ring.gz", "container.ring.gz", "object.ring.gz", "object-1.ring.gz", "proxy-server.conf", "object-server.conf"):
         assert (swift_cluster.dir / name).is_file(), name
     conf = (swift_cluster.dir / "swift.conf").read_text()
     assert "ec_num_data_fragments = 2" in conf and "ec_num_parity_fragments = 1" in conf
@@ -182,8 +180,7 @@ def test_up_again_on_a_running_cluster_is_refused(swift_cluster: SwiftCluster):
     assert "already up" in msg and "down" in msg
 
 
-@pytest.mark.parametrize("ec, why", [("4+", "K+M"), ("0+2", "at least 1"), ("2+0", "at least 1"), ("x", "K+M"),
-                                     ("20+20", "at most 32")])
+@pytest.mark.parametrize("ec, why", [("4+", "K+M"), ("0+2", "at least 1"), ("2+0", "at least 1"), ("x", "K+M"), ("20+20", "at most 32")])
 def test_bad_ec_is_refused(tmp_path: Path, ec: str, why: str):
     assert why in _error("up", tmp_path / "c", "--ec", ec)
     assert not (tmp_path / "c").exists()

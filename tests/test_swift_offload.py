@@ -116,9 +116,15 @@ def check_csv(cluster, oracle_dir: Path) -> None:
         src.write_bytes(data)
         for n, args in enumerate(CSV_ARGS):
             want_path = oracle_dir / f"{name}.{n}.want.csv"
-            want = json.loads(insitu("exec", "csv-select", str(src), "--conventional", "--output", str(want_path), "--force", "--json", *args).stdout)["results"][0]
+            want = json.loads(insitu("exec", "csv-select", str(src), "--conventional", "--output", str(want_path), "--force", "--json", *args).stdout)[
+                "results"
+            ][0]
             got_path = oracle_dir / f"{name}.{n}.got.csv"
-            got = json.loads(insitu("exec", "csv-select", f"swift://AUTH_test/c/{name}", "--swift-dir", str(cluster.dir), "--output", str(got_path), "--force", "--json", *args).stdout)["results"][0]
+            got = json.loads(
+                insitu(
+                    "exec", "csv-select", f"swift://AUTH_test/c/{name}", "--swift-dir", str(cluster.dir), "--output", str(got_path), "--force", "--json", *args
+                ).stdout
+            )["results"][0]
             assert got_path.read_bytes() == want_path.read_bytes(), (name, args)
             assert (got["rows_in"], got["rows_out"], got["output_length"]) == (want["rows_in"], want["rows_out"], want["output_length"])
 

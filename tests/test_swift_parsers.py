@@ -113,7 +113,9 @@ def test_swift_conf_without_hash_secrets_is_refused(tmp_path):
     (tmp_path / "swift.conf").write_text("[storage-policy:0]\nname = gold\n")
     with pytest.raises(SwiftError, match="swift_hash_path"):
         SwiftConf.load(tmp_path)
-    (tmp_path / "swift.conf").write_text("[swift-hash]\nswift_hash_path_suffix = s\n[storage-policy:1]\nname = ec\npolicy_type = erasure_coding\nec_num_data_fragments = x\n")
+    (tmp_path / "swift.conf").write_text(
+        "[swift-hash]\nswift_hash_path_suffix = s\n[storage-policy:1]\nname = ec\npolicy_type = erasure_coding\nec_num_data_fragments = x\n"
+    )
     with pytest.raises(SwiftError, match="storage-policy:1"):
         SwiftConf.load(tmp_path)
     assert zlib  # the stdlib codec the refused pickle names

@@ -17,10 +17,7 @@ def _key(key):
     else:
         raise TypeError(f"keys are bytes or str, not {type(key).__name__}")
     if not 1 <= len(b) <= MAX_KEY:
-        raise ValueError(
-            f"the key {key!r} has {len(b)} bytes: keys are 1 to {MAX_KEY} bytes "
-            "(the NVMe Key Value command set carries them in the command)"
-        )
+        raise ValueError(f"the key {key!r} has {len(b)} bytes: keys are 1 to {MAX_KEY} bytes (the NVMe Key Value command set carries them in the command)")
     return b
 
 

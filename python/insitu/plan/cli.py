@@ -89,32 +89,45 @@ def _arg(conv: Callable, *a) -> Callable[[str], object]:
         except PlanError as e:
             # argparse names the option itself.
             msg = str(e)
-            raise argparse.ArgumentTypeError(msg[len(a[0]) + 2:] if a and msg.startswith(f"{a[0]}: ") else msg) from None
+            raise argparse.ArgumentTypeError(msg[len(a[0]) + 2 :] if a and msg.startswith(f"{a[0]}: ") else msg) from None
 
     return f
 
 
 def _parser() -> _Parser:
-    p = _Parser(prog="insitu plan", description="How many computational drives pay off (CSDPLAN, CSDPLAN-EC), "
-                "and how a pool of them serves an LLM (DockerSSD).")
+    p = _Parser(
+        prog="insitu plan", description="How many computational drives pay off (CSDPLAN, CSDPLAN-EC), and how a pool of them serves an LLM (DockerSSD)."
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     fmt = argparse.RawDescriptionHelpFormatter
 
-    s = sub.add_parser("scan", help="break-even drives for a plain kernel (CSDPLAN)", epilog=EPILOG_SCAN, formatter_class=fmt,
-                       description="CSDPLAN's break-even number of computational drives for count, vector-add, array-merge or pagerank.")
+    s = sub.add_parser(
+        "scan",
+        help="break-even drives for a plain kernel (CSDPLAN)",
+        epilog=EPILOG_SCAN,
+        formatter_class=fmt,
+        description="CSDPLAN's break-even number of computational drives for count, vector-add, array-merge or pagerank.",
+    )
     s.add_argument("--kernel", required=True, choices=kplan.KERNELS, help="the kernel (as insitu bench break-even runs it)")
     s.add_argument("--size", type=_arg(size, "--size"), help="data size (default: 256M; pagerank: 32M of edges)")
     s.add_argument("--drive", help="drive preset (default: newport, or the calibration's)")
     s.add_argument("--link", help=f"shared link: {', '.join(LINK_NAMES)}, MB/s or none (default: 40gbe, or the calibration's)")
     s.add_argument("--calibration", metavar="FILE", help="measured inputs from insitu plan calibrate")
     s.add_argument("--host-mb-s", type=_arg(number, "--host-mb-s"), help="host compute rate of the kernel on one core, MB/s (needed without --calibration)")
-    s.add_argument("--device-slowdown", type=_arg(number, "--device-slowdown"), help="drive compute time per host compute second (default: 1 / the preset's CPU budget)")
+    s.add_argument(
+        "--device-slowdown", type=_arg(number, "--device-slowdown"), help="drive compute time per host compute second (default: 1 / the preset's CPU budget)"
+    )
     s.add_argument("--max-drives", type=_arg(positive_int, "--max-drives"), default=8, help="drives in the table (default 8)")
     s.add_argument("--json", action="store_true", help="print JSON")
 
-    e = sub.add_parser("ec", help="break-even drives for Reed-Solomon encoding (CSDPLAN-EC)", epilog=EPILOG_EC, formatter_class=fmt,
-                       description="CSDPLAN-EC: M (n, k) RS encodes on one host core vs on M computational drives.")
+    e = sub.add_parser(
+        "ec",
+        help="break-even drives for Reed-Solomon encoding (CSDPLAN-EC)",
+        epilog=EPILOG_EC,
+        formatter_class=fmt,
+        description="CSDPLAN-EC: M (n, k) RS encodes on one host core vs on M computational drives.",
+    )
     e.add_argument("--blocks", type=_arg(positive_int, "--blocks"), default=24, help="encoded blocks n + k (default 24 = (16, 8))")
     e.add_argument("--block-size", type=_arg(size, "--block-size"), default=64 << 20, help="bytes per block (default 64M)")
     e.add_argument("--device-compute", type=_arg(number, "--device-compute"), default=1.0, help="the drive's computational power, x (default 1)")
@@ -124,21 +137,25 @@ def _parser() -> _Parser:
     e.add_argument("--transfer", action="store_true", help="count the first block set's transfer (the paper leaves it out)")
     e.add_argument("--calibration", metavar="FILE", help="this machine's measured ISA-L encoding (insitu plan calibrate)")
     e.add_argument("--max-drives", type=_arg(positive_int, "--max-drives"), default=8, help="drives in the series (default 8, or up to the break-even point)")
-    e.add_argument("--sweep", choices=ecplan.SWEEPS, help="vary one input: prints a table, writes a plot and {\"points\": [...]}")
+    e.add_argument("--sweep", choices=ecplan.SWEEPS, help='vary one input: prints a table, writes a plot and {"points": [...]}')
     e.add_argument("--values", help="sweep values, comma-separated (default: the paper's: blocks 12..48, block-size 16M..128M, device-compute 1..5)")
     e.add_argument("--plot", metavar="PNG", help="where the sweep's plot goes (default plan-ec-SWEEP.png)")
     e.add_argument("--no-plot", action="store_true", help="do not write the sweep's plot")
     e.add_argument("--json", action="store_true", help="print JSON")
 
-    m = sub.add_parser("llm", help="LLM inference on host processors vs a pool of computing drives (DockerSSD)", epilog=EPILOG_LLM,
-                       formatter_class=fmt, description="Time per decode step of distributed LLM inference: hosts vs drives, "
-                       "with and without a KV cache, over data/tensor/pipeline parallelism.")
+    m = sub.add_parser(
+        "llm",
+        help="LLM inference on host processors vs a pool of computing drives (DockerSSD)",
+        epilog=EPILOG_LLM,
+        formatter_class=fmt,
+        description="Time per decode step of distributed LLM inference: hosts vs drives, with and without a KV cache, over data/tensor/pipeline parallelism.",
+    )
     m.add_argument("--model", default="lamda-137b", help=f"{', '.join(llmplan.MODELS)}, comma-separated, or all (default lamda-137b)")
     m.add_argument("--devices", type=_arg(positive_int, "--devices"), default=64, help="nodes in the pool (default 64; the paper: 16 to 128)")
     m.add_argument("--seq-len", type=_arg(size, "--seq-len"), default=32768, help="context length in tokens (default 32K)")
     m.add_argument("--batch-per-device", type=_arg(positive_int, "--batch-per-device"), default=1, help="sequences per node (default 1)")
     m.add_argument("--systems", default=",".join(llmplan.SYSTEMS), help="comma-separated subset of " + ", ".join(llmplan.SYSTEMS))
-    m.add_argument("--sweep", choices=llmplan.SWEEPS, help="vary one input: prints a table, writes a plot and {\"points\": [...]}")
+    m.add_argument("--sweep", choices=llmplan.SWEEPS, help='vary one input: prints a table, writes a plot and {"points": [...]}')
     m.add_argument("--values", help="sweep values, comma-separated (default: seq-len 64..32K, batch 1..512, devices 16..128)")
     m.add_argument("--set", action="append", default=[], metavar="NODE.FIELD=VALUE", help="change an assumed input, e.g. host.kv_gb_s=2")
     m.add_argument("--calibration", metavar="FILE", help="use this machine as the host (its measured matrix multiply and memory rates)")
@@ -146,13 +163,22 @@ def _parser() -> _Parser:
     m.add_argument("--no-plot", action="store_true", help="do not write the sweep's plot")
     m.add_argument("--json", action="store_true", help="print JSON")
 
-    c = sub.add_parser("calibrate", help="measure this machine and write a calibration file", epilog=EPILOG_CALIBRATE, formatter_class=fmt,
-                       description="Short measured runs here (insitu bench break-even, ISA-L encodes, memory and matrix multiply) "
-                       "written as a calibration file for scan, ec and llm.")
+    c = sub.add_parser(
+        "calibrate",
+        help="measure this machine and write a calibration file",
+        epilog=EPILOG_CALIBRATE,
+        formatter_class=fmt,
+        description="Short measured runs here (insitu bench break-even, ISA-L encodes, memory and matrix multiply) "
+        "written as a calibration file for scan, ec and llm.",
+    )
     c.add_argument("--drive", default="newport", help="drive preset the emulated drives use (default newport)")
     c.add_argument("--link", default="40gbe", help="shared link (default 40gbe)")
-    c.add_argument("--sizes", type=_arg(size_list, "--sizes"), default=[32 << 20, 64 << 20, 96 << 20, 128 << 20],
-                   help="data sizes for the kernels (default 32M,64M,96M,128M; PageRank gets 1/8 as edges)")
+    c.add_argument(
+        "--sizes",
+        type=_arg(size_list, "--sizes"),
+        default=[32 << 20, 64 << 20, 96 << 20, 128 << 20],
+        help="data sizes for the kernels (default 32M,64M,96M,128M; PageRank gets 1/8 as edges)",
+    )
     c.add_argument("--ec", default=_EC_DEFAULT, help=f"encodes to time, BLOCKS:BLOCK-SIZE comma-separated (n = 2k; default {_EC_DEFAULT})")
     c.add_argument("--repeat", type=_arg(positive_int, "--repeat"), default=5, help="measurements of each kind (default 5)")
     c.add_argument("--skip-kernels", action="store_true", help="no insitu bench break-even runs")
@@ -176,8 +202,7 @@ def _scan(a) -> dict:
         cal = calib.load(a.calibration)
         cal_drive = cal.get("drive", {}).get("name")
         if a.drive and a.drive != cal_drive:
-            raise PlanError(f"--calibration {a.calibration} was measured with drive {cal_drive}; "
-                            f"run `insitu plan calibrate --drive {a.drive}` for {a.drive}")
+            raise PlanError(f"--calibration {a.calibration} was measured with drive {cal_drive}; run `insitu plan calibrate --drive {a.drive}` for {a.drive}")
         link_name = a.link or cal.get("link", {}).get("name", "40gbe")
         link = link_mb_s(link_name)
         cals = kplan.calibrations(cal)
@@ -189,8 +214,7 @@ def _scan(a) -> dict:
         inputs = {"source": f"calibration {a.calibration}", "drive": cal_drive, "calibrated_sizes": list(kc.sizes)}
     else:
         if a.host_mb_s is None:
-            raise PlanError("--host-mb-s is needed without --calibration (the kernel's rate on one host core, MB/s); "
-                            "or measure it: insitu plan calibrate")
+            raise PlanError("--host-mb-s is needed without --calibration (the kernel's rate on one host core, MB/s); or measure it: insitu plan calibrate")
         d = drive_preset(a.drive or "newport")
         link_name = a.link or "40gbe"
         link = link_mb_s(link_name)
@@ -200,10 +224,18 @@ def _scan(a) -> dict:
         inputs = {"source": "flags and drive preset", "drive": d.as_dict(), "host_mb_s": a.host_mb_s, "device_slowdown": slowdown}
     be = model.break_even()
     r = {
-        "kernel": a.kernel, "data_bytes": data, "link": link_name, "link_mb_s": link,
+        "kernel": a.kernel,
+        "data_bytes": data,
+        "link": link_name,
+        "link_mb_s": link,
         "break_even": be,
-        "inputs": {**inputs, "transfer_one_s": model.transfer_one_s, "transfer_link_s": model.transfer_link_s,
-                   "host_compute_s": model.host_compute_s, "csd_one_s": model.csd_one_s},
+        "inputs": {
+            **inputs,
+            "transfer_one_s": model.transfer_one_s,
+            "transfer_link_s": model.transfer_link_s,
+            "host_compute_s": model.host_compute_s,
+            "csd_one_s": model.csd_one_s,
+        },
         "link_bound_from_drives": model.link_bound_from() if model.transfer_link_s > 0 else None,
         "model": "T_host(M) = max(T_tx/M, T_link) + T_host_comp; T_csd(M) = T_csd(1)/M; break_even = least M with T_csd(M) < T_host(M)",
         "points": kplan.series(model, max(a.max_drives, be or 0) if (be or 0) <= 64 else a.max_drives),
@@ -214,11 +246,15 @@ def _scan(a) -> dict:
 
 
 def _scan_text(r: dict) -> str:
-    s = (f"{r['kernel']}, {fmt_bytes(r['data_bytes'])}, link {r['link']}: break-even at "
-         f"{r['break_even'] if r['break_even'] else 'no array size'} drive(s) (CSDPLAN)\n")
+    s = (
+        f"{r['kernel']}, {fmt_bytes(r['data_bytes'])}, link {r['link']}: break-even at "
+        f"{r['break_even'] if r['break_even'] else 'no array size'} drive(s) (CSDPLAN)\n"
+    )
     i = r["inputs"]
-    s += (f"inputs ({i['source']}): T_tx {fmt_s(i['transfer_one_s'])} s, T_link {fmt_s(i['transfer_link_s'])} s, "
-          f"T_host_comp {fmt_s(i['host_compute_s'])} s, T_csd(1) {fmt_s(i['csd_one_s'])} s\n\n")
+    s += (
+        f"inputs ({i['source']}): T_tx {fmt_s(i['transfer_one_s'])} s, T_link {fmt_s(i['transfer_link_s'])} s, "
+        f"T_host_comp {fmt_s(i['host_compute_s'])} s, T_csd(1) {fmt_s(i['csd_one_s'])} s\n\n"
+    )
     here = {p["drives"]: p for p in r.get("here", {}).get("points", [])}
     head = ["drives", "host s", "CSDs s"] + (["host s (here)", "CSDs s (here)"] if here else [])
     rows = []
@@ -240,8 +276,17 @@ def _scan_text(r: dict) -> str:
 
 def _ec_args(a, cal: Optional[dict]) -> dict:
     drive = a.drive or ((cal or {}).get("drive", {}).get("name") if cal else None) or "csdplan-ec"
-    return {"blocks": a.blocks, "block_bytes": a.block_size, "device_compute": a.device_compute, "host_compute": a.host_compute,
-            "drive": drive, "parity": a.parity, "transfer": a.transfer, "calibration": cal, "max_drives": a.max_drives}
+    return {
+        "blocks": a.blocks,
+        "block_bytes": a.block_size,
+        "device_compute": a.device_compute,
+        "host_compute": a.host_compute,
+        "drive": drive,
+        "parity": a.parity,
+        "transfer": a.transfer,
+        "calibration": cal,
+        "max_drives": a.max_drives,
+    }
 
 
 def _ec_values(param: str, text: Optional[str]) -> List[float]:
@@ -275,13 +320,23 @@ def _ec(a) -> dict:
 def _ec_text(r: dict) -> str:
     if "sweep" in r:
         p = r["sweep"]
-        rows = [[fmt_bytes(x[p]) if p == "block-size" else f"{x[p]:g}", f"({x['n']},{x['k']})", fmt_s(x["host_encode_s"]),
-                 fmt_s(x["csd_encode_s"]), x["break_even"] or "-"] for x in r["points"]]
+        rows = [
+            [
+                fmt_bytes(x[p]) if p == "block-size" else f"{x[p]:g}",
+                f"({x['n']},{x['k']})",
+                fmt_s(x["host_encode_s"]),
+                fmt_s(x["csd_encode_s"]),
+                x["break_even"] or "-",
+            ]
+            for x in r["points"]
+        ]
         s = f"CSDPLAN-EC sweep over {p} (drive {r['inputs']['drive']})\n\n"
         s += table([p, "(n, k)", "host encode s", "CSD encode s", "break-even"], rows)
         return s + (f"\nplot: {r['plot']}\n" if r.get("plot") else "")
-    s = (f"({r['n']},{r['k']}) RS, {r['blocks']} blocks of {fmt_bytes(r['block_bytes'])}, drive {r['drive']}, "
-         f"device x{r['device_compute']:g}, host x{r['host_compute']:g}: break-even at {r['break_even'] or '-'} drive(s)\n")
+    s = (
+        f"({r['n']},{r['k']}) RS, {r['blocks']} blocks of {fmt_bytes(r['block_bytes'])}, drive {r['drive']}, "
+        f"device x{r['device_compute']:g}, host x{r['host_compute']:g}: break-even at {r['break_even'] or '-'} drive(s)\n"
+    )
     s += f"one encode: host {fmt_s(r['host_encode_s'])} s, CSD {fmt_s(r['csd_encode_s'])} s\n"
     s += f"inputs: {r['source']}\n\n"
     s += table(["drives", "SSD system s", "CSD system s"], [[p["drives"], fmt_s(p["host_s"]), fmt_s(p["csd_s"])] for p in r["series"]])
@@ -292,8 +347,11 @@ def _ec_text(r: dict) -> str:
 # llm
 
 _NODE_FIELDS = ("ghz", "flops_per_cycle", "efficiency", "dram_gb", "dram_gb_s", "kv_gb", "kv_gb_s", "net_gb_s", "net_latency_us")
-_LLM_DEFAULT_VALUES = {"seq-len": [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768],
-                       "batch": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], "devices": [16, 32, 64, 128]}
+_LLM_DEFAULT_VALUES = {
+    "seq-len": [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768],
+    "batch": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+    "devices": [16, 32, 64, 128],
+}
 
 
 def _overrides(sets: List[str]) -> Dict[str, Dict[str, float]]:
@@ -337,8 +395,16 @@ def _llm(a) -> dict:
         for m in models:
             r = llmplan.sweep(a.sweep, vals, m, a.devices, a.seq_len, a.batch_per_device, nodes, systems)
             points += [{"model": m, **p} for p in r["points"]]
-        out = {"sweep": a.sweep, "models": models, "systems": systems, "devices": a.devices, "seq_len": a.seq_len,
-               "batch_per_device": a.batch_per_device, "points": points, **llmplan.assumptions(nodes)}
+        out = {
+            "sweep": a.sweep,
+            "models": models,
+            "systems": systems,
+            "devices": a.devices,
+            "seq_len": a.seq_len,
+            "batch_per_device": a.batch_per_device,
+            "points": points,
+            **llmplan.assumptions(nodes),
+        }
         out["plot"] = None if a.no_plot else _llm_plot(out, a.plot or f"plan-llm-{a.sweep}.png")
         return out
     if a.values or a.plot:
@@ -361,12 +427,22 @@ def _llm_text(r: dict) -> str:
     plans = r["models"] if "models" in r else [r]
     s = ""
     for pl in plans:
-        s += (f"{pl['model']} ({pl['params_b']:.0f}B), {pl['devices']} nodes, seq {pl['seq_len']}, "
-              f"{pl['batch_per_device']} sequence(s) per node\n")
+        s += f"{pl['model']} ({pl['params_b']:.0f}B), {pl['devices']} nodes, seq {pl['seq_len']}, {pl['batch_per_device']} sequence(s) per node\n"
         rows = []
         for name, v in pl["systems"].items():
-            rows.append([name, "does not fit"] + [""] * 5 if v is None else
-                        [name, fmt_s(v["step_s"]), f"{v['dp']}x{v['tp']}x{v['pp']}", v["dominant"], fmt_s(v["compute_s"]), fmt_s(v["memory_s"]), fmt_s(v["comm_s"])])
+            rows.append(
+                [name, "does not fit"] + [""] * 5
+                if v is None
+                else [
+                    name,
+                    fmt_s(v["step_s"]),
+                    f"{v['dp']}x{v['tp']}x{v['pp']}",
+                    v["dominant"],
+                    fmt_s(v["compute_s"]),
+                    fmt_s(v["memory_s"]),
+                    fmt_s(v["comm_s"]),
+                ]
+            )
         s += table(["system", "step s", "dp x tp x pp", "parallelism", "compute s", "memory s", "comm s"], rows)
         sp = {k: v for k, v in pl["speedup"].items() if v}
         s += "speedups: " + ", ".join(f"{k} {v:,.2f}x" for k, v in sp.items()) + "\n\n"
@@ -394,8 +470,18 @@ def _ec_configs(text: str):
 def _calibrate(a) -> dict:
     link_mb_s(a.link)  # a bad link fails before anything runs
     ec_configs = _ec_configs(a.ec)
-    doc = calib.run(a.drive, a.link, a.sizes, ec_configs, a.repeat, kernels=not a.skip_kernels, ec=not a.skip_ec,
-                    host=not a.skip_host, work_dir=a.dir, progress=lambda s: print(s, file=sys.stderr, flush=True))
+    doc = calib.run(
+        a.drive,
+        a.link,
+        a.sizes,
+        ec_configs,
+        a.repeat,
+        kernels=not a.skip_kernels,
+        ec=not a.skip_ec,
+        host=not a.skip_host,
+        work_dir=a.dir,
+        progress=lambda s: print(s, file=sys.stderr, flush=True),
+    )
     doc["command"] = "insitu plan " + " ".join(_ARGV)
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=2)
@@ -407,12 +493,16 @@ def _calibrate_text(doc: dict) -> str:
     s = f"calibration written to {doc['written']} (drive {doc['drive']['name']}, link {doc['link']['name']})\n"
     for name, k in doc["kernels"].items():
         for x in k["samples"]:
-            s += (f"  {name:12s} {fmt_bytes(x['data_bytes']):>8s}: host {fmt_s(x['host_compute_s'])} s, "
-                  f"one CSD {fmt_s(x['csd_one_s'])} s, pull 1/2 drives {fmt_s(x['pull_one_s'])}/{fmt_s(x['pull_two_s'])} s\n")
+            s += (
+                f"  {name:12s} {fmt_bytes(x['data_bytes']):>8s}: host {fmt_s(x['host_compute_s'])} s, "
+                f"one CSD {fmt_s(x['csd_one_s'])} s, pull 1/2 drives {fmt_s(x['pull_one_s'])}/{fmt_s(x['pull_two_s'])} s\n"
+            )
     if doc.get("ec"):
         c = doc["ec"]["host_cost"]
-        s += (f"  EC host cost: {c['fixed_s']:.2e} s + {c['per_byte_s']:.2e} s/byte + {c['per_mac_s']:.2e} s/MAC; "
-              f"device/host {doc['ec'].get('device_to_host_ratio') or 0:.2f}x\n")
+        s += (
+            f"  EC host cost: {c['fixed_s']:.2e} s + {c['per_byte_s']:.2e} s/byte + {c['per_mac_s']:.2e} s/MAC; "
+            f"device/host {doc['ec'].get('device_to_host_ratio') or 0:.2f}x\n"
+        )
     if doc.get("host"):
         h = doc["host"]
         s += f"  host: memory copy {h['memory_copy_gb_s']:.1f} GB/s, matrix multiply {h['gemm_gflops'] or 0:.0f} GFLOP/s\n"

@@ -63,6 +63,7 @@ class BreakEvenModel:
     def break_even(self, max_drives: int = MAX_DRIVES) -> Optional[int]:
         """The smallest number of drives at which the CSD array is faster, or ``None`` if it
         never is up to ``max_drives``."""
+
         # T_host - T_csd only grows with M once the CSD loses at M = 1, so the first winning
         # M is found by bisection, exactly as the Rust model does it.
         def wins(m: int) -> bool:

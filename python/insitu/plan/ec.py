@@ -42,8 +42,9 @@ def code(blocks: int, parity: Optional[int] = None) -> Tuple[int, int]:
             raise PlanError(f"--parity {parity} must be at least 1 and less than --blocks {blocks}")
         return blocks - parity, parity
     if blocks < 3 or blocks % 3:
-        raise PlanError(f"--blocks {blocks}: with n = 2k the encoded blocks n + k are a multiple of 3 "
-                        "(12 = (8, 4), 48 = (32, 16)); give --parity K for other codes")
+        raise PlanError(
+            f"--blocks {blocks}: with n = 2k the encoded blocks n + k are a multiple of 3 (12 = (8, 4), 48 = (32, 16)); give --parity K for other codes"
+        )
     return 2 * blocks // 3, blocks // 3
 
 
@@ -51,8 +52,7 @@ def _encoders(drive: str, calibration: Optional[dict]) -> Tuple[EncodeCost, Enco
     """(host cost, CSD cost, the preset timing transfers, where the numbers come from)."""
     if drive in EC_PROFILES:
         if calibration is not None:
-            raise PlanError(f"--drive {drive} is the paper's own measurements; with --calibration, "
-                            "name a drive preset (e.g. --drive newport)")
+            raise PlanError(f"--drive {drive} is the paper's own measurements; with --calibration, name a drive preset (e.g. --drive newport)")
         p = EC_PROFILES[drive]
         return p.host, p.csd, p.drive_preset, f"profile {drive}: {p.description}"
     d = drive_preset(drive)
@@ -60,8 +60,7 @@ def _encoders(drive: str, calibration: Optional[dict]) -> Tuple[EncodeCost, Enco
     if calibration is not None:
         ec = calibration.get("ec")
         if not ec:
-            raise PlanError("the calibration has no erasure-coding measurements; run `insitu plan calibrate` "
-                            "where ISA-L is installed (without --skip-ec)")
+            raise PlanError("the calibration has no erasure-coding measurements; run `insitu plan calibrate` where ISA-L is installed (without --skip-ec)")
         host = EncodeCost(**ec["host_cost"])
         same = calibration.get("drive", {}).get("name") == d.name and ec.get("device_to_host_ratio")
         if same:
@@ -77,9 +76,17 @@ def _encoders(drive: str, calibration: Optional[dict]) -> Tuple[EncodeCost, Enco
     return host, host.scaled(1.0 / ratio), d.name, src
 
 
-def plan(blocks: int, block_bytes: int, device_compute: float = 1.0, host_compute: float = 1.0,
-         drive: str = "csdplan-ec", parity: Optional[int] = None, transfer: bool = False,
-         calibration: Optional[dict] = None, max_drives: int = 8) -> dict:
+def plan(
+    blocks: int,
+    block_bytes: int,
+    device_compute: float = 1.0,
+    host_compute: float = 1.0,
+    drive: str = "csdplan-ec",
+    parity: Optional[int] = None,
+    transfer: bool = False,
+    calibration: Optional[dict] = None,
+    max_drives: int = 8,
+) -> dict:
     """The break-even point and the two systems' times for 1..max(max_drives, BEP) drives."""
     n, k = code(blocks, parity)
     host_cost, csd_cost, preset, source = _encoders(drive, calibration)
@@ -95,12 +102,20 @@ def plan(blocks: int, block_bytes: int, device_compute: float = 1.0, host_comput
     last = max(max_drives, be or 0)
     return {
         "break_even": be,
-        "blocks": n + k, "n": n, "k": k, "block_bytes": block_bytes,
-        "device_compute": device_compute, "host_compute": host_compute,
-        "drive": drive, "source": source,
-        "host_encode_s": m.host_encode_s, "csd_encode_s": m.csd_encode_s,
+        "blocks": n + k,
+        "n": n,
+        "k": k,
+        "block_bytes": block_bytes,
+        "device_compute": device_compute,
+        "host_compute": host_compute,
+        "drive": drive,
+        "source": source,
+        "host_encode_s": m.host_encode_s,
+        "csd_encode_s": m.csd_encode_s,
         "csd_to_host_ratio": m.csd_encode_s / m.host_encode_s if m.host_encode_s > 0 else None,
-        "transfer": transfer, "host_transfer_s": host_tx, "csd_transfer_s": csd_tx,
+        "transfer": transfer,
+        "host_transfer_s": host_tx,
+        "csd_transfer_s": csd_tx,
         "model": "T_SSD(M) = T_tx_host + M * T_host_ec; T_CSD(M) = T_tx_csd + T_csd_ec; break_even = least M with T_CSD(M) < T_SSD(M)",
         "series": [{"drives": i, "host_s": m.host_s(i), "csd_s": m.csd_s(i)} for i in range(1, last + 1)],
     }
@@ -116,8 +131,9 @@ def sweep(param: str, values: List[float], **fixed) -> dict:
         args = dict(fixed)
         args[key] = int(v) if key != "device_compute" else float(v)
         r = plan(**args)
-        pts.append({param: args[key], "break_even": r["break_even"], "n": r["n"], "k": r["k"],
-                    "host_encode_s": r["host_encode_s"], "csd_encode_s": r["csd_encode_s"]})
+        pts.append(
+            {param: args[key], "break_even": r["break_even"], "n": r["n"], "k": r["k"], "host_encode_s": r["host_encode_s"], "csd_encode_s": r["csd_encode_s"]}
+        )
     base = plan(**fixed)
     inputs = {k: base[k] for k in ("blocks", "n", "k", "block_bytes", "device_compute", "host_compute", "drive", "source", "transfer")}
     return {"sweep": param, "inputs": inputs, "points": pts}

@@ -50,8 +50,9 @@ def _lib() -> ctypes.CDLL:
             except OSError:
                 continue
         if _LIB is None:
-            raise PlanError("ISA-L (libisal) is not installed: `apt-get install libisal2` (make deps does), "
-                            "or plan from presets without measured erasure coding")
+            raise PlanError(
+                "ISA-L (libisal) is not installed: `apt-get install libisal2` (make deps does), or plan from presets without measured erasure coding"
+            )
     return _LIB
 
 
@@ -164,8 +165,7 @@ def _worker(argv: Sequence[str]) -> int:
 
 
 def _spawn(n: int, k: int, block: int, rounds: int, chunk: int, rate: Optional[float]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "insitu.plan.ecbench", "worker", str(n), str(k), str(block), str(rounds), str(chunk),
-           "none" if rate is None else repr(rate)]
+    cmd = [sys.executable, "-m", "insitu.plan.ecbench", "worker", str(n), str(k), str(block), str(rounds), str(chunk), "none" if rate is None else repr(rate)]
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
@@ -196,8 +196,7 @@ def _run_together(procs: List[subprocess.Popen]) -> Tuple[float, float]:
             p.wait()
 
 
-def measure_series(n: int, k: int, block: int, rounds: int, rate: float, max_drives: int, repeat: int = 5,
-                   chunk: int = 0, progress=None) -> List[dict]:
+def measure_series(n: int, k: int, block: int, rounds: int, rate: float, max_drives: int, repeat: int = 5, chunk: int = 0, progress=None) -> List[dict]:
     """For M = 1..max_drives: the host encoding M block sets (``rounds`` passes each) one
     after another, and M budgeted drives encoding one set each at once. The fastest of
     ``repeat`` runs of each (this machine is shared; the fastest is the least disturbed)."""
@@ -249,7 +248,7 @@ def fit_cost(samples: List[Tuple[int, int, int, float]]) -> EncodeCost:
     for mask in range(1, 8):
         cols = [i for i in range(3) if mask >> i & 1]
         # Weighted least squares, weight 1/t: relative error.
-        ata = [[sum(x[i] * x[j] / t ** 2 for x, t in rows) for j in cols] for i in cols]
+        ata = [[sum(x[i] * x[j] / t**2 for x, t in rows) for j in cols] for i in cols]
         atb = [sum(x[i] / t for x, t in rows) for i in cols]
         sol = _solve(ata, atb)
         if sol is None or any(v < 0 for v in sol):
@@ -310,5 +309,7 @@ if __name__ == "__main__":
         sys.exit(_worker(sys.argv[2:]))
     if sys.argv[1:2] == ["series"] and len(sys.argv) == 9:
         sys.exit(_series_main(sys.argv[2:]))
-    sys.exit("usage: python -m insitu.plan.ecbench series N K BLOCK ROUNDS RATE MAX_DRIVES REPEAT\n"
-             "       python -m insitu.plan.ecbench worker N K BLOCK ROUNDS CHUNK RATE|none")
+    sys.exit(
+        "usage: python -m insitu.plan.ecbench series N K BLOCK ROUNDS RATE MAX_DRIVES REPEAT\n"
+        "       python -m insitu.plan.ecbench worker N K BLOCK ROUNDS CHUNK RATE|none"
+    )

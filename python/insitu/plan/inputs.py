@@ -21,8 +21,19 @@ from ._errors import PlanError
 from .csdplan import EncodeCost
 
 __all__ = [
-    "MIB", "Drive", "drive", "link_mb_s", "LINK_NAMES", "size", "number", "positive_int",
-    "number_list", "size_list", "EC_PROFILES", "EcProfile", "PAPER_EC_POINTS",
+    "MIB",
+    "Drive",
+    "drive",
+    "link_mb_s",
+    "LINK_NAMES",
+    "size",
+    "number",
+    "positive_int",
+    "number_list",
+    "size_list",
+    "EC_PROFILES",
+    "EcProfile",
+    "PAPER_EC_POINTS",
 ]
 
 MIB = 1 << 20
@@ -155,8 +166,13 @@ class Drive:
         )
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "description": self.description, "host_read_mb_s": self.host_read_mb_s,
-                "internal_read_mb_s": self.internal_read_mb_s, "compute_rate": self.compute_rate}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "host_read_mb_s": self.host_read_mb_s,
+            "internal_read_mb_s": self.internal_read_mb_s,
+            "compute_rate": self.compute_rate,
+        }
 
 
 @lru_cache(maxsize=None)

@@ -165,8 +165,9 @@ def _host_compute(samples: List[dict]) -> Optional[Curve]:
     return Curve(tuple((size, sum(v) / len(v)) for size, v in sorted(by_size.items())))
 
 
-def spec_model(data: int, host_mb_s: float, slowdown: float, drive_host_mb_s: Optional[float],
-               drive_internal_mb_s: Optional[float], link_mb_s: Optional[float]) -> BreakEvenModel:
+def spec_model(
+    data: int, host_mb_s: float, slowdown: float, drive_host_mb_s: Optional[float], drive_internal_mb_s: Optional[float], link_mb_s: Optional[float]
+) -> BreakEvenModel:
     """CSDPLAN from specifications: rates in MB/s (10^6 bytes/s); a read rate of None is
     not modelled (takes no time)."""
     host = data / (host_mb_s * 1e6)
@@ -180,14 +181,21 @@ def spec_model(data: int, host_mb_s: float, slowdown: float, drive_host_mb_s: Op
 
 def series(model: BreakEvenModel, max_drives: int) -> List[dict]:
     """``T_host`` and ``T_csd`` for 1..max_drives drives."""
-    return [{"drives": m, "host_s": model.host_s(m), "csd_s": model.csd_s(m), "csd_faster": model.csd_s(m) < model.host_s(m)}
-            for m in range(1, max_drives + 1)]
+    return [{"drives": m, "host_s": model.host_s(m), "csd_s": model.csd_s(m), "csd_faster": model.csd_s(m) < model.host_s(m)} for m in range(1, max_drives + 1)]
 
 
-def predict_here(cal: KernelCalibration, data: int, link_mb_s: Optional[float], cores: Optional[float],
-                 max_drives: int, search_to: int = 256, copy_gb_s: Optional[float] = None) -> dict:
+def predict_here(
+    cal: KernelCalibration,
+    data: int,
+    link_mb_s: Optional[float],
+    cores: Optional[float],
+    max_drives: int,
+    search_to: int = 256,
+    copy_gb_s: Optional[float] = None,
+) -> dict:
     """The series on this machine, share by share (see the module docs), and the first N
     at which the drives win (searched up to ``search_to``)."""
+
     def point(m: int) -> dict:
         share = data / m
         link = data / (link_mb_s * 1e6) if link_mb_s else 0.0
@@ -197,8 +205,14 @@ def predict_here(cal: KernelCalibration, data: int, link_mb_s: Optional[float], 
         # A drive's CPU: its kernel under the budget, and copying its share off the media.
         cpu = cal.device_cpu(share) + (share / (copy_gb_s * 1e9) if copy_gb_s else 0.0)
         cpu_bound = m * cpu / cores if cores else 0.0
-        return {"drives": m, "host_s": pull + compute, "host_pull_s": pull, "host_compute_s": compute,
-                "csd_s": max(csd, cpu_bound), "machine_limited": cpu_bound > csd}
+        return {
+            "drives": m,
+            "host_s": pull + compute,
+            "host_pull_s": pull,
+            "host_compute_s": compute,
+            "csd_s": max(csd, cpu_bound),
+            "machine_limited": cpu_bound > csd,
+        }
 
     def wins(p: dict) -> bool:
         return p["csd_s"] < p["host_s"]

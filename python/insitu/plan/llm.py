@@ -58,8 +58,7 @@ class Model:
     @property
     def layer_params(self) -> int:
         """Weights of one layer: Q and O projections, K and V for the KV heads, the FFN."""
-        return (2 * self.d_model * self.attn_dim + 2 * self.d_model * self.kv_heads * self.head_dim
-                + self.ffn_mats * self.d_model * self.d_ff)
+        return 2 * self.d_model * self.attn_dim + 2 * self.d_model * self.kv_heads * self.head_dim + self.ffn_mats * self.d_model * self.d_ff
 
     @property
     def params(self) -> int:
@@ -71,16 +70,21 @@ class Model:
 
 
 #: The eight models of DockerSSD's Fig. 12, with the shapes their papers publish.
-MODELS: Dict[str, Model] = {m.name: m for m in [
-    Model("lamda-137b", 64, 8192, 128, 128, 128, 65536, 3, "LaMDA (Thoppilan et al. 2022): 64 layers, d_model 8192, 128 heads of 128, d_ff 65536, gated GELU"),
-    Model("gpt3-175b", 96, 12288, 96, 128, 96, 49152, 2, "GPT-3 (Brown et al. 2020): 96 layers, d_model 12288, 96 heads of 128"),
-    Model("jurassic-178b", 76, 13824, 96, 144, 96, 55296, 2, "Jurassic-1 Jumbo (Lieber et al. 2021): 76 layers, d_model 13824, 96 heads"),
-    Model("pangu-200b", 64, 16384, 128, 128, 128, 65536, 2, "PanGu-alpha 200B (Zeng et al. 2021): 64 layers, d_model 16384, 128 heads"),
-    Model("gopher-280b", 80, 16384, 128, 128, 128, 65536, 2, "Gopher (Rae et al. 2021): 80 layers, d_model 16384, 128 heads of 128"),
-    Model("turing-530b", 105, 20480, 128, 160, 128, 81920, 2, "Megatron-Turing NLG (Smith et al. 2022): 105 layers, d_model 20480, 128 heads"),
-    Model("palm-540b", 118, 18432, 48, 256, 1, 73728, 3, "PaLM (Chowdhery et al. 2022): 118 layers, d_model 18432, 48 heads of 256, multi-query, SwiGLU"),
-    Model("megatron-1t", 128, 25600, 160, 160, 160, 102400, 2, "Megatron-LM 1T (Narayanan et al. 2021): 128 layers, hidden 25600, 160 heads"),
-]}
+MODELS: Dict[str, Model] = {
+    m.name: m
+    for m in [
+        Model(
+            "lamda-137b", 64, 8192, 128, 128, 128, 65536, 3, "LaMDA (Thoppilan et al. 2022): 64 layers, d_model 8192, 128 heads of 128, d_ff 65536, gated GELU"
+        ),
+        Model("gpt3-175b", 96, 12288, 96, 128, 96, 49152, 2, "GPT-3 (Brown et al. 2020): 96 layers, d_model 12288, 96 heads of 128"),
+        Model("jurassic-178b", 76, 13824, 96, 144, 96, 55296, 2, "Jurassic-1 Jumbo (Lieber et al. 2021): 76 layers, d_model 13824, 96 heads"),
+        Model("pangu-200b", 64, 16384, 128, 128, 128, 65536, 2, "PanGu-alpha 200B (Zeng et al. 2021): 64 layers, d_model 16384, 128 heads"),
+        Model("gopher-280b", 80, 16384, 128, 128, 128, 65536, 2, "Gopher (Rae et al. 2021): 80 layers, d_model 16384, 128 heads of 128"),
+        Model("turing-530b", 105, 20480, 128, 160, 128, 81920, 2, "Megatron-Turing NLG (Smith et al. 2022): 105 layers, d_model 20480, 128 heads"),
+        Model("palm-540b", 118, 18432, 48, 256, 1, 73728, 3, "PaLM (Chowdhery et al. 2022): 118 layers, d_model 18432, 48 heads of 256, multi-query, SwiGLU"),
+        Model("megatron-1t", 128, 25600, 160, 160, 160, 102400, 2, "Megatron-LM 1T (Narayanan et al. 2021): 128 layers, hidden 25600, 160 heads"),
+    ]
+}
 
 
 @dataclass(frozen=True)
@@ -122,18 +126,46 @@ class Node:
 #: swap; 2.2 GHz drive processor with 2 GB DRAM, 400 GB of flash on 12 channels (48 MLC
 #: packages). Everything else is assumed (see ASSUMED).
 NODES: Dict[str, Node] = {
-    "host": Node("host", ghz=3.8, flops_per_cycle=128, efficiency=0.9, dram_gb=64, dram_gb_s=51.2, weights_in="dram",
-                 kv_gb=400, kv_gb_s=1.0, net_gb_s=100 / 8 * 1460 / 1538, net_latency_us=10,
-                 note="3.8 GHz, 64 GB DDR4 (2 x DDR4-3200), KV cache swapped to a 400 GB SSD, 100 GbE"),
-    "drive": Node("drive", ghz=2.2, flops_per_cycle=128, efficiency=0.9, dram_gb=2, dram_gb_s=25.6, weights_in="kv",
-                  kv_gb=400, kv_gb_s=9.6, net_gb_s=3.94, net_latency_us=10,
-                  note="2.2 GHz, 2 GB DRAM, 400 GB flash on 12 channels read in place, Ether-oN over PCIe Gen3 x4"),
+    "host": Node(
+        "host",
+        ghz=3.8,
+        flops_per_cycle=128,
+        efficiency=0.9,
+        dram_gb=64,
+        dram_gb_s=51.2,
+        weights_in="dram",
+        kv_gb=400,
+        kv_gb_s=1.0,
+        net_gb_s=100 / 8 * 1460 / 1538,
+        net_latency_us=10,
+        note="3.8 GHz, 64 GB DDR4 (2 x DDR4-3200), KV cache swapped to a 400 GB SSD, 100 GbE",
+    ),
+    "drive": Node(
+        "drive",
+        ghz=2.2,
+        flops_per_cycle=128,
+        efficiency=0.9,
+        dram_gb=2,
+        dram_gb_s=25.6,
+        weights_in="kv",
+        kv_gb=400,
+        kv_gb_s=9.6,
+        net_gb_s=3.94,
+        net_latency_us=10,
+        note="2.2 GHz, 2 GB DRAM, 400 GB flash on 12 channels read in place, Ether-oN over PCIe Gen3 x4",
+    ),
 }
 
 #: What the paper does not state and the model assumes (name: (value, why)).
 ASSUMED = {
-    "flops_per_cycle": ("128 on both (e.g. 16 cores x 8-wide fp16 FMA)", "the paper compares the processors by clock only (3.8 vs 2.2 GHz); equal width keeps that ratio"),
-    "efficiency": ("0.9 on both", "not stated; with 128 FLOP/cycle it puts the D-Cache/H-Cache crossover where Fig. 13a/b do (256 tokens for lamda, 1,024 for megatron), so it is fitted"),
+    "flops_per_cycle": (
+        "128 on both (e.g. 16 cores x 8-wide fp16 FMA)",
+        "the paper compares the processors by clock only (3.8 vs 2.2 GHz); equal width keeps that ratio",
+    ),
+    "efficiency": (
+        "0.9 on both",
+        "not stated; with 128 FLOP/cycle it puts the D-Cache/H-Cache crossover where Fig. 13a/b do (256 tokens for lamda, 1,024 for megatron), so it is fitted",
+    ),
     "host dram_gb_s": ("51.2 GB/s", "two channels of the stated DDR4 at 3200 MT/s"),
     "host kv_gb_s": ("1.0 GB/s", "swap-ins are 4 KiB page faults on the 400 GB SSD; with the drive's 9.6 GB/s this is the paper's ~9.5x long-sequence limit"),
     "drive kv_gb_s": ("9.6 GB/s", "12 channels x 800 MB/s (48 MLC packages), read by the drive's own processor"),
@@ -175,7 +207,15 @@ class Step:
 
     def as_dict(self) -> dict:
         d = asdict(self)
-        d["dominant"] = "pipeline" if self.pp > max(self.tp, self.dp) else "tensor" if self.tp >= max(self.pp, self.dp) and self.tp > 1 else "data" if self.dp > 1 else "none"
+        d["dominant"] = (
+            "pipeline"
+            if self.pp > max(self.tp, self.dp)
+            else "tensor"
+            if self.tp >= max(self.pp, self.dp) and self.tp > 1
+            else "data"
+            if self.dp > 1
+            else "none"
+        )
         return d
 
 
@@ -219,8 +259,9 @@ def step(model: Model, node: Node, cache: bool, seq: int, batch: int, dp: int, t
     send = act / tp / (node.net_gb_s * GB) + node.net_latency_us * 1e-6 if pp > 1 else 0.0
     stage_s = stage_layers * (max(comp_s, mem_s) + comm_layer) + send
     slots = micro + pp - 1
-    return Step(dp, tp, pp, slots * stage_s, slots * stage_layers * comp_s, slots * stage_layers * mem_s,
-                slots * (stage_layers * comm_layer + send), weights_gb, kv_gb)
+    return Step(
+        dp, tp, pp, slots * stage_s, slots * stage_layers * comp_s, slots * stage_layers * mem_s, slots * (stage_layers * comm_layer + send), weights_gb, kv_gb
+    )
 
 
 def _divisors(n: int) -> List[int]:
@@ -240,8 +281,7 @@ def configurations(model: Model, devices: int) -> Iterable[Tuple[int, int, int]]
 def best(model: Model, node: Node, cache: bool, seq: int, batch: int, devices: int) -> Optional[Step]:
     """The fastest configuration (ties within 2 % go to the fewest weight copies); None
     when nothing fits."""
-    steps = [s for dp, tp, pp in configurations(model, devices) if batch % dp == 0
-             for s in [step(model, node, cache, seq, batch, dp, tp, pp)] if s]
+    steps = [s for dp, tp, pp in configurations(model, devices) if batch % dp == 0 for s in [step(model, node, cache, seq, batch, dp, tp, pp)] if s]
     if not steps:
         return None
     fastest = min(s.step_s for s in steps)
@@ -257,8 +297,7 @@ def _model(name: str) -> Model:
     return MODELS[name]
 
 
-def plan(model: str, devices: int, seq: int, batch_per_device: int, nodes: Dict[str, Node],
-         systems: Iterable[str] = tuple(SYSTEMS)) -> dict:
+def plan(model: str, devices: int, seq: int, batch_per_device: int, nodes: Dict[str, Node], systems: Iterable[str] = tuple(SYSTEMS)) -> dict:
     """Every system's best configuration and time per step, and the speedups between them."""
     m = _model(model)
     batch = devices * batch_per_device
@@ -273,8 +312,12 @@ def plan(model: str, devices: int, seq: int, batch_per_device: int, nodes: Dict[
         return t[a] / t[b] if a in t and b in t else None
 
     return {
-        "model": m.name, "params_b": m.params / 1e9, "devices": devices, "seq_len": seq,
-        "batch_per_device": batch_per_device, "batch": batch,
+        "model": m.name,
+        "params_b": m.params / 1e9,
+        "devices": devices,
+        "seq_len": seq,
+        "batch_per_device": batch_per_device,
+        "batch": batch,
         "systems": out,
         "speedup": {
             "h_cache_over_h_nocache": ratio("h-nocache", "h-cache"),
@@ -286,8 +329,9 @@ def plan(model: str, devices: int, seq: int, batch_per_device: int, nodes: Dict[
     }
 
 
-def sweep(param: str, values: List[int], model: str, devices: int, seq: int, batch_per_device: int,
-          nodes: Dict[str, Node], systems: Iterable[str] = tuple(SYSTEMS)) -> dict:
+def sweep(
+    param: str, values: List[int], model: str, devices: int, seq: int, batch_per_device: int, nodes: Dict[str, Node], systems: Iterable[str] = tuple(SYSTEMS)
+) -> dict:
     """:func:`plan` over sequence lengths, batch sizes per device or pool sizes."""
     if param not in SWEEPS:
         raise PlanError(f"--sweep {param}: choose from {', '.join(SWEEPS)}")
@@ -316,12 +360,12 @@ def nodes_with(overrides: Dict[str, Dict[str, float]], calibration: Optional[dic
     if calibration is not None:
         h = calibration.get("host") or {}
         if not h.get("gemm_gflops") or not h.get("memory_copy_gb_s"):
-            raise PlanError("the calibration has no host measurements (matrix multiply needs numpy); "
-                            "run `insitu plan calibrate` without --skip-host")
+            raise PlanError("the calibration has no host measurements (matrix multiply needs numpy); run `insitu plan calibrate` without --skip-host")
         host = nodes["host"]
         fpc = h["gemm_gflops"] * 1e9 / (host.ghz * 1e9)
-        nodes["host"] = replace(host, flops_per_cycle=fpc, efficiency=1.0, dram_gb_s=h["memory_copy_gb_s"],
-                                note=host.note + "; processor and DRAM rate measured here")
+        nodes["host"] = replace(
+            host, flops_per_cycle=fpc, efficiency=1.0, dram_gb_s=h["memory_copy_gb_s"], note=host.note + "; processor and DRAM rate measured here"
+        )
         nodes["drive"] = replace(nodes["drive"], flops_per_cycle=fpc, efficiency=1.0, note=nodes["drive"].note + "; processor as wide as this machine's")
     for name, fields in overrides.items():
         try:

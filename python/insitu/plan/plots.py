@@ -31,8 +31,11 @@ def ec_sweep(r: dict, plt):
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     i = r["inputs"]
-    fixed = {"blocks": f"{fmt_bytes(i['block_bytes'])} blocks", "block-size": f"{i['blocks']} blocks",
-             "device-compute": f"{i['blocks']} blocks of {fmt_bytes(i['block_bytes'])}"}[param]
+    fixed = {
+        "blocks": f"{fmt_bytes(i['block_bytes'])} blocks",
+        "block-size": f"{i['blocks']} blocks",
+        "device-compute": f"{i['blocks']} blocks of {fmt_bytes(i['block_bytes'])}",
+    }[param]
     fig.suptitle(f"CSDPLAN-EC, drive {i['drive']}: {fixed}", fontsize=10)
     return fig
 
@@ -47,8 +50,15 @@ def llm_sweep(r: dict, plt):
         xs = [p[param] for p in pts]
         for sysname in r["systems"]:
             ys = [(p[sysname] or {}).get("step_s") for p in pts]
-            ax1.plot([x for x, y in zip(xs, ys) if y], [y for y in ys if y], styles[mi % 4], marker="o", ms=3,
-                     color=_SYS_COLORS.get(sysname), label=f"{model} {sysname}")
+            ax1.plot(
+                [x for x, y in zip(xs, ys) if y],
+                [y for y in ys if y],
+                styles[mi % 4],
+                marker="o",
+                ms=3,
+                color=_SYS_COLORS.get(sysname),
+                label=f"{model} {sysname}",
+            )
         sp = [p["speedup"]["d_cache_over_h_cache"] for p in pts]
         ax2.plot([x for x, y in zip(xs, sp) if y], [y for y in sp if y], styles[mi % 4], marker="o", label=model)
     ax1.set_yscale("log")
@@ -61,8 +71,9 @@ def llm_sweep(r: dict, plt):
         ax.set_xscale("log", base=2)
         ax.set_xlabel({"seq-len": "sequence length (tokens)", "batch": "sequences per node", "devices": "nodes in the pool"}[param])
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Storage-pool LLM inference: {r['devices']} nodes, sequence {r['seq_len']}, "
-                 f"{r['batch_per_device']} sequence(s) per node (unless swept)", fontsize=10)
+    fig.suptitle(
+        f"Storage-pool LLM inference: {r['devices']} nodes, sequence {r['seq_len']}, {r['batch_per_device']} sequence(s) per node (unless swept)", fontsize=10
+    )
     return fig
 
 
@@ -80,8 +91,14 @@ def llm_models(r: dict, plt):
     for i, p in enumerate(plans):
         for si, s in enumerate(systems):
             v = p["systems"][s]
-            ax.annotate("x" if v is None else f"{v['dp']}/{v['tp']}/{v['pp']}", (i + si * w, v["step_s"] if v else bottom),
-                        rotation=90, fontsize=5, ha="center", va="bottom")
+            ax.annotate(
+                "x" if v is None else f"{v['dp']}/{v['tp']}/{v['pp']}",
+                (i + si * w, v["step_s"] if v else bottom),
+                rotation=90,
+                fontsize=5,
+                ha="center",
+                va="bottom",
+            )
     ax.set_xticks([i + 0.4 - w / 2 for i in range(len(plans))])
     ax.set_xticklabels([p["model"] for p in plans], fontsize=8, rotation=15)
     ax.set_ylabel("seconds per decode step")

@@ -71,16 +71,23 @@ def compare_kernels(calibration: dict, bench_report: dict) -> List[dict]:
         here = kplan.predict_here(cals[name], data, link_mb_s, cores, n, copy_gb_s=copy_rate(calibration))
         csdplan = cals[name].csdplan(data, link_mb_s)
         err = series_error(here["points"], series)
-        out.append({
-            "kernel": name, "data_bytes": data,
-            "measured": [{"drives": p["drives"], "host_s": p["host_s"], "offload_s": p["offload_s"]} for p in series],
-            "predicted": [{"drives": p["drives"], "host_s": p["host_s"], "csd_s": p["csd_s"]} for p in here["points"]],
-            "csdplan": kplan.series(csdplan, n),
-            "error": err,
-            "csdplan_error": series_error(kplan.series(csdplan, n), series),
-            "break_even": {"measured": _measured_be(series), "predicted": here["break_even"],
-                           "csdplan": csdplan.break_even(), "benchmark_model": k.get("break_even_model")},
-        })
+        out.append(
+            {
+                "kernel": name,
+                "data_bytes": data,
+                "measured": [{"drives": p["drives"], "host_s": p["host_s"], "offload_s": p["offload_s"]} for p in series],
+                "predicted": [{"drives": p["drives"], "host_s": p["host_s"], "csd_s": p["csd_s"]} for p in here["points"]],
+                "csdplan": kplan.series(csdplan, n),
+                "error": err,
+                "csdplan_error": series_error(kplan.series(csdplan, n), series),
+                "break_even": {
+                    "measured": _measured_be(series),
+                    "predicted": here["break_even"],
+                    "csdplan": csdplan.break_even(),
+                    "benchmark_model": k.get("break_even_model"),
+                },
+            }
+        )
     return out
 
 
@@ -92,6 +99,12 @@ def compare_ec(calibration: dict, measured: dict) -> dict:
     pred = ecplan.predict_here(calibration, c["n"], c["k"], c["block_bytes"], c["rounds"], max(p["drives"] for p in pts))
     err = series_error(pred["points"], pts, keys=(("host_s", "host_s"), ("csd_s", "csd_s")))
     meas_be = next((p["drives"] for p in pts if p["csd_s"] < p["host_s"]), None)
-    return {"config": c, "measured": pts, "predicted": pred["points"], "error": err,
-            "break_even": {"measured": meas_be, "predicted": pred["break_even"]},
-            "host_encode_s": pred["host_encode_s"], "csd_to_host_ratio": pred["csd_to_host_ratio"]}
+    return {
+        "config": c,
+        "measured": pts,
+        "predicted": pred["points"],
+        "error": err,
+        "break_even": {"measured": meas_be, "predicted": pred["break_even"]},
+        "host_encode_s": pred["host_encode_s"],
+        "csd_to_host_ratio": pred["csd_to_host_ratio"],
+    }

@@ -107,18 +107,20 @@ bind_port = {port}
 workers = 0
 user = root
 swift_dir = {dir}
-devices = {dir / 'node'}
+devices = {dir / "node"}
 # Devices must be real mounts (the XFS file systems on insitu namespaces): a device whose
 # mount went away is skipped rather than filled on the directory underneath.
 mount_check = true
-recon_cache_path = {dir / 'run' / 'recon'}
+recon_cache_path = {dir / "run" / "recon"}
 log_level = INFO
 """
 
 
 def proxy_conf(dir: Path, ports: Ports) -> str:
     """``proxy-server.conf``: tempauth with one admin user, memcached on its own port."""
-    return _default(dir, ports.proxy) + f"""
+    return (
+        _default(dir, ports.proxy)
+        + f"""
 [pipeline:main]
 pipeline = catch_errors gatekeeper healthcheck proxy-logging cache listing_formats tempauth copy slo dlo proxy-logging proxy-server
 
@@ -159,11 +161,14 @@ use = egg:swift#slo
 [filter:dlo]
 use = egg:swift#dlo
 """
+    )
 
 
 def account_conf(dir: Path, ports: Ports) -> str:
     """``account-server.conf``."""
-    return _default(dir, ports.account) + """
+    return (
+        _default(dir, ports.account)
+        + """
 [pipeline:main]
 pipeline = healthcheck recon account-server
 
@@ -180,11 +185,14 @@ use = egg:swift#recon
 [account-auditor]
 [account-reaper]
 """
+    )
 
 
 def container_conf(dir: Path, ports: Ports) -> str:
     """``container-server.conf``."""
-    return _default(dir, ports.container) + """
+    return (
+        _default(dir, ports.container)
+        + """
 [pipeline:main]
 pipeline = healthcheck recon container-server
 
@@ -202,12 +210,15 @@ use = egg:swift#recon
 [container-auditor]
 [container-sync]
 """
+    )
 
 
 def object_conf(dir: Path, ports: Ports) -> str:
     """``object-server.conf``, with the sections its background daemons read when run
     with ``insitu swift once``."""
-    return _default(dir, ports.object) + """
+    return (
+        _default(dir, ports.object)
+        + """
 [pipeline:main]
 pipeline = healthcheck recon object-server
 
@@ -236,6 +247,7 @@ files_per_second = 0
 bytes_per_second = 0
 zero_byte_files_per_second = 0
 """
+    )
 
 
 CONFS = {

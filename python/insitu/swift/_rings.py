@@ -35,9 +35,20 @@ def build(dir: str, name: str, replicas: int, port: int, devices: list, part_pow
     else:
         b = RingBuilder(part_power, replicas, 0)
         for i, dev in enumerate(devices):
-            b.add_dev({"id": i, "region": 1, "zone": i + 1, "ip": "127.0.0.1", "port": port,
-                       "replication_ip": "127.0.0.1", "replication_port": port,
-                       "device": dev, "weight": 100.0, "meta": ""})
+            b.add_dev(
+                {
+                    "id": i,
+                    "region": 1,
+                    "zone": i + 1,
+                    "ip": "127.0.0.1",
+                    "port": port,
+                    "replication_ip": "127.0.0.1",
+                    "replication_port": port,
+                    "device": dev,
+                    "weight": 100.0,
+                    "meta": "",
+                }
+            )
         b.rebalance(seed=1)
         created = True
     b.save(builder_path)
@@ -48,8 +59,7 @@ def build(dir: str, name: str, replicas: int, port: int, devices: list, part_pow
 def main() -> int:
     with open(sys.argv[1]) as f:
         plan = json.load(f)
-    out = [build(plan["dir"], name, int(r), int(port), plan["devices"], int(plan["part_power"]))
-           for name, (r, port) in plan["rings"].items()]
+    out = [build(plan["dir"], name, int(r), int(port), plan["devices"], int(plan["part_power"])) for name, (r, port) in plan["rings"].items()]
     print(json.dumps(out))
     return 0
 

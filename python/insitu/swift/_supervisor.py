@@ -88,8 +88,7 @@ def _drop_foreign_mounts(dir):
 def _start(dir, name, argv, env):
     log = open(os.path.join(dir, "log", name + ".log"), "ab")
     # Own process group: a server's worker processes stop with it.
-    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                         cwd=dir, env=env, process_group=0)
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=dir, env=env, process_group=0)
     log.close()
     return p
 
@@ -128,8 +127,9 @@ def main():
         _drop_foreign_mounts(dir)
         subprocess.run(["mount", "--bind", dir, "/etc/swift"], check=True, capture_output=True, text=True)
         ports = plan["ports"]
-        procs["memcached"] = _start(dir, "memcached", ["/usr/bin/memcached", "-l", "127.0.0.1", "-p", str(ports["memcached"]),
-                                                       "-U", "0", "-u", "root", "-m", "64"], env)
+        procs["memcached"] = _start(
+            dir, "memcached", ["/usr/bin/memcached", "-l", "127.0.0.1", "-p", str(ports["memcached"]), "-U", "0", "-u", "root", "-m", "64"], env
+        )
         for name in ("account", "container", "object", "proxy"):
             conf = os.path.join(dir, name + "-server.conf")
             procs[name] = _start(dir, name + "-server", [PROGRAMS[name], conf, "-v"], env)

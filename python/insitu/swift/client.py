@@ -43,8 +43,9 @@ class SwiftError(Exception):
         super().__init__(f"{method} {url}: {status} {reason}" + (f": {text}" if text else ""))
 
 
-def _request(method: str, url: str, token: Optional[str] = None, data: Optional[bytes] = None,
-             headers: Optional[Mapping[str, str]] = None) -> Tuple[int, Dict[str, str], bytes]:
+def _request(
+    method: str, url: str, token: Optional[str] = None, data: Optional[bytes] = None, headers: Optional[Mapping[str, str]] = None
+) -> Tuple[int, Dict[str, str], bytes]:
     h = dict(headers or {})
     if token is not None:
         h["X-Auth-Token"] = token
@@ -88,8 +89,7 @@ def delete_container(storage_url: str, token: str, container: str) -> None:
     _request("DELETE", _url(storage_url, container), token)
 
 
-def put_object(storage_url: str, token: str, container: str, name: str, data: bytes,
-               headers: Optional[Mapping[str, str]] = None) -> str:
+def put_object(storage_url: str, token: str, container: str, name: str, data: bytes, headers: Optional[Mapping[str, str]] = None) -> str:
     """Stores `data` as `container`/`name`; returns the ETag Swift computed (the MD5 of
     `data`). The Content-Type is application/octet-stream unless `headers` say otherwise."""
     h = {"Content-Type": "application/octet-stream", **(headers or {})}
@@ -97,8 +97,7 @@ def put_object(storage_url: str, token: str, container: str, name: str, data: by
     return h.get("etag", "")
 
 
-def get_object(storage_url: str, token: str, container: str, name: str,
-               headers: Optional[Mapping[str, str]] = None) -> bytes:
+def get_object(storage_url: str, token: str, container: str, name: str, headers: Optional[Mapping[str, str]] = None) -> bytes:
     """The bytes of `container`/`name` (or of the range a ``Range`` header asks for)."""
     return _request("GET", _url(storage_url, container, name), token, None, headers)[2]
 

@@ -115,16 +115,19 @@ def _supervisor_pid(dir: Path, doc: dict) -> Optional[int]:
 def _check_environment() -> None:
     if os.geteuid() != 0:
         raise ClusterError("insitu swift needs root: it attaches namespaces, mounts XFS and makes a mount namespace")
-    missing = [p for p in [SYSTEM_PYTHON, *(f"/usr/bin/swift-{s}-server" for s in _conf.SERVERS), "/usr/bin/memcached"]
-               if not os.access(p, os.X_OK)]
+    missing = [p for p in [SYSTEM_PYTHON, *(f"/usr/bin/swift-{s}-server" for s in _conf.SERVERS), "/usr/bin/memcached"] if not os.access(p, os.X_OK)]
     missing += [t for t in ("unshare", "nsenter", "mkfs.xfs", "mount") if not shutil.which(t)]
     if missing:
-        raise ClusterError("missing " + ", ".join(missing) + ": install Swift, memcached and xfsprogs "
-                           "(Debian: apt-get install swift swift-proxy swift-account swift-container swift-object "
-                           "memcached python3-pyeclib xfsprogs)")
+        raise ClusterError(
+            "missing " + ", ".join(missing) + ": install Swift, memcached and xfsprogs "
+            "(Debian: apt-get install swift swift-proxy swift-account swift-container swift-object "
+            "memcached python3-pyeclib xfsprogs)"
+        )
     if not Path("/etc/swift").is_dir():
-        raise ClusterError("/etc/swift is missing: the cluster's configuration is bind-mounted over it in a private mount "
-                           "namespace; reinstall the swift package, which creates it")
+        raise ClusterError(
+            "/etc/swift is missing: the cluster's configuration is bind-mounted over it in a private mount "
+            "namespace; reinstall the swift package, which creates it"
+        )
 
 
 def _ec_types() -> List[str]:
@@ -132,8 +135,7 @@ def _ec_types() -> List[str]:
     code = "import json, pyeclib.ec_iface as e; print(json.dumps(e.VALID_EC_TYPES))"
     p = subprocess.run([SYSTEM_PYTHON, "-I", "-c", code], capture_output=True, text=True, env=SWIFT_ENV)
     if p.returncode != 0:
-        raise ClusterError(f"PyECLib does not load in {SYSTEM_PYTHON}: {p.stderr.strip().splitlines()[-1:]}; "
-                           "install python3-pyeclib and liberasurecode1")
+        raise ClusterError(f"PyECLib does not load in {SYSTEM_PYTHON}: {p.stderr.strip().splitlines()[-1:]}; install python3-pyeclib and liberasurecode1")
     return json.loads(p.stdout)
 
 
@@ -142,8 +144,9 @@ def _pick_ec_type(wanted: Optional[str], ec: _conf.Ec) -> str:
     # Swift refuses isa_l_rs_vand with 5 or more parity fragments: some of its matrices
     # are then not invertible (https://bugs.launchpad.net/swift/+bug/1639691).
     if wanted == "isa_l_rs_vand" and ec.m >= 5:
-        raise ClusterError(f"--ec-type isa_l_rs_vand with --ec {ec}: Swift refuses it with 5 or more parity fragments; "
-                           "use isa_l_rs_cauchy or liberasurecode_rs_vand")
+        raise ClusterError(
+            f"--ec-type isa_l_rs_vand with --ec {ec}: Swift refuses it with 5 or more parity fragments; use isa_l_rs_cauchy or liberasurecode_rs_vand"
+        )
     if wanted:
         if wanted not in valid:
             raise ClusterError(f"--ec-type {wanted}: not available here; PyECLib can use {', '.join(valid)}")
@@ -153,8 +156,7 @@ def _pick_ec_type(wanted: Optional[str], ec: _conf.Ec) -> str:
     for t in ("isa_l_rs_vand", "liberasurecode_rs_vand"):
         if t in valid and not (t == "isa_l_rs_vand" and ec.m >= 5):
             return t
-    raise ClusterError(f"PyECLib offers neither isa_l_rs_vand nor liberasurecode_rs_vand (only {', '.join(valid)}); "
-                       "install libisal2 or liberasurecode1")
+    raise ClusterError(f"PyECLib offers neither isa_l_rs_vand nor liberasurecode_rs_vand (only {', '.join(valid)}); install libisal2 or liberasurecode1")
 
 
 def _probe_url(url: str) -> int:
@@ -171,11 +173,14 @@ def _probe_url(url: str) -> int:
 def _validate_ec_for_reuse(prev: dict, ec: Optional[_conf.Ec], segment_size: Optional[int]) -> None:
     pol = prev["policy"]
     if ec is not None and (ec.k, ec.m) != (pol["k"], pol["m"]):
-        raise ClusterError(f"{prev['dir']} holds a {pol['k']}+{pol['m']} cluster: give --ec {pol['k']}+{pol['m']} "
-                           "(or nothing) to bring it up again, or use a new DIR")
+        raise ClusterError(
+            f"{prev['dir']} holds a {pol['k']}+{pol['m']} cluster: give --ec {pol['k']}+{pol['m']} (or nothing) to bring it up again, or use a new DIR"
+        )
     if segment_size is not None and segment_size != pol["segment_size"]:
-        raise ClusterError(f"{prev['dir']} holds a cluster with --segment-size {pol['segment_size']}; "
-                           "the segment size of stored objects cannot change: omit it or use a new DIR")
+        raise ClusterError(
+            f"{prev['dir']} holds a cluster with --segment-size {pol['segment_size']}; "
+            "the segment size of stored objects cannot change: omit it or use a new DIR"
+        )
 
 
 def _check_down(dir: Path, doc: dict) -> None:
@@ -186,8 +191,7 @@ def _check_down(dir: Path, doc: dict) -> None:
     if _supervisor_pid(dir, doc):
         leftovers.append("its supervisor runs")
     leftovers += [f"{name} is mounted" for name, d in doc.get("devices", {}).items() if _host.mounted(Path(d["mount"]))]
-    leftovers += [f"the target of {name} runs" for name, t in doc.get("private", {}).get("targets", {}).items()
-                  if t.get("pid") and _target_alive(t)]
+    leftovers += [f"the target of {name} runs" for name, t in doc.get("private", {}).get("targets", {}).items() if t.get("pid") and _target_alive(t)]
     if leftovers:
         raise ClusterError(f"{dir} was not brought down cleanly ({'; '.join(leftovers)}): run `insitu swift down {dir}` first")
 
@@ -228,8 +232,10 @@ def up(a: argparse.Namespace) -> int:
     if ec is None:
         raise ClusterError("--ec K+M is needed for a new cluster, e.g. --ec 4+2")
     if a.urls and len(a.urls) < ec.n:
-        raise ClusterError(f"--ec {ec} puts each object's {ec.n} fragments on {ec.n} different devices, one per target URL: "
-                           f"give at least {ec.n} URLs (got {len(a.urls)}), or none for embedded targets")
+        raise ClusterError(
+            f"--ec {ec} puts each object's {ec.n} fragments on {ec.n} different devices, one per target URL: "
+            f"give at least {ec.n} URLs (got {len(a.urls)}), or none for embedded targets"
+        )
     ec_type = _pick_ec_type(a.ec_type, ec)
     if a.urls:
         # Every target must answer before any is formatted.
@@ -247,8 +253,15 @@ def up(a: argparse.Namespace) -> int:
         "key": _conf.KEY,
         "storage_url": None,
         "devices": {},
-        "policy": {"index": _conf.EC_POLICY_INDEX, "name": _conf.EC_POLICY_NAME, "ec": str(ec), "k": ec.k, "m": ec.m,
-                   "ec_type": ec_type, "segment_size": segment_size or (1 << 20)},
+        "policy": {
+            "index": _conf.EC_POLICY_INDEX,
+            "name": _conf.EC_POLICY_NAME,
+            "ec": str(ec),
+            "k": ec.k,
+            "m": ec.m,
+            "ec_type": ec_type,
+            "segment_size": segment_size or (1 << 20),
+        },
         "swift_dir": str(dir),
         "log_dir": str(dir / "log"),
         "ports": {},
@@ -360,8 +373,7 @@ def _attach_devices(dir: Path, doc: dict) -> None:
             nqn = NQN_PREFIX + name
             # Port 0: the daemon binds a free port and reports it, so two clusters never race.
             t = _host.insitu("target", "start", "--listen", "127.0.0.1:0", "--nqn", nqn, "--namespace", image, timeout=30)
-            record(lambda: priv["targets"].__setitem__(
-                name, {"listen": t["listen"], "pid": t.get("pid"), "image": str(image), "nqn": nqn}))
+            record(lambda: priv["targets"].__setitem__(name, {"listen": t["listen"], "pid": t.get("pid"), "image": str(image), "nqn": nqn}))
             url = f"nvme-tcp://{t['listen']}/{nqn}/1"
         mount = dir / "node" / name
         fresh = name not in formatted
@@ -380,6 +392,7 @@ def _attach_devices(dir: Path, doc: dict) -> None:
             doc["devices"][name] = {"mount": str(mount), "target": att.get("url", url)}
             if fresh:
                 formatted.append(name)
+
         record(done)
 
     if not urls:
@@ -422,8 +435,7 @@ def _choose_ports(doc: dict, port: Optional[int]) -> _conf.Ports:
 def _write_config(dir: Path, doc: dict, ports: _conf.Ports) -> None:
     priv, pol = doc["private"], doc["policy"]
     ec = _conf.Ec(pol["k"], pol["m"])
-    (dir / "swift.conf").write_text(_conf.swift_conf(priv["hash_path_prefix"], priv["hash_path_suffix"], ec,
-                                                     pol["ec_type"], pol["segment_size"]))
+    (dir / "swift.conf").write_text(_conf.swift_conf(priv["hash_path_prefix"], priv["hash_path_suffix"], ec, pol["ec_type"], pol["segment_size"]))
     for server, make in _conf.CONFS.items():
         _conf.conf_path(dir, server).write_text(make(dir, ports))
     (dir / "run" / "plan.json").write_text(json.dumps({"ports": ports.as_dict()}, indent=1))
@@ -455,8 +467,9 @@ def _start_rings(dir: Path, doc: dict, old_ports: Dict[str, int]) -> Optional[su
     }
     (dir / "run" / "rings.json").write_text(json.dumps(plan, indent=1))
     _host.progress("building the rings")
-    return subprocess.Popen([SYSTEM_PYTHON, "-I", str(RINGS), str(dir / "run" / "rings.json")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=SWIFT_ENV)
+    return subprocess.Popen(
+        [SYSTEM_PYTHON, "-I", str(RINGS), str(dir / "run" / "rings.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=SWIFT_ENV
+    )
 
 
 def _finish_rings(p: Optional[subprocess.Popen]) -> None:
@@ -478,8 +491,7 @@ def _start_supervisor(dir: Path, doc: dict) -> None:
     log = open(dir / "log" / "supervisor.log", "ab")
     # `setsid -f` forks, so the supervisor is nobody's child here: it outlives this
     # command and never lingers as a zombie of a long-lived caller (a test process).
-    argv = ["setsid", "-f", "unshare", "--mount", "--propagation", "private",
-            SYSTEM_PYTHON, "-I", str(SUPERVISOR), str(dir)]
+    argv = ["setsid", "-f", "unshare", "--mount", "--propagation", "private", SYSTEM_PYTHON, "-I", str(SUPERVISOR), str(dir)]
     subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=SWIFT_ENV, check=True)
     log.close()
     deadline = time.monotonic() + 20
@@ -624,8 +636,11 @@ def _teardown(dir: Path, doc: dict) -> List[str]:
         problems += [p for p in pool.map(detach, sorted(mounts)) if p]
     # A target whose device is still mounted keeps running: stopping it would turn the
     # file system's I/O into errors.
-    targets = [(name, t) for name, t in doc.get("private", {}).get("targets", {}).items()
-               if not (t.get("pid") and not _target_alive(t)) and not _host.mounted(dir / "node" / name)]
+    targets = [
+        (name, t)
+        for name, t in doc.get("private", {}).get("targets", {}).items()
+        if not (t.get("pid") and not _target_alive(t)) and not _host.mounted(dir / "node" / name)
+    ]
 
     def stop(item) -> Optional[str]:
         name, t = item
@@ -704,8 +719,13 @@ def _status_doc(dir: Path, doc: dict) -> dict:
     else:
         state = "down"
     out = public(doc)
-    out.update(state=state, problems=problems, servers=servers, devices=devices,
-               supervisor={"pid": sup, "mnt_ns": doc.get("private", {}).get("mnt_ns")} if sup else None)
+    out.update(
+        state=state,
+        problems=problems,
+        servers=servers,
+        devices=devices,
+        supervisor={"pid": sup, "mnt_ns": doc.get("private", {}).get("mnt_ns")} if sup else None,
+    )
     return out
 
 

@@ -93,7 +93,9 @@ def rebuild(obj: SwiftObject, wanted: Sequence[Tuple[int, int, int, int]]) -> Tu
     """The bytes of the pieces ``(segment, fragment, offset, length)`` whose archives are
     missing, decoded from any K archives that are there; returns them and the bytes read."""
     if len(obj.archives) < obj.policy.k:
-        raise SwiftError(f"{obj.url}: only {len(obj.archives)} of its fragment archives can be read and {obj.policy.k} are needed (devices down: {', '.join(sorted(obj.missing.values())) or 'none'})")
+        raise SwiftError(
+            f"{obj.url}: only {len(obj.archives)} of its fragment archives can be read and {obj.policy.k} are needed (devices down: {', '.join(sorted(obj.missing.values())) or 'none'})"
+        )
     driver = _ec_driver(obj)
     sources = sorted(obj.archives.values(), key=lambda a: a.index)[: obj.policy.k]
     files = {a.index: open(a.path, "rb") for a in sources}
@@ -172,7 +174,7 @@ def run_pieces(
                     stats[k] += report["stats"][k]
     if lost:
         data, rebuilt_bytes = rebuild(obj, [pieces[n] for n in lost])
-        data = [d[skips[n]:] for n, d in zip(lost, data)]
+        data = [d[skips[n] :] for n, d in zip(lost, data)]
         extra = per_input(lost) if per_input else []
         for n, r in zip(lost, json.loads(_native.run_json(function, data, [*args, *extra]))):
             results[n] = r
@@ -336,7 +338,9 @@ def run(function: str, url: str, swift_dir: Path, devices: Optional[Path], args:
         raise SwiftError(f"{function} cannot be joined across fragment edges; on Swift objects: {', '.join(JOINABLE)}")
     obj = resolve(url, swift_dir, devices, readable=device_check())
     if obj.missing and len(obj.missing) > obj.policy.m:
-        raise SwiftError(f"{url}: {len(obj.missing)} devices are down ({', '.join(sorted(obj.missing.values()))}), more than the policy's {obj.policy.m} parity fragments can cover")
+        raise SwiftError(
+            f"{url}: {len(obj.missing)} devices are down ({', '.join(sorted(obj.missing.values()))}), more than the policy's {obj.policy.m} parity fragments can cover"
+        )
     if function == "csv-select":
         fields, stats = run_csv(obj, args, output or Path(url.rsplit("/", 1)[1] + ".select.csv"))
         stats["seconds"] = time.monotonic() - started
@@ -364,13 +368,21 @@ def _human(n: int) -> str:
 def main(argv: List[str]) -> int:
     """``insitu wc|grep|exec ... swift://A/C/O --swift-dir DIR``; ``argv`` starts with the verb."""
     verb, rest = argv[0], argv[1:]
-    p = argparse.ArgumentParser(prog=f"insitu {verb}", description=f"{verb} on erasure-coded Swift objects, offloaded to the targets that hold their fragments; results equal running on the whole object.")
+    p = argparse.ArgumentParser(
+        prog=f"insitu {verb}",
+        description=f"{verb} on erasure-coded Swift objects, offloaded to the targets that hold their fragments; results equal running on the whole object.",
+    )
     if verb == "exec":
         p.add_argument("function", help=f"function to run: {', '.join(JOINABLE)}")
     if verb == "grep":
         p.add_argument("pattern", help="literal text, or a regular expression with -E")
     p.add_argument("objects", nargs="+", metavar="swift://ACCOUNT/CONTAINER/OBJECT")
-    p.add_argument("--swift-dir", type=Path, default=Path("/etc/swift"), help="directory with swift.conf and the rings (default /etc/swift; an `insitu swift up` directory works as is)")
+    p.add_argument(
+        "--swift-dir",
+        type=Path,
+        default=Path("/etc/swift"),
+        help="directory with swift.conf and the rings (default /etc/swift; an `insitu swift up` directory works as is)",
+    )
     p.add_argument("--devices", type=Path, help="where the devices are mounted (default: SWIFT_DIR/node if present, else /srv/node)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     if verb == "grep":
@@ -405,10 +417,16 @@ def main(argv: List[str]) -> int:
     except (SwiftError, _native.InsituError) as e:
         print(f"insitu: {e}", file=sys.stderr)
         return 2
-    report = reports[0] if len(reports) == 1 else {
-        "function": function, "mode": "offload", "results": [r for rep in reports for r in rep["results"]],
-        "stats": {k: sum(rep["stats"][k] for rep in reports) for k in ("bytes_to_host", "bytes_from_host", "media_bytes", "seconds", "commands")},
-    }
+    report = (
+        reports[0]
+        if len(reports) == 1
+        else {
+            "function": function,
+            "mode": "offload",
+            "results": [r for rep in reports for r in rep["results"]],
+            "stats": {k: sum(rep["stats"][k] for rep in reports) for k in ("bytes_to_host", "bytes_from_host", "media_bytes", "seconds", "commands")},
+        }
+    )
     if a.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -423,5 +441,8 @@ def main(argv: List[str]) -> int:
                 for ln, at in r["matches"]:
                     print(f"  line {ln} at byte {at}")
     s = report["stats"]
-    print(f"{function} (offload): {_human(s['bytes_to_host'])} to host, {_human(s['bytes_from_host'])} from host, target read {_human(s['media_bytes'])}, {s['seconds']:.3f}s", file=sys.stderr)
+    print(
+        f"{function} (offload): {_human(s['bytes_to_host'])} to host, {_human(s['bytes_from_host'])} from host, target read {_human(s['media_bytes'])}, {s['seconds']:.3f}s",
+        file=sys.stderr,
+    )
     return 0

@@ -407,7 +407,9 @@ def resolve(url: str, swift_dir: Path, devices: Optional[Path] = None, readable=
         raise SwiftError(f"{url}: no such object (no file for hash {h} on any device under {root})")
     policy, part, hits, down = next((f for f in found if f[2]), found[0])
     if policy.kind != "erasure_coding":
-        raise SwiftError(f"{url}: stored under the replicated policy {policy.name!r} (index {policy.index}); offload on Swift objects reads erasure-coded fragment archives")
+        raise SwiftError(
+            f"{url}: stored under the replicated policy {policy.name!r} (index {policy.index}); offload on Swift objects reads erasure-coded fragment archives"
+        )
     if all(kind == "ts" for _, (kind, _) in hits):
         raise SwiftError(f"{url}: no such object (deleted)")
     obj: Optional[SwiftObject] = None
@@ -452,7 +454,9 @@ def _read_layout(obj: SwiftObject, a: Archive) -> None:
             last = Header.parse(f.read(HEADER_LEN), f"{a.path} (segment {nseg - 1})")
     want_last = obj.segment_len(nseg - 1) if nseg else 0
     if (nseg > 1 and first.segment != obj.segment_size) or last.segment != want_last or last.index != a.index:
-        raise SwiftError(f"{a.path}: corrupt fragment header: segment sizes {first.segment}/{last.segment} do not fit an object of {obj.length} bytes in {obj.segment_size}-byte segments")
+        raise SwiftError(
+            f"{a.path}: corrupt fragment header: segment sizes {first.segment}/{last.segment} do not fit an object of {obj.length} bytes in {obj.segment_size}-byte segments"
+        )
     expect = (nseg - 1) * (HEADER_LEN + first.size) + HEADER_LEN + last.size
     if a.size != expect:
         raise SwiftError(f"{a.path}: {a.size} bytes, but its headers describe {expect}")

@@ -141,7 +141,12 @@ def audit_device(dev: Path, attached: Dict[str, str], conventional: bool) -> Dic
     device that cannot be read (before or during the audit) comes back with ``unreachable``
     set, a file that cannot be read while its device can is in ``unreadable``."""
     out: Dict[str, Any] = {
-        "device": dev.name, "files": 0, "bytes": 0, "corrupt": [], "unreadable": [], "unreachable": None,
+        "device": dev.name,
+        "files": 0,
+        "bytes": 0,
+        "corrupt": [],
+        "unreadable": [],
+        "unreachable": None,
         "stats": {"bytes_to_host": 0, "bytes_from_host": 0, "media_bytes": 0, "commands": 0},
     }
     problem = device_problem(dev, attached)
@@ -244,7 +249,7 @@ def main(argv: List[str]) -> int:
         description="Swift's object audit offloaded: every fragment archive's and object file's MD5 is computed on\n"
         "the target that holds it and checked against its ETag; a mismatch is quarantined as\n"
         "swift-object-auditor does, for Swift to rebuild. A device that cannot be read is skipped\n"
-        "and reported (\"unreachable: device dN skipped, not audited: WHY\"); the others are audited.",
+        'and reported ("unreachable: device dN skipped, not audited: WHY"); the others are audited.',
         epilog=EXIT_STATUSES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -271,6 +276,10 @@ def main(argv: List[str]) -> int:
         for u in r["unreachable"]:
             print(f"unreachable: device {u['device']} skipped, not audited: {u['error']}")
         down = r["unreachable"]
-        devices = f"{r['devices'] - len(down)} of {r['devices']} devices" + (f" ({len(down)} unreachable: {', '.join(u['device'] for u in down)})" if down else "")
-        print(f"{r['files']} files, {_human(r['bytes'])} on {devices}; {len(r['corrupt'])} quarantined; link {_human(r['link_bytes'])} ({100 * r['link_share']:.3f}% of the data), target read {_human(r['target_read_bytes'])}, {r['seconds']:.2f}s")
+        devices = f"{r['devices'] - len(down)} of {r['devices']} devices" + (
+            f" ({len(down)} unreachable: {', '.join(u['device'] for u in down)})" if down else ""
+        )
+        print(
+            f"{r['files']} files, {_human(r['bytes'])} on {devices}; {len(r['corrupt'])} quarantined; link {_human(r['link_bytes'])} ({100 * r['link_share']:.3f}% of the data), target read {_human(r['target_read_bytes'])}, {r['seconds']:.2f}s"
+        )
     return exit_status(r)
