@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Runs fuzz targets for a number of executions each and prints libFuzzer's final counts.
-#   fuzz/run.sh [RUNS] [TARGET ...]     (default: 10000000 runs of descriptor result pdu capsule kv lock docker accelfs)
+#   fuzz/run.sh [RUNS] [TARGET ...]     (default: 10000000 runs of descriptor result pdu capsule kv kv_command lock docker accelfs)
 # Needs the nightly toolchain and cargo-fuzz (cargo install cargo-fuzz). The corpus grows
 # in fuzz/corpus/TARGET, starting from the committed seeds in fuzz/seeds/TARGET; a crash
 # leaves its input in fuzz/artifacts/TARGET and makes this script fail.
@@ -10,7 +10,7 @@ cd "$(dirname "$0")"
 runs=${1:-10000000}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(descriptor result pdu capsule kv lock docker accelfs)
+[ ${#targets[@]} -gt 0 ] || targets=(descriptor result pdu capsule kv kv_command lock docker accelfs)
 for t in "${targets[@]}"; do
     mkdir -p "corpus/$t"
     # The parsers run under AddressSanitizer. The capsule target (safe code over a whole

@@ -3,7 +3,7 @@
 //! to bytes that decode the same.
 #![no_main]
 
-use insitu_kvcache::wire::{Admin, Append, Attend, AttendResult};
+use insitu_proto::attention::{Admin, Append, Attend, AttendResult};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,7 +3,7 @@
 //! parses re-encodes to bytes that parse the same.
 #![no_main]
 
-use insitu_engine::LockRequest;
+use insitu_proto::lock::LockRequest;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

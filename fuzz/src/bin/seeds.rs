@@ -28,8 +28,8 @@ fn main() -> std::io::Result<()> {
     }
     let kv = dir.join("kv");
     std::fs::create_dir_all(&kv)?;
-    use insitu_kvcache::wire::{Admin, Append, Attend, AttendResult};
-    use insitu_kvcache::{AttendStats, Dtype, Method};
+    use insitu_proto::attention::{Admin, Append, Attend, AttendResult};
+    use insitu_proto::attention::{AttendStats, Dtype, Method};
     let f = |n: usize| (0..n).map(|i| i as f32 * 0.25).collect::<Vec<f32>>();
     let requests = [
         ("admin-create", Admin::Create { seq: 1, layers: 2, kv_heads: 2, head_dim: 8, dtype: Dtype::F16, dims_per_page: 2 }.encode()),
