@@ -38,15 +38,8 @@ pub type StatusField = u16;
 /// Command opcodes: defined once, in the protocol crate.
 pub use insitu_proto::opcode;
 
-/// Fabrics command types (byte 4 of an opcode 0x7F command).
-pub mod fabrics {
-    /// Property Set.
-    pub const PROPERTY_SET: u8 = 0x00;
-    /// Connect.
-    pub const CONNECT: u8 = 0x01;
-    /// Property Get.
-    pub const PROPERTY_GET: u8 = 0x04;
-}
+/// Fabrics command types: defined once, in the protocol crate.
+pub use insitu_proto::opcode::fabrics;
 
 #[cfg(test)]
 mod tests;

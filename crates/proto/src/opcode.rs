@@ -66,6 +66,16 @@ pub const TRANSMIT_FRAME: u8 = 0xE1;
 /// host, controller→host (a pre-posted upcall).
 pub const RECEIVE_FRAME: u8 = 0xE2;
 
+/// Fabrics command types (byte 4 of an opcode 0x7F command).
+pub mod fabrics {
+    /// Property Set.
+    pub const PROPERTY_SET: u8 = 0x00;
+    /// Connect.
+    pub const CONNECT: u8 = 0x01;
+    /// Property Get.
+    pub const PROPERTY_GET: u8 = 0x04;
+}
+
 /// Declares an opcode enum with its raw values, both ways.
 macro_rules! opcodes {
     ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $value:path,)* }) => {
