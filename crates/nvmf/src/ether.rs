@@ -7,8 +7,8 @@
 //! (like an Asynchronous Event Request) without occupying a worker. A transmit whose data
 //! comes by R2T is the exception: it runs on a worker through [`transmit`].
 
-use crate::connection::Sink;
 use crate::controller::Controller;
+use crate::sink::Sink;
 use crate::{Server, Shared};
 use insitu_etheron::{
     check_receive, check_transmit, Counters, Switch, Tap, Upcall, IDLE_RECEIVE, RECEIVE_FRAME, STATUS_INTERNAL_ERROR, STATUS_NO_INTERFACE, TRANSMIT_FRAME,
@@ -174,21 +174,4 @@ fn tap_loop(bridge: &Bridge) -> Result<(), insitu_etheron::EtherError> {
         }
     }
     Ok(())
-}
-
-/// Appends the Ether-oN counters in the Prometheus text format.
-pub(crate) fn render(counters: &Counters, out: &mut String) {
-    use std::fmt::Write as _;
-    let c = counters.snapshot();
-    let _ = writeln!(out, "# HELP insitu_etheron_frames_total Ethernet frames carried by Ether-oN commands.");
-    let _ = writeln!(out, "# TYPE insitu_etheron_frames_total counter");
-    let _ = writeln!(out, "insitu_etheron_frames_total{{direction=\"to_host\"}} {}", c.frames_to_host);
-    let _ = writeln!(out, "insitu_etheron_frames_total{{direction=\"to_target\"}} {}", c.frames_from_host);
-    let _ = writeln!(out, "# TYPE insitu_etheron_bytes_total counter");
-    let _ = writeln!(out, "insitu_etheron_bytes_total{{direction=\"to_host\"}} {}", c.bytes_to_host);
-    let _ = writeln!(out, "insitu_etheron_bytes_total{{direction=\"to_target\"}} {}", c.bytes_from_host);
-    let _ = writeln!(out, "# TYPE insitu_etheron_dropped_total counter");
-    let _ = writeln!(out, "insitu_etheron_dropped_total {}", c.dropped);
-    let _ = writeln!(out, "# TYPE insitu_etheron_refused_total counter");
-    let _ = writeln!(out, "insitu_etheron_refused_total {}", c.refused);
 }

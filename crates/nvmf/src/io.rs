@@ -2,15 +2,16 @@
 //! The NVM command set on an I/O queue, and the vendor EXEC command, executed by a queue's
 //! worker threads against the insitu target.
 
-use crate::connection::Sink;
 use crate::controller::{status, Controller, INVALID_FIELD, INVALID_OPCODE};
 use crate::kv;
 use crate::lock;
 use crate::metrics::CommandCost;
+use crate::sink::Sink;
 use crate::Shared;
 use insitu_engine::{BlockRead, Engine};
 use insitu_fabric::{opcode, Command};
 use insitu_media::PooledBuf;
+use insitu_proto::opcode::IoOpcode;
 use insitu_proto::{CommandError, FLAG_RESULT_OBJECT};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -272,8 +273,9 @@ fn execute(shared: &Shared, target: &Engine, ctrl: &Controller, cmd: &Command, d
         let d = crate::kv_service::execute(store, cmd, &data, shared.cfg.max_transfer());
         return Done { status: d.status, dw0: d.dw0, dw1: 0, data: d.data.map(Returned::Bytes), media: d.media };
     }
-    match cmd.opcode() {
-        opcode::READ => {
+    // The opcode becomes an enum at the edge; anything else is Invalid Command Opcode.
+    match IoOpcode::from(cmd.opcode()) {
+        IoOpcode::Read => {
             let bytes = match read_bytes(shared, target, cmd) {
                 Ok(b) => b,
                 Err(s) => return Done::status(s),
@@ -284,7 +286,7 @@ fn execute(shared: &Shared, target: &Engine, ctrl: &Controller, cmd: &Command, d
                 Err(e) => failed(e),
             }
         }
-        opcode::WRITE => {
+        IoOpcode::Write => {
             let Some(lba) = lba() else { return Done::status(status(0, 0x0B)) };
             if data.len() as u64 != nlb * lba {
                 return Done::status(SGL_LENGTH_INVALID);
@@ -292,14 +294,14 @@ fn execute(shared: &Shared, target: &Engine, ctrl: &Controller, cmd: &Command, d
             ctrl.write_cmds.fetch_add(1, Ordering::Relaxed);
             target.write(nsid, slba, &data).map_or_else(failed, |_| Done { media: data.len() as u64, ..Done::ok() })
         }
-        opcode::FLUSH if nsid == 0xFFFF_FFFF => {
+        IoOpcode::Flush if nsid == 0xFFFF_FFFF => {
             let blocks = target.host_namespaces().into_iter().filter(|n| target.kv_service(*n).is_none());
             let all = blocks.into_iter().try_for_each(|n| target.flush(n));
             all.map_or_else(failed, |_| Done::ok())
         }
-        opcode::FLUSH => target.flush(nsid).map_or_else(failed, |_| Done::ok()),
-        opcode::WRITE_ZEROES => target.write_zeroes(nsid, slba, nlb).map_or_else(failed, |_| Done::ok()),
-        opcode::DSM => {
+        IoOpcode::Flush => target.flush(nsid).map_or_else(failed, |_| Done::ok()),
+        IoOpcode::WriteZeroes => target.write_zeroes(nsid, slba, nlb).map_or_else(failed, |_| Done::ok()),
+        IoOpcode::Dsm => {
             let ranges = (cmd.cdw(10) & 0xFF) as usize + 1;
             if data.len() < ranges * 16 {
                 return Done::status(SGL_LENGTH_INVALID);
@@ -318,13 +320,13 @@ fn execute(shared: &Shared, target: &Engine, ctrl: &Controller, cmd: &Command, d
             }
             Done::ok()
         }
-        opcode::EXEC => exec(target, nsid, &data),
-        opcode::KV_ADMIN | opcode::KV_APPEND | opcode::KV_ATTEND | opcode::KV_RESULT => match kv::execute(target, ctrl, cmd, &data) {
+        IoOpcode::Exec => exec(target, nsid, &data),
+        IoOpcode::KvAdmin | IoOpcode::KvAppend | IoOpcode::KvAttend | IoOpcode::KvResult => match kv::execute(target, ctrl, cmd, &data) {
             Ok(d) => Done { dw0: d.dw0, data: d.data.map(Returned::Bytes), media: d.media, ..Done::ok() },
             Err(e) => Done::status(e.status().to_nvme_field()),
         },
-        opcode::LOCK | opcode::UNLOCK => lock::execute(target, cmd, &data).map_or_else(failed, |(dw0, dw1)| Done { dw0, dw1, ..Done::ok() }),
-        insitu_etheron::TRANSMIT_FRAME => Done::status(crate::ether::transmit(shared, cmd, &data)),
+        IoOpcode::Lock | IoOpcode::Unlock => lock::execute(target, cmd, &data).map_or_else(failed, |(dw0, dw1)| Done { dw0, dw1, ..Done::ok() }),
+        IoOpcode::TransmitFrame => Done::status(crate::ether::transmit(shared, cmd, &data)),
         _ => Done::status(INVALID_OPCODE),
     }
 }

@@ -26,6 +26,7 @@ mod kv;
 mod kv_service;
 mod lock;
 mod metrics;
+mod sink;
 
 pub use config::{NamespaceSpec, SubsystemConfig, TargetConfig, DISCOVERY_NQN};
 pub use insitu_engine::{Engine, Visibility};

@@ -104,7 +104,7 @@ impl Metrics {
         let _ = writeln!(out, "# TYPE insitu_protocol_errors_total counter");
         let _ = writeln!(out, "insitu_protocol_errors_total {}", self.protocol_errors.load(Ordering::Relaxed));
         if let Some(c) = self.ether.get() {
-            crate::ether::render(c, &mut out);
+            render_ether(c, &mut out);
         }
         let m = self.series.lock().unwrap_or_else(|e| e.into_inner());
         let _ = writeln!(out, "# TYPE insitu_commands_total counter");
@@ -134,4 +134,21 @@ impl Metrics {
         }
         out
     }
+}
+
+/// Appends the Ether-oN counters in the Prometheus text format.
+fn render_ether(counters: &insitu_etheron::Counters, out: &mut String) {
+    use std::fmt::Write as _;
+    let c = counters.snapshot();
+    let _ = writeln!(out, "# HELP insitu_etheron_frames_total Ethernet frames carried by Ether-oN commands.");
+    let _ = writeln!(out, "# TYPE insitu_etheron_frames_total counter");
+    let _ = writeln!(out, "insitu_etheron_frames_total{{direction=\"to_host\"}} {}", c.frames_to_host);
+    let _ = writeln!(out, "insitu_etheron_frames_total{{direction=\"to_target\"}} {}", c.frames_from_host);
+    let _ = writeln!(out, "# TYPE insitu_etheron_bytes_total counter");
+    let _ = writeln!(out, "insitu_etheron_bytes_total{{direction=\"to_host\"}} {}", c.bytes_to_host);
+    let _ = writeln!(out, "insitu_etheron_bytes_total{{direction=\"to_target\"}} {}", c.bytes_from_host);
+    let _ = writeln!(out, "# TYPE insitu_etheron_dropped_total counter");
+    let _ = writeln!(out, "insitu_etheron_dropped_total {}", c.dropped);
+    let _ = writeln!(out, "# TYPE insitu_etheron_refused_total counter");
+    let _ = writeln!(out, "insitu_etheron_refused_total {}", c.refused);
 }
