@@ -121,33 +121,41 @@ impl SharableView {
 
     fn refresh_locked(&self, layers: &mut Layers) -> Result<(), RuntimeError> {
         let Some(image) = &self.image else { return Ok(()) };
-        if !has_file_system(image) {
+        let fstype = fs_type(image);
+        if fstype.is_empty() {
             return Ok(());
         }
         layers.generation += 1;
-        let generation = layers.generation;
-        let fresh = self.dir.join(format!("gen-{generation}"));
-        layers.device = Some(mount_fresh(image, &fresh)?);
+        let fresh = self.dir.join(format!("gen-{}", layers.generation));
+        layers.device = Some(mount_fresh(image, &fstype, &fresh)?);
+        let placed = self.place(layers, &fresh);
+        if let Err(e) = &placed {
+            eprintln!("insitu-isp: refreshing the view of {}: {e}", image.display());
+        }
+        // The layer holds the file system now (or the refresh failed): the mount point it
+        // came from is not needed either way.
+        let _ = umount2(&fresh, libc::MNT_DETACH);
+        let _ = std::fs::remove_dir(&fresh);
+        placed
+    }
+
+    /// Puts the mount at `fresh` where `/data` shows it: one layer when no container runs,
+    /// in place of the top one when no running container started on it, else on top.
+    fn place(&self, layers: &mut Layers, fresh: &Path) -> Result<(), RuntimeError> {
         let data = self.path();
-        let placed = if layers.stack.iter().all(|l| l.pins == 0) {
-            // No container runs: one layer is enough.
+        if layers.stack.iter().all(|l| l.pins == 0) {
             while layers.stack.len() > 1 {
                 unmount_top(&data)?;
                 layers.stack.pop();
             }
-            self.replace_or_stack(layers, &fresh)
+            self.replace_or_stack(layers, fresh)
         } else if layers.stack.last().is_some_and(|top| top.pins == 0) {
-            self.replace_or_stack(layers, &fresh)
+            self.replace_or_stack(layers, fresh)
         } else {
-            stack(&fresh, &data).map(|()| layers.stack.push(Layer { generation, pins: 0 }))
-        };
-        if let Err(e) = &placed {
-            eprintln!("insitu-isp: refreshing the view of {}: {e}", image.display());
+            stack(fresh, &data)?;
+            layers.stack.push(Layer { generation: layers.generation, pins: 0 });
+            Ok(())
         }
-        // The layer holds the file system now; the mount point it came from is not needed.
-        let _ = umount2(&fresh, libc::MNT_DETACH);
-        let _ = std::fs::remove_dir(&fresh);
-        placed
     }
 
     /// Replaces the top layer (or places the first) with the mount at `fresh`; stacks it
@@ -164,8 +172,7 @@ impl SharableView {
             match mount_beneath(fresh, &data) {
                 Ok(()) => {
                     unmount_top(&data)?;
-                    layers.stack.pop();
-                    layers.stack.push(layer);
+                    *layers.stack.last_mut().expect("not empty") = layer;
                     return Ok(());
                 }
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS | libc::EPERM)) => {
@@ -189,11 +196,6 @@ impl SharableView {
     /// first [`SharableView::refresh`] that mounted one.
     pub fn device(&self) -> Option<(u32, u32)> {
         self.lock().device
-    }
-
-    /// How many mounts the view holds on its path (its layers).
-    pub fn layers(&self) -> usize {
-        self.lock().stack.len()
     }
 
     /// Unmounts everything the view mounted (at shutdown).
@@ -220,11 +222,12 @@ impl SharableView {
     }
 }
 
-/// Mounts `image` read-only at `at` through a loop device of its own; returns the device.
-fn mount_fresh(image: &Path, at: &Path) -> Result<(u32, u32), RuntimeError> {
+/// Mounts `image` (holding a file system of type `fstype`) read-only at `at` through a
+/// loop device of its own; returns the device.
+fn mount_fresh(image: &Path, fstype: &str, at: &Path) -> Result<(u32, u32), RuntimeError> {
     std::fs::create_dir_all(at).map_err(|e| RuntimeError::io(at, e))?;
     // ext4 must not replay the journal of a file system the host has mounted; xfs the same.
-    let opts = match fs_type(image).as_str() {
+    let opts = match fstype {
         "xfs" => "ro,norecovery,nouuid",
         "ext4" | "ext3" => "ro,noload",
         _ => "ro",
@@ -330,8 +333,4 @@ fn fs_type(image: &Path) -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
-}
-
-fn has_file_system(image: &Path) -> bool {
-    !fs_type(image).is_empty()
 }
