@@ -640,8 +640,8 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Cmd::Demo { size, fs, dir } => return demo::run(&off, parse_size(&size)?, fs.into(), dir, json),
         Cmd::Target(TargetCmd::Start { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker, ether, kv_store, direct_reads }) => {
             let kv_store = kv_store.map(|s| parse_size(&s).map_err(|e| format!("--kv-store: {e}"))).transpose()?;
-            let a = target_cmd::StartArgs { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker, ether, kv_store, direct_reads };
-            return target_cmd::start(a, json);
+            let spec = insitu_daemon::TargetSpec { listen, nqn, namespaces, private, allow_hosts, metrics, model, docker, ether, kv_store, direct_reads };
+            return target_cmd::start(spec, foreground, json);
         }
         Cmd::Target(TargetCmd::Stop { listen }) => return target_cmd::stop(listen, json),
         Cmd::Target(TargetCmd::Status) => return target_cmd::status(json),

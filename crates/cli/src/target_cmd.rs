@@ -6,26 +6,7 @@ use crate::Failure;
 use insitu_daemon::TargetSpec;
 use serde_json::json;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-
-/// What `insitu target start` was asked for.
-pub(crate) struct StartArgs {
-    pub(crate) listen: SocketAddr,
-    pub(crate) nqn: String,
-    pub(crate) namespaces: Vec<PathBuf>,
-    pub(crate) private: Vec<PathBuf>,
-    pub(crate) allow_hosts: Vec<String>,
-    pub(crate) metrics: Option<SocketAddr>,
-    pub(crate) model: Option<String>,
-    pub(crate) foreground: bool,
-    pub(crate) docker: Option<SocketAddr>,
-    /// `--ether ADDR/PREFIX`: an Ether-oN interface with this address.
-    pub(crate) ether: Option<String>,
-    /// `--kv-store SIZE`: bytes of the first private namespace for the key-value store.
-    pub(crate) kv_store: Option<u64>,
-    /// `--direct-reads`: host reads of disks with direct I/O, not through the page cache.
-    pub(crate) direct_reads: bool,
-}
+use std::path::Path;
 
 impl From<insitu_daemon::Error> for Failure {
     fn from(e: insitu_daemon::Error) -> Failure {
@@ -33,21 +14,9 @@ impl From<insitu_daemon::Error> for Failure {
     }
 }
 
-pub(crate) fn start(a: StartArgs, json_out: bool) -> Result<i32, Failure> {
-    let spec = TargetSpec {
-        listen: a.listen,
-        nqn: a.nqn,
-        namespaces: a.namespaces,
-        private: a.private,
-        allow_hosts: a.allow_hosts,
-        metrics: a.metrics,
-        model: a.model,
-        docker: a.docker,
-        ether: a.ether,
-        kv_store: a.kv_store,
-        direct_reads: a.direct_reads,
-    };
-    if a.foreground {
+/// `insitu target start`: in this process with `foreground`, else as a daemon.
+pub(crate) fn start(spec: TargetSpec, foreground: bool, json_out: bool) -> Result<i32, Failure> {
+    if foreground {
         insitu_daemon::run_foreground(spec)?;
         return Ok(0);
     }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use insitu_nvmf::{NamespaceSpec, Server, SubsystemConfig, TargetConfig};
 use serde_json::{json, Value};
 
-use crate::{containers, metrics, Error, TargetSpec, RUN_DIR};
+use crate::{containers, file_name, metrics, Error, TargetSpec, RUN_DIR};
 
 /// A checked spec, ready to assemble.
 pub(crate) struct Plan {
@@ -63,7 +63,7 @@ impl Plan {
             listen,
             private: spec.private.last().cloned().unwrap_or_default(),
             sharable: spec.namespaces.first().cloned(),
-            state_dir: Path::new(RUN_DIR).join(format!("isp-{}", listen.to_string().replace([':', '[', ']'], "_"))),
+            state_dir: Path::new(RUN_DIR).join(format!("isp-{}", file_name(&listen))),
             limits: containers::limits(model.as_ref()),
             // Set when the containers start, once the KV store's directory is mounted.
             kv_dir: None,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
 
-use crate::{Error, RUN_DIR};
+use crate::{file_name, Error, RUN_DIR};
 
 /// Container limits from the device model: the CPU of its embedded cores, and reads of
 /// `/data` at the rate the drive's flash delivers to its engine.
@@ -37,7 +37,7 @@ pub(crate) fn start(server: &insitu_nvmf::Server, mut cfg: insitu_isp::ServiceCo
     // The FUSE thread, like every other, leaves SIGTERM to the wait below.
     let kv = match server.kv_store() {
         Some(store) => {
-            let dir = Path::new(RUN_DIR).join(format!("kv-{}", server.local_addr().to_string().replace([':', '[', ']'], "_")));
+            let dir = Path::new(RUN_DIR).join(format!("kv-{}", file_name(&server.local_addr())));
             let m = insitu_kvfs::KvMount::mount(store, &dir).map_err(|e| format!("the KV store's local API for containers: {e}"))?;
             cfg.kv_dir = Some(m.path().to_path_buf());
             Some(m)

@@ -80,7 +80,8 @@ pub struct Started {
     pub record: Value,
 }
 
-fn file_name(addr: &SocketAddr) -> String {
+/// An address as a file name (`127.0.0.1_4420`), for the files kept per target.
+pub(crate) fn file_name(addr: &SocketAddr) -> String {
     addr.to_string().replace([':', '[', ']'], "_")
 }
 
@@ -249,17 +250,20 @@ impl insitu_host::local::LocalTargets for LocalEngines {
         image: &Path,
         registry: std::sync::Arc<insitu_offload::Registry>,
         model: Option<&insitu_model::DeviceModel>,
-    ) -> Result<std::sync::Arc<dyn insitu_host::local::LocalTarget>, String> {
+    ) -> Result<std::sync::Arc<dyn insitu_host::local::LocalTarget>, insitu_host::OasError> {
+        use insitu_host::OasError;
+        let io = |source: std::io::Error| OasError::Io { path: image.to_path_buf(), source };
+        let bad = |e: insitu_model::ModelError| OasError::BadRequest(format!("{}: {e}", insitu_host::model_sidecar(image).display()));
         let mut engine = insitu_engine::Engine::new().with_registry(registry);
         let mut cfg = insitu_engine::NamespaceConfig::default();
         if let Some(model) = model {
-            let size = std::fs::metadata(image).map_err(|e| format!("{}: {e}", image.display()))?.len();
-            cfg.pacing = Some(std::sync::Arc::new(model.pacer(size).map_err(|e| format!("device model: {e}"))?));
-            if let Some(budget) = model.compute_budget().map_err(|e| format!("device model: {e}"))? {
+            let size = std::fs::metadata(image).map_err(io)?.len();
+            cfg.pacing = Some(std::sync::Arc::new(model.pacer(size).map_err(bad)?));
+            if let Some(budget) = model.compute_budget().map_err(bad)? {
                 engine = engine.with_compute_budget(std::sync::Arc::new(budget));
             }
         }
-        engine.add_namespace(image, cfg)?;
+        engine.add_namespace(image, cfg).map_err(|e| io(std::io::Error::other(e)))?;
         Ok(std::sync::Arc::new(LocalEngine(engine)))
     }
 }

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use insitu_offload::Registry;
 use insitu_proto::CommandError;
 
+use crate::OasError;
+
 /// What one local EXEC returned.
 #[derive(Debug, Clone)]
 pub struct LocalOutcome {
@@ -28,6 +30,7 @@ pub trait LocalTarget: Send + Sync {
 pub trait LocalTargets: Send + Sync {
     /// A target serving `image` (a file or block device) as namespace 1 with the kernels of
     /// `registry`, paced like `model` when the image carries one (`insitu image create
-    /// --model`). The error says what failed.
-    fn open(&self, image: &Path, registry: Arc<Registry>, model: Option<&insitu_model::DeviceModel>) -> Result<Arc<dyn LocalTarget>, String>;
+    /// --model`): a model the image's sidecar names but the drive cannot have is a
+    /// [`OasError::BadRequest`] naming the sidecar ([`crate::model_sidecar`]).
+    fn open(&self, image: &Path, registry: Arc<Registry>, model: Option<&insitu_model::DeviceModel>) -> Result<Arc<dyn LocalTarget>, OasError>;
 }

@@ -341,14 +341,7 @@ impl Offloader {
         // An image may carry a device model (`insitu image create --model`): the embedded
         // target then paces its media and its kernels like that device.
         let model = image_model(&map.backing)?;
-        let t = local.open(&map.backing, self.registry.clone(), model.as_ref()).map_err(|e| {
-            let sidecar = model_sidecar(&map.backing);
-            if model.is_some() && e.starts_with("device model") {
-                OasError::BadRequest(format!("{}: {e}", sidecar.display()))
-            } else {
-                OasError::Io { path: map.backing.clone(), source: std::io::Error::other(e) }
-            }
-        })?;
+        let t = local.open(&map.backing, self.registry.clone(), model.as_ref())?;
         targets.insert(map.backing.clone(), (id, t.clone()));
         Ok(t)
     }
