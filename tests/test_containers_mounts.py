@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers import cli_json, free_port, run_cli
-from test_containers import DOCKER, busybox_registry, need
+from test_containers import Env, busybox_registry, need
 
 
 def mounts_under(prefix: str) -> list[str]:
@@ -41,9 +41,9 @@ def state_dir(api: str) -> str:
 
 
 @contextlib.contextmanager
-def container_target(d: Path):
+def container_target(d: Path, registry: str, image: str):
     """A target with the Docker API on a small sharable namespace (ext4) and a private one;
-    yields (docker environment, API address, target address)."""
+    yields the docker CLI's environment for it (`Env`)."""
     ns = d / "ns.img"
     cli_json("image", "create", ns, "--size", "64M", "--fs", "ext4")
     priv = d / "private.img"
@@ -52,9 +52,8 @@ def container_target(d: Path):
     listen, api = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     cli_json("target", "start", "--listen", listen, "--nqn", "nqn.2024-01.io.insitu:mounts", "--namespace", ns, "--private", priv, "--docker", api, timeout=120)
     (d / "docker-config").mkdir(exist_ok=True)
-    env = {**os.environ, "DOCKER_HOST": f"tcp://{api}", "DOCKER_CONFIG": str(d / "docker-config")}
     try:
-        yield env, api, listen
+        yield Env(d, api, registry, image, d / "mnt", listen)
     finally:
         run_cli("target", "stop", "--listen", listen)
 
@@ -66,20 +65,14 @@ def setup():
     need("docker", "runc", "docker-registry", "skopeo", "umoci", "losetup")
     d = Path(tempfile.mkdtemp(prefix="insitu-mounts-", dir="/var/tmp"))
     try:
-        with busybox_registry(d) as (_reg, image):
-            yield d, image
+        with busybox_registry(d) as (registry, image):
+            yield d, registry, image
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def docker(env: dict, *args: str, timeout: float = 120) -> str:
-    p = subprocess.run([DOCKER, *args], capture_output=True, text=True, env=env, timeout=timeout)
-    assert p.returncode == 0, f"docker {' '.join(args)} exited {p.returncode}: {p.stderr.strip()}"
-    return p.stdout
-
-
-def last_line(env: dict, name: str) -> str:
-    lines = docker(env, "logs", name).splitlines()
+def last_line(env: Env, name: str) -> str:
+    lines = env.ok("logs", name).splitlines()
     return lines[-1] if lines else ""
 
 
@@ -91,19 +84,19 @@ def wait_for(what, deadline_s: float = 20):
 
 
 def test_a_hundred_container_runs_keep_mounts_and_loop_devices_flat(setup):
-    d, image = setup
+    d, registry, image = setup
     t = d / "flat"
     t.mkdir()
-    mnt = t / "mnt"
-    with container_target(t) as (env, api, listen):
+    with container_target(t, registry, image) as env:
+        api, listen, mnt = env.api, env.target_listen, env.data_mnt
         # The host writes the sharable namespace's file system, attached over the fabric.
         cli_json("attach", f"nvme-tcp://{listen}/nqn.2024-01.io.insitu:mounts/1", mnt, timeout=120)
         try:
             (mnt / "marker").write_text("v1\n")
             os.sync()
-            docker(env, "pull", image)
+            env.ok("pull", image)
             # A container that runs through all of it: its /data must follow the refreshes.
-            docker(env, "run", "-d", "--name", "beside", image, "sh", "-c", "while true; do cat /data/marker; sleep 0.2; done")
+            env.ok("run", "-d", "--name", "beside", image, "sh", "-c", "while true; do cat /data/marker; sleep 0.2; done")
             assert wait_for(lambda: last_line(env, "beside") == "v1")
             mounts = loops = -1
             for i in range(100):
@@ -112,28 +105,29 @@ def test_a_hundred_container_runs_keep_mounts_and_loop_devices_flat(setup):
                 if i == 50:
                     (mnt / "marker").write_text("v2\n")
                     os.sync()
-                out = docker(env, "run", "--rm", image, "cat", "/data/marker")
+                out = env.ok("run", "--rm", image, "cat", "/data/marker")
                 assert out == ("v1\n" if i < 50 else "v2\n"), (i, out)
             assert len(mounts_under(state_dir(api))) == mounts, mounts_under(state_dir(api))
             assert len(loops_of(t)) == loops, loops_of(t)
             # The refreshes replaced the view beneath the running container's copy too.
             assert wait_for(lambda: last_line(env, "beside") == "v2"), last_line(env, "beside")
-            docker(env, "rm", "-f", "beside")
+            env.ok("rm", "-f", "beside")
         finally:
             run_cli("detach", mnt)
     assert mounts_under(state_dir(api)) == []
-    assert [dev for dev in loops_of(t)] == []
+    assert loops_of(t) == []
 
 
 def test_stop_with_a_running_container_leaves_nothing_mounted_or_attached(setup):
-    d, image = setup
+    d, registry, image = setup
     t = d / "stop"
     t.mkdir()
-    with container_target(t) as (env, api, listen):
-        docker(env, "pull", image)
+    with container_target(t, registry, image) as env:
+        api = env.api
+        env.ok("pull", image)
         for _ in range(5):
-            docker(env, "run", "--rm", image, "true")
-        docker(env, "run", "-d", image, "sleep", "600")
+            env.ok("run", "--rm", image, "true")
+        env.ok("run", "-d", image, "sleep", "600")
         assert mounts_under(state_dir(api)), "the running target has its view mounted"
     # Stopped (by the context manager) with the container still running.
     assert mounts_under(state_dir(api)) == []
