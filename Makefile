@@ -45,13 +45,13 @@ lint: deps
 	@rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
 	@rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 	cargo fmt --all --check
-	cargo clippy --release --workspace --all-targets --features insitu-nvmf/fuzzing -q -- -D warnings
+	cargo clippy --release --workspace --all-targets --features insitu-daemon/fuzzing -q -- -D warnings
 	$(VENV)/bin/ruff check python bench tests
 	$(VENV)/bin/ruff format --check python bench tests
 
 test-rust: deps
 	cargo test --release --workspace --exclude insitu-python -q
-	cargo test --release -p insitu-nvmf --features fuzzing -q fuzzing
+	cargo test --release -p insitu-daemon --features fuzzing -q fuzzing
 
 test-python: build
 	$(VENV)/bin/pytest -q tests

@@ -6,4 +6,4 @@
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| insitu_nvmf::fuzzing::serve_bytes(data));
+fuzz_target!(|data: &[u8]| insitu_daemon::fuzzing::serve_bytes(data));

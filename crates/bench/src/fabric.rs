@@ -28,11 +28,11 @@ use crate::common::{command, drop_caches, gbps, machine, median, timed_workers, 
 use crate::dataset::Rng;
 use crate::tcp::{tcp_loopback, Source, TcpLoad};
 use crate::Error;
+use insitu_daemon::{NamespaceSpec, ServerHandle, SubsystemConfig, Target, TargetConfig};
 use insitu_engine::{Engine, NamespaceConfig};
 use insitu_image::human;
 use insitu_initiator::{ConnectOptions, Session};
 use insitu_media::{AlignedBuf, Backing, DIRECT_ALIGN};
-use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
 use insitu_proto::{Descriptor, ExecResult, Extent, Value, VirtualObject, SECTOR};
 use serde::Serialize;
 use std::fs::File;
@@ -257,7 +257,7 @@ impl Rig {
                 direct_reads,
                 ..TargetConfig::default()
             };
-            let server = Server::bind(cfg).map_err(|e| format!("cannot start the in-process target: {e}"))?.spawn();
+            let server = Target::bind(cfg).map_err(|e| format!("cannot start the in-process target: {e}"))?.spawn();
             let depth = (QUEUE_DEPTH / IO_QUEUES as usize) as u16;
             let opts = ConnectOptions {
                 io_queues: IO_QUEUES,

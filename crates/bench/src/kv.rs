@@ -36,11 +36,11 @@ use crate::throttle::{device_of, FlushPaced, Limits, Throttle};
 use crate::ycsb::{Op, Workload, Ycsb, YcsbConfig, FIELD_LEN};
 use crate::Error;
 use insitu_accelfs::{BlockDevice, FileDevice, Fs};
+use insitu_daemon::{NamespaceSpec, ServerHandle, SubsystemConfig, Target, TargetConfig};
 use insitu_image::{Fs as MkFs, Scratch};
 use insitu_kvstore::wire::{Key, StoreMode};
 use insitu_kvstore::{KvStore, KvStoreError, PacedDevice};
 use insitu_model::DeviceModel;
-use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -462,7 +462,7 @@ fn redirect(root: &Path, size: u64, drive: Option<&DeviceModel>, link: Option<in
         model,
         ..TargetConfig::default()
     };
-    let server = Server::bind(cfg).map_err(|e| format!("cannot start the redirection target: {e}"))?.spawn();
+    let server = Target::bind(cfg).map_err(|e| format!("cannot start the redirection target: {e}"))?.spawn();
     let mnt = root.join("redirect-mnt");
     let url = format!("nvme-tcp://{}/{nqn}/1", server.local_addr());
     let mut r = Redirect { mounted: Mounted::new(mnt.clone(), None), server: Some(server), image, attached: false };

@@ -62,7 +62,7 @@ pub(crate) fn status(json_out: bool) -> Result<i32, Failure> {
 
 /// `insitu target fsck`: checks the key-value store's file system; exit 1 with problems.
 pub(crate) fn fsck(private: &Path, bytes: u64, json_out: bool) -> Result<i32, Failure> {
-    let r = insitu_nvmf::fsck_kv_store(private, bytes)?;
+    let r = insitu_daemon::fsck_kv_store(private, bytes)?;
     if json_out {
         println!(
             "{}",

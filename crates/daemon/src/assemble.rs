@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use insitu_nvmf::{NamespaceSpec, Server, SubsystemConfig, TargetConfig};
+use crate::{NamespaceSpec, SubsystemConfig, Target, TargetConfig};
 use serde_json::{json, Value};
 
 use crate::{containers, file_name, metrics, Error, TargetSpec, RUN_DIR};
@@ -16,10 +16,10 @@ pub(crate) struct Plan {
     containers: Option<insitu_isp::ServiceConfig>,
 }
 
-/// A target bound and with its services started; [`Server::run`] serves it.
+/// A target bound and with its services started; [`Target::run`] serves it.
 pub struct Assembled {
-    /// The transport, bound to its address.
-    pub server: Server,
+    /// The target, bound to its address.
+    pub server: Target,
 }
 
 impl Plan {
@@ -93,12 +93,12 @@ impl Plan {
     /// Binds the target and starts its services: Ether-oN, metrics and containers;
     /// `bound` runs between binding and starting them (a daemon moves its output to its
     /// log there).
-    pub(crate) fn assemble(self, bound: impl FnOnce(&Server)) -> Result<Assembled, Error> {
+    pub(crate) fn assemble(self, bound: impl FnOnce(&Target)) -> Result<Assembled, Error> {
         let listen = self.cfg.listen;
         // Before the target starts any thread: with containers, SIGTERM and SIGINT are taken
         // by one thread that stops them first, so every other thread must block both.
         let stop_signals = self.containers.is_some().then(containers::block_stop_signals);
-        let server = Server::bind(self.cfg).map_err(|e| format!("cannot start the target on {listen}: {e}"))?;
+        let server = Target::bind(self.cfg).map_err(|e| format!("cannot start the target on {listen}: {e}"))?;
         bound(&server);
         if let Some(spec) = self.spec.ether.as_deref() {
             let cidr: insitu_etheron::Cidr = spec.parse().map_err(|e: insitu_etheron::EtherError| format!("--ether: {e}"))?;

@@ -33,7 +33,7 @@ pub(crate) fn block_stop_signals() -> SigSet {
 /// With a KV store (`--kv-store`), its local API is mounted first
 /// (`/run/insitu/kv-ADDR_PORT`, unmounted and removed on stop) and every container gets
 /// it at `/kv`.
-pub(crate) fn start(server: &insitu_nvmf::Server, mut cfg: insitu_isp::ServiceConfig, stop_signals: SigSet) -> Result<(), Error> {
+pub(crate) fn start(server: &crate::Target, mut cfg: insitu_isp::ServiceConfig, stop_signals: SigSet) -> Result<(), Error> {
     // The FUSE thread, like every other, leaves SIGTERM to the wait below.
     let kv = match server.kv_store() {
         Some(store) => {
@@ -49,7 +49,7 @@ pub(crate) fn start(server: &insitu_nvmf::Server, mut cfg: insitu_isp::ServiceCo
     tracing::info!("Docker Engine API on tcp://{}", s.local_addr().unwrap_or(listen));
     // Namespace 1 is the containers' /data: a lock or release there refreshes their view.
     server.set_lock_listener(Arc::new(ViewRefresh(s.runtime().clone())));
-    if let Some(t) = server.target() {
+    if let Some(t) = server.engine() {
         s.runtime().set_fence(Arc::new(ContainerFence(t)));
     }
     std::thread::spawn(move || {

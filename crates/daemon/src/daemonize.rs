@@ -46,7 +46,7 @@ pub(crate) fn spawn(plan: Plan) -> Result<(i32, SocketAddr), Error> {
 fn child(plan: Plan, mut ready: std::io::PipeWriter) -> ! {
     let _ = setsid();
     crate::ignore_sigpipe();
-    let to_log = |server: &insitu_nvmf::Server| {
+    let to_log = |server: &crate::Target| {
         if let Ok(f) = std::fs::OpenOptions::new().create(true).append(true).open(log_file(&server.local_addr())) {
             let _ = dup2(f.as_raw_fd(), 1);
             let _ = dup2(f.as_raw_fd(), 2);

@@ -6,16 +6,24 @@
 //! service, Ether-oN and metrics. [`start`] checks it, assembles the target in the process
 //! that will serve it (so every thread the target starts lives there), and runs it in the
 //! foreground or as a daemon with a record under `/run/insitu/` that [`stop`] and
-//! [`records`] read. The transport (`insitu-nvmf`) and the services stay libraries: this
-//! crate wires them, as an SPDK application wires its libraries and modules.
+//! [`records`] read. [`Target::bind`] builds one from a [`TargetConfig`] in any process
+//! (tests and benchmarks serve it on a thread). The transport (`insitu-nvmf`) and the
+//! services stay libraries: this crate wires them and registers the handler of every
+//! vendor command (`handlers`), as an SPDK application wires its libraries and modules.
 //!
 //! A serving target ignores SIGPIPE (a peer that vanished ends only its own connection)
 //! and logs through `tracing` to its log file, `/run/insitu/target-ADDR.log`.
 
 mod assemble;
+mod config;
 mod containers;
 mod daemonize;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
+mod handlers;
 mod metrics;
+mod target;
 
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -24,6 +32,11 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 pub use assemble::Assembled;
+pub use config::{NamespaceSpec, SubsystemConfig, TargetConfig};
+pub use handlers::kv_store::{fsck_kv_store, KV_STORE_FILE};
+pub use insitu_engine::Visibility;
+pub use insitu_nvmf::{Metrics, ServerHandle};
+pub use target::Target;
 
 /// Where daemons keep their records and logs.
 pub const RUN_DIR: &str = "/run/insitu";

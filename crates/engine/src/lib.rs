@@ -34,12 +34,12 @@ mod namespace;
 mod stream;
 
 pub use fence::{LockInfo, LockListener, LockPayloadError, LockRequest};
-pub use insitu_media::PoolStats;
+pub use insitu_media::{BlockRead, PoolStats};
 pub use namespace::{Namespace, NamespaceConfig, Visibility};
 pub use stream::CHUNK;
 
 use insitu_kvcache::{KvCache, KvError};
-use insitu_media::{Backing, PooledBuf};
+use insitu_media::Backing;
 use insitu_offload::{Args, InputStream, KernelError, OutputSink, Registry};
 use insitu_proto::{CommandError, Descriptor, ExecResult, ExtentError, Limits, Status};
 use std::path::Path;
@@ -74,22 +74,6 @@ pub struct ExecOutcome {
     pub result_in_object: bool,
 }
 
-/// Blocks read by [`Engine::read_blocks`], in a pooled buffer that returns to its pool when
-/// this is dropped.
-pub struct BlockRead {
-    buf: PooledBuf,
-    skip: usize,
-    len: usize,
-}
-
-impl std::ops::Deref for BlockRead {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        &self.buf.as_slice()[self.skip..self.skip + self.len]
-    }
-}
-
 /// A computational-storage target.
 pub struct Engine {
     namespaces: Vec<Namespace>,
@@ -98,8 +82,6 @@ pub struct Engine {
     max_inline_result: usize,
     compute: Option<Arc<dyn ComputeBudget>>,
     kv: Option<KvCache>,
-    /// The key-value service (`insitu_kvstore`) and the NSID hosts reach it at.
-    kv_service: Option<(Nsid, Arc<insitu_kvstore::KvStore>)>,
     fences: fence::Fences,
 }
 
@@ -120,7 +102,6 @@ impl Engine {
             max_inline_result: 16 << 20,
             compute: None,
             kv: None,
-            kv_service: None,
             fences: fence::Fences::default(),
         }
     }
@@ -170,24 +151,6 @@ impl Engine {
         Ok(())
     }
 
-    /// Serves `store` as a Key Value namespace (command set 01h) with the next NSID after
-    /// the namespaces added so far; returns that NSID. Add every block namespace first.
-    pub fn set_kv_service(&mut self, store: insitu_kvstore::KvStore) -> Nsid {
-        let nsid = self.namespaces.len() as Nsid + 1;
-        self.kv_service = Some((nsid, Arc::new(store)));
-        nsid
-    }
-
-    /// The key-value service if `nsid` is its namespace.
-    pub fn kv_service(&self, nsid: Nsid) -> Option<&Arc<insitu_kvstore::KvStore>> {
-        self.kv_service.as_ref().filter(|(n, _)| *n == nsid).map(|(_, s)| s)
-    }
-
-    /// The NSID of the key-value service, when the target has one.
-    pub fn kv_service_nsid(&self) -> Option<Nsid> {
-        self.kv_service.as_ref().map(|(n, _)| *n)
-    }
-
     /// The KV cache, or [`KvError::NoStore`] when the target has no private namespace.
     pub fn kv_cache(&self) -> Result<&KvCache, KvError> {
         self.kv.as_ref().ok_or(KvError::NoStore)
@@ -198,10 +161,9 @@ impl Engine {
         nsid.checked_sub(1).and_then(|i| self.namespaces.get(i as usize))
     }
 
-    /// Number of namespaces, private ones and the key-value service included (NSIDs are
-    /// 1..=count).
+    /// Number of namespaces, private ones included (NSIDs are 1..=count).
     pub fn namespace_count(&self) -> usize {
-        self.namespaces.len() + usize::from(self.kv_service.is_some())
+        self.namespaces.len()
     }
 
     /// Bytes read from and written to the media of every namespace since they were opened.
@@ -214,7 +176,7 @@ impl Engine {
 
     /// NSIDs of the namespaces a host may see.
     pub fn host_namespaces(&self) -> Vec<Nsid> {
-        (1..=self.namespaces.len() as Nsid).filter(|n| self.host_ns(*n).is_ok()).chain(self.kv_service_nsid()).collect()
+        (1..=self.namespaces.len() as Nsid).filter(|n| self.host_ns(*n).is_ok()).collect()
     }
 
     fn host_ns(&self, nsid: Nsid) -> Result<&Namespace, CommandError> {
@@ -257,7 +219,7 @@ impl Engine {
         let window =
             ns.media.read_window(&mut buf, off, bytes).map_err(|e| CommandError::new(Status::DATA_TRANSFER_ERROR, format!("namespace {nsid}: {e}")))?;
         let skip = window.as_ptr() as usize - buf.as_slice().as_ptr() as usize;
-        Ok(BlockRead { buf, skip, len: bytes })
+        Ok(BlockRead::new(buf, skip, bytes))
     }
 
     /// The media and byte offset that `bytes` at `slba` of a host namespace are read from,

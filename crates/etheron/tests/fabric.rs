@@ -8,18 +8,18 @@
 //! it and gone with the test; nothing is sent anywhere else. Tests that need it are skipped
 //! (with a message) when not root or without /dev/net/tun.
 
+use insitu_daemon::{NamespaceSpec, ServerHandle, SubsystemConfig, Target, TargetConfig};
 use insitu_etheron::{
     Tap, RECEIVE_BUFFER, RECEIVE_FRAME, STATUS_INVALID_FIELD, STATUS_NO_INTERFACE, STATUS_SGL_LENGTH_INVALID, STATUS_TOO_MANY_RECEIVES, TRANSMIT_FRAME,
 };
 use insitu_initiator::{Command, ConnectOptions, Session};
-use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
 use std::fs::File;
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
 const NQN: &str = "nqn.2024-01.io.insitu:etheron-test";
 
-fn bind(dir: &std::path::Path) -> Server {
+fn bind(dir: &std::path::Path) -> Target {
     let img = dir.join("ns.img");
     File::create(&img).unwrap().set_len(4 << 20).unwrap();
     let cfg = TargetConfig {
@@ -27,7 +27,7 @@ fn bind(dir: &std::path::Path) -> Server {
         subsystems: vec![SubsystemConfig { nqn: NQN.into(), namespaces: vec![NamespaceSpec::sharable(&img)], allow_hosts: vec![] }],
         ..TargetConfig::default()
     };
-    Server::bind(cfg).unwrap()
+    Target::bind(cfg).unwrap()
 }
 
 fn connect(h: &ServerHandle) -> Session {

@@ -6,9 +6,9 @@
 mod common;
 
 use common::{opts, NQN};
+use insitu_daemon::{NamespaceSpec, ServerHandle, SubsystemConfig, Target, TargetConfig};
 use insitu_fabric::{opcode, Command, SGL_TRANSPORT_DATA_BLOCK};
 use insitu_initiator::Session;
-use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
 use insitu_proto::attention::{decode_info, Admin, Append, Attend, AttendResult};
 use insitu_proto::attention::{Dtype, Method};
 use std::path::Path;
@@ -33,7 +33,7 @@ fn serve(dir: &Path, private_bytes: Option<u64>) -> ServerHandle {
         subsystems: vec![SubsystemConfig { nqn: NQN.into(), namespaces, allow_hosts: vec![] }],
         ..TargetConfig::default()
     };
-    Server::bind(cfg).unwrap().spawn()
+    Target::bind(cfg).unwrap().spawn()
 }
 
 /// Sends a write-direction KV command; returns (status as (sct, sc), dword 0).

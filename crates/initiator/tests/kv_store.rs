@@ -6,10 +6,10 @@
 mod common;
 
 use common::NQN;
+use insitu_daemon::{NamespaceSpec, ServerHandle, SubsystemConfig, Target, TargetConfig};
 use insitu_fabric::{Command, SGL_TRANSPORT_DATA_BLOCK};
 use insitu_initiator::{ConnectOptions, InitiatorError, Session, StoreMode};
 use insitu_kvstore::wire::{opcode, status, Key, KvCommand};
-use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -40,7 +40,7 @@ fn serve_modelled(dir: &Path, kv_bytes: Option<u64>, model: Option<insitu_model:
         model,
         ..TargetConfig::default()
     };
-    Ok(Server::bind(cfg)?.spawn())
+    Ok(Target::bind(cfg)?.spawn())
 }
 
 fn connect(h: &ServerHandle) -> Session {
@@ -277,7 +277,7 @@ fn a_target_without_a_private_namespace_refuses_kv_store() {
         kv_store: Some(8 << 20),
         ..TargetConfig::default()
     };
-    let e = Server::bind(cfg).err().expect("refused").to_string();
+    let e = Target::bind(cfg).err().expect("refused").to_string();
     assert!(e.contains("--private IMG"), "{e}");
     // Too large for the private image.
     assert!(serve(dir.path(), Some(64 << 20)).err().expect("refused").to_string().contains("does not fit"));

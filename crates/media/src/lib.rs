@@ -30,7 +30,7 @@ mod uring;
 
 pub use aligned::{AlignedBuf, DIRECT_ALIGN};
 use batch::read_full;
-pub use pool::{BufferPool, PoolStats, PooledBuf};
+pub use pool::{BlockRead, BufferPool, PoolStats, PooledBuf};
 pub use uring::UringScanner;
 
 use std::fs::{File, OpenOptions};

@@ -162,6 +162,30 @@ impl Drop for PooledBuf {
     }
 }
 
+/// Bytes read into a pooled buffer, where they landed: the buffer returns to its pool when
+/// this is dropped. A transport sends the bytes from here without a copy.
+pub struct BlockRead {
+    buf: PooledBuf,
+    skip: usize,
+    len: usize,
+}
+
+impl BlockRead {
+    /// The `len` bytes at `skip` of `buf`. Panics if they are not inside it.
+    pub fn new(buf: PooledBuf, skip: usize, len: usize) -> BlockRead {
+        assert!(skip + len <= buf.as_slice().len(), "{skip} + {len} bytes outside a {}-byte buffer", buf.as_slice().len());
+        BlockRead { buf, skip, len }
+    }
+}
+
+impl std::ops::Deref for BlockRead {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.buf.as_slice()[self.skip..self.skip + self.len]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

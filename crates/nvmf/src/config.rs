@@ -1,54 +1,38 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Target configuration: listen address, subsystems, their namespaces and admitted hosts.
+//! The transport's configuration: listen address, queue limits, and the modelled host link.
 
-use insitu_engine::Visibility;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::sync::Arc;
 
 /// The well-known NQN of the discovery subsystem.
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 
-/// One namespace: a file or block device.
-#[derive(Debug, Clone)]
-pub struct NamespaceSpec {
-    /// Backing file or block device.
-    pub path: PathBuf,
-    /// Sharable (visible to hosts) or private (target-only).
-    pub visibility: Visibility,
-    /// Logical block size: 512 or 4096. Default 512.
-    pub lba_size: u32,
+/// Delays data on the host link as a modelled link would carry it.
+pub trait LinkPacer: Send + Sync {
+    /// Returns once the link would have carried `bytes` more.
+    fn transfer(&self, bytes: u64);
 }
 
-impl NamespaceSpec {
-    /// A sharable namespace with 512-byte blocks.
-    pub fn sharable(path: impl Into<PathBuf>) -> Self {
-        NamespaceSpec { path: path.into(), visibility: Visibility::Sharable, lba_size: 512 }
-    }
+/// The host link's two directions (links are full duplex), each paced on its own.
+#[derive(Clone)]
+pub struct HostLinks {
+    /// Data the target sends.
+    pub to_host: Arc<dyn LinkPacer>,
+    /// Data the host sends.
+    pub to_target: Arc<dyn LinkPacer>,
+}
 
-    /// A private namespace with 512-byte blocks.
-    pub fn private(path: impl Into<PathBuf>) -> Self {
-        NamespaceSpec { path: path.into(), visibility: Visibility::Private, lba_size: 512 }
+impl std::fmt::Debug for HostLinks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostLinks { .. }")
     }
 }
 
-/// An NVM subsystem.
+/// How the transport serves: where, and with which limits.
 #[derive(Debug, Clone)]
-pub struct SubsystemConfig {
-    /// Its NQN, e.g. `nqn.2024-01.io.insitu:data`.
-    pub nqn: String,
-    /// Namespaces, numbered 1.. in this order.
-    pub namespaces: Vec<NamespaceSpec>,
-    /// Host NQNs admitted; empty admits any host.
-    pub allow_hosts: Vec<String>,
-}
-
-/// The whole target.
-#[derive(Debug, Clone)]
-pub struct TargetConfig {
+pub struct TransportConfig {
     /// Address to listen on. Default `127.0.0.1:4420`: loopback unless told otherwise.
     pub listen: SocketAddr,
-    /// NVM subsystems (a discovery subsystem is always added).
-    pub subsystems: Vec<SubsystemConfig>,
     /// Maximum data transfer size as a power of two of 4 KiB pages. Default 8 (1 MiB).
     pub mdts: u8,
     /// In-capsule data accepted per command, bytes. Default 8192.
@@ -62,39 +46,25 @@ pub struct TargetConfig {
     /// four queues then has every read at the media at once (direct reads of a disk were
     /// 1.06 times as fast as with 4, median of paired runs: `docs/data-path.md`).
     pub workers_per_queue: usize,
-    /// A device to emulate: each namespace's media is paced by its flash model, EXEC by its
-    /// compute budget, and data on the wire by its host link (each direction). Default none:
-    /// this machine's real speed.
-    pub model: Option<insitu_model::DeviceModel>,
-    /// Bytes at the end of each subsystem's first private namespace to keep a key-value
-    /// store in, served to hosts as an extra namespace of the Key Value command set (its
-    /// NSID follows the block namespaces; see `docs/kv-store.md`). The KV cache keeps the
-    /// rest of that namespace. Give the same size on every start over the same image.
-    /// Default none: no key-value namespace.
-    pub kv_store: Option<u64>,
-    /// Read host data from disks with direct I/O rather than through the page cache (see
-    /// `insitu_engine::NamespaceConfig::cached_reads`). Default `false`.
-    pub direct_reads: bool,
+    /// A modelled host link. Default none: the wire's own speed.
+    pub links: Option<HostLinks>,
 }
 
-impl Default for TargetConfig {
+impl Default for TransportConfig {
     fn default() -> Self {
-        TargetConfig {
+        TransportConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 4420)),
-            subsystems: Vec::new(),
             mdts: 8,
             inline_data: 8192,
             queue_depth: 128,
             max_io_queues: 8,
             workers_per_queue: 8,
-            model: None,
-            kv_store: None,
-            direct_reads: false,
+            links: None,
         }
     }
 }
 
-impl TargetConfig {
+impl TransportConfig {
     /// Largest data transfer of one command, in bytes.
     pub fn max_transfer(&self) -> usize {
         4096usize << self.mdts

@@ -6,10 +6,11 @@
 //! or an I/O queue of an existing one. Anything out of order, malformed, or beyond a limit
 //! ends the connection with a C2HTermReq and a logged reason; it never touches data.
 
-use crate::controller::{self, Controller, Reply, Subsystem, CONNECT_INVALID_HOST, CONNECT_INVALID_PARAMETERS, CONTROLLER_BUSY, INVALID_FIELD, SEQUENCE_ERROR};
+use crate::controller::{self, Controller, Reply, CONNECT_INVALID_HOST, CONNECT_INVALID_PARAMETERS, CONTROLLER_BUSY, INVALID_FIELD, SEQUENCE_ERROR};
 use crate::io;
 pub(crate) use crate::sink::Sink;
-use crate::Shared;
+use crate::subsystem::Subsystem;
+use crate::{IoContext, Placement, Shared};
 use crossbeam_channel::{unbounded, Sender};
 use insitu_fabric::{
     check_data_digest, fabrics, opcode, pdu_type, Command, CommonHeader, Digests, Pdu, PduError, SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK,
@@ -36,8 +37,8 @@ enum State {
     AwaitConnect,
     /// Admin queue of a controller.
     Admin(Arc<Controller>),
-    /// I/O queue `qid` of a controller, with the channel to its workers.
-    Io { ctrl: Arc<Controller>, jobs: Sender<io::Job>, target: Arc<insitu_engine::Engine> },
+    /// I/O queue `qid` of a controller of an NVM subsystem, with the channel to its workers.
+    Io { ctrl: Arc<Controller>, jobs: Sender<io::Job> },
 }
 
 /// A write-direction command waiting for its data (R2T sent, H2CData arriving).
@@ -128,7 +129,7 @@ fn serve_with(shared: Arc<Shared>, reader: Box<dyn Transport>, writer: Box<dyn W
     // A peer must finish ICReq and Connect promptly; a silent or half-sent PDU must not hold
     // a thread forever. Connect replaces this (KATO on the admin queue, none on I/O queues).
     let _ = reader.set_read_timeout(Some(SETUP_TIMEOUT));
-    let link = shared.links.as_ref().map(|(to_host, _)| to_host.clone());
+    let link = shared.cfg.links.as_ref().map(|l| l.to_host.clone());
     let sink = Sink { stream: Arc::new(Mutex::new(writer)), link, digests: Digests::default(), hpda: 0, sqid: 0, metrics: shared.metrics.clone(), socket };
     let reader = BufReader::with_capacity(RECV_BUFFER, reader);
     let mut conn = Conn {
@@ -163,7 +164,7 @@ fn serve_with(shared: Arc<Shared>, reader: Box<dyn Transport>, writer: Box<dyn W
 }
 
 fn log(peer: &str, msg: &str) {
-    eprintln!("insitu-target: {peer}: {msg}");
+    tracing::info!("{peer}: {msg}");
 }
 
 struct Conn {
@@ -200,8 +201,8 @@ impl Conn {
         self.head.resize(layout.head, 0);
         self.reader.read_exact(&mut self.head)?;
         self.shared.metrics.add_wire_in(u64::from(header.plen));
-        if let Some((_, to_target)) = &self.shared.links {
-            to_target.link_transfer(u64::from(header.plen));
+        if let Some(links) = &self.shared.cfg.links {
+            links.to_target.transfer(u64::from(header.plen));
         }
         let mut pdu = Pdu::decode_head(&header, &self.head, &layout)?;
         let mut digest = [0u8; 4];
@@ -303,22 +304,32 @@ impl Conn {
                 Ok(self.sink.complete(cid, sqhd, reply.status, reply.dw0, 0, &reply.data)?)
             }
             State::Io { ctrl, .. } if !ctrl.ready() => Ok(self.sink.complete(cid, sqhd, SEQUENCE_ERROR, 0, 0, &[])?),
-            State::Io { ctrl, jobs, target } => {
-                if let Some(sent) = crate::ether::on_queue(&self.shared, ctrl, &self.sink, &cmd, sqhd, &data) {
-                    return Ok(sent?); // Ether-oN: answered here, or held
+            State::Io { ctrl, jobs } => {
+                let nvm = ctrl.subsys.nvm().expect("I/O queues exist only on NVM subsystems");
+                if let Some((handler, Placement::Connection)) = nvm.handlers.get(cmd.opcode()) {
+                    // Run here when the data is in hand; data still to come by R2T, or a
+                    // malformed SGL, takes the usual way.
+                    if let Some(data) = data_in_hand(&cmd, &data) {
+                        let ctx = IoContext { ctrl, sink: &self.sink, cid, sqhd, max_transfer: self.shared.cfg.max_transfer() };
+                        let out = handler.execute(&ctx, &cmd, data);
+                        return match out.deferred {
+                            true => Ok(()),
+                            false => Ok(self.sink.complete(cid, sqhd, out.status, out.dw0, out.dw1, &out.data)?),
+                        };
+                    }
                 }
+                let blocks = nvm.blocks.as_ref();
                 // A read of memory with no model to wait for costs less than a hand-off to a
                 // worker (a wake-up on another core): it runs here.
-                if cmd.opcode() == opcode::READ && target.namespace(cmd.nsid()).is_some_and(|ns| ns.media().is_in_memory() && !ns.media().is_paced()) {
-                    io::run(&self.shared, target, ctrl, &self.sink, io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd, more: Vec::new() });
+                if cmd.opcode() == opcode::READ && blocks.namespace(cmd.nsid()).is_some_and(|ns| ns.media.is_in_memory() && !ns.media.is_paced()) {
+                    io::run(&self.shared, nvm, ctrl, &self.sink, io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd, more: Vec::new() });
                     return Ok(());
                 }
                 // Consecutive reads of a disk read directly go to the media as one larger
                 // read (the kernel reads ahead of those sent from the page cache).
-                if cmd.opcode() == opcode::READ && target.namespace(cmd.nsid()).is_some_and(|ns| !ns.media().is_paced() && !self.sink.can_send_from(ns.media()))
-                {
+                if cmd.opcode() == opcode::READ && blocks.namespace(cmd.nsid()).is_some_and(|ns| !ns.media.is_paced() && !self.sink.can_send_from(ns.media)) {
                     let job = io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd, more: Vec::new() };
-                    if let Some(held) = self.reads.push(job, target) {
+                    if let Some(held) = self.reads.push(job, nvm) {
                         let _ = jobs.send(held);
                     }
                     return Ok(());
@@ -364,11 +375,11 @@ impl Conn {
                 let ttag = self.next_ttag;
                 self.next_ttag = self.next_ttag.wrapping_add(1);
                 self.sink.send(&[Pdu::R2T { cccid: cmd.cid(), ttag, r2to: 0, r2tl: len as u32 }])?;
-                let target = match &self.state {
-                    State::Io { ctrl, .. } => ctrl.subsys.target().cloned(),
+                let blocks = match &self.state {
+                    State::Io { ctrl, .. } => ctrl.subsys.nvm().map(|n| n.blocks.clone()),
                     _ => None,
                 };
-                let buf = io::HostData::for_transfer(target.as_deref(), cmd.nsid(), len);
+                let buf = io::HostData::for_transfer(blocks.as_deref(), cmd.nsid(), len);
                 self.pending.insert(cmd.cid(), Pending { cmd, sqhd, ttag, buf, received: 0 });
                 Ok(())
             }
@@ -490,15 +501,14 @@ impl Conn {
         let Some(ctrl) = subsys.controller(cntlid).filter(|c| c.hostnqn == hostnqn && c.hostid == hostid) else {
             return invalid(true, 16);
         };
-        if !ctrl.ready() || qid > ctrl.regs().io_queues.max(1) || subsys.target().is_none() || !ctrl.claim_queue(qid) {
+        if !ctrl.ready() || qid > ctrl.regs().io_queues.max(1) || subsys.nvm().is_none() || !ctrl.claim_queue(qid) {
             return invalid(false, 42);
         }
         // The queue is ours now: no read timeout (I/O queues may idle), see `serve`.
         let _ = self.reader.get_ref().set_read_timeout(None);
         self.sink.sqid = qid;
-        let jobs = spawn_workers(&self.shared, &subsys, &ctrl, &self.sink, usize::from(self.sqsize));
-        let target = subsys.target().expect("checked above").clone();
-        self.state = State::Io { ctrl, jobs, target };
+        let jobs = spawn_workers(&self.shared, &ctrl, &self.sink, usize::from(self.sqsize));
+        self.state = State::Io { ctrl, jobs };
         Reply::ok(0)
     }
 }
@@ -523,18 +533,33 @@ fn pdu_name(pdu: &Pdu) -> &'static str {
 
 /// Starts the worker threads of an I/O queue of `entries` entries (no more workers than
 /// the commands it can hold); they stop when the queue's sender drops.
-fn spawn_workers(shared: &Arc<Shared>, subsys: &Arc<Subsystem>, ctrl: &Arc<Controller>, sink: &Sink, entries: usize) -> Sender<io::Job> {
+fn spawn_workers(shared: &Arc<Shared>, ctrl: &Arc<Controller>, sink: &Sink, entries: usize) -> Sender<io::Job> {
     let (tx, rx) = unbounded::<io::Job>();
     for _ in 0..shared.cfg.workers_per_queue.min(entries).max(1) {
-        let (rx, sink, ctrl, subsys, shared) = (rx.clone(), sink.clone(), ctrl.clone(), subsys.clone(), shared.clone());
+        let (rx, sink, ctrl, shared) = (rx.clone(), sink.clone(), ctrl.clone(), shared.clone());
         let name = format!("nvmf-q{}-work", sink.sqid);
         let work = move || {
-            let target = subsys.target().expect("I/O queues exist only on NVM subsystems").clone();
+            let subsys: Arc<Subsystem> = ctrl.subsys.clone();
+            let nvm = subsys.nvm().expect("I/O queues exist only on NVM subsystems");
             for job in rx {
-                io::run(&shared, &target, &ctrl, &sink, job);
+                io::run(&shared, nvm, &ctrl, &sink, job);
             }
         };
         std::thread::Builder::new().name(name).spawn(work).expect("cannot start an I/O queue worker thread");
     }
     tx
+}
+
+/// The data of a command whose data is already here: none (it moves none to the target),
+/// or in the capsule; `None` when it is still to come by R2T or its SGL is malformed.
+fn data_in_hand<'a>(cmd: &Command, capsule: &'a [u8]) -> Option<&'a [u8]> {
+    // Opcode bits 1:0 = 01: data flows host to controller.
+    if cmd.opcode() & 3 != 1 {
+        return Some(&[]);
+    }
+    let (addr, len, ty) = cmd.sgl();
+    if ty != SGL_DATA_BLOCK_OFFSET {
+        return None;
+    }
+    capsule.get(usize::try_from(addr).ok()?..)?.get(..len as usize)
 }

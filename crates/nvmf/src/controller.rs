@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Subsystems and controllers: the controller registers (CAP, VS, CC, CSTS), features, and
-//! the admin command set (Identify, Get Log Page, Get/Set Features, Keep Alive, AER).
+//! Controllers: the controller registers (CAP, VS, CC, CSTS), features, and the admin
+//! command set (Identify, Get Log Page, Get/Set Features, Keep Alive, AER).
 
-use crate::config::{TargetConfig, DISCOVERY_NQN};
+use crate::config::{TransportConfig, DISCOVERY_NQN};
+use crate::handler::HeldResults;
 use crate::identify::{self, ControllerIdentity, DiscoveryEntry};
-use insitu_engine::{Engine, Visibility};
+use crate::subsystem::{Kind, Subsystem};
 use insitu_fabric::{opcode, Command};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Builds a completion status field: Do Not Retry, Status Code Type, Status Code.
@@ -27,66 +27,6 @@ pub(crate) const CONNECT_INVALID_PARAMETERS: u16 = status(1, 0x82);
 pub(crate) const CONNECT_INVALID_HOST: u16 = status(1, 0x84);
 /// Controller Busy (no controller IDs left).
 pub(crate) const CONTROLLER_BUSY: u16 = status(1, 0x81);
-
-/// What a subsystem serves.
-pub(crate) enum Kind {
-    /// An NVM subsystem over an insitu target.
-    Nvm(Arc<Engine>),
-    /// The discovery subsystem.
-    Discovery,
-}
-
-/// An NVM or discovery subsystem and its live controllers.
-pub(crate) struct Subsystem {
-    pub(crate) nqn: String,
-    pub(crate) kind: Kind,
-    pub(crate) allow_hosts: Vec<String>,
-    pub(crate) serial: String,
-    next_cntlid: AtomicU16,
-    controllers: Mutex<HashMap<u16, Arc<Controller>>>,
-}
-
-impl Subsystem {
-    pub(crate) fn new(nqn: &str, kind: Kind, allow_hosts: Vec<String>) -> Subsystem {
-        let g = identify::guid(nqn);
-        let serial: String = g[..10].iter().map(|b| format!("{b:02x}")).collect();
-        Subsystem { nqn: nqn.into(), kind, allow_hosts, serial, next_cntlid: AtomicU16::new(1), controllers: Mutex::new(HashMap::new()) }
-    }
-
-    /// Whether `hostnqn` may connect.
-    pub(crate) fn admits(&self, hostnqn: &str) -> bool {
-        self.allow_hosts.is_empty() || self.allow_hosts.iter().any(|h| h == hostnqn)
-    }
-
-    pub(crate) fn target(&self) -> Option<&Arc<Engine>> {
-        match &self.kind {
-            Kind::Nvm(t) => Some(t),
-            Kind::Discovery => None,
-        }
-    }
-
-    /// Creates a controller for `hostnqn` (dynamic controller model).
-    pub(crate) fn add_controller(self: &Arc<Self>, hostnqn: &str, hostid: [u8; 16], kato_ms: u32) -> Option<Arc<Controller>> {
-        let mut ctrls = self.controllers.lock().unwrap_or_else(|e| e.into_inner());
-        for _ in 0..0xFFEF {
-            let id = self.next_cntlid.fetch_add(1, Ordering::Relaxed) % 0xFFEF + 1;
-            if let std::collections::hash_map::Entry::Vacant(slot) = ctrls.entry(id) {
-                let c = Arc::new(Controller::new(id, self.clone(), hostnqn, hostid, kato_ms));
-                slot.insert(c.clone());
-                return Some(c);
-            }
-        }
-        None
-    }
-
-    pub(crate) fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
-        self.controllers.lock().unwrap_or_else(|e| e.into_inner()).get(&cntlid).cloned()
-    }
-
-    pub(crate) fn remove_controller(&self, cntlid: u16) {
-        self.controllers.lock().unwrap_or_else(|e| e.into_inner()).remove(&cntlid);
-    }
-}
 
 /// Controller registers and negotiated settings.
 #[derive(Debug, Default, Clone, Copy)]
@@ -109,8 +49,8 @@ pub(crate) struct Controller {
     pub(crate) write_cmds: AtomicU64,
     /// I/O queue IDs connected now; a second connection may not claim one.
     io_qids: Mutex<std::collections::HashSet<u16>>,
-    /// Results of KV commands waiting for KV_RESULT.
-    pub(crate) kv_results: crate::kv::HeldResults,
+    /// Results that vendor commands keep for a later command (`IoContext::hold`).
+    pub(crate) held: HeldResults,
 }
 
 /// The result of an admin command: status, dword 0, data to return, or held (AER).
@@ -143,7 +83,7 @@ const CC_SHN_MASK: u32 = 3 << 14;
 const CSTS_SHST_COMPLETE: u32 = 2 << 2;
 
 impl Controller {
-    fn new(cntlid: u16, subsys: Arc<Subsystem>, hostnqn: &str, hostid: [u8; 16], kato_ms: u32) -> Controller {
+    pub(crate) fn new(cntlid: u16, subsys: Arc<Subsystem>, hostnqn: &str, hostid: [u8; 16], kato_ms: u32) -> Controller {
         let regs = Regs { kato_ms, ..Regs::default() };
         Controller {
             cntlid,
@@ -154,7 +94,7 @@ impl Controller {
             read_cmds: AtomicU64::new(0),
             write_cmds: AtomicU64::new(0),
             io_qids: Mutex::new(Default::default()),
-            kv_results: Default::default(),
+            held: Default::default(),
         }
     }
 
@@ -178,7 +118,7 @@ impl Controller {
     }
 
     /// Property Get: CAP, VS, CC, CSTS.
-    pub(crate) fn property_get(&self, cfg: &TargetConfig, offset: u32) -> Option<u64> {
+    pub(crate) fn property_get(&self, cfg: &TransportConfig, offset: u32) -> Option<u64> {
         let r = self.regs();
         Some(match offset {
             // CAP: MQES, CQR, TO = 15 s, CSS = NVM, MPSMIN = MPSMAX = 4 KiB.
@@ -208,8 +148,8 @@ impl Controller {
         true
     }
 
-    fn identity<'a>(&'a self, cfg: &TargetConfig) -> ControllerIdentity<'a> {
-        let namespaces = self.subsys.target().map_or(0, |t| t.namespace_count() as u32);
+    fn identity<'a>(&'a self, cfg: &TransportConfig) -> ControllerIdentity<'a> {
+        let namespaces = self.subsys.nvm().map_or(0, |n| n.namespace_count());
         ControllerIdentity {
             cntlid: self.cntlid,
             serial: &self.subsys.serial,
@@ -227,7 +167,7 @@ impl Controller {
     }
 
     /// Runs an admin command. `discovery_entries` lists the NVM subsystems this host may see.
-    pub(crate) fn admin(&self, cfg: &TargetConfig, cmd: &Command, discovery_entries: &dyn Fn(&str) -> Vec<u8>) -> Reply {
+    pub(crate) fn admin(&self, cfg: &TransportConfig, cmd: &Command, discovery_entries: &dyn Fn(&str) -> Vec<u8>) -> Reply {
         match cmd.opcode() {
             opcode::IDENTIFY => self.identify(cfg, cmd),
             opcode::GET_LOG_PAGE => self.get_log_page(cmd, cfg.max_transfer(), discovery_entries),
@@ -240,36 +180,31 @@ impl Controller {
         }
     }
 
-    fn identify(&self, cfg: &TargetConfig, cmd: &Command) -> Reply {
+    fn identify(&self, cfg: &TransportConfig, cmd: &Command) -> Reply {
         let cns = cmd.cdw(10) & 0xFF;
         let nsid = cmd.nsid();
-        let target = self.subsys.target();
-        let visible = |n: u32| target.is_some_and(|t| t.namespace(n).is_some_and(|ns| ns.visibility() == Visibility::Sharable));
-        let kv = target.and_then(|t| t.kv_service(nsid));
+        let nvm = self.subsys.nvm();
+        let block = |n: u32| nvm.and_then(|s| s.blocks.namespace(n));
+        let visible = |n: u32| block(n).is_some_and(|ns| ns.sharable);
+        let other = nvm.and_then(|s| s.command_set(nsid));
         let csi = (cmd.cdw(11) >> 24) as u8;
         match cns {
             0x01 => Reply::data(identify::controller(&self.identity(cfg))),
-            // The key-value namespace: no NVM structure (all zeros, as for a namespace of
-            // another command set); its descriptors say CSI 01h, and CNS 05h with CSI 01h
-            // gives the KV structure.
-            0x00 if kv.is_some() => Reply::data(vec![0; 4096]),
-            0x03 if kv.is_some() => Reply::data(identify::namespace_descriptors_csi(self.nguid(nsid), insitu_proto::kv::CSI_KV)),
-            0x05 if kv.is_some() && csi == insitu_proto::kv::CSI_KV => {
-                let kv = kv.expect("checked");
-                Reply::data(identify::kv_namespace(kv.capacity(), kv.max_value() as u32, self.nguid(nsid)))
-            }
-            0x05 if kv.is_some() => Reply::err(INVALID_FIELD),
-            0x00 => match target.and_then(|t| t.namespace(nsid)) {
-                Some(ns) if ns.visibility() == Visibility::Sharable => {
-                    Reply::data(identify::namespace(ns.size() / u64::from(ns.lba_size()), ns.lba_size(), self.nguid(nsid)))
-                }
+            // A namespace of another command set: no NVM structure (all zeros); its
+            // descriptors give its CSI, and CNS 05h with that CSI its own structure.
+            0x00 if other.is_some() => Reply::data(vec![0; 4096]),
+            0x03 if other.is_some() => Reply::data(identify::namespace_descriptors_csi(self.nguid(nsid), other.expect("checked").csi())),
+            0x05 if other.is_some_and(|o| o.csi() == csi) => Reply::data(other.expect("checked").identify(self.nguid(nsid))),
+            0x05 if other.is_some() => Reply::err(INVALID_FIELD),
+            0x00 => match block(nsid) {
+                Some(ns) if ns.sharable => Reply::data(identify::namespace(ns.size / u64::from(ns.lba_size), ns.lba_size, self.nguid(nsid))),
                 // Private and unallocated-but-valid NSIDs read as inactive: all zeros.
                 Some(_) => Reply::data(vec![0; 4096]),
                 None if nsid == 0xFFFF_FFFF => Reply::data(vec![0; 4096]),
                 None => Reply::err(status(0, 0x0B)),
             },
             0x02 => {
-                let nsids: Vec<u32> = target.map(|t| t.host_namespaces()).unwrap_or_default();
+                let nsids: Vec<u32> = nvm.map(|s| s.host_namespaces()).unwrap_or_default();
                 Reply::data(identify::active_namespaces(&nsids, nsid))
             }
             0x03 if visible(nsid) => Reply::data(identify::namespace_descriptors(self.nguid(nsid))),
@@ -287,8 +222,8 @@ impl Controller {
         let page = match (lid, &self.subsys.kind) {
             (0x70, Kind::Discovery) => discovery_entries(&self.hostnqn),
             (0x01, _) => vec![0; 64],
-            (0x02, Kind::Nvm(t)) => {
-                let (r, w) = t.media_totals();
+            (0x02, Kind::Nvm(n)) => {
+                let (r, w) = n.blocks.media_totals();
                 identify::smart_log(r, w, self.read_cmds.load(Ordering::Relaxed), self.write_cmds.load(Ordering::Relaxed))
             }
             (0x03, Kind::Nvm(_)) => identify::firmware_log(),
@@ -309,7 +244,7 @@ impl Controller {
         Reply::data(out)
     }
 
-    fn set_features(&self, cfg: &TargetConfig, cmd: &Command) -> Reply {
+    fn set_features(&self, cfg: &TransportConfig, cmd: &Command) -> Reply {
         let fid = cmd.cdw(10) & 0xFF;
         let mut r = self.regs.lock().unwrap_or_else(|e| e.into_inner());
         match fid {
@@ -353,7 +288,7 @@ impl Controller {
 
 /// Builds the discovery log page for `hostnqn`: one entry per NVM subsystem it may connect
 /// to, on the address the target listens on.
-pub(crate) fn discovery_page(subsystems: &[Arc<Subsystem>], cfg: &TargetConfig, hostnqn: &str) -> Vec<u8> {
+pub(crate) fn discovery_page(subsystems: &[Arc<Subsystem>], cfg: &TransportConfig, hostnqn: &str) -> Vec<u8> {
     let traddr = cfg.listen.ip().to_string();
     let trsvcid = cfg.listen.port().to_string();
     let entries: Vec<DiscoveryEntry<'_>> = subsystems

@@ -125,21 +125,6 @@ pub(crate) fn namespace_descriptors_csi(nguid: [u8; 16], csi: u8) -> Vec<u8> {
     b
 }
 
-/// The Key Value command set's Identify Namespace structure (CNS 05h, CSI 01h): size in
-/// bytes, one KV format (16-byte keys, `max_value`-byte values, no key count limit).
-pub(crate) fn kv_namespace(capacity: u64, max_value: u32, nguid: [u8; 16]) -> Vec<u8> {
-    let mut b = vec![0u8; 4096];
-    put64(&mut b, 0, capacity); // NSZE, bytes
-    b[25] = 1; // NKVF: one KV format
-    b[26] = 0x01; // NMIC: may be attached to several controllers
-    b[48..64].copy_from_slice(&nguid);
-    // KV format 0 at byte 72: KML, reserved, FOPT, VML, MNK (0: no limit).
-    put16(&mut b, 72, insitu_proto::kv::MAX_KEY_LEN as u16);
-    put32(&mut b, 76, max_value);
-    put32(&mut b, 80, 0);
-    b
-}
-
 /// The Active Namespace ID list: NSIDs greater than `after`, ascending.
 pub(crate) fn active_namespaces(nsids: &[u32], after: u32) -> Vec<u8> {
     let mut b = vec![0u8; 4096];

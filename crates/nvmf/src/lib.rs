@@ -1,118 +1,55 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The insitu NVMe/TCP target: serves insitu [`Engine`]s to hosts over the NVMe over
-//! Fabrics TCP transport, so a stock Linux host can `nvme connect -t tcp`, mount the
-//! namespace, and send EXEC through the passthrough ioctl.
+//! The insitu NVMe/TCP transport: queues, PDUs, controllers, the admin command set and the
+//! NVM I/O commands, so a stock Linux host can `nvme connect -t tcp` and mount a namespace.
 //!
-//! A [`TargetConfig`] names the listen address and the subsystems; [`Server::bind`] opens
-//! their namespaces and the socket; [`Server::run`] serves until the process ends and
-//! [`Server::spawn`] serves on a background thread. Each connection is one queue with its
-//! own thread; I/O queues run commands on a few worker threads so a queue can have many
-//! commands in flight. A discovery subsystem (`nqn.2014-08.org.nvmexpress.discovery`) lists
-//! the NVM subsystems each host may connect to.
-//!
-//! The vendor commands are specified in `docs/nvme-vendor-commands.md`.
+//! The transport knows no engine and no service. Whoever assembles a target gives each
+//! [`NvmSubsystem`] its storage ([`BlockNamespaces`], and [`CommandSetNamespace`]s such as
+//! a Key Value namespace) and registers a handler for every vendor command
+//! ([`NvmSubsystem::handle`], SPDK's pattern); [`Server::bind`] opens the socket,
+//! [`Server::run`] serves until the process ends and [`Server::spawn`] serves on a
+//! background thread. Each connection is one queue with its own thread; I/O queues run
+//! commands on a few worker threads so a queue can have many commands in flight. A
+//! discovery subsystem (`nqn.2014-08.org.nvmexpress.discovery`) lists the NVM subsystems
+//! each host may connect to.
 #![deny(missing_docs)]
 
 mod config;
 mod connection;
 mod controller;
-mod ether;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+mod handler;
 mod identify;
 mod io;
-mod kv;
-mod kv_service;
-mod lock;
 mod metrics;
+mod namespaces;
 mod sink;
+mod subsystem;
 
-pub use config::{NamespaceSpec, SubsystemConfig, TargetConfig, DISCOVERY_NQN};
-pub use insitu_engine::{Engine, Visibility};
-pub use metrics::Metrics;
+pub use config::{HostLinks, LinkPacer, TransportConfig, DISCOVERY_NQN};
+pub use handler::{ControllerRef, Deferred, IoContext, IoHandler, Outcome, Placement, HELD_RESULTS};
+pub use metrics::{Metrics, MetricsSource};
+pub use namespaces::{BlockNamespace, BlockNamespaces, CommandSetNamespace};
+pub use subsystem::NvmSubsystem;
 
-use controller::{Kind, Subsystem};
-use insitu_engine::NamespaceConfig;
-use insitu_engine::Visibility as Vis;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
-
-/// Where a subsystem's key-value store of `bytes` goes: (index of its first private
-/// namespace, byte offset in that file, length), the region 4 KiB aligned at the file's end.
-fn kv_region(s: &SubsystemConfig, bytes: u64) -> Result<(usize, u64, u64), String> {
-    let Some(at) = s.namespaces.iter().position(|n| n.visibility == Vis::Private) else {
-        return Err(format!(
-            "subsystem {}: a key-value store (--kv-store) lives in the target's private namespace, and there is none: add --private IMG",
-            s.nqn
-        ));
-    };
-    let (offset, len) = kv_store_span(&s.namespaces[at].path, bytes)?;
-    Ok((at, offset, len))
-}
-
-/// The byte offset and length in the private namespace image `path` of a key-value store
-/// of `bytes`: 4 KiB aligned at the file's end, leaving at least 1 MiB to the KV cache.
-fn kv_store_span(path: &std::path::Path, bytes: u64) -> Result<(u64, u64), String> {
-    let file = std::fs::metadata(path).map_err(|e| format!("private namespace {}: {e}", path.display()))?.len();
-    let len = bytes / 4096 * 4096;
-    let min_rest = 1 << 20; // what the KV cache keeps, at least
-    if len == 0 || len.saturating_add(min_rest) > file / 4096 * 4096 {
-        return Err(format!(
-            "--kv-store {bytes} does not fit in private namespace {} ({file} bytes): it must leave at least {min_rest} bytes to the KV cache; give a larger image or a smaller size",
-            path.display()
-        ));
-    }
-    Ok((file / 4096 * 4096 - len, len))
-}
-
-/// The file of the key-value service's store in the private namespace's file system.
-pub const KV_STORE_FILE: &str = "kv.redb";
-/// Buffer cache of that file system (redb keeps its own cache above it).
-const KV_FS_CACHE: usize = 8 << 20;
-
-/// The private data file system (accelfs) in `[offset, offset + len)` of `path`: opened,
-/// or formatted when the region is blank; paced like its namespace when it has a model.
-fn open_kv_fs(path: &std::path::Path, offset: u64, len: u64, pacing: Option<Arc<dyn insitu_media::Pacing>>) -> Result<insitu_accelfs::Fs, String> {
-    let file = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(|e| format!("KV store in {}: {e}", path.display()))?;
-    let mut dev: Box<dyn insitu_accelfs::BlockDevice> = Box::new(insitu_accelfs::FileDevice::new(file, offset, len, path.display().to_string()));
-    if let Some(p) = pacing {
-        dev = Box::new(insitu_kvstore::PacedDevice::new(dev, p, offset));
-    }
-    insitu_accelfs::Fs::open_or_format(dev, KV_FS_CACHE).map_err(|e| {
-        format!("the KV store's file system in the last {len} bytes of {}: {e} (a store made by an older insitu, or other data: use a blank image or zero that region; `insitu target fsck` checks it)", path.display())
-    })
-}
-
-/// Checks, without changing anything, the file system holding the key-value store of a
-/// target started with `--private path --kv-store bytes`.
-pub fn fsck_kv_store(path: &std::path::Path, bytes: u64) -> Result<insitu_accelfs::FsckReport, String> {
-    let (offset, len) = kv_store_span(path, bytes)?;
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let dev = insitu_accelfs::FileDevice::new(file, offset, len, path.display().to_string());
-    insitu_accelfs::fsck(&dev).map_err(|e| e.to_string())
-}
+use subsystem::{Kind, Subsystem};
 
 /// State shared by every connection of a server.
 pub(crate) struct Shared {
-    pub(crate) cfg: TargetConfig,
+    pub(crate) cfg: TransportConfig,
     pub(crate) subsystems: Vec<Arc<Subsystem>>,
     pub(crate) metrics: Arc<Metrics>,
-    /// Paced host link (to the host, to the target), when a device model has one.
-    pub(crate) links: Option<(Arc<insitu_model::Pacer>, Arc<insitu_model::Pacer>)>,
-    /// The Ether-oN interface, when the target has one (`Server::attach_ether`).
-    pub(crate) ether: ether::Port,
     stopping: AtomicBool,
     connections: Mutex<std::collections::HashMap<u64, TcpStream>>,
     /// The key of the next connection in `connections`.
     next_connection: std::sync::atomic::AtomicU64,
     live: AtomicUsize,
 }
-
-/// Flash page of the KV cache when no device model gives one.
-const DEFAULT_KV_PAGE: usize = 4096;
 
 /// Most connections served at once; more are closed on accept.
 const MAX_CONNECTIONS: usize = 1024;
@@ -134,88 +71,42 @@ pub struct Server {
 }
 
 impl Server {
-    /// Opens every namespace and binds the listen address (port 0 picks a free port).
-    pub fn bind(mut cfg: TargetConfig) -> std::io::Result<Server> {
+    /// Binds the listen address (port 0 picks a free port) to serve `subsystems`.
+    pub fn bind(mut cfg: TransportConfig, subsystems: Vec<NvmSubsystem>) -> std::io::Result<Server> {
         let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
-        if cfg.subsystems.is_empty() {
+        if subsystems.is_empty() {
             return Err(invalid("no subsystem configured: give at least one --nqn with a --namespace".into()));
         }
-        let mut subsystems = Vec::new();
-        for s in &cfg.subsystems {
+        let mut served: Vec<Arc<Subsystem>> = Vec::new();
+        for s in subsystems {
             if s.nqn == DISCOVERY_NQN || !s.nqn.starts_with("nqn.") || s.nqn.len() > 223 {
                 return Err(invalid(format!("{:?} is not a usable subsystem NQN (expected nqn.YYYY-MM.reverse.domain:name, at most 223 bytes)", s.nqn)));
             }
-            if subsystems.iter().any(|x: &Arc<Subsystem>| x.nqn == s.nqn) {
+            if served.iter().any(|x| x.nqn == s.nqn) {
                 return Err(invalid(format!("subsystem {} is configured twice", s.nqn)));
             }
-            let mut target = Engine::new();
-            let model_err = |e: insitu_model::ModelError| invalid(format!("device model: {e}"));
-            if let Some(budget) = cfg.model.as_ref().map(|m| m.compute_budget()).transpose().map_err(model_err)?.flatten() {
-                target = target.with_compute_budget(Arc::new(budget));
-            }
-            // With a key-value store, the first private namespace gives up its last bytes.
-            let kv_region = match cfg.kv_store {
-                Some(bytes) => Some(kv_region(s, bytes).map_err(invalid)?),
-                None => None,
-            };
-            // The store's file system is paced with its namespace: one drive, one model.
-            let mut kv_pacing = None;
-            for (i, ns) in s.namespaces.iter().enumerate() {
-                let mut nc =
-                    NamespaceConfig { lba_size: ns.lba_size, visibility: ns.visibility, cached_reads: !cfg.direct_reads, ..NamespaceConfig::default() };
-                if let Some((at, offset, _)) = &kv_region {
-                    if *at == i {
-                        nc.size = Some(offset / u64::from(ns.lba_size) * u64::from(ns.lba_size));
-                    }
-                }
-                if let Some(m) = &cfg.model {
-                    let size = std::fs::metadata(&ns.path).map(|x| x.len()).unwrap_or(0);
-                    // The host link is paced by the connections, on the bytes they carry.
-                    let drive = insitu_model::DeviceModel { link: None, ..m.clone() };
-                    nc.pacing = Some(Arc::new(drive.pacer(size.max(1 << 20)).map_err(model_err)?));
-                    if kv_region.as_ref().is_some_and(|(at, _, _)| *at == i) {
-                        kv_pacing.clone_from(&nc.pacing);
-                    }
-                }
-                target.add_namespace(&ns.path, nc).map_err(|e| invalid(format!("namespace {}: {e}", ns.path.display())))?;
-            }
-            let page_bytes = cfg.model.as_ref().and_then(|m| m.flash.as_ref()).map_or(DEFAULT_KV_PAGE, |f| f.page_bytes as usize);
-            target.open_kv_cache(page_bytes).map_err(|e| invalid(format!("KV cache in the private namespace: {e}")))?;
-            if let Some((at, offset, len)) = kv_region {
-                let path = &s.namespaces[at].path;
-                let fs = open_kv_fs(path, offset, len, kv_pacing).map_err(invalid)?;
-                let store = insitu_kvstore::KvStore::open_fs(&fs, KV_STORE_FILE).map_err(|e| invalid(format!("subsystem {}: {e}", s.nqn)))?;
-                let store = store.with_max_value(insitu_kvstore::DEFAULT_MAX_VALUE.min(cfg.max_transfer()));
-                target.set_kv_service(store);
-            }
-            subsystems.push(Arc::new(Subsystem::new(&s.nqn, Kind::Nvm(Arc::new(target)), s.allow_hosts.clone())));
+            let (nqn, hosts) = (s.nqn.clone(), s.allow_hosts.clone());
+            served.push(Arc::new(Subsystem::new(&nqn, Kind::Nvm(s), hosts)));
         }
-        subsystems.push(Arc::new(Subsystem::new(DISCOVERY_NQN, Kind::Discovery, Vec::new())));
+        served.push(Arc::new(Subsystem::new(DISCOVERY_NQN, Kind::Discovery, Vec::new())));
         let listener = TcpListener::bind(cfg.listen)?;
         cfg.listen = listener.local_addr()?;
-        // The host link, one model per direction (links are full duplex).
-        let link =
-            |m: &insitu_model::DeviceModel| m.link.clone().map(|l| insitu_model::Link::new(l).map(|l| Arc::new(insitu_model::Pacer::new(None, Some(l)))));
-        let links = match cfg.model.as_ref().and_then(link) {
-            Some(to_host) => {
-                let to_target = cfg.model.as_ref().and_then(link).expect("same model");
-                let err = |e: insitu_model::ModelError| invalid(format!("device model: {e}"));
-                Some((to_host.map_err(err)?, to_target.map_err(err)?))
-            }
-            None => None,
-        };
         let shared = Arc::new(Shared {
-            links,
             cfg,
-            subsystems,
+            subsystems: served,
             metrics: Arc::new(Metrics::default()),
-            ether: Default::default(),
             stopping: AtomicBool::new(false),
             connections: Mutex::new(Default::default()),
             next_connection: Default::default(),
             live: AtomicUsize::new(0),
         });
         Ok(Server { listener, shared })
+    }
+
+    /// Tells whether this server still serves, without keeping it alive: a service thread
+    /// beside it (an interface reader, say) ends when it stops.
+    pub fn stop_token(&self) -> StopToken {
+        StopToken(Arc::downgrade(&self.shared))
     }
 
     /// The address actually bound.
@@ -226,27 +117,6 @@ impl Server {
     /// The server's metrics.
     pub fn metrics(&self) -> Arc<Metrics> {
         self.shared.metrics.clone()
-    }
-
-    /// The key-value store of the first subsystem that has one (`kv_store` in the
-    /// configuration), for the target's local API (`insitu-kvfs`) to share with hosts.
-    pub fn kv_store(&self) -> Option<Arc<insitu_kvstore::KvStore>> {
-        self.shared.subsystems.iter().filter_map(|s| s.target()).find_map(|t| t.kv_service_nsid().and_then(|n| t.kv_service(n)).cloned())
-    }
-
-    /// The target of the first subsystem that has one: the daemon's, on which the
-    /// container runtime fences the blocks of the files its containers write.
-    pub fn target(&self) -> Option<Arc<insitu_engine::Engine>> {
-        self.shared.subsystems.iter().find_map(|s| s.target().cloned())
-    }
-
-    /// Tells `listener` of every lock taken and released on any subsystem's namespaces.
-    pub fn set_lock_listener(&self, listener: Arc<dyn insitu_engine::LockListener>) {
-        for s in &self.shared.subsystems {
-            if let Some(t) = s.target() {
-                t.set_lock_listener(listener.clone());
-            }
-        }
     }
 
     /// Serves connections until [`ServerHandle::shutdown`] (or forever).
@@ -264,7 +134,7 @@ impl Server {
             let live = self.shared.live.fetch_add(1, Ordering::Relaxed);
             if live >= MAX_CONNECTIONS {
                 self.shared.live.fetch_sub(1, Ordering::Relaxed);
-                eprintln!("insitu-target: refusing a connection: {MAX_CONNECTIONS} are open");
+                tracing::warn!("refusing a connection: {MAX_CONNECTIONS} are open");
                 continue;
             }
             // A second descriptor of each connection, for drop_connections and shutdown;
@@ -283,7 +153,7 @@ impl Server {
                 // No thread for it (the process is at its limit): refuse this one, keep serving.
                 self.shared.connections.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
                 self.shared.live.fetch_sub(1, Ordering::Relaxed);
-                eprintln!("insitu-target: refusing a connection: cannot start a thread for it");
+                tracing::warn!("refusing a connection: cannot start a thread for it");
             }
         }
         Ok(())
@@ -297,6 +167,17 @@ impl Server {
             let _ = self.run();
         });
         ServerHandle { shared, addr, thread: Some(thread) }
+    }
+}
+
+/// Whether a [`Server`] still serves.
+#[derive(Clone)]
+pub struct StopToken(Weak<Shared>);
+
+impl StopToken {
+    /// True once the server has stopped (or is gone).
+    pub fn stopped(&self) -> bool {
+        self.0.upgrade().is_none_or(|s| s.stopping())
     }
 }
 

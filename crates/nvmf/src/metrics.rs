@@ -29,8 +29,14 @@ pub struct Metrics {
     wire_out: AtomicU64,
     protocol_errors: AtomicU64,
     series: Mutex<BTreeMap<(u32, &'static str, String), Series>>,
-    /// Ether-oN frame counters, when the target has an interface.
-    pub(crate) ether: std::sync::OnceLock<std::sync::Arc<insitu_etheron::Counters>>,
+    /// Services that add their own counters to the exposition.
+    sources: Mutex<Vec<std::sync::Arc<dyn MetricsSource>>>,
+}
+
+/// A service's counters in the Prometheus text format, rendered with the transport's.
+pub trait MetricsSource: Send + Sync {
+    /// Appends its lines (`# TYPE` and samples) to `out`.
+    fn render(&self, out: &mut String);
 }
 
 fn command_name(op: u8) -> &'static str {
@@ -70,6 +76,11 @@ impl Metrics {
         self.protocol_errors.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Adds `source`'s counters to every rendering from now on.
+    pub fn add_source(&self, source: std::sync::Arc<dyn MetricsSource>) {
+        self.sources.lock().unwrap_or_else(|e| e.into_inner()).push(source);
+    }
+
     /// Bytes received and sent on all connections.
     pub fn wire_bytes(&self) -> (u64, u64) {
         (self.wire_in.load(Ordering::Relaxed), self.wire_out.load(Ordering::Relaxed))
@@ -103,8 +114,8 @@ impl Metrics {
         let _ = writeln!(out, "insitu_wire_bytes_total{{direction=\"to_host\"}} {tx}");
         let _ = writeln!(out, "# TYPE insitu_protocol_errors_total counter");
         let _ = writeln!(out, "insitu_protocol_errors_total {}", self.protocol_errors.load(Ordering::Relaxed));
-        if let Some(c) = self.ether.get() {
-            render_ether(c, &mut out);
+        for source in self.sources.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            source.render(&mut out);
         }
         let m = self.series.lock().unwrap_or_else(|e| e.into_inner());
         let _ = writeln!(out, "# TYPE insitu_commands_total counter");
@@ -134,21 +145,4 @@ impl Metrics {
         }
         out
     }
-}
-
-/// Appends the Ether-oN counters in the Prometheus text format.
-fn render_ether(counters: &insitu_etheron::Counters, out: &mut String) {
-    use std::fmt::Write as _;
-    let c = counters.snapshot();
-    let _ = writeln!(out, "# HELP insitu_etheron_frames_total Ethernet frames carried by Ether-oN commands.");
-    let _ = writeln!(out, "# TYPE insitu_etheron_frames_total counter");
-    let _ = writeln!(out, "insitu_etheron_frames_total{{direction=\"to_host\"}} {}", c.frames_to_host);
-    let _ = writeln!(out, "insitu_etheron_frames_total{{direction=\"to_target\"}} {}", c.frames_from_host);
-    let _ = writeln!(out, "# TYPE insitu_etheron_bytes_total counter");
-    let _ = writeln!(out, "insitu_etheron_bytes_total{{direction=\"to_host\"}} {}", c.bytes_to_host);
-    let _ = writeln!(out, "insitu_etheron_bytes_total{{direction=\"to_target\"}} {}", c.bytes_from_host);
-    let _ = writeln!(out, "# TYPE insitu_etheron_dropped_total counter");
-    let _ = writeln!(out, "insitu_etheron_dropped_total {}", c.dropped);
-    let _ = writeln!(out, "# TYPE insitu_etheron_refused_total counter");
-    let _ = writeln!(out, "insitu_etheron_refused_total {}", c.refused);
 }

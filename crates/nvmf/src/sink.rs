@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! The sending side of a connection: PDUs and completions back to the host, shared by the
-//! connection's reader and its queue's workers (and Ether-oN's upcalls).
+//! connection's reader, its queue's workers and the handlers that complete commands later.
 
 use insitu_fabric::{data_digest, write_all_vectored, Completion, Digests, Pdu};
 use std::io::{IoSlice, Write};
@@ -15,7 +15,7 @@ const C2H_CHUNK: usize = 256 << 10;
 pub(crate) struct Sink {
     pub(crate) stream: Arc<Mutex<Box<dyn Write + Send>>>,
     /// The modelled link towards the host, if any.
-    pub(crate) link: Option<Arc<insitu_model::Pacer>>,
+    pub(crate) link: Option<Arc<dyn crate::LinkPacer>>,
     pub(crate) digests: Digests,
     pub(crate) hpda: u8,
     pub(crate) sqid: u16,
@@ -41,7 +41,7 @@ impl Sink {
         self.metrics.add_wire_out(total as u64);
         // A modelled link delivers the bytes only when it would have carried them.
         if let Some(l) = &self.link {
-            l.link_transfer(total as u64);
+            l.transfer(total as u64);
         }
         write_all_vectored(&mut **self.stream.lock().unwrap_or_else(|e| e.into_inner()), slices)
     }

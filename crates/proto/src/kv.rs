@@ -380,6 +380,21 @@ pub fn decode_list(data: &[u8]) -> Result<Vec<Vec<u8>>, ListError> {
     Ok(keys)
 }
 
+/// The Key Value command set's Identify Namespace structure (CNS 05h, CSI 01h), 4096
+/// bytes: size in bytes, one KV format (keys of up to [`MAX_KEY_LEN`] bytes, values of up
+/// to `max_value` bytes, no limit on the number of keys).
+pub fn identify_namespace(capacity: u64, max_value: u32, nguid: [u8; 16]) -> Vec<u8> {
+    let mut b = vec![0u8; 4096];
+    b[0..8].copy_from_slice(&capacity.to_le_bytes()); // NSZE, bytes
+    b[25] = 1; // NKVF: one KV format
+    b[26] = 0x01; // NMIC: may be attached to several controllers
+    b[48..64].copy_from_slice(&nguid);
+    // KV format 0 at byte 72: KML, reserved, FOPT, VML, MNK (0: no limit).
+    b[72..74].copy_from_slice(&(MAX_KEY_LEN as u16).to_le_bytes());
+    b[76..80].copy_from_slice(&max_value.to_le_bytes());
+    b
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ fn main() -> std::io::Result<()> {
     let (capsule, pdu) = (dir.join("capsule"), dir.join("pdu"));
     std::fs::create_dir_all(&capsule)?;
     std::fs::create_dir_all(&pdu)?;
-    for (name, bytes) in insitu_nvmf::fuzzing::seed_inputs() {
+    for (name, bytes) in insitu_daemon::fuzzing::seed_inputs() {
         std::fs::write(capsule.join(name), &bytes)?;
         // Each PDU alone, after the digest byte the pdu target reads first (ICReq never
         // carries digests; the rest use the session's).

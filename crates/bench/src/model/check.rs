@@ -21,11 +21,11 @@ use super::rig::{random_fill, write_image, Drive, Placer};
 use super::{parse_drive, parse_link};
 use crate::common::{command, gbps, machine, median, Machine, Work};
 use crate::Error;
+use insitu_daemon::{NamespaceSpec, SubsystemConfig, Target, TargetConfig};
 use insitu_engine::{Engine, NamespaceConfig};
 use insitu_image::human;
 use insitu_initiator::{ConnectOptions, Session};
 use insitu_model::DeviceModel;
-use insitu_nvmf::{NamespaceSpec, Server, SubsystemConfig, TargetConfig};
 use insitu_offload::InputStream;
 use insitu_proto::{Descriptor, Extent, VirtualObject, SECTOR};
 use serde::Serialize;
@@ -219,7 +219,7 @@ fn target_scan(image: &Path, model: &DeviceModel, obj: &VirtualObject, result_se
         model: Some(model.clone()),
         ..TargetConfig::default()
     };
-    let server = Server::bind(cfg).map_err(|e| format!("cannot start a target with model {}: {e}", model.name))?.spawn();
+    let server = Target::bind(cfg).map_err(|e| format!("cannot start a target with model {}: {e}", model.name))?.spawn();
     let session = Session::connect(ConnectOptions::new(server.local_addr().to_string(), NQN))
         .map_err(|e| format!("cannot connect to the target at {}: {e}", server.local_addr()))?;
     let mut d = Descriptor::new("crc32c", vec![obj.clone()]);

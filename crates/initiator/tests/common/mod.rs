@@ -3,8 +3,8 @@
 //! TCP proxy that can cut connections.
 #![allow(dead_code)]
 
+use insitu_daemon::{NamespaceSpec, ServerHandle, SubsystemConfig, Target, TargetConfig};
 use insitu_initiator::{ConnectOptions, Session};
-use insitu_nvmf::{NamespaceSpec, Server, ServerHandle, SubsystemConfig, TargetConfig};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,7 +60,7 @@ fn target_configured(dir: tempfile::TempDir, allow_hosts: Vec<String>, direct_re
         direct_reads,
         ..TargetConfig::default()
     };
-    let handle = Server::bind(cfg).unwrap().spawn();
+    let handle = Target::bind(cfg).unwrap().spawn();
     let addr = handle.local_addr().to_string();
     Fixture { handle, addr, _dir: dir }
 }

@@ -11,27 +11,42 @@
 //! lives on one subsystem's namespaces only; private namespaces are refused by the target.
 //! Every refusal and every lock taken or released is logged with its reason.
 
+use std::sync::Arc;
+
 use insitu_engine::Engine;
 use insitu_fabric::{opcode, Command};
+use insitu_nvmf::{IoContext, IoHandler, Outcome};
 use insitu_proto::lock::LockRequest;
 use insitu_proto::{CommandError, Status};
 
+/// LOCK and UNLOCK against an engine.
+pub(crate) struct LockCommands(pub(crate) Arc<Engine>);
+
+impl IoHandler for LockCommands {
+    fn execute(&self, _: &IoContext<'_>, cmd: &Command, data: &[u8]) -> Outcome {
+        match execute(&self.0, cmd, data) {
+            Ok((dw0, dw1)) => Outcome { dw0, dw1, ..Outcome::ok() },
+            Err(e) => e.into(),
+        }
+    }
+}
+
 /// Runs LOCK or UNLOCK; returns completion (DW0, DW1).
-pub(crate) fn execute(target: &Engine, cmd: &Command, data: &[u8]) -> Result<(u32, u32), CommandError> {
+fn execute(target: &Engine, cmd: &Command, data: &[u8]) -> Result<(u32, u32), CommandError> {
     let nsid = cmd.nsid();
     let r = match cmd.opcode() {
         opcode::LOCK => lock(target, nsid, data),
         opcode::UNLOCK => {
             let id = u64::from(cmd.cdw(10)) | (u64::from(cmd.cdw(11)) << 32);
             target.unlock(nsid, id).map(|()| {
-                eprintln!("insitu-target: namespace {nsid}: lock {id:#x} released");
+                tracing::info!("namespace {nsid}: lock {id:#x} released");
                 (0, 0)
             })
         }
         other => Err(CommandError::new(Status::INVALID_OPCODE, format!("opcode {other:#04x} is not a lock command"))),
     };
     if let Err(e) = &r {
-        eprintln!("insitu-target: namespace {nsid}: {} refused: {} ({})", name(cmd.opcode()), e.message, e.status);
+        tracing::info!("namespace {nsid}: {} refused: {} ({})", name(cmd.opcode()), e.message, e.status);
     }
     r
 }
@@ -40,7 +55,7 @@ fn lock(target: &Engine, nsid: u32, data: &[u8]) -> Result<(u32, u32), CommandEr
     let req = LockRequest::parse(data).map_err(|e| CommandError::new(Status::INVALID_FIELD, e.to_string()))?;
     let (path, extents) = (req.path.clone(), req.extents.len());
     let id = target.lock(nsid, req)?;
-    eprintln!("insitu-target: namespace {nsid}: {path:?} locked for containers ({extents} extents, lock {id:#x})");
+    tracing::info!("namespace {nsid}: {path:?} locked for containers ({extents} extents, lock {id:#x})");
     Ok((id as u32, (id >> 32) as u32))
 }
 

@@ -4,91 +4,64 @@
 //! Attention needs data both ways, which one NVMe command cannot carry (its opcode fixes
 //! the direction, and a stock Linux host's passthrough follows it). So KV_ATTEND brings the
 //! queries in and leaves the outputs with the controller under a host-chosen tag, and
-//! KV_RESULT takes them out: two commands a stock host can send.
+//! KV_RESULT takes them out: two commands a stock host can send. The results wait with
+//! the controller ([`IoContext::hold`]), which keeps a bounded number.
 
-use crate::controller::Controller;
+use std::sync::Arc;
+
 use insitu_engine::Engine;
 use insitu_fabric::{opcode, Command};
 use insitu_kvcache::{AttendStats, KvCache, KvError, Task};
+use insitu_nvmf::{IoContext, IoHandler, Outcome};
 use insitu_proto::attention::{encode_info, Admin, Append, Attend, AttendResult};
-use std::collections::VecDeque;
-use std::sync::{Mutex, PoisonError};
 
-/// Results a controller holds at most; older ones are dropped when more arrive (a host
-/// that never collects its results cannot grow the target's memory).
-const HELD_RESULTS: usize = 64;
+/// The four KV-cache commands against an engine's KV cache.
+pub(crate) struct KvCacheCommands(pub(crate) Arc<Engine>);
 
-/// Results of KV commands waiting for KV_RESULT, by tag.
-#[derive(Default)]
-pub(crate) struct HeldResults {
-    held: Mutex<VecDeque<(u32, Vec<u8>)>>,
-}
-
-impl HeldResults {
-    fn put(&self, tag: u32, data: Vec<u8>) {
-        let mut h = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        h.retain(|(t, _)| *t != tag);
-        if h.len() == HELD_RESULTS {
-            h.pop_front();
+impl IoHandler for KvCacheCommands {
+    fn execute(&self, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]) -> Outcome {
+        match execute(&self.0, ctx, cmd, data) {
+            Ok(d) => d,
+            Err(e) => Outcome::status(e.status().to_nvme_field()),
         }
-        h.push_back((tag, data));
-    }
-
-    fn take(&self, tag: u32) -> Option<Vec<u8>> {
-        let mut h = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        let i = h.iter().position(|(t, _)| *t == tag)?;
-        h.remove(i).map(|(_, d)| d)
-    }
-}
-
-/// What a KV command produced: dword 0, data to return, bytes read from the media.
-pub(crate) struct KvDone {
-    pub(crate) dw0: u32,
-    pub(crate) data: Option<Vec<u8>>,
-    pub(crate) media: u64,
-}
-
-impl KvDone {
-    fn ok(dw0: u32) -> KvDone {
-        KvDone { dw0, data: None, media: 0 }
     }
 }
 
 /// Runs a KV command (`cmd`'s opcode is one of the four) with the data the host sent.
-pub(crate) fn execute(target: &Engine, ctrl: &Controller, cmd: &Command, data: &[u8]) -> Result<KvDone, KvError> {
+fn execute(target: &Engine, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]) -> Result<Outcome, KvError> {
     let tag = cmd.cdw(10);
     if cmd.opcode() == opcode::KV_RESULT {
-        let held = ctrl.kv_results.take(tag).ok_or(KvError::NoResult(tag))?;
+        let held = ctx.take_held(tag).ok_or(KvError::NoResult(tag))?;
         if (cmd.sgl().1 as usize) < held.len() {
             // Keep it: the host may ask again with a buffer large enough.
             let len = held.len();
-            ctrl.kv_results.put(tag, held);
+            ctx.hold(tag, held);
             return Err(KvError::BadRequest(format!("the result under tag {tag} is {len} bytes, larger than the transfer asked for")));
         }
-        return Ok(KvDone { dw0: held.len() as u32, data: Some(held), media: 0 });
+        return Ok(Outcome { dw0: held.len() as u32, data: held, ..Outcome::ok() });
     }
     let store = target.kv_cache()?;
     match cmd.opcode() {
-        opcode::KV_ADMIN => admin(store, ctrl, tag, Admin::decode(data)?),
+        opcode::KV_ADMIN => admin(store, ctx, tag, Admin::decode(data)?),
         opcode::KV_APPEND => {
             let a = Append::decode(data)?;
             check_shape(store, a.seq, a.layer, a.heads, a.head_dim)?;
             let tokens = store.append(a.seq, a.layer, a.tokens, &a.k, &a.v)?;
-            Ok(KvDone::ok(tokens as u32))
+            Ok(Outcome { dw0: tokens as u32, ..Outcome::ok() })
         }
         opcode::KV_ATTEND => {
             let result = attend(store, Attend::decode(data)?)?;
             let media = result.stats.media_bytes;
             let bytes = result.encode();
             let len = bytes.len() as u32;
-            ctrl.kv_results.put(tag, bytes);
-            Ok(KvDone { dw0: len, data: None, media })
+            ctx.hold(tag, bytes);
+            Ok(Outcome { dw0: len, media_bytes: media, ..Outcome::ok() })
         }
         _ => unreachable!("only KV opcodes are routed here"),
     }
 }
 
-fn admin(store: &KvCache, ctrl: &Controller, tag: u32, a: Admin) -> Result<KvDone, KvError> {
+fn admin(store: &KvCache, ctx: &IoContext<'_>, tag: u32, a: Admin) -> Result<Outcome, KvError> {
     match a {
         Admin::Create { seq, layers, kv_heads, head_dim, dtype, dims_per_page } => {
             store.create(seq, layers, kv_heads, head_dim, dtype, dims_per_page)?;
@@ -100,11 +73,11 @@ fn admin(store: &KvCache, ctrl: &Controller, tag: u32, a: Admin) -> Result<KvDon
         Admin::Info { seq } => {
             let info = encode_info(&store.info(seq)?.wire_info());
             let len = info.len() as u32;
-            ctrl.kv_results.put(tag, info);
-            return Ok(KvDone::ok(len));
+            ctx.hold(tag, info);
+            return Ok(Outcome { dw0: len, ..Outcome::ok() });
         }
     }
-    Ok(KvDone::ok(0))
+    Ok(Outcome::ok())
 }
 
 /// Checks that a request addresses `heads` heads of `head_dim` in `layer` of `seq`, as the
