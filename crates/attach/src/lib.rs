@@ -170,16 +170,10 @@ pub fn attach(url: &str, dir: &Path, format: Option<Format>, hostnqn: Option<Str
     std::fs::create_dir_all(&fuse_dir).map_err(|e| host_err(&fuse_dir.display().to_string(), e))?;
     let disk = fuse_dir.join(fuse::DISK);
     let log = Path::new(RUN_DIR).join(format!("{id}.log"));
-    // SAFETY: fork(2); the child only sets itself up and serves the file system it owns,
-    // and this process holds no session or thread the child depends on (the probe above
-    // disconnected before the fork).
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(host_err("fork", std::io::Error::last_os_error()));
-    }
-    if pid == 0 {
-        serve_child(opts, nsid, lba, size, &fuse_dir, &log);
-    }
+    // The child only sets itself up and serves the file system it owns; this process holds
+    // no session or thread it depends on (the probe above disconnected first). It comes up
+    // when its disk file has the namespace's size, which the wait below watches for.
+    let pid = insitu_detach::spawn(|_| serve_fuse(opts, nsid, lba, size, &fuse_dir, &log)).map_err(AttachError::Host)?.pid;
     let mut a = Attachment {
         url: format!("nvme-tcp://{}/{}/{nsid}", url.address(), url.nqn),
         hostnqn,
@@ -236,18 +230,11 @@ pub fn attach(url: &str, dir: &Path, format: Option<Format>, hostnqn: Option<Str
     Ok(a)
 }
 
-fn serve_child(opts: ConnectOptions, nsid: u32, lba: u32, size: u64, fuse_dir: &Path, log: &Path) -> ! {
-    // SAFETY: setsid has no memory arguments.
-    unsafe { libc::setsid() };
-    if let Ok(f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: dup2 onto this child's standard descriptors.
-        unsafe {
-            libc::dup2(f.as_raw_fd(), 1);
-            libc::dup2(f.as_raw_fd(), 2);
-        }
-    }
-    let code = match Session::connect(opts) {
+/// The attachment's daemon: serves the namespace as a FUSE disk file until it is unmounted;
+/// returns the exit code.
+fn serve_fuse(opts: ConnectOptions, nsid: u32, lba: u32, size: u64, fuse_dir: &Path, log: &Path) -> i32 {
+    let _ = insitu_detach::to_log(log);
+    match Session::connect(opts) {
         Ok(s) => {
             let fs = fuse::DiskFs::new(Arc::new(s), nsid, lba, size, 4);
             let options = [fuser::MountOption::FSName("insitu".into()), fuser::MountOption::DefaultPermissions];
@@ -263,9 +250,7 @@ fn serve_child(opts: ConnectOptions, nsid: u32, lba: u32, size: u64, fuse_dir: &
             eprintln!("insitu attach: {e}");
             1
         }
-    };
-    // SAFETY: leave without running the parent's atexit handlers (it may be Python).
-    unsafe { libc::_exit(code) }
+    }
 }
 
 fn undo(a: &Attachment, fuse_dir: &Path) {
@@ -276,18 +261,8 @@ fn undo(a: &Attachment, fuse_dir: &Path) {
     if a.pid > 0 {
         // Unmounting ends the daemon's session loop; give it a moment to exit, reaping it
         // if it is our child, before forcing it.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let mut st = 0;
-        // SAFETY: kill/waitpid with no memory arguments but a local out-parameter.
-        unsafe {
-            while libc::kill(a.pid, 0) == 0 && Instant::now() < deadline {
-                libc::waitpid(a.pid, &mut st, libc::WNOHANG);
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if libc::kill(a.pid, 0) == 0 {
-                libc::kill(a.pid, libc::SIGKILL);
-                libc::waitpid(a.pid, &mut st, libc::WNOHANG);
-            }
+        if !insitu_detach::wait_gone(a.pid, Duration::from_secs(5)) {
+            insitu_detach::force(a.pid);
         }
     }
     let _ = std::fs::remove_dir(fuse_dir);

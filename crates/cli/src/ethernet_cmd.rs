@@ -10,8 +10,6 @@ use insitu_attach::TargetUrl;
 use insitu_etheron::{Cidr, EtherError, HostBridge, HostLink, Received, Tap, RECEIVE_BUFFER, RECEIVE_FRAME, TRANSMIT_FRAME};
 use insitu_initiator::{Command, ConnectOptions, Session, DISCOVERY_NQN};
 use serde_json::json;
-use std::io::{Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -133,33 +131,12 @@ pub(crate) fn up(a: UpArgs, json_out: bool) -> Result<i32, Failure> {
     }
     std::fs::create_dir_all(RUN_DIR).map_err(|e| format!("{RUN_DIR}: {e}"))?;
     let log = Path::new(RUN_DIR).join(format!("ethernet-{}.log", cidr.addr.to_string().replace(':', "_")));
-    let mut fds = [0; 2];
-    // SAFETY: pipe(2) into a local array of two descriptors.
-    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
-        return Err(format!("pipe: {}", std::io::Error::last_os_error()).into());
-    }
-    // SAFETY: both descriptors were just created by pipe(2) and are owned only here.
-    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    // SAFETY: fork(2) before this process has started any thread; the child sets itself
-    // up from scratch (URL, TAP device, connection) and reports on the pipe.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(format!("fork: {}", std::io::Error::last_os_error()).into());
-    }
-    if pid == 0 {
-        drop(rd);
-        daemon_child(&a.url, &cidr, a.hostnqn, &log, std::fs::File::from(wr));
-    }
-    drop(wr);
-    let mut answer = String::new();
-    let _ = std::fs::File::from(rd).read_to_string(&mut answer);
-    let Some(url) = answer.strip_prefix("ok ").map(str::trim) else {
-        let mut status = 0;
-        // SAFETY: reaps the child that failed; a local out-parameter.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
-        let why = if answer.trim().is_empty() { format!("the bridge exited during setup; see {}", log.display()) } else { answer.trim().to_string() };
-        return Err(why.into());
-    };
+    // This process has started no thread: the child sets itself up from scratch (URL,
+    // TAP device, connection) and reports.
+    let (url, hostnqn) = (a.url.clone(), a.hostnqn.clone());
+    let child = insitu_detach::spawn(|ready| bridge_daemon(&url, &cidr, hostnqn, &log, ready))?;
+    let pid = child.pid;
+    let url = child.wait(&format!("the bridge exited during setup; see {}", log.display()))?;
     let mut rec = json!({"url": url, "address": cidr.to_string(), "device": device});
     rec["pid"] = json!(pid);
     rec["log"] = json!(log);
@@ -172,23 +149,15 @@ pub(crate) fn up(a: UpArgs, json_out: bool) -> Result<i32, Failure> {
     Ok(0)
 }
 
-fn daemon_child(url: &str, cidr: &Cidr, hostnqn: Option<String>, log: &Path, mut ready: std::fs::File) -> ! {
-    // SAFETY: setsid has no memory arguments.
-    unsafe { libc::setsid() };
-    if let Ok(f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
-        use std::os::fd::AsRawFd;
-        // SAFETY: dup2 onto the standard descriptors of this (child) process.
-        unsafe {
-            libc::dup2(f.as_raw_fd(), 1);
-            libc::dup2(f.as_raw_fd(), 2);
-        }
-    }
+/// The bridge as a daemon: sets up, reports, and runs until its connection ends; returns
+/// the exit code.
+fn bridge_daemon(url: &str, cidr: &Cidr, hostnqn: Option<String>, log: &Path, ready: insitu_detach::Ready) -> i32 {
+    let _ = insitu_detach::to_log(log);
     let set_up = resolve(url, hostnqn.as_ref()).and_then(|u| setup(&u, cidr, hostnqn).map(|b| (u, b)));
-    let code = match set_up {
+    match set_up {
         Ok((u, (bridge, cntlid))) => {
             eprintln!("insitu-ethernet: {} {cidr} bridged to {u} (controller {cntlid})", bridge.tap().name());
-            let _ = ready.write_all(format!("ok {u}\n").as_bytes());
-            drop(ready);
+            ready.ok(&u.to_string());
             match bridge.run() {
                 Ok(()) => 0,
                 Err(e) => {
@@ -198,20 +167,17 @@ fn daemon_child(url: &str, cidr: &Cidr, hostnqn: Option<String>, log: &Path, mut
             }
         }
         Err(e) => {
-            let _ = ready.write_all(e.message.as_bytes());
+            ready.fail(&e.message);
             1
         }
-    };
-    // SAFETY: leave without running the parent's atexit handlers (it may be Python).
-    unsafe { libc::_exit(code) }
+    }
 }
 
 /// The pid recorded in `file`, if that process is alive.
 fn running(file: &Path) -> Option<i32> {
     let rec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(file).ok()?).ok()?;
     let pid = rec["pid"].as_i64()? as i32;
-    // SAFETY: kill(2) with signal 0 only checks existence.
-    (pid > 0 && unsafe { libc::kill(pid, 0) } == 0).then_some(pid)
+    (pid > 0 && insitu_detach::alive(pid)).then_some(pid)
 }
 
 fn records() -> Vec<(PathBuf, serde_json::Value)> {
@@ -240,13 +206,7 @@ pub(crate) fn down(address: Option<String>, device: Option<String>, json_out: bo
     };
     let pid = rec["pid"].as_i64().unwrap_or(0) as i32;
     if pid > 0 {
-        // SAFETY: kill(2) with no memory arguments.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        // SAFETY: as above.
-        while unsafe { libc::kill(pid, 0) } == 0 && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        insitu_detach::terminate(pid, Duration::from_secs(10));
     }
     let _ = std::fs::remove_file(&file);
     if json_out {

@@ -196,7 +196,7 @@ pub fn records() -> Vec<Value> {
             }
             if let Some(mut rec) = std::fs::read_to_string(e.path()).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok()) {
                 let pid = rec["pid"].as_i64().unwrap_or(0) as i32;
-                rec["running"] = json!(pid > 0 && daemonize::exists(pid));
+                rec["running"] = json!(pid > 0 && daemonize::alive(pid));
                 list.push(rec);
             }
         }
