@@ -3,7 +3,7 @@
 //! command set (Identify, Get Log Page, Get/Set Features, Keep Alive, AER).
 
 use crate::config::{TransportConfig, DISCOVERY_NQN};
-use crate::handler::HeldResults;
+use crate::handler::States;
 use crate::identify::{self, ControllerIdentity, DiscoveryEntry};
 use crate::subsystem::{Kind, Subsystem};
 use insitu_fabric::{opcode, Command};
@@ -49,8 +49,8 @@ pub(crate) struct Controller {
     pub(crate) write_cmds: AtomicU64,
     /// I/O queue IDs connected now; a second connection may not claim one.
     io_qids: Mutex<std::collections::HashSet<u16>>,
-    /// Results that vendor commands keep for a later command (`IoContext::hold`).
-    pub(crate) held: HeldResults,
+    /// What handlers keep for this host (`IoContext::controller_state`).
+    pub(crate) states: States,
 }
 
 /// The result of an admin command: status, dword 0, data to return, or held (AER).
@@ -94,7 +94,7 @@ impl Controller {
             read_cmds: AtomicU64::new(0),
             write_cmds: AtomicU64::new(0),
             io_qids: Mutex::new(Default::default()),
-            held: Default::default(),
+            states: Default::default(),
         }
     }
 

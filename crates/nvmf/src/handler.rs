@@ -2,11 +2,13 @@
 //! Vendor I/O commands, registered by whoever assembles the target (as SPDK's
 //! `spdk_nvmf_set_custom_admin_cmd_hdlr`): the transport moves a command's data, calls its
 //! [`IoHandler`], and sends the [`Outcome`] back. A handler may also hold a command and
-//! complete it later ([`IoContext::defer`]), or keep a result for a later command to
-//! collect ([`IoContext::hold`]): one NVMe command moves data in one direction only, so a
-//! command that needs both brings its input and leaves its output under a host-chosen tag.
+//! complete it later ([`IoContext::defer`]), and keep state per controller
+//! ([`IoContext::controller_state`]): one NVMe command moves data in one direction only, so
+//! a command that needs both brings its input and leaves its output with the controller
+//! for a second command to collect.
 
-use std::collections::VecDeque;
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use insitu_fabric::Command;
@@ -90,16 +92,11 @@ impl IoContext<'_> {
         self.max_transfer
     }
 
-    /// Keeps `data` for a later command of this controller, under `tag` (replacing what
-    /// the tag held). A controller keeps [`HELD_RESULTS`] at most; the oldest go first, so
-    /// a host that never collects cannot grow the target's memory.
-    pub fn hold(&self, tag: u32, data: Vec<u8>) {
-        self.ctrl.held.put(tag, data);
-    }
-
-    /// Takes what [`IoContext::hold`] kept under `tag`.
-    pub fn take_held(&self, tag: u32) -> Option<Vec<u8>> {
-        self.ctrl.held.take(tag)
+    /// The controller's state of type `T`, made with `T::default()` on first use: what a
+    /// handler keeps for the host's later commands (results waiting to be collected, say).
+    /// It lives as long as the controller, so a host that goes takes its state with it.
+    pub fn controller_state<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        self.ctrl.states.get()
     }
 
     /// This command, to complete later (return [`Outcome::deferred`]).
@@ -146,29 +143,15 @@ impl PartialEq for ControllerRef {
     }
 }
 
-/// Results one controller holds at most.
-pub const HELD_RESULTS: usize = 64;
-
-/// Results held for later commands, by tag.
+/// Handlers' state per controller, one value per type.
 #[derive(Default)]
-pub(crate) struct HeldResults {
-    held: Mutex<VecDeque<(u32, Vec<u8>)>>,
-}
+pub(crate) struct States(Mutex<HashMap<TypeId, Arc<dyn Any + Send + Sync>>>);
 
-impl HeldResults {
-    fn put(&self, tag: u32, data: Vec<u8>) {
-        let mut h = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        h.retain(|(t, _)| *t != tag);
-        if h.len() == HELD_RESULTS {
-            h.pop_front();
-        }
-        h.push_back((tag, data));
-    }
-
-    fn take(&self, tag: u32) -> Option<Vec<u8>> {
-        let mut h = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        let i = h.iter().position(|(t, _)| *t == tag)?;
-        h.remove(i).map(|(_, d)| d)
+impl States {
+    fn get<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        let mut m = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let any = m.entry(TypeId::of::<T>()).or_insert_with(|| Arc::new(T::default())).clone();
+        any.downcast::<T>().expect("stored under its own type")
     }
 }
 
@@ -191,5 +174,27 @@ impl Handlers {
 
     pub(crate) fn get(&self, opcode: u8) -> Option<&(Arc<dyn IoHandler>, Placement)> {
         self.0[usize::from(opcode)].as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    #[derive(Default)]
+    struct Counter(AtomicU32);
+
+    #[derive(Default)]
+    struct Other(Mutex<Vec<u8>>);
+
+    #[test]
+    fn controller_state_is_one_value_per_type() {
+        let s = States::default();
+        s.get::<Counter>().0.fetch_add(2, Ordering::Relaxed);
+        s.get::<Counter>().0.fetch_add(3, Ordering::Relaxed);
+        s.get::<Other>().0.lock().unwrap().push(7);
+        assert_eq!(s.get::<Counter>().0.load(Ordering::Relaxed), 5);
+        assert_eq!(*s.get::<Other>().0.lock().unwrap(), vec![7]);
     }
 }

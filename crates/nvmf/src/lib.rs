@@ -28,7 +28,7 @@ mod sink;
 mod subsystem;
 
 pub use config::{HostLinks, LinkPacer, TransportConfig, DISCOVERY_NQN};
-pub use handler::{ControllerRef, Deferred, IoContext, IoHandler, Outcome, Placement, HELD_RESULTS};
+pub use handler::{ControllerRef, Deferred, IoContext, IoHandler, Outcome, Placement};
 pub use metrics::{Metrics, MetricsSource};
 pub use namespaces::{BlockNamespace, BlockNamespaces, CommandSetNamespace};
 pub use subsystem::NvmSubsystem;

@@ -5,15 +5,43 @@
 //! the direction, and a stock Linux host's passthrough follows it). So KV_ATTEND brings the
 //! queries in and leaves the outputs with the controller under a host-chosen tag, and
 //! KV_RESULT takes them out: two commands a stock host can send. The results wait with
-//! the controller ([`IoContext::hold`]), which keeps a bounded number.
+//! the controller ([`IoContext::controller_state`]), which keeps a bounded number.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use insitu_engine::Engine;
 use insitu_fabric::{opcode, Command};
 use insitu_kvcache::{AttendStats, KvCache, KvError, Task};
 use insitu_nvmf::{IoContext, IoHandler, Outcome};
 use insitu_proto::attention::{encode_info, Admin, Append, Attend, AttendResult};
+
+/// Results a controller holds at most; older ones are dropped when more arrive (a host
+/// that never collects its results cannot grow the target's memory).
+const HELD_RESULTS: usize = 64;
+
+/// Results of KV commands waiting for KV_RESULT, by tag: one per controller.
+#[derive(Default)]
+struct HeldResults {
+    held: Mutex<VecDeque<(u32, Vec<u8>)>>,
+}
+
+impl HeldResults {
+    fn put(&self, tag: u32, data: Vec<u8>) {
+        let mut h = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        h.retain(|(t, _)| *t != tag);
+        if h.len() == HELD_RESULTS {
+            h.pop_front();
+        }
+        h.push_back((tag, data));
+    }
+
+    fn take(&self, tag: u32) -> Option<Vec<u8>> {
+        let mut h = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let i = h.iter().position(|(t, _)| *t == tag)?;
+        h.remove(i).map(|(_, d)| d)
+    }
+}
 
 /// The four KV-cache commands against an engine's KV cache.
 pub(crate) struct KvCacheCommands(pub(crate) Arc<Engine>);
@@ -31,11 +59,11 @@ impl IoHandler for KvCacheCommands {
 fn execute(target: &Engine, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]) -> Result<Outcome, KvError> {
     let tag = cmd.cdw(10);
     if cmd.opcode() == opcode::KV_RESULT {
-        let held = ctx.take_held(tag).ok_or(KvError::NoResult(tag))?;
+        let held = ctx.controller_state::<HeldResults>().take(tag).ok_or(KvError::NoResult(tag))?;
         if (cmd.sgl().1 as usize) < held.len() {
             // Keep it: the host may ask again with a buffer large enough.
             let len = held.len();
-            ctx.hold(tag, held);
+            ctx.controller_state::<HeldResults>().put(tag, held);
             return Err(KvError::BadRequest(format!("the result under tag {tag} is {len} bytes, larger than the transfer asked for")));
         }
         return Ok(Outcome { dw0: held.len() as u32, data: held, ..Outcome::ok() });
@@ -54,7 +82,7 @@ fn execute(target: &Engine, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]) -> 
             let media = result.stats.media_bytes;
             let bytes = result.encode();
             let len = bytes.len() as u32;
-            ctx.hold(tag, bytes);
+            ctx.controller_state::<HeldResults>().put(tag, bytes);
             Ok(Outcome { dw0: len, media_bytes: media, ..Outcome::ok() })
         }
         _ => unreachable!("only KV opcodes are routed here"),
@@ -73,7 +101,7 @@ fn admin(store: &KvCache, ctx: &IoContext<'_>, tag: u32, a: Admin) -> Result<Out
         Admin::Info { seq } => {
             let info = encode_info(&store.info(seq)?.wire_info());
             let len = info.len() as u32;
-            ctx.hold(tag, info);
+            ctx.controller_state::<HeldResults>().put(tag, info);
             return Ok(Outcome { dw0: len, ..Outcome::ok() });
         }
     }
