@@ -131,7 +131,15 @@ pub async fn load(rt: &Arc<Runtime>, req: Request<Incoming>) -> Response<ApiBody
             });
             resp
         }
-        Ok(Err(m)) => error(400, &m),
+        // The upload was taken: as Docker's, what went wrong with its content is told in
+        // the progress stream (clients read the error there), not as a status.
+        Ok(Err(m)) => {
+            let (resp, tx) = stream(StatusCode::OK, "application/json");
+            tokio::spawn(async move {
+                let _ = tx.send(line(json!({"errorDetail": {"message": m}, "error": m}))).await;
+            });
+            resp
+        }
         Err(e) => error(500, &e.to_string()),
     }
 }

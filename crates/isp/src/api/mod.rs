@@ -11,8 +11,12 @@
 
 mod body;
 pub(crate) mod containers;
+pub(crate) mod create;
 pub(crate) mod detach;
+pub(crate) mod exec;
 pub(crate) mod images;
+pub(crate) mod inspect;
+pub(crate) mod streams;
 mod system;
 
 use bytes::Bytes;
@@ -180,17 +184,23 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::GET, ["images", "json"]) => images::list(&rt),
         (&Method::GET, ["images", name @ .., "json"]) if !name.is_empty() => images::inspect(&rt, &name.join("/")),
         (&Method::DELETE, ["images", name @ ..]) if !name.is_empty() => images::remove(&rt, &name.join("/"), t.flag("force")),
-        (&Method::POST, ["containers", "create"]) => containers::create(&rt, &t, req).await,
+        (&Method::POST, ["containers", "create"]) => create::create(&rt, &t, req).await,
         (&Method::GET, ["containers", "json"]) => containers::list(&rt, t.flag("all")),
-        (&Method::GET, ["containers", id, "json"]) => containers::inspect(&rt, id),
+        (&Method::GET, ["containers", id, "json"]) => inspect::inspect(&rt, id),
         (&Method::POST, ["containers", id, "start"]) => containers::start(&rt, id).await,
         (&Method::POST, ["containers", id, "stop"]) => containers::stop(&rt, id, &t).await,
         (&Method::POST, ["containers", id, "restart"]) => containers::restart(&rt, id, &t).await,
+        (&Method::POST, ["containers", id, "exec"]) => exec::create(&rt, id, req).await,
+        (&Method::POST, ["exec", id, "start"]) => exec::start(&rt, id, req).await,
+        (&Method::GET, ["exec", id, "json"]) => exec::inspect(&rt, id),
+        (&Method::POST, ["exec", id, "resize"]) => exec::resize(&rt, id, &t),
+        (&Method::POST, ["containers", id, "pause"]) => containers::pause(&rt, id, true).await,
+        (&Method::POST, ["containers", id, "unpause"]) => containers::pause(&rt, id, false).await,
         (&Method::POST, ["containers", id, "kill"]) => containers::kill(&rt, id, &t).await,
         (&Method::POST, ["containers", id, "wait"]) => containers::wait(&rt, id, &t),
-        (&Method::POST, ["containers", id, "attach"]) => containers::attach(&rt, &parked, id, &t, req),
+        (&Method::POST, ["containers", id, "attach"]) => streams::attach(&rt, &parked, id, &t, req),
         (&Method::POST, ["containers", id, "resize"]) => containers::resize(&rt, id, &t),
-        (&Method::GET, ["containers", id, "logs"]) => containers::logs(&rt, id, &t).await,
+        (&Method::GET, ["containers", id, "logs"]) => streams::logs(&rt, id, &t).await,
         (&Method::DELETE, ["containers", id]) => containers::remove(&rt, id, t.flag("force")).await,
         _ => error(404, &format!("page not found: {} {} is not part of the API this target serves", m, req_path(&t))),
     };

@@ -40,7 +40,11 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
     let binds = rt.mounts(c)?;
     let short = &c.id[..12];
     let cgroup = format!("/insitu/{}", c.id);
-    let config = runtime_config(&SpecInput {
+    let user = super::options::resolve_user(&rootfs, c.spec.options.user.as_deref(), &c.spec.options.group_add).map_err(|e| {
+        let _ = unmount(&rootfs);
+        RuntimeError::BadRequest(format!("container {short}: {e}"))
+    })?;
+    let mut config = runtime_config(&SpecInput {
         rootfs: &rootfs,
         args: &c.args,
         env: &c.env,
@@ -56,6 +60,7 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
         host_network: c.spec.network == super::NetworkMode::Host,
         data_read_bps: rt.limits.data_read_bps.zip(rt.view.as_ref().and_then(|v| v.device())).map(|(bps, (major, minor))| (major, minor, bps)),
     });
+    c.spec.options.apply(&mut config, &user);
     let cfg_path = dir.join("config.json");
     std::fs::write(&cfg_path, serde_json::to_vec_pretty(&config).unwrap_or_default()).map_err(|e| RuntimeError::io(&cfg_path, e))?;
     // runc may still hold a dead container of this id (a crash between runs).
@@ -89,6 +94,14 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
             }
             let _ = stdin.shutdown().await;
         });
+    }
+    // `start` answers once runc has made the container (its state file is written), so
+    // that what a client does next (exec, pause, kill, a look at its cgroup) finds it; a
+    // process that ends at once ends the wait too.
+    let state = rt.runc_root.join(&c.id).join("state.json");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !state.exists() && matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     c.set_state(RunState::Running { started: SystemTime::now(), pid: child.id().unwrap_or(0) as i32 });
     let (c1, c2, c3, rt3) = (c.clone(), c.clone(), c.clone(), rt.clone());
@@ -215,10 +228,46 @@ async fn finish(rt: &Arc<Runtime>, c: &Arc<Container>, code: i32) {
     // files back.
     rt.release_files(c);
     c.unpublish();
+    let again = {
+        let g = c.lock();
+        !g.stopped_by_client && c.spec.options.restart.restarts_after(code, g.restarts)
+    };
     c.exited(code);
     if c.spec.auto_remove {
         let _ = rt.remove(&c.id, true).await;
+    } else if again {
+        supervise(rt, c);
     }
+}
+
+/// Starts a container again after its run ended, as its restart policy asks, after a
+/// pause that doubles with each restart (from 100 ms, at most a minute), as Docker's
+/// supervisor does; a client that starts, stops or removes it meanwhile wins.
+fn supervise(rt: &Arc<Runtime>, c: &Arc<Container>) {
+    let (rt, c) = (rt.clone(), c.clone());
+    let restarts = {
+        let mut g = c.lock();
+        g.restarting = true;
+        g.restarts
+    };
+    let delay = std::time::Duration::from_millis(100u64.saturating_mul(1 << restarts.min(10)).min(60_000));
+    let exits = c.exits.borrow().exits;
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        let unchanged = c.exits.borrow().exits == exits && !c.exits.borrow().removed;
+        let go = {
+            let mut g = c.lock();
+            let go = g.restarting && unchanged && matches!(g.state, RunState::Exited { .. }) && !g.stopped_by_client;
+            g.restarting = false;
+            if go {
+                g.restarts += 1;
+            }
+            go
+        };
+        if go {
+            let _ = rt.start(&c.id).await;
+        }
+    });
 }
 
 async fn pump(mut r: impl tokio::io::AsyncRead + Unpin, stream: u8, c: &Container) {

@@ -1,0 +1,391 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Containers on a target driven by the Docker SDK for Python, as scripts and CI jobs
+drive a Docker host: `containers.run`, inspect fidelity, every create option honoured or
+refused by name, kill/stop that return settled, logs on line boundaries (tail, since,
+until, timestamps), attach replay to an exited container, load errors in the stream.
+
+The same world as test_containers.py (its `env` fixture: a target with the Docker API on
+loopback and a loopback docker-registry holding busybox). Everything talks to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from test_containers import Env, env  # noqa: F401  (env is the module's fixture)
+
+docker = pytest.importorskip("docker", reason="the Docker SDK for Python (make deps installs it)")
+
+# The fields of moby's HostConfig (API 1.47), each with a value other than its default.
+HOST_CONFIG_PROBES = {
+    "Annotations": {"a": "b"},
+    "AutoRemove": True,
+    "Binds": ["probe-vol:/probe"],
+    "BlkioDeviceReadBps": [{"Path": "/dev/sda", "Rate": 1024}],
+    "BlkioDeviceReadIOps": [{"Path": "/dev/sda", "Rate": 10}],
+    "BlkioDeviceWriteBps": [{"Path": "/dev/sda", "Rate": 1024}],
+    "BlkioDeviceWriteIOps": [{"Path": "/dev/sda", "Rate": 10}],
+    "BlkioWeight": 300,
+    "BlkioWeightDevice": [{"Path": "/dev/sda", "Weight": 300}],
+    "CapAdd": ["SYS_ADMIN"],
+    "CapDrop": ["NET_RAW"],
+    "Cgroup": "other",
+    "CgroupParent": "/elsewhere",
+    "CgroupnsMode": "host",
+    "ConsoleSize": [30, 100],
+    "ContainerIDFile": "/tmp/cid",
+    "CpuCount": 2,
+    "CpuPercent": 50,
+    "CpuPeriod": 50000,
+    "CpuQuota": 25000,
+    "CpuRealtimePeriod": 1000,
+    "CpuRealtimeRuntime": 500,
+    "CpuShares": 512,
+    "CpusetCpus": "0",
+    "CpusetMems": "0",
+    "DeviceCgroupRules": ["c 1:3 rwm"],
+    "DeviceRequests": [{"Driver": "nvidia", "Count": -1}],
+    "Devices": [{"PathOnHost": "/dev/null", "PathInContainer": "/dev/x", "CgroupPermissions": "rwm"}],
+    "Dns": ["10.0.0.1"],
+    "DnsOptions": ["ndots:2"],
+    "DnsSearch": ["example.org"],
+    "ExtraHosts": ["h:10.0.0.2"],
+    "GroupAdd": ["65534"],
+    "IOMaximumBandwidth": 1000,
+    "IOMaximumIOps": 10,
+    "Init": True,
+    "IpcMode": "host",
+    "Isolation": "hyperv",
+    "Links": ["other:alias"],
+    "LogConfig": {"Type": "syslog", "Config": {}},
+    "MaskedPaths": ["/proc/x"],
+    "Memory": 64 << 20,
+    "MemoryReservation": 32 << 20,
+    "MemorySwap": 128 << 20,
+    "MemorySwappiness": 10,
+    "Mounts": [{"Type": "tmpfs", "Target": "/probe-tmp"}],
+    "NanoCpus": 500_000_000,
+    "NetworkMode": "none",
+    "OomKillDisable": True,
+    "OomScoreAdj": 100,
+    "PidMode": "host",
+    "PidsLimit": 50,
+    "PortBindings": {"80/tcp": [{"HostIp": "127.0.0.1", "HostPort": ""}]},
+    "Privileged": True,
+    "PublishAllPorts": True,
+    "ReadonlyPaths": ["/proc/x"],
+    "ReadonlyRootfs": True,
+    "RestartPolicy": {"Name": "on-failure", "MaximumRetryCount": 2},
+    "Runtime": "kata",
+    "SecurityOpt": ["seccomp=unconfined"],
+    "ShmSize": 8 << 20,
+    "StorageOpt": {"size": "1G"},
+    "Sysctls": {"net.ipv4.ip_forward": "1"},
+    "Tmpfs": {"/probe-tmpfs": "size=1m"},
+    "UTSMode": "host",
+    "Ulimits": [{"Name": "nofile", "Soft": 256, "Hard": 512}],
+    "UsernsMode": "host",
+    "VolumeDriver": "nfs",
+    "VolumesFrom": ["other"],
+}
+
+# Options a client keeps to itself (the server only records them).
+CLIENT_SIDE = {"ContainerIDFile"}
+
+
+@pytest.fixture(scope="module")
+def client(env: Env):
+    env.ok("pull", env.image)
+    c = docker.DockerClient(base_url=f"tcp://{env.api}", version="auto", timeout=60)
+    yield c
+    c.close()
+
+
+def _api(client):
+    return client.api
+
+
+def test_containers_run_returns_the_output_and_removes(client, env: Env):
+    out = client.containers.run(env.image, ["sh", "-c", "echo one; echo two >&2; echo three"], remove=True)
+    assert out == b"one\nthree\n"
+    out = client.containers.run(env.image, ["sh", "-c", "echo out; echo err >&2"], stdout=True, stderr=True, remove=True)
+    assert sorted(out.split()) == [b"err", b"out"]
+    with pytest.raises(docker.errors.ContainerError) as e:
+        client.containers.run(env.image, ["sh", "-c", "echo bad >&2; exit 3"], remove=True)
+    assert e.value.exit_status == 3 and b"bad" in e.value.stderr
+    names = [c.name for c in client.containers.list(all=True)]
+    assert not any(n.startswith("insitu_") for n in names), names
+
+
+def test_inspect_echoes_what_create_was_given(client, env: Env):
+    c = client.containers.create(
+        env.image,
+        ["sleep", "30"],
+        name="sdk-echo",
+        hostname="probe-host",
+        user="65534",
+        environment={"A": "1"},
+        labels={"k": "v"},
+        cpu_shares=512,
+        mem_limit="64m",
+        memswap_limit="128m",
+        pids_limit=50,
+        tmpfs={"/scratch": "size=1m"},
+        restart_policy={"Name": "on-failure", "MaximumRetryCount": 2},
+        stop_signal="SIGINT",
+        working_dir="/tmp",
+        cap_drop=["NET_RAW"],
+        group_add=["65534"],
+        ulimits=[docker.types.Ulimit(name="nofile", soft=256, hard=512)],
+    )
+    try:
+        a = c.attrs
+        hc, cfg = a["HostConfig"], a["Config"]
+        assert hc["LogConfig"]["Type"] == "json-file"
+        assert hc["CpuShares"] == 512 and hc["Memory"] == 64 << 20 and hc["MemorySwap"] == 128 << 20 and hc["PidsLimit"] == 50
+        assert hc["Tmpfs"] == {"/scratch": "size=1m"}
+        assert hc["RestartPolicy"] == {"Name": "on-failure", "MaximumRetryCount": 2}
+        assert hc["CapDrop"] == ["NET_RAW"] and hc["GroupAdd"] == ["65534"]
+        assert hc["Ulimits"] == [{"Name": "nofile", "Soft": 256, "Hard": 512}]
+        assert cfg["Hostname"] == "probe-host" and cfg["User"] == "65534" and cfg["StopSignal"] == "SIGINT"
+        assert "A=1" in cfg["Env"] and cfg["Labels"] == {"k": "v"} and cfg["WorkingDir"] == "/tmp"
+        assert cfg["Cmd"] == ["sleep", "30"] and c.labels == {"k": "v"} and c.status == "created"
+        # Every HostConfig field of the API is answered.
+        assert set(HOST_CONFIG_PROBES) <= set(hc), set(HOST_CONFIG_PROBES) - set(hc)
+    finally:
+        c.remove(force=True)
+
+
+def _run_sh(client, env, script, **kw):
+    c = client.containers.run(env.image, ["sh", "-c", script], detach=True, **kw)
+    try:
+        code = c.wait(timeout=60)["StatusCode"]
+        return code, c.logs().decode()
+    finally:
+        c.remove(force=True)
+
+
+def test_honoured_options_take_effect(client, env: Env):
+    code, out = _run_sh(
+        client,
+        env,
+        "id -u; id -G; hostname; ulimit -n; grep ' /scratch ' /proc/mounts; touch /ro-probe 2>&1 || echo readonly",
+        user="65534",
+        group_add=["65534"],
+        hostname="probe-host",
+        ulimits=[docker.types.Ulimit(name="nofile", soft=256, hard=512)],
+        tmpfs={"/scratch": "size=1m"},
+        read_only=True,
+    )
+    lines = out.splitlines()
+    assert code == 0, out
+    assert lines[0] == "65534" and "65534" in lines[1].split() and lines[2] == "probe-host" and lines[3] == "256", lines
+    assert lines[4].startswith("tmpfs /scratch tmpfs") and lines[-1] == "readonly", lines
+    # The cgroup limits, read on the target's side (containers see no cgroupfs).
+    c = client.containers.run(env.image, ["sleep", "60"], detach=True, cpu_shares=512, mem_limit="64m", memswap_limit="96m", pids_limit=40)
+    try:
+        assert _cgroup(c.id, "cpu", "cpu.shares") == "512"
+        assert _cgroup(c.id, "memory", "memory.limit_in_bytes") == str(64 << 20)
+        assert _cgroup(c.id, "memory", "memory.memsw.limit_in_bytes") in (str(96 << 20), None)
+        assert _cgroup(c.id, "pids", "pids.max") == "40"
+    finally:
+        c.remove(force=True)
+
+
+def _cgroup(cid: str, controller: str, name: str) -> str | None:
+    """A cgroup (v1) file of a container on the target, or None where the kernel has none."""
+    p = Path("/sys/fs/cgroup") / controller / "insitu" / cid / name
+    if not p.exists():
+        v2 = {"cpu.shares": None, "memory.limit_in_bytes": "memory.max", "pids.max": "pids.max"}.get(name)
+        p = Path("/sys/fs/cgroup/insitu") / cid / (v2 or name)
+        if not v2 or not p.exists():
+            return None
+    return p.read_text().strip()
+
+
+def test_every_host_config_field_is_honoured_or_refused_by_name(client, env: Env):
+    api = _api(client)
+    for field, value in HOST_CONFIG_PROBES.items():
+        body = {"Image": env.image, "Cmd": ["true"], "HostConfig": {field: value}}
+        r = api._post_json(api._url("/containers/create"), data=body)
+        if r.status_code == 201:
+            cid = r.json()["Id"]
+            try:
+                hc = api.inspect_container(cid)["HostConfig"]
+                assert hc[field] == value or field == "Mounts", f"{field}: given {value!r}, inspect says {hc[field]!r}"
+            finally:
+                api.remove_container(cid, force=True)
+        else:
+            assert field not in CLIENT_SIDE
+            assert r.status_code == 400, f"{field}: {r.status_code} {r.text}"
+            assert field in r.json()["message"], f"{field}: the refusal does not name it: {r.text}"
+
+
+def test_restart_policy_restarts_a_failing_container(client, env: Env):
+    c = client.containers.run(env.image, ["sh", "-c", "echo run; exit 1"], detach=True, restart_policy={"Name": "on-failure", "MaximumRetryCount": 2})
+    try:
+        for _ in range(200):
+            c.reload()
+            if c.attrs["RestartCount"] >= 2 and c.status == "exited":
+                break
+            time.sleep(0.1)
+        assert c.attrs["RestartCount"] == 2 and c.status == "exited", c.attrs["State"]
+        assert c.logs().decode().count("run") == 3
+    finally:
+        c.remove(force=True)
+
+
+def test_kill_and_stop_return_once_settled(client, env: Env):
+    for _ in range(4):
+        c = client.containers.run(env.image, ["sleep", "300"], detach=True)
+        c.kill()
+        c.reload()
+        assert c.status == "exited" and c.attrs["State"]["Running"] is False
+        c.remove()
+    c = client.containers.run(env.image, ["sleep", "300"], detach=True, stop_signal="SIGKILL")
+    c.stop(timeout=30)
+    c.reload()
+    assert c.status == "exited" and c.attrs["State"]["ExitCode"] == 137
+    c.remove()
+
+
+def test_logs_on_line_boundaries(client, env: Env):
+    c = client.containers.run(env.image, ["sh", "-c", "printf 'a\\nb\\nc\\n'; sleep 2; echo late"], detach=True)
+    try:
+        c.wait(timeout=60)
+        assert c.logs(tail=1) == b"late\n"
+        assert c.logs(tail=2) == b"c\nlate\n"
+        assert c.logs(tail=0) == b""
+        stamped = c.logs(timestamps=True).decode().splitlines()
+        times = [datetime.datetime.fromisoformat(s.split(" ", 1)[0][:26] + "+00:00") for s in stamped]
+        assert [s.split(" ", 1)[1] for s in stamped] == ["a", "b", "c", "late"]
+        assert times == sorted(times)
+        cut = times[3] - datetime.timedelta(milliseconds=500)
+        assert c.logs(since=cut) == b"late\n"
+        assert c.logs(until=cut) == b"a\nb\nc\n"
+    finally:
+        c.remove(force=True)
+
+
+def test_attach_replays_the_log_of_an_exited_container_and_closes(client, env: Env):
+    c = client.containers.run(env.image, ["sh", "-c", "echo gone"], detach=True)
+    try:
+        c.wait(timeout=60)
+        assert c.attach(logs=True, stream=False) == b"gone\n"
+        assert c.attach(logs=False, stream=False) == b""
+    finally:
+        c.remove(force=True)
+
+
+def test_load_of_a_non_archive_reports_in_the_stream(client, env: Env):
+    with pytest.raises(docker.errors.ImageLoadError) as e:
+        client.images.load(b"this is not a tar archive")
+    assert "archive" in str(e.value)
+    bad = io.BytesIO()
+    with tarfile.open(fileobj=bad, mode="w") as t:
+        info = tarfile.TarInfo("manifest.json")
+        data = json.dumps([{"Config": "../../etc/passwd", "RepoTags": ["x:y"], "Layers": []}]).encode()
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    before = sorted(i.id for i in client.images.list())
+    with pytest.raises(docker.errors.ImageLoadError):
+        client.images.load(bad.getvalue())
+    assert sorted(i.id for i in client.images.list()) == before
+
+
+def test_exec_runs_in_the_container(client, env: Env):
+    c = client.containers.run(env.image, ["sleep", "300"], detach=True, environment={"FROM_RUN": "r"})
+    try:
+        r = c.exec_run(["sh", "-c", "echo out; echo err >&2; echo $FROM_RUN $X; pwd; exit 4"], environment={"X": "x"}, workdir="/tmp")
+        assert r.exit_code == 4
+        assert sorted(r.output.decode().split()) == sorted(["out", "err", "r", "x", "/tmp"])
+        r = c.exec_run(["sh", "-c", "echo out; echo err >&2"], demux=True)
+        assert r.output == (b"out\n", b"err\n")
+        r = c.exec_run(["id", "-u"], user="65534")
+        assert (r.exit_code, r.output) == (0, b"65534\n")
+        # The exec shares the container's pid namespace: it sees sleep as pid 1.
+        assert c.exec_run(["cat", "/proc/1/cmdline"]).output.startswith(b"sleep")
+        r = c.exec_run(["sh", "-c", "tty; stty size"], tty=True)
+        assert r.exit_code == 0 and b"/dev/pts/" in r.output, r.output
+        api = _api(client)
+        eid = api.exec_create(c.id, ["sh", "-c", "sleep 0.5; exit 7"])["Id"]
+        assert api.exec_inspect(eid)["Running"] is False and api.exec_inspect(eid)["ExitCode"] is None
+        api.exec_start(eid, detach=True)
+        for _ in range(100):
+            if not api.exec_inspect(eid)["Running"]:
+                break
+            time.sleep(0.1)
+        info = api.exec_inspect(eid)
+        assert info["ExitCode"] == 7 and info["ContainerID"] == c.id and info["ProcessConfig"]["entrypoint"] == "sh"
+        assert eid in c.attrs["ExecIDs"] or eid in client.containers.get(c.id).attrs["ExecIDs"]
+        with pytest.raises(docker.errors.APIError) as e:
+            api.exec_start(eid)
+        assert e.value.status_code == 409
+        with pytest.raises(docker.errors.NotFound):
+            api.exec_inspect("0" * 64)
+        # Standard input reaches the process; its end ends the process's input.
+        eid = api.exec_create(c.id, ["sh", "-c", "wc -c"], stdin=True)["Id"]
+        sock = api.exec_start(eid, socket=True)
+        raw = getattr(sock, "_sock", sock)
+        raw.sendall(b"12345")
+        raw.shutdown(1)
+        got = b""
+        while True:
+            chunk = raw.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+        sock.close()
+        assert got[8:].strip() == b"5", got
+    finally:
+        c.remove(force=True)
+
+
+def test_exec_of_a_stopped_container_is_a_conflict(client, env: Env):
+    c = client.containers.create(env.image, ["true"])
+    try:
+        with pytest.raises(docker.errors.APIError) as e:
+            c.exec_run(["true"])
+        assert e.value.status_code == 409
+    finally:
+        c.remove(force=True)
+
+
+def test_docker_cli_exec(env: Env):
+    env.ok("run", "-d", "--name", "cli-exec", env.image, "sleep", "300")
+    try:
+        assert env.ok("exec", "cli-exec", "sh", "-c", "echo hi; exit 0") == "hi\n"
+        p = env.docker("exec", "cli-exec", "sh", "-c", "exit 5")
+        assert p.returncode == 5
+        assert env.ok("exec", "-i", "cli-exec", "cat", input="piped\n") == "piped\n"
+        assert env.ok("exec", "-e", "V=1", "-w", "/etc", "cli-exec", "sh", "-c", "echo $V $(pwd)") == "1 /etc\n"
+    finally:
+        env.docker("rm", "-f", "cli-exec")
+
+
+def test_pause_freezes_and_unpause_thaws(client, env: Env):
+    c = client.containers.run(env.image, ["sh", "-c", "while true; do date +%s%N > /tmp/t; sleep 0.05; done"], detach=True)
+    try:
+        c.pause()
+        c.reload()
+        assert c.status == "paused" and c.attrs["State"]["Paused"] is True
+        assert _cgroup(c.id, "freezer", "freezer.state") in ("FROZEN", None)
+        with pytest.raises(docker.errors.APIError) as e:
+            c.pause()
+        assert e.value.status_code == 409
+        c.unpause()
+        c.reload()
+        assert c.status == "running" and c.attrs["State"]["Paused"] is False
+        c.pause()
+        c.stop(timeout=5)  # a paused container can still be stopped
+        c.reload()
+        assert c.status == "exited"
+    finally:
+        c.remove(force=True)
