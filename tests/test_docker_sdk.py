@@ -237,7 +237,7 @@ def test_restart_policy_restarts_a_failing_container(client, env: Env):
                 break
             time.sleep(0.1)
         assert c.attrs["RestartCount"] == 2 and c.status == "exited", c.attrs["State"]
-        assert c.logs().decode().count("run") == 3
+        assert c.logs().decode().count("run") == 3, (c.logs(timestamps=True), c.attrs["State"])
     finally:
         c.remove(force=True)
 
@@ -389,3 +389,123 @@ def test_pause_freezes_and_unpause_thaws(client, env: Env):
         assert c.status == "exited"
     finally:
         c.remove(force=True)
+
+
+def test_tag_history_and_list_filters(client, env: Env):
+    img = client.images.get(env.image)
+    assert img.tag("sdk-tagged", "v1") is True
+    tagged = client.images.get("sdk-tagged:v1")
+    assert tagged.id == img.id and "sdk-tagged:v1" in tagged.tags
+    hist = img.history()
+    assert hist and hist[0]["Id"] == img.id and all("CreatedBy" in h and "Size" in h for h in hist)
+    assert [i.id for i in client.images.list(filters={"reference": "sdk-tagged"})] == [img.id]
+    assert client.images.list(filters={"reference": "no-such-image"}) == []
+    assert [i["RepoTags"] for i in client.api.images(name="sdk-tagged")] == [["sdk-tagged:v1"]]
+    assert img.id not in [i.id for i in client.images.list(filters={"dangling": True})]
+    with pytest.raises(docker.errors.APIError) as e:
+        client.images.list(filters={"colour": "blue"})
+    assert e.value.status_code == 400
+    with pytest.raises(docker.errors.APIError) as e:
+        img.tag("bad name!", "x")
+    assert e.value.status_code == 400
+    client.images.remove("sdk-tagged:v1")
+    assert client.images.get(env.image).id == img.id
+
+
+def test_rename_top_stats_and_prune(client, env: Env):
+    c = client.containers.run(env.image, ["sleep", "300"], detach=True, name="sdk-before", labels={"prune": "yes"})
+    other = client.containers.create(env.image, ["true"], name="sdk-taken")
+    done = client.containers.create(env.image, ["true"], labels={"prune": "yes"})
+    keep = client.containers.create(env.image, ["true"], labels={"prune": "no"})
+    try:
+        c.rename("sdk-after")
+        assert client.containers.get("sdk-after").id == c.id
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.get("sdk-before")
+        with pytest.raises(docker.errors.APIError) as e:
+            c.rename("sdk-taken")
+        assert e.value.status_code == 409
+        top = c.top()
+        assert "PID" in top["Titles"] and any("sleep" in " ".join(p) for p in top["Processes"]), top
+        s = c.stats(stream=False)
+        assert s["id"] == c.id and s["memory_stats"]["usage"] > 0 and s["pids_stats"]["current"] >= 1
+        assert s["cpu_stats"]["cpu_usage"]["total_usage"] >= s["precpu_stats"]["cpu_usage"]["total_usage"]
+        one = next(iter(c.stats(stream=True, decode=True)))
+        assert one["id"] == c.id
+        assert [x.id for x in client.containers.list(filters={"name": "sdk-after"})] == [c.id]
+        assert [x.id for x in client.containers.list(all=True, filters={"label": "prune=no"})] == [keep.id]
+        assert c.id not in [x.id for x in client.containers.list(filters={"status": "created"})]
+        pruned = client.containers.prune(filters={"label": "prune=yes"})
+        assert pruned["ContainersDeleted"] == [done.id], pruned
+        ids = [x.id for x in client.containers.list(all=True)]
+        assert c.id in ids and keep.id in ids and other.id in ids and done.id not in ids
+    finally:
+        for x in (c, other, keep):
+            x.remove(force=True)
+
+
+def _tar(entries: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as t:
+        for name, data in entries.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            t.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def test_archive_get_put_and_head(client, env: Env):
+    c = client.containers.run(env.image, ["sh", "-c", "echo hello > /tmp/greeting; mkdir -p /tmp/d/e; echo x > /tmp/d/e/f; sleep 300"], detach=True)
+    try:
+        for _ in range(100):
+            if c.exec_run(["test", "-f", "/tmp/d/e/f"]).exit_code == 0:
+                break
+            time.sleep(0.05)
+        stream, stat = c.get_archive("/tmp/greeting")
+        assert stat["name"] == "greeting" and stat["size"] == 6
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as t:
+            assert t.extractfile("greeting").read() == b"hello\n"
+        stream, stat = c.get_archive("/tmp/d")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as t:
+            assert t.extractfile("d/e/f").read() == b"x\n"
+        assert stat["mode"] & (1 << 31), "a directory's stat says so"
+        assert c.put_archive("/tmp", _tar({"new/file.txt": b"put\n"})) is True
+        assert c.exec_run(["cat", "/tmp/new/file.txt"]).output == b"put\n"
+        with pytest.raises(docker.errors.NotFound):
+            c.get_archive("/no/such/path")
+        # A tar climbing out of its destination is refused and changes nothing.
+        before = c.exec_run(["ls", "/"]).output
+        with pytest.raises(docker.errors.APIError) as e:
+            c.put_archive("/tmp", _tar({"ok.txt": b"1", "../../escaped": b"2"}))
+        assert e.value.status_code == 400 and ".." in str(e.value)
+        assert c.exec_run(["ls", "/"]).output == before
+        assert c.exec_run(["test", "-e", "/tmp/ok.txt"]).exit_code == 1
+        api = _api(client)
+        r = api.head(api._url("/containers/{0}/archive", c.id), params={"path": "/tmp/greeting"})
+        assert r.status_code == 200 and "X-Docker-Container-Path-Stat" in r.headers
+    finally:
+        c.remove(force=True)
+    # A stopped container's files are reachable too.
+    c = client.containers.run(env.image, ["sh", "-c", "echo done > /result"], detach=True)
+    try:
+        c.wait(timeout=60)
+        stream, _ = c.get_archive("/result")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as t:
+            assert t.extractfile("result").read() == b"done\n"
+    finally:
+        c.remove(force=True)
+
+
+def test_docker_cp_both_ways(env: Env, tmp_path):
+    env.ok("run", "-d", "--name", "cli-cp", env.image, "sleep", "300")
+    try:
+        src = tmp_path / "in.txt"
+        src.write_text("from the host\n")
+        env.ok("cp", str(src), "cli-cp:/tmp/in.txt")
+        assert env.ok("exec", "cli-cp", "cat", "/tmp/in.txt") == "from the host\n"
+        env.ok("exec", "cli-cp", "sh", "-c", "mkdir /out && echo a > /out/a && echo b > /out/b")
+        env.ok("cp", "cli-cp:/out", str(tmp_path / "out"))
+        assert (tmp_path / "out" / "a").read_text() == "a\n" and (tmp_path / "out" / "b").read_text() == "b\n"
+    finally:
+        env.docker("rm", "-f", "cli-cp")

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::body::{empty, error, json, stream, ApiBody};
+use super::filters::Filters;
 use super::Target;
 use crate::runtime::{Container, RunState, Runtime, RuntimeError};
 
@@ -31,10 +32,13 @@ fn ago(t: SystemTime) -> String {
     }
 }
 
-fn status(c: &Container) -> (&'static str, String) {
+/// The state word of `ps` and its filters, and the status line.
+pub(crate) fn status(c: &Container) -> (&'static str, String) {
     match c.state() {
         RunState::Created => ("created", "Created".into()),
+        RunState::Running { started, .. } if c.paused() => ("paused", format!("Up {} (Paused)", ago(started))),
         RunState::Running { started, .. } => ("running", format!("Up {}", ago(started))),
+        RunState::Exited { code, finished, .. } if c.restarting() => ("restarting", format!("Restarting ({code}) {} ago", ago(finished))),
         RunState::Exited { code, finished, .. } => ("exited", format!("Exited ({code}) {} ago", ago(finished))),
     }
 }
@@ -43,22 +47,81 @@ pub(crate) fn image_name(c: &Container) -> &str {
     &c.spec.image
 }
 
-/// `GET /containers/json?all=1`.
-pub fn list(rt: &Runtime, all: bool) -> Response<ApiBody> {
-    let list: Vec<Value> = rt
-        .list()
-        .iter()
-        .filter(|c| all || matches!(c.state(), RunState::Running { .. }))
-        .map(|c| {
-            let (state, status) = status(c);
-            json!({
-                "Id": c.id, "Names": [format!("/{}", c.name())], "Image": image_name(c), "ImageID": c.image_id,
-                "Command": c.args.join(" "), "Created": secs(c.created), "Ports": ps_ports(c), "Labels": c.spec.labels,
-                "State": state, "Status": status, "HostConfig": {"NetworkMode": c.spec.network.name()},
-                "NetworkSettings": {"Networks": {}}, "Mounts": mounts(c),
-            })
-        })
-        .collect();
+/// Whether container `c` passes the `filters` of `ps` and prune (`id`, `name`, `label`,
+/// `status`, `exited`, `ancestor`, `before`, `since`, `until`); `before`/`since` name
+/// other containers of `rt`.
+pub(crate) fn passes(rt: &Runtime, c: &Container, f: &Filters) -> Result<bool, String> {
+    let (state, _) = status(c);
+    let any = |k: &str, ok: &dyn Fn(&str) -> bool| {
+        let v = f.values(k);
+        v.is_empty() || v.iter().any(|x| ok(x))
+    };
+    for s in f.values("status") {
+        if !["created", "restarting", "running", "removing", "paused", "exited", "dead"].contains(&s) {
+            return Err(format!("invalid filter 'status={s}'"));
+        }
+    }
+    let code = match c.state() {
+        RunState::Exited { code, .. } => Some(code),
+        _ => None,
+    };
+    let mut ok = any("id", &|x| c.id.starts_with(x))
+        && any("name", &|x| c.name().contains(x.trim_start_matches('/')))
+        && any("status", &|x| x == state)
+        && any("exited", &|x| x.parse::<i32>().ok().is_some_and(|n| code == Some(n)))
+        && any("ancestor", &|x| c.spec.image == x || c.image_id == x || rt.images().get(x).is_ok_and(|i| i.id == c.image_id))
+        && f.labels_match("label", &c.spec.labels);
+    for (k, newer) in [("before", false), ("since", true)] {
+        for other in f.values(k) {
+            let o = rt.get(other).map_err(|e| e.to_string())?;
+            ok &= if newer { c.created > o.created || (c.created == o.created && c.id != o.id) } else { c.created < o.created };
+        }
+    }
+    for u in f.values("until") {
+        let t = super::super::runtime::log::parse_time(u).map_err(|e| format!("until: {e}"))?;
+        ok &= c.created <= t;
+    }
+    Ok(ok)
+}
+
+/// `GET /containers/json?all=1&limit=N&filters=...`.
+pub fn list(rt: &Runtime, t: &Target) -> Response<ApiBody> {
+    let f = match Filters::parse(t.get("filters")) {
+        Ok(f) => f,
+        Err(m) => return error(400, &m),
+    };
+    if let Err(m) = f.only(&["id", "name", "label", "label!", "status", "exited", "ancestor", "before", "since", "until"]) {
+        return error(400, &m);
+    }
+    // A status filter or a limit looks at stopped containers too, as with Docker.
+    let limit = t.get("limit").and_then(|l| l.parse::<i64>().ok()).filter(|&l| l > 0);
+    let all = t.flag("all") || !f.values("status").is_empty() || limit.is_some() || !f.values("exited").is_empty();
+    let mut list = Vec::new();
+    for c in rt.list() {
+        if !all && !matches!(c.state(), RunState::Running { .. }) {
+            continue;
+        }
+        match passes(rt, &c, &f) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(m) => return error(400, &m),
+        }
+        let (state, status) = status(&c);
+        let mut row = json!({
+            "Id": c.id, "Names": [format!("/{}", c.name())], "Image": image_name(&c), "ImageID": c.image_id,
+            "Command": c.args.join(" "), "Created": secs(c.created), "Ports": ps_ports(&c), "Labels": c.spec.labels,
+            "State": state, "Status": status, "HostConfig": {"NetworkMode": c.spec.network.name()},
+            "NetworkSettings": {"Networks": {}}, "Mounts": mounts(&c),
+        });
+        if t.flag("size") {
+            row["SizeRw"] = json!(crate::image::layer_size(&c.upper_dir()));
+            row["SizeRootFs"] = json!(rt.images().get(&c.image_id).map_or(0, |i| i.size) + crate::image::layer_size(&c.upper_dir()));
+        }
+        list.push(row);
+        if limit.is_some_and(|l| list.len() as i64 >= l) {
+            break;
+        }
+    }
     json(StatusCode::OK, &Value::Array(list))
 }
 

@@ -160,12 +160,103 @@ fn summary(i: &Image) -> Value {
     })
 }
 
-/// `GET /images/json`.
-pub fn list(rt: &Runtime) -> Response<ApiBody> {
-    match rt.images().list() {
-        Ok(l) => json(StatusCode::OK, &Value::Array(l.iter().map(summary).collect())),
+/// `GET /images/json?filters=...`: `reference`, `dangling`, `label`, `before`, `since`
+/// (see [`super::filters`]); `all` lists the same (the store keeps no intermediate images).
+pub fn list(rt: &Runtime, t: &Target) -> Response<ApiBody> {
+    let f = match super::filters::Filters::parse(t.get("filters")) {
+        Ok(f) => f,
+        Err(m) => return error(400, &m),
+    };
+    if let Err(m) = f.only(&["reference", "dangling", "label", "before", "since"]) {
+        return error(400, &m);
+    }
+    let all = match rt.images().list() {
+        Ok(l) => l,
+        Err(e) => return error(e.http_status(), &e.to_string()),
+    };
+    // before/since name an image: those created before or after it.
+    let mut bounds = Vec::new();
+    for (k, newer) in [("before", false), ("since", true)] {
+        for name in f.values(k) {
+            match rt.images().get(name) {
+                Ok(i) => bounds.push((i.created, i.id.clone(), newer)),
+                Err(e) => return error(e.http_status(), &e.to_string()),
+            }
+        }
+    }
+    let dangling = match f.bool("dangling") {
+        Ok(d) => d,
+        Err(m) => return error(400, &m),
+    };
+    let mut out = Vec::new();
+    for i in all {
+        if dangling.is_some_and(|d| d != i.repo_tags.is_empty()) {
+            continue;
+        }
+        if !f.labels_match("label", &i.config.labels) {
+            continue;
+        }
+        if bounds.iter().any(|(at, id, newer)| *id == i.id || if *newer { i.created <= *at } else { i.created >= *at }) {
+            continue;
+        }
+        let refs = f.values("reference");
+        let mut shown = i.clone();
+        if !refs.is_empty() {
+            // As Docker: an image is listed with the tags that match.
+            shown.repo_tags.retain(|tag| refs.iter().any(|r| super::filters::reference_matches(r, tag)));
+            if shown.repo_tags.is_empty() {
+                continue;
+            }
+        }
+        out.push(summary(&shown));
+    }
+    json(StatusCode::OK, &Value::Array(out))
+}
+
+/// `POST /images/{name}/tag?repo=REPO&tag=TAG`.
+pub fn tag(rt: &Runtime, name: &str, t: &Target) -> Response<ApiBody> {
+    let Some(repo) = t.get("repo") else { return error(400, "give repo=NAME (and tag=TAG)") };
+    match rt.images().tag(name, repo, t.get("tag")) {
+        Ok(_) => super::body::empty(StatusCode::CREATED),
         Err(e) => error(e.http_status(), &e.to_string()),
     }
+}
+
+/// `GET /images/{name}/history`: the layers' history from the image's configuration,
+/// newest first; the top entry carries the image's id and tags.
+pub fn history(rt: &Runtime, name: &str) -> Response<ApiBody> {
+    let (img, doc) = match rt.images().get(name).and_then(|i| rt.images().config_document(name).map(|d| (i, d))) {
+        Ok(x) => x,
+        Err(e) => return error(e.http_status(), &e.to_string()),
+    };
+    let sizes: Vec<u64> = img.layers.iter().map(|p| crate::image::layer_size(p)).collect();
+    let mut layer = 0;
+    let mut rows: Vec<Value> = Vec::new();
+    let hist = doc.get("history").and_then(Value::as_array).cloned().unwrap_or_default();
+    for h in &hist {
+        let empty = h.get("empty_layer").and_then(Value::as_bool).unwrap_or(false);
+        let size = if empty {
+            0
+        } else {
+            layer += 1;
+            sizes.get(layer - 1).copied().unwrap_or(0)
+        };
+        rows.push(json!({
+            "Id": "<missing>", "Created": h.get("created").and_then(Value::as_str).map(crate::image::manifest::parse_time).unwrap_or(0),
+            "CreatedBy": h.get("created_by").and_then(Value::as_str).unwrap_or(""), "Tags": null, "Size": size,
+            "Comment": h.get("comment").and_then(Value::as_str).unwrap_or(""),
+        }));
+    }
+    if rows.is_empty() {
+        // An image without history: one row per layer.
+        rows = sizes.iter().map(|s| json!({"Id": "<missing>", "Created": img.created, "CreatedBy": "", "Tags": null, "Size": s, "Comment": ""})).collect();
+    }
+    rows.reverse();
+    if let Some(top) = rows.first_mut() {
+        top["Id"] = json!(img.id);
+        top["Tags"] = json!(img.repo_tags);
+    }
+    json(StatusCode::OK, &Value::Array(rows))
 }
 
 /// `GET /images/{name}/json`.

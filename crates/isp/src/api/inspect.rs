@@ -123,7 +123,7 @@ pub fn inspect(rt: &Runtime, id: &str) -> Response<ApiBody> {
         &json!({
             "Id": c.id, "Created": rfc3339(secs(c.created)), "Path": c.args.first(), "Args": args,
             "State": {"Status": status_word, "Running": running, "Paused": paused, "Restarting": c.restarting(), "OOMKilled": false,
-                      "Dead": false, "Pid": pid, "ExitCode": code, "Error": "", "StartedAt": started, "FinishedAt": finished},
+                      "Dead": false, "Pid": pid, "ExitCode": code, "Error": c.error(), "StartedAt": started, "FinishedAt": finished},
             "Image": c.image_id, "ResolvConfPath": "", "HostnamePath": "", "HostsPath": "", "LogPath": c.log_path(),
             "Name": format!("/{}", c.name()), "RestartCount": c.restarts(), "Driver": "overlay", "Platform": "linux",
             "MountLabel": "", "ProcessLabel": "", "AppArmorProfile": "", "ExecIDs": c.exec_ids(), "Mounts": mounts(&c),

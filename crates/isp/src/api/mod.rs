@@ -9,13 +9,16 @@
 //! unknown image (the CLI then pulls and retries), JSON progress for pull, detach keys
 //! on a TTY attach (see `detach`), and `{"message"}` errors with real status codes.
 
+pub(crate) mod archive;
 mod body;
 pub(crate) mod containers;
 pub(crate) mod create;
 pub(crate) mod detach;
 pub(crate) mod exec;
+pub(crate) mod filters;
 pub(crate) mod images;
 pub(crate) mod inspect;
+pub(crate) mod manage;
 pub(crate) mod streams;
 mod system;
 
@@ -181,11 +184,13 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::GET, ["events"]) => system::events(),
         (&Method::POST, ["images", "create"]) => images::pull(&rt, &t),
         (&Method::POST, ["images", "load"]) => images::load(&rt, req).await,
-        (&Method::GET, ["images", "json"]) => images::list(&rt),
+        (&Method::GET, ["images", "json"]) => images::list(&rt, &t),
+        (&Method::POST, ["images", name @ .., "tag"]) if !name.is_empty() => images::tag(&rt, &name.join("/"), &t),
+        (&Method::GET, ["images", name @ .., "history"]) if !name.is_empty() => images::history(&rt, &name.join("/")),
         (&Method::GET, ["images", name @ .., "json"]) if !name.is_empty() => images::inspect(&rt, &name.join("/")),
         (&Method::DELETE, ["images", name @ ..]) if !name.is_empty() => images::remove(&rt, &name.join("/"), t.flag("force")),
         (&Method::POST, ["containers", "create"]) => create::create(&rt, &t, req).await,
-        (&Method::GET, ["containers", "json"]) => containers::list(&rt, t.flag("all")),
+        (&Method::GET, ["containers", "json"]) => containers::list(&rt, &t),
         (&Method::GET, ["containers", id, "json"]) => inspect::inspect(&rt, id),
         (&Method::POST, ["containers", id, "start"]) => containers::start(&rt, id).await,
         (&Method::POST, ["containers", id, "stop"]) => containers::stop(&rt, id, &t).await,
@@ -194,6 +199,13 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::POST, ["exec", id, "start"]) => exec::start(&rt, id, req).await,
         (&Method::GET, ["exec", id, "json"]) => exec::inspect(&rt, id),
         (&Method::POST, ["exec", id, "resize"]) => exec::resize(&rt, id, &t),
+        (&Method::HEAD, ["containers", id, "archive"]) => archive::head(&rt, id, &t),
+        (&Method::GET, ["containers", id, "archive"]) => archive::get(&rt, id, &t).await,
+        (&Method::PUT, ["containers", id, "archive"]) => archive::put(&rt, id, &t, req).await,
+        (&Method::POST, ["containers", "prune"]) => manage::prune(&rt, &t).await,
+        (&Method::POST, ["containers", id, "rename"]) => manage::rename(&rt, id, &t),
+        (&Method::GET, ["containers", id, "top"]) => manage::top(&rt, id, &t).await,
+        (&Method::GET, ["containers", id, "stats"]) => manage::stats(&rt, id, &t).await,
         (&Method::POST, ["containers", id, "pause"]) => containers::pause(&rt, id, true).await,
         (&Method::POST, ["containers", id, "unpause"]) => containers::pause(&rt, id, false).await,
         (&Method::POST, ["containers", id, "kill"]) => containers::kill(&rt, id, &t).await,

@@ -162,6 +162,8 @@ pub struct Container {
     /// The image's layers, lowest first (empty when the image is gone).
     pub(super) layers: Vec<PathBuf>,
     inner: Mutex<Inner>,
+    /// Held while the root file system is mounted or unmounted, or used by `docker cp`.
+    fs: Mutex<()>,
     pub(super) exits: watch::Sender<ExitEvent>,
 }
 
@@ -188,6 +190,8 @@ pub(super) struct Inner {
     pub(super) paused: bool,
     /// Whether the restart policy is about to start it again.
     pub(super) restarting: bool,
+    /// Why the last start failed ("" when it did not).
+    pub(super) error: String,
     /// The ids of the container's execs.
     pub(super) execs: Vec<String>,
 }
@@ -234,8 +238,10 @@ impl Container {
                 stopped_by_client: false,
                 paused: false,
                 restarting: false,
+                error: String::new(),
                 execs: Vec::new(),
             }),
+            fs: Mutex::new(()),
             exits: watch::channel(ExitEvent::default()).0,
         })
     }
@@ -272,6 +278,11 @@ impl Container {
         m.write(&self.dir)
     }
 
+    /// The hold on the root file system's mount (see the field).
+    pub(super) fn fs_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.fs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The current state.
     pub fn state(&self) -> RunState {
         self.lock().state
@@ -280,6 +291,11 @@ impl Container {
     /// The log file (records of lines, see [`super::log`]).
     pub fn log_path(&self) -> PathBuf {
         self.dir.join(super::log::LOG_FILE)
+    }
+
+    /// The container's writable layer (what it changed of its image).
+    pub fn upper_dir(&self) -> PathBuf {
+        self.dir.join("upper")
     }
 
     /// The log's records, its first `len` bytes only (see [`Container::follow_log`]).
@@ -407,6 +423,11 @@ impl Container {
     /// Whether the current run is frozen (`pause`).
     pub fn paused(&self) -> bool {
         self.lock().paused
+    }
+
+    /// Why the last start failed ("" when it did not).
+    pub fn error(&self) -> String {
+        self.lock().error.clone()
     }
 
     /// Whether the restart policy is about to start it again.

@@ -18,7 +18,9 @@
 //! a [`Container`] (`container.rs`) records its state, its log and its exits; one run is
 //! `process.rs`, what it binds `binds.rs`.
 
+pub mod archive;
 mod binds;
+pub mod cgroup;
 mod console;
 mod container;
 mod exec;
@@ -439,6 +441,7 @@ impl Runtime {
             g.restarting = false;
         }
         let started = self.run(&c).await;
+        c.lock().error = started.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
         if started.is_err() {
             c.lock().view_pin = None;
             c.unpublish();
@@ -545,10 +548,10 @@ impl Runtime {
         c.set_name(&new)
     }
 
-    /// `docker container prune`: removes every container that is not running (and, with
-    /// `keep`, only those it accepts); returns their ids.
-    pub async fn prune(&self, keep: &dyn Fn(&Container) -> bool) -> Vec<String> {
-        let stopped: Vec<_> = self.list().into_iter().filter(|c| !matches!(c.state(), RunState::Running { .. }) && keep(c)).collect();
+    /// `docker container prune`: removes those of the containers `ids` that are not
+    /// running; returns their ids.
+    pub async fn prune(&self, ids: Vec<String>) -> Vec<String> {
+        let stopped: Vec<_> = ids.iter().filter_map(|id| self.get(id).ok()).filter(|c| !matches!(c.state(), RunState::Running { .. })).collect();
         let mut gone = Vec::new();
         for c in stopped {
             if self.remove(&c.id, false).await.is_ok() {

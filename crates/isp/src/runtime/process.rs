@@ -36,7 +36,10 @@ pub fn frame(stream: u8, data: &[u8]) -> Vec<u8> {
 pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), RuntimeError> {
     let dir = c.dir.clone();
     let rootfs = dir.join("rootfs");
-    mount_rootfs(&c.layers, &dir, &rootfs)?;
+    {
+        let _g = c.fs_lock();
+        mount_rootfs(&c.layers, &dir, &rootfs)?;
+    }
     let binds = rt.mounts(c)?;
     let short = &c.id[..12];
     let cgroup = format!("/insitu/{}", c.id);
@@ -223,7 +226,10 @@ async fn start_with_terminal(rt: &Arc<Runtime>, c: &Arc<Container>, dir: &Path) 
 async fn finish(rt: &Arc<Runtime>, c: &Arc<Container>, code: i32) {
     let _ = std::fs::write(c.dir.join("exit-code"), code.to_string());
     let _ = Command::new("runc").arg("--root").arg(&rt.runc_root).args(["delete", "--force", &c.id]).output().await;
-    let _ = unmount(&c.dir.join("rootfs"));
+    {
+        let _g = c.fs_lock();
+        let _ = unmount(&c.dir.join("rootfs"));
+    }
     // Before waiters hear of the exit: once `docker wait` returns, the host may take its
     // files back.
     rt.release_files(c);
@@ -258,14 +264,16 @@ fn supervise(rt: &Arc<Runtime>, c: &Arc<Container>) {
         let go = {
             let mut g = c.lock();
             let go = g.restarting && unchanged && matches!(g.state, RunState::Exited { .. }) && !g.stopped_by_client;
-            g.restarting = false;
+            // Still restarting until `start` has it running (it clears the flag).
             if go {
                 g.restarts += 1;
+            } else {
+                g.restarting = false;
             }
             go
         };
-        if go {
-            let _ = rt.start(&c.id).await;
+        if go && rt.start(&c.id).await.is_err() {
+            c.lock().restarting = false;
         }
     });
 }
@@ -280,7 +288,7 @@ async fn pump(mut r: impl tokio::io::AsyncRead + Unpin, stream: u8, c: &Containe
     }
 }
 
-fn mount_rootfs(layers: &[std::path::PathBuf], dir: &Path, rootfs: &Path) -> Result<(), RuntimeError> {
+pub(super) fn mount_rootfs(layers: &[std::path::PathBuf], dir: &Path, rootfs: &Path) -> Result<(), RuntimeError> {
     for d in ["upper", "work", "rootfs"] {
         let p = dir.join(d);
         std::fs::create_dir_all(&p).map_err(|e| RuntimeError::io(&p, e))?;

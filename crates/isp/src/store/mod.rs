@@ -27,6 +27,7 @@ mod unpack;
 
 pub use manifest::MAX_JSON;
 pub use reference::Reference;
+pub use tags::layer_size;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};

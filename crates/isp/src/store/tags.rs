@@ -41,3 +41,8 @@ impl ImageStore {
         serde_json::from_slice(&bytes).map_err(|e| ImageError::Malformed(format!("config of image {}: {e}", img.id)))
     }
 }
+
+/// The bytes of an unpacked layer's files.
+pub fn layer_size(p: &std::path::Path) -> u64 {
+    super::dir_size(p)
+}
