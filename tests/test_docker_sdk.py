@@ -10,9 +10,11 @@ loopback and a loopback docker-registry holding busybox). Everything talks to 12
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import io
 import json
+import os
 import tarfile
 import time
 from pathlib import Path
@@ -509,3 +511,91 @@ def test_docker_cp_both_ways(env: Env, tmp_path):
         assert (tmp_path / "out" / "a").read_text() == "a\n" and (tmp_path / "out" / "b").read_text() == "b\n"
     finally:
         env.docker("rm", "-f", "cli-cp")
+
+
+def test_volumes_create_inspect_list_remove_prune(client, env: Env):
+    v = client.volumes.create("sdk-vol", labels={"team": "a"})
+    assert v.name == "sdk-vol" and v.attrs["Driver"] == "local" and v.attrs["Labels"] == {"team": "a"}
+    assert client.volumes.get("sdk-vol").id == "sdk-vol"
+    assert [x.name for x in client.volumes.list(filters={"label": "team=a"})] == ["sdk-vol"]
+    client.containers.run(env.image, ["sh", "-c", "echo kept > /v/f"], volumes={"sdk-vol": {"bind": "/v", "mode": "rw"}}, remove=True)
+    c = client.containers.create(env.image, ["cat", "/v/f"], volumes=["sdk-vol:/v"])
+    try:
+        c.start()
+        c.wait(timeout=60)
+        assert c.logs() == b"kept\n"
+        with pytest.raises(docker.errors.APIError) as e:
+            v.remove()
+        assert e.value.status_code == 409
+    finally:
+        c.remove(force=True)
+    with pytest.raises(docker.errors.APIError) as e:
+        client.volumes.create("sdk-vol2", driver="nfs")
+    assert e.value.status_code == 400
+    with pytest.raises(docker.errors.APIError):
+        client.volumes.create("bad/name")
+    client.volumes.create("sdk-unused")
+    pruned = client.volumes.prune(filters={"all": "true", "label": "team=a"})
+    assert pruned["VolumesDeleted"] == ["sdk-vol"]
+    client.volumes.get("sdk-unused").remove()
+    with pytest.raises(docker.errors.NotFound):
+        client.volumes.get("sdk-unused")
+
+
+def _mixed_calls(api: str, image: str, i: int) -> str:
+    """Ten API calls of one client (run = create + start, exec = create + start +
+    inspect, ...), from a process of its own; returns the container's id."""
+    c = docker.DockerClient(base_url=f"tcp://{api}", version="auto", timeout=60)
+    try:
+        name = f"conc-{i}"
+        ctr = c.containers.run(image, ["sh", "-c", "echo $0; sleep 1", name], detach=True, name=name)
+        assert ctr.exec_run(["echo", "x"]).output == b"x\n"
+        ctr.reload()
+        c.containers.list(all=True, ignore_removed=True)
+        c.images.list()
+        assert ctr.wait(timeout=60)["StatusCode"] == 0
+        assert ctr.logs() == f"{name}\n".encode()
+        c.api.inspect_container(ctr.id)
+        c.info()
+        c.ping()
+        ctr.remove(force=True)
+        return ctr.id
+    finally:
+        c.close()
+
+
+def test_concurrent_clients_leak_nothing(client, env: Env):
+    """100 mixed API calls from 8 clients at once leave no process, mount or cgroup."""
+    ids: list[str] = []
+
+    def leftovers(cid: str) -> list[str]:
+        """What a removed container left: mounts, processes, cgroups naming its id."""
+        left = [line for line in open("/proc/self/mountinfo") if cid in line]
+        for pid in os.listdir("/proc"):
+            try:
+                if pid.isdigit() and cid.encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+                    left.append(f"process {pid}")
+            except OSError:
+                pass
+        root = Path("/sys/fs/cgroup")
+        left += [str(p) for p in root.glob(f"*/insitu/{cid}")] + [str(p) for p in root.glob(f"insitu/{cid}")]
+        return left
+
+    with concurrent.futures.ProcessPoolExecutor(max_workers=8) as pool:
+        ids += [f.result() for f in [pool.submit(_mixed_calls, env.api, env.image, i) for i in range(10)]]
+    assert not [x for x in client.containers.list(all=True) if x.name.startswith("conc-")]
+    assert len(ids) == 10
+    assert {cid[:12]: leftovers(cid) for cid in ids if leftovers(cid)} == {}
+
+
+def test_system_df_and_image_prune(client, env: Env):
+    df = client.df()
+    assert any(i["Id"] == client.images.get(env.image).id for i in df["Images"])
+    assert {"LayersSize", "Containers", "Volumes", "BuildCache"} <= set(df)
+    # Nothing untagged here: the prune removes nothing and keeps the image in use.
+    pruned = client.images.prune()
+    assert not pruned["ImagesDeleted"] and pruned["SpaceReclaimed"] == 0
+    with pytest.raises(docker.errors.APIError) as e:
+        client.images.prune(filters={"colour": "red"})
+    assert e.value.status_code == 400
+    client.images.get(env.image)

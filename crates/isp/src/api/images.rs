@@ -213,6 +213,46 @@ pub fn list(rt: &Runtime, t: &Target) -> Response<ApiBody> {
     json(StatusCode::OK, &Value::Array(out))
 }
 
+/// `POST /images/prune?filters=...`: removes images no container uses: those without a
+/// tag (`dangling=true`, the default), or every unused one (`dangling=false`); filters
+/// `label`, `label!`, `until` narrow it.
+pub fn prune(rt: &Runtime, t: &Target) -> Response<ApiBody> {
+    let f = match super::filters::Filters::parse(t.get("filters")).and_then(|f| f.only(&["dangling", "label", "label!", "until"]).map(|_| f)) {
+        Ok(f) => f,
+        Err(m) => return error(400, &m),
+    };
+    let dangling_only = match f.bool("dangling") {
+        Ok(d) => d.unwrap_or(true),
+        Err(m) => return error(400, &m),
+    };
+    let mut until = None;
+    for u in f.values("until") {
+        match crate::runtime::log::parse_time(u) {
+            Ok(t) => until = Some(t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)),
+            Err(m) => return error(400, &format!("until: {m}")),
+        }
+    }
+    let all = match rt.images().list() {
+        Ok(l) => l,
+        Err(e) => return error(e.http_status(), &e.to_string()),
+    };
+    let mut done = Vec::new();
+    let mut space = 0u64;
+    for i in all {
+        if (dangling_only && !i.repo_tags.is_empty()) || rt.image_in_use(&i.id) || !f.labels_match("label", &i.config.labels) || until.is_some_and(|u| i.created > u) {
+            continue;
+        }
+        if let Ok(removed) = rt.images().remove(&i.id, true, &|id| rt.image_in_use(id)) {
+            space += i.size;
+            done.extend(removed.iter().map(|r| match r {
+                Removed::Untagged(t) => json!({"Untagged": t}),
+                Removed::Deleted(d) => json!({"Deleted": d}),
+            }));
+        }
+    }
+    json(StatusCode::OK, &json!({"ImagesDeleted": if done.is_empty() { Value::Null } else { Value::Array(done) }, "SpaceReclaimed": space}))
+}
+
 /// `POST /images/{name}/tag?repo=REPO&tag=TAG`.
 pub fn tag(rt: &Runtime, name: &str, t: &Target) -> Response<ApiBody> {
     let Some(repo) = t.get("repo") else { return error(400, "give repo=NAME (and tag=TAG)") };

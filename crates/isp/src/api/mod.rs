@@ -21,6 +21,7 @@ pub(crate) mod inspect;
 pub(crate) mod manage;
 pub(crate) mod streams;
 mod system;
+pub(crate) mod volumes;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
@@ -182,8 +183,10 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::GET, ["version"]) => system::version(),
         (&Method::GET, ["info"]) => system::info(&rt),
         (&Method::GET, ["events"]) => system::events(),
+        (&Method::GET, ["system", "df"]) => system::df(&rt),
         (&Method::POST, ["images", "create"]) => images::pull(&rt, &t),
         (&Method::POST, ["images", "load"]) => images::load(&rt, req).await,
+        (&Method::POST, ["images", "prune"]) => images::prune(&rt, &t),
         (&Method::GET, ["images", "json"]) => images::list(&rt, &t),
         (&Method::POST, ["images", name @ .., "tag"]) if !name.is_empty() => images::tag(&rt, &name.join("/"), &t),
         (&Method::GET, ["images", name @ .., "history"]) if !name.is_empty() => images::history(&rt, &name.join("/")),
@@ -202,6 +205,11 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::HEAD, ["containers", id, "archive"]) => archive::head(&rt, id, &t),
         (&Method::GET, ["containers", id, "archive"]) => archive::get(&rt, id, &t).await,
         (&Method::PUT, ["containers", id, "archive"]) => archive::put(&rt, id, &t, req).await,
+        (&Method::GET, ["volumes"]) => volumes::list(&rt, &t),
+        (&Method::POST, ["volumes", "create"]) => volumes::create(&rt, req).await,
+        (&Method::POST, ["volumes", "prune"]) => volumes::prune(&rt, &t),
+        (&Method::GET, ["volumes", name]) => volumes::inspect(&rt, name),
+        (&Method::DELETE, ["volumes", name]) => volumes::remove(&rt, name, &t),
         (&Method::POST, ["containers", "prune"]) => manage::prune(&rt, &t).await,
         (&Method::POST, ["containers", id, "rename"]) => manage::rename(&rt, id, &t),
         (&Method::GET, ["containers", id, "top"]) => manage::top(&rt, id, &t).await,

@@ -19,7 +19,7 @@ use crate::runtime::{frame, log, ExitEvent, Runtime, RuntimeError};
 /// Docker SDK for Python read the 101 answer through a buffered reader and then turn to
 /// the raw socket: bytes that arrive with the answer's headers would land in that buffer
 /// and be lost to them. Output produced meanwhile waits in its channel.
-pub(crate) const HIJACK_SETTLE: std::time::Duration = std::time::Duration::from_millis(50);
+pub(crate) const HIJACK_SETTLE: std::time::Duration = std::time::Duration::from_millis(150);
 
 fn fail(e: RuntimeError) -> Response<ApiBody> {
     error(e.http_status(), &e.to_string())

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `/_ping`, `/version`, `/info`, `/events`.
+//! `/_ping`, `/version`, `/info`, `/events`, `/system/df`.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -50,6 +50,7 @@ pub fn version() -> Response<ApiBody> {
 pub fn info(rt: &Runtime) -> Response<ApiBody> {
     let all = rt.list();
     let running = all.iter().filter(|c| matches!(c.state(), RunState::Running { .. })).count();
+    let paused = all.iter().filter(|c| c.paused()).count();
     let images = rt.images().list().map(|l| l.len()).unwrap_or(0);
     let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let mem = std::fs::read_to_string("/proc/meminfo")
@@ -61,12 +62,12 @@ pub fn info(rt: &Runtime) -> Response<ApiBody> {
         StatusCode::OK,
         &json!({
             "ID": "insitu", "Name": "insitu-target", "ServerVersion": VERSION,
-            "Containers": all.len(), "ContainersRunning": running, "ContainersPaused": 0, "ContainersStopped": all.len() - running,
+            "Containers": all.len(), "ContainersRunning": running - paused, "ContainersPaused": paused, "ContainersStopped": all.len() - running,
             "Images": images, "Driver": "overlay", "DriverStatus": [["Backing Filesystem", "the target's private namespace"]],
-            "Plugins": {"Volume": ["local"], "Network": ["none"], "Log": ["insitu"]},
+            "Plugins": {"Volume": ["local"], "Network": ["none"], "Log": ["json-file", "local"]},
             "MemoryLimit": true, "SwapLimit": true, "CpuCfsPeriod": true, "CpuCfsQuota": true, "PidsLimit": true,
-            "OomKillDisable": false, "IPv4Forwarding": false, "Debug": false, "NFd": 0, "NGoroutines": 0,
-            "LoggingDriver": "insitu", "CgroupDriver": "cgroupfs", "CgroupVersion": if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "2" } else { "1" },
+            "OomKillDisable": true, "IPv4Forwarding": false, "Debug": false, "NFd": 0, "NGoroutines": 0,
+            "LoggingDriver": "json-file", "CgroupDriver": "cgroupfs", "CgroupVersion": if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "2" } else { "1" },
             "KernelVersion": kernel(), "OperatingSystem": "insitu target", "OSType": "linux", "OSVersion": "",
             "Architecture": std::env::consts::ARCH, "NCPU": ncpu, "MemTotal": mem, "DockerRootDir": "(private namespace)",
             "IndexServerAddress": "https://index.docker.io/v1/",
@@ -86,4 +87,40 @@ pub fn events() -> Response<ApiBody> {
         tx.closed().await;
     });
     r
+}
+
+/// `/system/df`: what images, containers and volumes take in the private namespace.
+pub fn df(rt: &Runtime) -> Response<ApiBody> {
+    let containers = rt.list();
+    let images = rt.images().list().unwrap_or_default();
+    let size_rw = |c: &crate::runtime::Container| crate::image::layer_size(&c.upper_dir());
+    let image_rows: Vec<_> = images
+        .iter()
+        .map(|i| {
+            let users = containers.iter().filter(|c| c.image_id == i.id).count();
+            json!({"Id": i.id, "ParentId": "", "RepoTags": i.repo_tags, "RepoDigests": i.repo_digests, "Created": i.created,
+                   "Size": i.size, "SharedSize": 0, "VirtualSize": i.size, "Labels": i.config.labels, "Containers": users})
+        })
+        .collect();
+    let container_rows: Vec<_> = containers
+        .iter()
+        .map(|c| {
+            let (state, status) = super::containers::status(c);
+            json!({"Id": c.id, "Names": [format!("/{}", c.name())], "Image": c.spec.image, "ImageID": c.image_id,
+                   "Command": c.args.join(" "), "Created": super::containers::secs(c.created), "State": state, "Status": status,
+                   "SizeRw": size_rw(c), "SizeRootFs": size_rw(c) + images.iter().find(|i| i.id == c.image_id).map_or(0, |i| i.size),
+                   "Labels": c.spec.labels, "Mounts": super::containers::mounts(c)})
+        })
+        .collect();
+    let volume_rows: Vec<_> = rt
+        .volume_list()
+        .iter()
+        .map(|v| {
+            json!({"Name": v.name, "Driver": "local", "Mountpoint": v.mountpoint, "CreatedAt": super::images::rfc3339(v.created as i64),
+                   "Labels": v.labels, "Scope": "local", "Options": {},
+                   "UsageData": {"Size": crate::image::layer_size(&v.mountpoint), "RefCount": rt.volume_users(&v.name).len()}})
+        })
+        .collect();
+    let layers: u64 = images.iter().map(|i| i.size).sum();
+    json(StatusCode::OK, &json!({"LayersSize": layers, "Images": image_rows, "Containers": container_rows, "Volumes": volume_rows, "BuildCache": []}))
 }

@@ -32,6 +32,7 @@ mod ports;
 mod process;
 pub mod spec;
 mod view;
+pub mod volumes;
 
 pub use container::{Container, CreateSpec, ExitEvent, RunState};
 pub use exec::{Exec, ExecIo, ExecSpec, ExecState};
@@ -435,13 +436,14 @@ impl Runtime {
         if c.layers.is_empty() && self.images.get(&c.image_id).is_err() {
             return Err(RuntimeError::Conflict(format!("the image of container {} was removed", c.name())));
         }
-        {
-            let mut g = c.lock();
-            g.stopped_by_client = false;
-            g.restarting = false;
-        }
+        c.lock().stopped_by_client = false;
         let started = self.run(&c).await;
-        c.lock().error = started.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
+        {
+            // A restart in progress ends here, run or not.
+            let mut g = c.lock();
+            g.restarting = false;
+            g.error = started.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
+        }
         if started.is_err() {
             c.lock().view_pin = None;
             c.unpublish();
