@@ -44,15 +44,15 @@ fn stat_value(s: &PathStat) -> String {
     base64(s.to_json().to_string().as_bytes())
 }
 
-fn path_of(t: &Target) -> Result<String, Response<ApiBody>> {
-    t.get("path").map(str::to_string).ok_or_else(|| error(400, "give path=PATH (a path in the container)"))
+fn path_of(t: &Target) -> Result<String, String> {
+    t.get("path").map(str::to_string).ok_or_else(|| "give path=PATH (a path in the container)".to_string())
 }
 
 /// `HEAD /containers/{id}/archive?path=`.
 pub fn head(rt: &Runtime, id: &str, t: &Target) -> Response<ApiBody> {
     let path = match path_of(t) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(m) => return error(400, &m),
     };
     match rt.archive_stat(id, &path) {
         Ok(s) => Response::builder()
@@ -69,7 +69,7 @@ pub fn head(rt: &Runtime, id: &str, t: &Target) -> Response<ApiBody> {
 pub async fn get(rt: &Arc<Runtime>, id: &str, t: &Target) -> Response<ApiBody> {
     let path = match path_of(t) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(m) => return error(400, &m),
     };
     let (rt2, id2) = (rt.clone(), id.to_string());
     let made = tokio::task::spawn_blocking(move || {
@@ -123,7 +123,7 @@ fn spool_file(rt: &Runtime) -> std::io::Result<(std::fs::File, std::path::PathBu
 pub async fn put(rt: &Arc<Runtime>, id: &str, t: &Target, req: Request<Incoming>) -> Response<ApiBody> {
     let path = match path_of(t) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(m) => return error(400, &m),
     };
     if let Err(e) = rt.get(id) {
         return fail(e);

@@ -185,7 +185,7 @@ fn console_size(hc: &Value) -> Result<Option<(u16, u16)>, String> {
 /// A mode field (`PidMode`, `IpcMode`, ...) that may only keep the container's own
 /// namespace.
 fn own_namespace(hc: &Value, field: &str, allowed: &[&str]) -> Result<(), String> {
-    match text(&hc, field)? {
+    match text(hc, field)? {
         None => Ok(()),
         Some(m) if allowed.contains(&m.as_str()) => Ok(()),
         Some(m) => Err(format!(

@@ -239,7 +239,11 @@ pub fn prune(rt: &Runtime, t: &Target) -> Response<ApiBody> {
     let mut done = Vec::new();
     let mut space = 0u64;
     for i in all {
-        if (dangling_only && !i.repo_tags.is_empty()) || rt.image_in_use(&i.id) || !f.labels_match("label", &i.config.labels) || until.is_some_and(|u| i.created > u) {
+        if (dangling_only && !i.repo_tags.is_empty())
+            || rt.image_in_use(&i.id)
+            || !f.labels_match("label", &i.config.labels)
+            || until.is_some_and(|u| i.created > u)
+        {
             continue;
         }
         if let Ok(removed) = rt.images().remove(&i.id, true, &|id| rt.image_in_use(id)) {

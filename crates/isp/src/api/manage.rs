@@ -13,7 +13,7 @@ use super::containers::{fail, passes};
 use super::filters::Filters;
 use super::Target;
 use crate::runtime::cgroup::{system_cpu, Cgroup};
-use crate::runtime::{Container, RunState, Runtime};
+use crate::runtime::{Container, RunState, Runtime, RuntimeError};
 
 /// `POST /containers/{id}/rename?name=NEW`.
 pub fn rename(rt: &Runtime, id: &str, t: &Target) -> Response<ApiBody> {
@@ -46,10 +46,10 @@ pub async fn prune(rt: &Runtime, t: &Target) -> Response<ApiBody> {
     json(StatusCode::OK, &json!({"ContainersDeleted": gone, "SpaceReclaimed": reclaimed}))
 }
 
-fn running(rt: &Runtime, id: &str) -> Result<std::sync::Arc<Container>, Response<ApiBody>> {
-    let c = rt.get(id).map_err(fail)?;
+fn running(rt: &Runtime, id: &str) -> Result<std::sync::Arc<Container>, RuntimeError> {
+    let c = rt.get(id)?;
     if !matches!(c.state(), RunState::Running { .. }) {
-        return Err(error(409, &format!("Container {} is not running", &c.id[..12])));
+        return Err(RuntimeError::Conflict(format!("Container {} is not running", &c.id[..12])));
     }
     Ok(c)
 }
@@ -59,7 +59,7 @@ fn running(rt: &Runtime, id: &str) -> Result<std::sync::Arc<Container>, Response
 pub async fn top(rt: &Runtime, id: &str, t: &Target) -> Response<ApiBody> {
     let c = match running(rt, id) {
         Ok(c) => c,
-        Err(r) => return r,
+        Err(e) => return fail(e),
     };
     let args: Vec<String> = t.get("ps_args").unwrap_or("-ef").split_whitespace().map(str::to_string).collect();
     if args.iter().any(|a| !a.chars().all(|ch| ch.is_ascii_alphanumeric() || "-,=%:_".contains(ch))) {

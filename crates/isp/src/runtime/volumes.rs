@@ -58,7 +58,11 @@ impl Runtime {
     pub fn volume_create(&self, name: Option<&str>, labels: BTreeMap<String, String>) -> Result<Volume, RuntimeError> {
         let name = match name.filter(|n| !n.is_empty()) {
             Some(n) if valid(n) => n.to_string(),
-            Some(n) => return Err(RuntimeError::BadRequest(format!("create {n}: \"{n}\" includes invalid characters for a local volume name, only \"[a-zA-Z0-9][a-zA-Z0-9_.-]\" are allowed"))),
+            Some(n) => {
+                return Err(RuntimeError::BadRequest(format!(
+                    "create {n}: \"{n}\" includes invalid characters for a local volume name, only \"[a-zA-Z0-9][a-zA-Z0-9_.-]\" are allowed"
+                )))
+            }
             None => super::random_id(),
         };
         if let Some(v) = self.volume(&name) {
