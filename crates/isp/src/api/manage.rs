@@ -24,6 +24,14 @@ pub fn rename(rt: &Runtime, id: &str, t: &Target) -> Response<ApiBody> {
     }
 }
 
+/// `GET /containers/{id}/changes`: `[{"Path", "Kind"}]` (0 modified, 1 added, 2 deleted).
+pub fn changes(rt: &Runtime, id: &str) -> Response<ApiBody> {
+    match rt.changes(id) {
+        Ok(c) => json(StatusCode::OK, &Value::Array(c.into_iter().map(|(p, k)| json!({"Path": p, "Kind": k as u8})).collect())),
+        Err(e) => fail(e),
+    }
+}
+
 /// `POST /containers/prune?filters=...` (`label`, `label!`, `until`).
 pub async fn prune(rt: &Runtime, t: &Target) -> Response<ApiBody> {
     let f = match Filters::parse(t.get("filters")) {

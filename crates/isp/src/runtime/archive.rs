@@ -266,11 +266,40 @@ impl Runtime {
         r
     }
 
+    /// Where `path` of container `c` is on the target, with `root` its root file system:
+    /// inside the bind that covers it (a volume, `/data`, `/kv`), else inside the root;
+    /// and whether it is read-only there.
+    fn locate(&self, c: &Container, root: &Path, path: &str, follow_last: bool) -> Result<(PathBuf, bool), RuntimeError> {
+        let mut clean: Vec<String> = Vec::new();
+        for part in path.split('/') {
+            match part {
+                "" | "." => {}
+                ".." => {
+                    clean.pop();
+                }
+                p => clean.push(p.to_string()),
+            }
+        }
+        let lexical = format!("/{}", clean.join("/"));
+        let mut binds: Vec<(String, String, bool)> =
+            self.binds(&c.spec)?.into_iter().filter_map(|b| if let super::Bind::Path { src, dst, ro } = b { Some((src, dst, ro)) } else { None }).collect();
+        binds.sort_by_key(|b| std::cmp::Reverse(b.1.len()));
+        for (src, dst, ro) in binds {
+            let dst = dst.trim_end_matches('/');
+            if let Some(rest) = lexical.strip_prefix(dst).filter(|r| r.is_empty() || r.starts_with('/')) {
+                let at = secure_join(Path::new(&src), rest, follow_last).map_err(RuntimeError::BadRequest)?;
+                return Ok((at, ro));
+            }
+        }
+        let at = secure_join(root, path, follow_last).map_err(RuntimeError::BadRequest)?;
+        Ok((at, c.spec.options.readonly_rootfs))
+    }
+
     /// `HEAD /containers/{id}/archive?path=`: what the path is.
     pub fn archive_stat(&self, key: &str, path: &str) -> Result<PathStat, RuntimeError> {
         let c = self.get(key)?;
         self.with_rootfs(&c, |root| {
-            let at = secure_join(root, path, false).map_err(RuntimeError::BadRequest)?;
+            let (at, _) = self.locate(&c, root, path, false)?;
             stat_of(&at, &base_name(path)).map_err(|_| RuntimeError::NotFound(format!("Could not find the file {path} in container {}", c.name())))
         })
     }
@@ -283,7 +312,7 @@ impl Runtime {
         self.with_rootfs(&c, |root| {
             let contents_only = path.ends_with("/.");
             let follow = path.ends_with('/') || contents_only;
-            let at = secure_join(root, path, follow).map_err(RuntimeError::BadRequest)?;
+            let (at, _) = self.locate(&c, root, path, follow)?;
             let stat = stat_of(&at, &base_name(path.trim_end_matches("/.").trim_end_matches('/')))
                 .map_err(|_| RuntimeError::NotFound(format!("Could not find the file {path} in container {}", c.name())))?;
             let mut b = tar::Builder::new(out);
@@ -303,16 +332,17 @@ impl Runtime {
         let open = || std::fs::File::open(tar).map_err(|e| RuntimeError::io(tar, e));
         check_archive(open()?).map_err(RuntimeError::BadRequest)?;
         self.with_rootfs(&c, |root| {
-            let at = secure_join(root, path, true).map_err(RuntimeError::BadRequest)?;
+            let (at, ro) = self.locate(&c, root, path, true)?;
             match std::fs::metadata(&at) {
                 Ok(m) if m.is_dir() => {}
                 Ok(_) => return Err(RuntimeError::BadRequest(format!("extraction point is not a directory: {path}"))),
                 Err(_) => return Err(RuntimeError::NotFound(format!("Could not find the file {path} in container {}", c.name()))),
             }
-            if c.spec.options.readonly_rootfs {
-                return Err(RuntimeError::Conflict(format!("container {} has a read-only root file system", c.name())));
+            if ro {
+                return Err(RuntimeError::Conflict(format!("copying into {path} of container {}: it is on a read-only file system", c.name())));
             }
-            unpack(root, path, open()?, no_overwrite_dir_non_dir).map_err(|m| RuntimeError::BadRequest(format!("copying into {path}: {m}")))
+            // Unpacked with the destination as the root: links resolve inside it.
+            unpack(&at, "/", open()?, no_overwrite_dir_non_dir).map_err(|m| RuntimeError::BadRequest(format!("copying into {path}: {m}")))
         })
     }
 }

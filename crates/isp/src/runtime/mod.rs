@@ -21,6 +21,7 @@
 pub mod archive;
 mod binds;
 pub mod cgroup;
+pub mod changes;
 mod console;
 mod container;
 mod exec;
