@@ -599,3 +599,60 @@ def test_system_df_and_image_prune(client, env: Env):
         client.images.prune(filters={"colour": "red"})
     assert e.value.status_code == 400
     client.images.get(env.image)
+
+
+def test_archive_reaches_volumes_and_changes_list_the_upper_layer(client, env: Env):
+    client.volumes.create("sdk-cp-vol")
+    c = client.containers.run(
+        env.image,
+        ["sh", "-c", "echo changed >> /etc/hostname.new; rm /etc/group; sleep 300"],
+        detach=True,
+        volumes=["sdk-cp-vol:/rw", "sdk-cp-vol:/ro:ro"],
+    )
+    try:
+        data = _tar({"a.txt": b"into the volume\n"})
+        info = tarfile.TarInfo("owned.txt")
+        info.uid, info.gid, info.size = 1042, 1043, 1
+        owned = io.BytesIO()
+        with tarfile.open(fileobj=owned, mode="w") as t:
+            t.addfile(info, io.BytesIO(b"o"))
+        assert c.put_archive("/rw", data) and c.put_archive("/tmp", owned.getvalue())
+        assert c.exec_run(["cat", "/ro/a.txt"]).output == b"into the volume\n"
+        assert c.exec_run(["stat", "-c", "%u:%g", "/tmp/owned.txt"]).output.strip() == b"1042:1043"
+        with pytest.raises(docker.errors.APIError):
+            c.put_archive("/ro", data)
+        for _ in range(100):
+            kinds = {ch["Path"]: ch["Kind"] for ch in c.diff() or []}
+            if "/etc/group" in kinds:
+                break
+            time.sleep(0.05)
+        assert kinds["/etc/group"] == 2 and kinds["/etc/hostname.new"] == 1 and kinds["/etc"] == 0, kinds
+        assert kinds["/tmp/owned.txt"] == 1
+    finally:
+        c.remove(force=True)
+        client.volumes.get("sdk-cp-vol").remove()
+
+
+def test_save_and_load_back(client, env: Env):
+    img = client.images.get(env.image)
+    data = b"".join(img.save(named=True))
+    with tarfile.open(fileobj=io.BytesIO(data)) as t:
+        names = t.getnames()
+        manifest = json.loads(t.extractfile("manifest.json").read())
+    assert "index.json" in names and "oci-layout" in names
+    assert manifest[0]["RepoTags"] == [env.image]
+    # Loaded back under another name after the original is gone.
+    holder = client.containers.create(env.image, ["true"])  # keeps the layers in use
+    try:
+        img.tag("sdk-saved", "v1")
+        client.images.remove("sdk-saved:v1")
+        loaded = client.images.load(data)
+        assert [i.id for i in loaded] == [img.id]
+    finally:
+        holder.remove(force=True)
+    with pytest.raises(docker.errors.NotFound):
+        b"".join(client.api.get_image("no-such-image:v9"))
+    # docker save through the CLI, read back by docker load.
+    out = env.d / "saved.tar"
+    env.ok("save", "-o", str(out), env.image)
+    assert f"Loaded image: {env.image}" in env.ok("load", "-i", str(out))

@@ -257,6 +257,63 @@ pub fn prune(rt: &Runtime, t: &Target) -> Response<ApiBody> {
     json(StatusCode::OK, &json!({"ImagesDeleted": if done.is_empty() { Value::Null } else { Value::Array(done) }, "SpaceReclaimed": space}))
 }
 
+/// `GET /images/{name}/get` and `GET /images/get?names=A&names=B`: a `docker save`
+/// archive (see [`crate::image::ImageStore::save`]), spooled in the private namespace
+/// first so that an error is a status, then streamed.
+pub async fn save(rt: &Arc<Runtime>, names: Vec<String>) -> Response<ApiBody> {
+    if names.is_empty() {
+        return error(400, "give the images to save: names=NAME (repeatable)");
+    }
+    let rt2 = rt.clone();
+    let made = tokio::task::spawn_blocking(move || {
+        let (f, path) = tempfile_in(&rt2).map_err(|e| (500, format!("cannot spool the archive: {e}")))?;
+        match rt2.images().save(&names, std::io::BufWriter::new(f)) {
+            Ok(()) => Ok(path),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                Err((e.http_status(), e.to_string()))
+            }
+        }
+    })
+    .await;
+    let path = match made {
+        Ok(Ok(p)) => p,
+        Ok(Err((status, m))) => return error(status, &m),
+        Err(e) => return error(500, &e.to_string()),
+    };
+    let (resp, tx) = stream(StatusCode::OK, "application/x-tar");
+    tokio::task::spawn_blocking(move || {
+        let f = std::fs::File::open(&path);
+        // Unlinked at once: the open file is read to its end, nothing is left behind.
+        let _ = std::fs::remove_file(&path);
+        let Ok(mut f) = f else { return };
+        let mut buf = vec![0u8; 256 << 10];
+        loop {
+            match std::io::Read::read(&mut f, &mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if tx.blocking_send(Bytes::copy_from_slice(&buf[..n])).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    resp
+}
+
+/// The `names` of `GET /images/get`, each of them (the parameter repeats).
+pub(crate) fn names_of(raw_query: Option<&str>) -> Vec<String> {
+    raw_query
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| *k == "names")
+        .filter_map(|(_, v)| urlencoding::decode(&v.replace('+', " ")).ok().map(|s| s.into_owned()))
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
 /// `POST /images/{name}/tag?repo=REPO&tag=TAG`.
 pub fn tag(rt: &Runtime, name: &str, t: &Target) -> Response<ApiBody> {
     let Some(repo) = t.get("repo") else { return error(400, "give repo=NAME (and tag=TAG)") };

@@ -20,6 +20,7 @@ pub(crate) mod manifest;
 mod pull;
 mod reference;
 mod registry;
+mod save;
 mod tags;
 #[cfg(test)]
 mod tests;
