@@ -656,3 +656,40 @@ def test_save_and_load_back(client, env: Env):
     out = env.d / "saved.tar"
     env.ok("save", "-o", str(out), env.image)
     assert f"Loaded image: {env.image}" in env.ok("load", "-i", str(out))
+
+
+def test_events_tell_what_happened(client, env: Env):
+    since = time.time()
+    c = client.containers.run(env.image, ["sh", "-c", "exit 2"], detach=True, name="sdk-events", labels={"ev": "1"})
+    c.wait(timeout=60)
+    c.remove()
+    until = time.time() + 0.5
+    time.sleep(0.6)
+    got = list(client.events(since=since, until=until, decode=True, filters={"container": "sdk-events"}))
+    actions = [e["Action"] for e in got]
+    assert actions == ["create", "start", "die", "destroy"], actions
+    die = got[2]
+    assert die["Actor"]["Attributes"]["exitCode"] == "2" and die["Actor"]["Attributes"]["ev"] == "1" and die["Type"] == "container"
+    assert all(e["Actor"]["ID"] == c.id for e in got)
+    assert list(client.events(since=since, until=until, decode=True, filters={"type": "volume", "container": "sdk-events"})) == []
+
+
+def test_update_changes_limits_and_restart_policy(client, env: Env):
+    c = client.containers.run(env.image, ["sleep", "300"], detach=True, mem_limit="32m")
+    try:
+        c.update(mem_limit="48m", cpu_shares=300, restart_policy={"Name": "on-failure", "MaximumRetryCount": 1})
+        c.reload()
+        hc = c.attrs["HostConfig"]
+        assert hc["Memory"] == 48 << 20 and hc["CpuShares"] == 300
+        assert hc["RestartPolicy"] == {"Name": "on-failure", "MaximumRetryCount": 1}
+        assert _cgroup(c.id, "memory", "memory.limit_in_bytes") in (str(48 << 20), None)
+        assert _cgroup(c.id, "cpu", "cpu.shares") in ("300", None)
+        with pytest.raises(docker.errors.APIError) as e:
+            c.update(blkio_weight=300)
+        assert e.value.status_code == 400 and "BlkioWeight" in str(e.value)
+        # The CLI sends every limit, zero where unchanged.
+        env.ok("update", "--cpu-shares", "400", c.id)
+        c.reload()
+        assert c.attrs["HostConfig"]["CpuShares"] == 400 and c.attrs["HostConfig"]["Memory"] == 48 << 20
+    finally:
+        c.remove(force=True)

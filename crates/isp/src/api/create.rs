@@ -123,7 +123,7 @@ const REFUSED_CONFIG: &[(&str, &str)] = &[
 
 /// Whether `v` is the default of a field: null, false, 0, "", an empty list or object,
 /// or an object all of whose fields are defaults.
-fn is_default(v: &Value) -> bool {
+pub(crate) fn is_default(v: &Value) -> bool {
     match v {
         Value::Null => true,
         Value::Bool(b) => !b,

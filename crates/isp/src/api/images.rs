@@ -57,12 +57,15 @@ pub fn pull(rt: &Arc<Runtime>, t: &Target) -> Response<ApiBody> {
     let reference = pull_reference(from, t.get("tag"));
     let (resp, tx) = stream(StatusCode::OK, "application/json");
     let images = rt.images().clone();
+    let rt2 = rt.clone();
     tokio::task::spawn_blocking(move || {
+        let events = rt2.events();
         let send = |v: Value| {
             let _ = tx.blocking_send(line(v));
         };
         match images.pull(&reference, &mut |p| send(progress_json(&p))) {
             Ok(img) => {
+                events.emit("image", "pull", &reference, [("name".to_string(), reference.clone())].into());
                 if let Some(d) = img.repo_digests.first() {
                     send(json!({"status": format!("Digest: {}", d.rsplit('@').next().unwrap_or(d))}));
                 }
@@ -122,6 +125,9 @@ pub async fn load(rt: &Arc<Runtime>, req: Request<Incoming>) -> Response<ApiBody
     .await;
     match result {
         Ok(Ok(tags)) => {
+            for t in &tags {
+                rt.events().emit("image", "load", t, [("name".to_string(), t.clone())].into());
+            }
             let (resp, tx) = stream(StatusCode::OK, "application/json");
             tokio::spawn(async move {
                 for t in tags {
@@ -318,7 +324,11 @@ pub(crate) fn names_of(raw_query: Option<&str>) -> Vec<String> {
 pub fn tag(rt: &Runtime, name: &str, t: &Target) -> Response<ApiBody> {
     let Some(repo) = t.get("repo") else { return error(400, "give repo=NAME (and tag=TAG)") };
     match rt.images().tag(name, repo, t.get("tag")) {
-        Ok(_) => super::body::empty(StatusCode::CREATED),
+        Ok(full) => {
+            let id = rt.images().get(&full).map(|i| i.id).unwrap_or_default();
+            rt.events().emit("image", "tag", &id, [("name".to_string(), full)].into());
+            super::body::empty(StatusCode::CREATED)
+        }
         Err(e) => error(e.http_status(), &e.to_string()),
     }
 }
@@ -387,17 +397,28 @@ pub fn inspect(rt: &Runtime, name: &str) -> Response<ApiBody> {
 /// `DELETE /images/{name}`.
 pub fn remove(rt: &Runtime, name: &str, force: bool) -> Response<ApiBody> {
     match rt.images().remove(name, force, &|id| rt.image_in_use(id)) {
-        Ok(done) => json(
-            StatusCode::OK,
-            &Value::Array(
-                done.iter()
-                    .map(|r| match r {
-                        Removed::Untagged(t) => json!({"Untagged": t}),
-                        Removed::Deleted(d) => json!({"Deleted": d}),
-                    })
-                    .collect(),
-            ),
-        ),
+        Ok(done) => {
+            for r in &done {
+                if let Removed::Untagged(t) = r {
+                    rt.events().emit("image", "untag", t, [("name".to_string(), t.clone())].into());
+                }
+            }
+            // The first deletion is the image's; those after it are its layers.
+            if let Some(Removed::Deleted(d)) = done.iter().find(|r| matches!(r, Removed::Deleted(_))) {
+                rt.events().emit("image", "delete", d, [("name".to_string(), d.clone())].into());
+            }
+            json(
+                StatusCode::OK,
+                &Value::Array(
+                    done.iter()
+                        .map(|r| match r {
+                            Removed::Untagged(t) => json!({"Untagged": t}),
+                            Removed::Deleted(d) => json!({"Deleted": d}),
+                        })
+                        .collect(),
+                ),
+            )
+        }
         Err(e) => error(e.http_status(), &e.to_string()),
     }
 }

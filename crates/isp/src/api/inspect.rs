@@ -55,13 +55,15 @@ fn overlay(base: &mut Value, given: &Value) {
 pub(crate) fn host_config(c: &Container) -> Value {
     let mut hc = host_config_defaults();
     overlay(&mut hc, &c.spec.host_config);
-    let o = &c.spec.options;
     hc["NetworkMode"] = json!(c.spec.network.name());
     hc["PortBindings"] = port_bindings_asked(c);
     hc["Binds"] = if c.spec.binds.is_empty() { Value::Null } else { json!(c.spec.binds) };
     hc["AutoRemove"] = json!(c.spec.auto_remove);
     hc["Memory"] = json!(c.spec.memory.unwrap_or(0));
-    hc["RestartPolicy"] = json!({"Name": if o.restart.name.is_empty() { "no" } else { &o.restart.name }, "MaximumRetryCount": o.restart.max_retries});
+    // What `update` changed since create.
+    overlay(&mut hc, &Value::Object(c.updates()));
+    let policy = c.restart_policy();
+    hc["RestartPolicy"] = json!({"Name": if policy.name.is_empty() { "no" } else { &policy.name }, "MaximumRetryCount": policy.max_retries});
     if hc["LogConfig"]["Type"] == "" {
         hc["LogConfig"]["Type"] = json!("json-file");
     }

@@ -13,6 +13,7 @@ use super::containers::{fail, passes};
 use super::filters::Filters;
 use super::Target;
 use crate::runtime::cgroup::{system_cpu, Cgroup};
+use crate::runtime::update::UPDATABLE;
 use crate::runtime::{Container, RunState, Runtime, RuntimeError};
 
 /// `POST /containers/{id}/rename?name=NEW`.
@@ -22,6 +23,71 @@ pub fn rename(rt: &Runtime, id: &str, t: &Target) -> Response<ApiBody> {
         Ok(()) => empty(StatusCode::NO_CONTENT),
         Err(e) => fail(e),
     }
+}
+
+/// `POST /containers/{id}/update`: new limits and restart policy (the fields of
+/// [`UPDATABLE`]); any other field given a value is refused by name, as are values the
+/// create would refuse. Fields left at zero are unchanged, as with Docker.
+pub async fn update(rt: &Runtime, id: &str, req: hyper::Request<hyper::body::Incoming>) -> Response<ApiBody> {
+    let body = match super::read_json(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let c = match rt.get(id) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    match update_changes(&body, c.spec.auto_remove) {
+        Ok(ch) => match rt.update(id, ch).await {
+            Ok(()) => json(StatusCode::OK, &json!({"Warnings": []})),
+            Err(e) => fail(e),
+        },
+        Err(m) => error(400, &m),
+    }
+}
+
+/// The changes an update request asks for, checked.
+pub(crate) fn update_changes(body: &Value, auto_remove: bool) -> Result<serde_json::Map<String, Value>, String> {
+    let Some(m) = body.as_object() else { return Err("the update request must be a JSON object".into()) };
+    let mut out = serde_json::Map::new();
+    for (k, v) in m {
+        if super::create::is_default(v) {
+            continue;
+        }
+        if !UPDATABLE.contains(&k.as_str()) {
+            return Err(format!("{k} cannot be updated on this target: update changes {}", UPDATABLE.join(", ")));
+        }
+        match k.as_str() {
+            "CpusetCpus" | "CpusetMems" => {
+                let s = v.as_str().ok_or_else(|| format!("{k} must be a string"))?;
+                if !s.chars().all(|c| c.is_ascii_digit() || c == ',' || c == '-') {
+                    return Err(format!("invalid {k} {s:?}: a list of numbers and ranges, as 0-2,4"));
+                }
+            }
+            "RestartPolicy" => {
+                let name = v.get("Name").and_then(Value::as_str).unwrap_or("");
+                let max = v.get("MaximumRetryCount").and_then(Value::as_i64).unwrap_or(0);
+                if !matches!(name, "" | "no" | "always" | "unless-stopped" | "on-failure") || max < 0 || (max != 0 && name != "on-failure") {
+                    return Err(format!("invalid restart policy {v}: no, always, unless-stopped or on-failure[:N]"));
+                }
+                if auto_remove && !matches!(name, "" | "no") {
+                    return Err("Restart policy cannot be updated because AutoRemove is enabled for the container".into());
+                }
+            }
+            "MemorySwap" => {
+                if v.as_i64().is_none_or(|n| n < -1) {
+                    return Err("MemorySwap must be -1 (unlimited) or a number of bytes".into());
+                }
+            }
+            _ => {
+                if v.as_i64().is_none_or(|n| n < 0) {
+                    return Err(format!("{k} must be a number that is not negative"));
+                }
+            }
+        }
+        out.insert(k.clone(), v.clone());
+    }
+    Ok(out)
 }
 
 /// `GET /containers/{id}/changes`: `[{"Path", "Kind"}]` (0 modified, 1 added, 2 deleted).
@@ -180,7 +246,25 @@ mod tests {
         assert!(ps_table("UID CMD\nroot x\n", &[1]).is_err());
     }
 
+    #[test]
+    fn update_requests_are_checked() {
+        let ch = update_changes(&json!({"Memory": 20971520, "CpuShares": 0, "BlkioWeight": 0, "RestartPolicy": {"Name": "", "MaximumRetryCount": 0}}), false)
+            .unwrap();
+        assert_eq!(ch.keys().collect::<Vec<_>>(), ["Memory"]);
+        assert!(update_changes(&json!({"BlkioWeight": 300}), false).unwrap_err().contains("BlkioWeight"));
+        assert!(update_changes(&json!({"Memory": "lots"}), false).is_err());
+        assert!(update_changes(&json!({"RestartPolicy": {"Name": "always"}}), true).is_err());
+        assert!(update_changes(&json!({"CpusetCpus": "a"}), false).is_err());
+    }
+
     proptest::proptest! {
+        #[test]
+        fn random_update_bodies_never_panic(s in ".{0,120}") {
+            if let Ok(v) = serde_json::from_str::<Value>(&s) {
+                let _ = update_changes(&v, false);
+            }
+        }
+
         #[test]
         fn random_ps_output_never_panics(s in "[ a-zA-Z0-9\n]{0,200}") {
             let _ = ps_table(&s, &[1, 2, 3]);

@@ -7,7 +7,10 @@ use hyper::{Method, Response, StatusCode};
 use serde_json::json;
 
 use super::body::{json, ApiBody};
+use super::filters::Filters;
+use super::Target;
 use super::{API_VERSION, MIN_API_VERSION};
+use crate::runtime::events::Event;
 use crate::runtime::{RunState, Runtime};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -80,11 +83,88 @@ pub fn info(rt: &Runtime) -> Response<ApiBody> {
     )
 }
 
-/// `/events`: no events are published; the stream stays open and empty.
-pub fn events() -> Response<ApiBody> {
+/// An event as the API sends it (the current fields and the legacy `status`/`id`/`from`).
+fn event_json(e: &Event) -> serde_json::Value {
+    let d = e.time.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let mut v = json!({
+        "Type": e.kind, "Action": e.action, "Actor": {"ID": e.id, "Attributes": e.attributes}, "scope": "local",
+        "time": d.as_secs(), "timeNano": d.as_nanos() as u64,
+    });
+    if e.kind == "container" {
+        v["status"] = json!(e.action);
+        v["id"] = json!(e.id);
+        v["from"] = json!(e.attributes.get("image"));
+    }
+    v
+}
+
+/// Whether `e` passes the filters of `/events` (`type`, `event`/`action`, `container`,
+/// `image`, `volume`, `label`).
+fn event_passes(e: &Event, f: &Filters) -> bool {
+    let any = |k: &str, ok: &dyn Fn(&str) -> bool| {
+        let v = f.values(k);
+        v.is_empty() || v.iter().any(|x| ok(x))
+    };
+    let name = e.attributes.get("name").map(String::as_str).unwrap_or("");
+    let action = e.action.split(':').next().unwrap_or("");
+    any("type", &|x| x == e.kind)
+        && any("event", &|x| x == action || x == e.action)
+        && any("action", &|x| x == action || x == e.action)
+        && any("container", &|x| e.kind == "container" && (e.id.starts_with(x) || name == x))
+        && any("image", &|x| (e.kind == "image" && (e.id == x || name == x)) || e.attributes.get("image").is_some_and(|i| i == x))
+        && any("volume", &|x| e.kind == "volume" && e.id == x)
+        && f.labels_match("label", &e.attributes)
+}
+
+/// `/events?since=T&until=T&filters=...`: the events since `since` (from the history),
+/// then those that come, until `until` (at once when it has passed) or the client leaves.
+pub fn events(rt: &Runtime, t: &Target) -> Response<ApiBody> {
+    let f = match Filters::parse(t.get("filters")).and_then(|f| f.only(&["type", "event", "action", "container", "image", "volume", "label"]).map(|_| f)) {
+        Ok(f) => f,
+        Err(m) => return super::body::error(400, &m),
+    };
+    let time = |k: &str| t.get(k).map(crate::runtime::log::parse_time).transpose().map_err(|m| format!("{k}: {m}"));
+    let (since, until) = match (time("since"), time("until")) {
+        (Ok(s), Ok(u)) => (s, u),
+        (Err(m), _) | (_, Err(m)) => return super::body::error(400, &m),
+    };
+    let (past, mut rx) = rt.events().follow();
     let (r, tx) = super::body::stream(StatusCode::OK, "application/json");
     tokio::spawn(async move {
-        tx.closed().await;
+        let in_range = |e: &Event| since.is_none_or(|s| e.time >= s) && until.is_none_or(|u| e.time <= u);
+        if since.is_some() {
+            for e in past.iter().filter(|e| in_range(e) && event_passes(e, &f)) {
+                if tx.send(Bytes::from(event_json(e).to_string() + "\n")).await.is_err() {
+                    return;
+                }
+            }
+        }
+        loop {
+            let left = until.map(|u| u.duration_since(std::time::SystemTime::now()).unwrap_or_default());
+            let next = async {
+                loop {
+                    match rx.recv().await {
+                        Ok(e) => return Some(e),
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                        Err(_) => return None,
+                    }
+                }
+            };
+            let got = match left {
+                Some(d) => match tokio::time::timeout(d, next).await {
+                    Ok(g) => g,
+                    Err(_) => return,
+                },
+                None => tokio::select! {
+                    g = next => g,
+                    _ = tx.closed() => return,
+                },
+            };
+            let Some(e) = got else { return };
+            if in_range(&e) && event_passes(&e, &f) && tx.send(Bytes::from(event_json(&e).to_string() + "\n")).await.is_err() {
+                return;
+            }
+        }
     });
     r
 }

@@ -192,6 +192,8 @@ pub(super) struct Inner {
     pub(super) restarting: bool,
     /// Why the last start failed ("" when it did not).
     pub(super) error: String,
+    /// What `update` changed of the `HostConfig` since create (kept in `updates.json`).
+    pub(super) updates: serde_json::Map<String, serde_json::Value>,
     /// The ids of the container's execs.
     pub(super) execs: Vec<String>,
 }
@@ -206,6 +208,7 @@ pub(super) struct HeldFile {
 impl Container {
     /// The container `m` records, with `layers` and its directory `dir`; it has not run.
     pub(super) fn new(m: Meta, layers: Vec<PathBuf>, dir: PathBuf) -> Arc<Container> {
+        let updates = std::fs::read(dir.join("updates.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
         let (stdin_tx, stdin_rx) = if m.spec.open_stdin {
             let (t, r) = mpsc::unbounded_channel();
             (Some(t), Some(r))
@@ -239,6 +242,7 @@ impl Container {
                 paused: false,
                 restarting: false,
                 error: String::new(),
+                updates,
                 execs: Vec::new(),
             }),
             fs: Mutex::new(()),
@@ -423,6 +427,41 @@ impl Container {
     /// Whether the current run is frozen (`pause`).
     pub fn paused(&self) -> bool {
         self.lock().paused
+    }
+
+    /// What `update` changed of the `HostConfig` since create.
+    pub fn updates(&self) -> serde_json::Map<String, serde_json::Value> {
+        self.lock().updates.clone()
+    }
+
+    /// The restart policy: as created, or as last updated.
+    pub fn restart_policy(&self) -> super::options::RestartPolicy {
+        self.restart_policy_locked(&self.lock())
+    }
+
+    /// [`Container::restart_policy`] with the lock held.
+    pub(super) fn restart_policy_locked(&self, g: &Inner) -> super::options::RestartPolicy {
+        match g.updates.get("RestartPolicy") {
+            Some(p) => super::options::RestartPolicy {
+                name: p.get("Name").and_then(|n| n.as_str()).filter(|n| *n != "no").unwrap_or("").to_string(),
+                max_retries: p.get("MaximumRetryCount").and_then(|n| n.as_i64()).unwrap_or(0),
+            },
+            None => self.spec.options.restart.clone(),
+        }
+    }
+
+    /// Records `changes` to the `HostConfig` (merged over earlier ones), on disk first.
+    pub(super) fn record_updates(&self, changes: &serde_json::Map<String, serde_json::Value>) -> Result<(), super::RuntimeError> {
+        let mut g = self.lock();
+        let mut next = g.updates.clone();
+        for (k, v) in changes {
+            next.insert(k.clone(), v.clone());
+        }
+        let tmp = self.dir.join("updates.json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(&next).unwrap_or_default()).map_err(|e| super::RuntimeError::io(&tmp, e))?;
+        std::fs::rename(&tmp, self.dir.join("updates.json")).map_err(|e| super::RuntimeError::io(&self.dir, e))?;
+        g.updates = next;
+        Ok(())
     }
 
     /// Why the last start failed ("" when it did not).

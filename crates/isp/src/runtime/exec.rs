@@ -125,6 +125,7 @@ impl Runtime {
         let id = super::random_id();
         let e = Arc::new(Exec { id: id.clone(), container_id: c.id.clone(), spec, state: watch::channel(ExecState::Created).0, pty: Mutex::new(None) });
         c.lock().execs.push(id.clone());
+        self.container_event(&c, &format!("exec_create: {}", e.spec.cmd.join(" ")), &[("execID", id.clone())]);
         let mut all = self.execs.lock().unwrap_or_else(|e| e.into_inner());
         // Execs of removed containers go with them; the rest are kept for inspect.
         all.retain(|_, x| self.get(&x.container_id).is_ok());
@@ -159,6 +160,8 @@ impl Runtime {
         let started = self.spawn_exec(&c, e, &dir).await;
         if started.is_err() {
             let _ = std::fs::remove_dir_all(&dir);
+        } else {
+            self.container_event(&c, &format!("exec_start: {}", e.spec.cmd.join(" ")), &[("execID", e.id.clone())]);
         }
         started
     }
@@ -340,8 +343,8 @@ fn exec_process(c: &Container, spec: &ExecSpec) -> Result<Value, RuntimeError> {
         .and_then(|b| serde_json::from_slice(&b).ok())
         .ok_or_else(|| RuntimeError::Setup(format!("container {}: its runtime configuration is unreadable", &c.id[..12])))?;
     let mut p = cfg["process"].clone();
-    let mut env: Vec<String> = c.env.clone();
-    for kv in &spec.env {
+    let mut env: Vec<String> = c.env.iter().filter(|e| e.contains('=')).cloned().collect();
+    for kv in spec.env.iter().filter(|e| e.contains('=')) {
         let key = kv.split('=').next().unwrap_or("");
         env.retain(|x| x.split('=').next() != Some(key));
         env.push(kv.clone());

@@ -24,6 +24,7 @@ pub mod cgroup;
 pub mod changes;
 mod console;
 mod container;
+pub mod events;
 mod exec;
 mod extents;
 mod files;
@@ -32,6 +33,7 @@ pub mod options;
 mod ports;
 mod process;
 pub mod spec;
+pub mod update;
 mod view;
 pub mod volumes;
 
@@ -221,6 +223,8 @@ pub struct Runtime {
     kv_dir: Option<PathBuf>,
     limits: Limits,
     containers: Mutex<BTreeMap<String, Arc<Container>>>,
+    /// What happens, for `docker events`.
+    events: events::Events,
     /// Execs by id (those of removed containers are dropped as new ones come).
     execs: Mutex<BTreeMap<String, Arc<Exec>>>,
     /// The FUSE mount of writable files, made when a container first needs one.
@@ -255,6 +259,7 @@ impl Runtime {
             kv_dir,
             limits,
             containers: Mutex::new(BTreeMap::new()),
+            events: events::Events::default(),
             execs: Mutex::new(BTreeMap::new()),
             files: Mutex::new(None),
             fence: Mutex::new(None),
@@ -275,6 +280,23 @@ impl Runtime {
         }
         *rt.containers.lock().unwrap_or_else(|e| e.into_inner()) = found;
         Ok(Arc::new(rt))
+    }
+
+    /// The target's events.
+    pub fn events(&self) -> &events::Events {
+        &self.events
+    }
+
+    /// Records an event of container `c` (its name, image and labels as attributes, as
+    /// Docker gives them), with `extra` attributes.
+    pub(crate) fn container_event(&self, c: &Container, action: &str, extra: &[(&str, String)]) {
+        let mut a: BTreeMap<String, String> = c.spec.labels.clone();
+        a.insert("name".into(), c.name());
+        a.insert("image".into(), c.spec.image.clone());
+        for (k, v) in extra {
+            a.insert((*k).to_string(), v.clone());
+        }
+        self.events.emit("container", action, &c.id, a);
     }
 
     /// The image store.
@@ -425,6 +447,7 @@ impl Runtime {
         meta.write(&dir)?;
         let c = Container::new(meta, image.layers, dir);
         self.all().insert(id, c.clone());
+        self.container_event(&c, "create", &[]);
         Ok(c)
     }
 
@@ -454,6 +477,9 @@ impl Runtime {
             if c.spec.auto_remove {
                 let _ = self.remove(&c.id, true).await;
             }
+        }
+        if started.is_ok() {
+            self.container_event(&c, "start", &[]);
         }
         started.map(|_| true)
     }
@@ -492,11 +518,14 @@ impl Runtime {
         let _ = self.set_paused(&c, false).await;
         let sig = c.spec.options.stop_signal.clone().unwrap_or_else(|| "TERM".into());
         let _ = self.signal_running(&c, &sig).await;
+        self.container_event(&c, "kill", &[("signal", sig.trim_start_matches("SIG").to_string())]);
         let ended = tokio::time::timeout(timeout, rx.wait_for(|e| e.exits > before)).await.is_ok();
         if !ended {
             let _ = self.signal_running(&c, "KILL").await;
+            self.container_event(&c, "kill", &[("signal", "KILL".into())]);
             let _ = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|e| e.exits > before)).await;
         }
+        self.container_event(&c, "stop", &[]);
         Ok(true)
     }
 
@@ -524,6 +553,7 @@ impl Runtime {
             let _ = self.set_paused(&c, false).await;
         }
         self.signal_running(&c, signal).await?;
+        self.container_event(&c, "kill", &[("signal", signal.trim_start_matches("SIG").to_string())]);
         if kills {
             let _ = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|e| e.exits > before || e.removed)).await;
         }
@@ -548,7 +578,10 @@ impl Runtime {
                 "Conflict. The container name \"/{new}\" is already in use. Remove that container or choose another name."
             )));
         }
-        c.set_name(&new)
+        let old = c.name();
+        c.set_name(&new)?;
+        self.container_event(&c, "rename", &[("oldName", format!("/{old}"))]);
+        Ok(())
     }
 
     /// `docker container prune`: removes those of the containers `ids` that are not
@@ -575,7 +608,9 @@ impl Runtime {
             let m = if pause { "is already paused" } else { "is not paused" };
             return Err(RuntimeError::Conflict(format!("Container {} {m}", &c.id[..12])));
         }
-        self.set_paused(&c, pause).await
+        self.set_paused(&c, pause).await?;
+        self.container_event(&c, if pause { "pause" } else { "unpause" }, &[]);
+        Ok(())
     }
 
     /// Freezes or thaws a running container's processes; nothing when already so.
@@ -636,6 +671,7 @@ impl Runtime {
         let _ = process::unmount(&c.dir.join("rootfs"));
         let _ = std::fs::remove_dir_all(&c.dir);
         c.exits.send_modify(|e| e.removed = true);
+        self.container_event(&c, "destroy", &[]);
         Ok(())
     }
 

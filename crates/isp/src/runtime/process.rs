@@ -47,10 +47,12 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
         let _ = unmount(&rootfs);
         RuntimeError::BadRequest(format!("container {short}: {e}"))
     })?;
+    // A variable given without `=VALUE` is unset, as Docker treats it.
+    let env: Vec<String> = c.env.iter().filter(|e| e.contains('=')).cloned().collect();
     let mut config = runtime_config(&SpecInput {
         rootfs: &rootfs,
         args: &c.args,
-        env: &c.env,
+        env: &env,
         cwd: &c.cwd,
         hostname: short,
         binds: &binds,
@@ -64,6 +66,7 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
         data_read_bps: rt.limits.data_read_bps.zip(rt.view.as_ref().and_then(|v| v.device())).map(|(bps, (major, minor))| (major, minor, bps)),
     });
     c.spec.options.apply(&mut config, &user);
+    super::update::apply(&c.updates(), &mut config);
     let cfg_path = dir.join("config.json");
     std::fs::write(&cfg_path, serde_json::to_vec_pretty(&config).unwrap_or_default()).map_err(|e| RuntimeError::io(&cfg_path, e))?;
     // runc may still hold a dead container of this id (a crash between runs).
@@ -98,12 +101,15 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
             let _ = stdin.shutdown().await;
         });
     }
-    // `start` answers once runc has made the container (its state file is written), so
-    // that what a client does next (exec, pause, kill, a look at its cgroup) finds it; a
-    // process that ends at once ends the wait too.
+    // `start` answers once the container's process runs: runc has written its state and
+    // removed the FIFO its init waits on before it executes the process. What a client
+    // does next (exec, pause, a look at its cgroup, a signal, which would otherwise kill
+    // runc's init and end the run with runc's own error) then finds it. A process that
+    // ends at once ends the wait too.
     let state = rt.runc_root.join(&c.id).join("state.json");
+    let fifo = rt.runc_root.join(&c.id).join("exec.fifo");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !state.exists() && matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+    while (!state.exists() || fifo.exists()) && matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     c.set_state(RunState::Running { started: SystemTime::now(), pid: child.id().unwrap_or(0) as i32 });
@@ -236,9 +242,11 @@ async fn finish(rt: &Arc<Runtime>, c: &Arc<Container>, code: i32) {
     c.unpublish();
     let again = {
         let g = c.lock();
-        !g.stopped_by_client && c.spec.options.restart.restarts_after(code, g.restarts)
+        let policy = c.restart_policy_locked(&g);
+        !g.stopped_by_client && policy.restarts_after(code, g.restarts)
     };
     c.exited(code);
+    rt.container_event(c, "die", &[("exitCode", code.to_string())]);
     if c.spec.auto_remove {
         let _ = rt.remove(&c.id, true).await;
     } else if again {

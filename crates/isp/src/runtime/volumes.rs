@@ -76,6 +76,7 @@ impl Runtime {
             std::fs::create_dir_all(parent).map_err(|e| RuntimeError::io(parent, e))?;
         }
         std::fs::write(&p, serde_json::to_vec(&meta).unwrap_or_default()).map_err(|e| RuntimeError::io(&p, e))?;
+        self.events.emit("volume", "create", &name, [("driver".to_string(), "local".to_string())].into());
         self.volume(&name).ok_or_else(|| RuntimeError::Setup(format!("volume {name} vanished as it was made")))
     }
 
@@ -117,6 +118,7 @@ impl Runtime {
         let size = crate::image::layer_size(&v.mountpoint);
         std::fs::remove_dir_all(&v.mountpoint).map_err(|e| RuntimeError::io(&v.mountpoint, e))?;
         let _ = std::fs::remove_file(self.volume_meta(name));
+        self.events.emit("volume", "destroy", name, [("driver".to_string(), "local".to_string())].into());
         Ok(size)
     }
 }
