@@ -693,3 +693,24 @@ def test_update_changes_limits_and_restart_policy(client, env: Env):
         assert c.attrs["HostConfig"]["CpuShares"] == 400 and c.attrs["HostConfig"]["Memory"] == 48 << 20
     finally:
         c.remove(force=True)
+
+
+def test_export_and_predefined_networks(client, env: Env):
+    c = client.containers.run(env.image, ["sh", "-c", "echo mark > /exported"], detach=True)
+    try:
+        c.wait(timeout=60)
+        data = b"".join(c.export())
+        with tarfile.open(fileobj=io.BytesIO(data)) as t:
+            names = {n.lstrip("./") for n in t.getnames()}
+            assert "exported" in names and "bin/busybox" in names
+    finally:
+        c.remove(force=True)
+    nets = {n.name: n for n in client.networks.list()}
+    assert set(nets) == {"bridge", "host", "none"}
+    assert client.networks.get(nets["host"].id).attrs["Driver"] == "host"
+    assert [n.name for n in client.networks.list(names=["bridge"])] == ["bridge"]
+    with pytest.raises(docker.errors.APIError) as e:
+        client.networks.create("mynet", driver="bridge")
+    assert e.value.status_code == 400 and "network" in str(e.value)
+    with pytest.raises(docker.errors.NotFound):
+        client.networks.get("mynet")

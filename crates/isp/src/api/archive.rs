@@ -86,13 +86,38 @@ pub async fn get(rt: &Arc<Runtime>, id: &str, t: &Target) -> Response<ApiBody> {
         Ok(Err(e)) => return fail(e),
         Err(e) => return error(500, &e.to_string()),
     };
-    let (mut resp, tx) = stream(StatusCode::OK, "application/x-tar");
+    let mut resp = stream_file(spool);
     if let Ok(v) = hyper::header::HeaderValue::from_str(&stat_value(&stat)) {
         resp.headers_mut().insert(STAT_HEADER, v);
     }
+    resp
+}
+
+/// `GET /containers/{id}/export`: the container's root file system as a tar archive
+/// (its image's layers with its own changes; binds are not part of it).
+pub async fn export(rt: &Arc<Runtime>, id: &str) -> Response<ApiBody> {
+    let (rt2, id2) = (rt.clone(), id.to_string());
+    let made = tokio::task::spawn_blocking(move || {
+        let (mut f, spool) = spool_file(&rt2).map_err(|e| RuntimeError::Setup(format!("cannot spool the archive: {e}")))?;
+        let r = rt2.export(&id2, &mut f);
+        if r.is_err() {
+            let _ = std::fs::remove_file(&spool);
+        }
+        r.map(|_| spool)
+    })
+    .await;
+    match made {
+        Ok(Ok(spool)) => stream_file(spool),
+        Ok(Err(e)) => fail(e),
+        Err(e) => error(500, &e.to_string()),
+    }
+}
+
+/// Streams a spooled file as the response body, unlinked as soon as it is open.
+fn stream_file(spool: std::path::PathBuf) -> Response<ApiBody> {
+    let (resp, tx) = stream(StatusCode::OK, "application/x-tar");
     tokio::task::spawn_blocking(move || {
         let f = std::fs::File::open(&spool);
-        // Unlinked at once: the open file is read to its end, nothing is left behind.
         let _ = std::fs::remove_file(&spool);
         let Ok(mut f) = f else { return };
         let mut buf = vec![0u8; 256 << 10];

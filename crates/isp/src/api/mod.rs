@@ -19,6 +19,7 @@ pub(crate) mod filters;
 pub(crate) mod images;
 pub(crate) mod inspect;
 pub(crate) mod manage;
+pub(crate) mod networks;
 pub(crate) mod streams;
 mod system;
 pub(crate) mod volumes;
@@ -207,11 +208,19 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::HEAD, ["containers", id, "archive"]) => archive::head(&rt, id, &t),
         (&Method::GET, ["containers", id, "archive"]) => archive::get(&rt, id, &t).await,
         (&Method::PUT, ["containers", id, "archive"]) => archive::put(&rt, id, &t, req).await,
+        (&Method::GET, ["networks"]) => networks::list(&rt, &t),
+        (&Method::POST, ["networks", "create"]) => networks::refused("creating networks"),
+        (&Method::POST, ["networks", "prune"]) => json_ok_empty_prune(),
+        (&Method::GET, ["networks", id]) => networks::inspect(&rt, id),
+        (&Method::POST, ["networks", _, "connect"]) => networks::refused("connecting a container to a network"),
+        (&Method::POST, ["networks", _, "disconnect"]) => networks::refused("disconnecting a container from a network"),
+        (&Method::DELETE, ["networks", _]) => networks::refused("removing a network (the predefined ones stay)"),
         (&Method::GET, ["volumes"]) => volumes::list(&rt, &t),
         (&Method::POST, ["volumes", "create"]) => volumes::create(&rt, req).await,
         (&Method::POST, ["volumes", "prune"]) => volumes::prune(&rt, &t),
         (&Method::GET, ["volumes", name]) => volumes::inspect(&rt, name),
         (&Method::DELETE, ["volumes", name]) => volumes::remove(&rt, name, &t),
+        (&Method::GET, ["containers", id, "export"]) => archive::export(&rt, id).await,
         (&Method::POST, ["containers", "prune"]) => manage::prune(&rt, &t).await,
         (&Method::POST, ["containers", id, "rename"]) => manage::rename(&rt, id, &t),
         (&Method::POST, ["containers", id, "update"]) => manage::update(&rt, id, req).await,
@@ -229,6 +238,11 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         _ => error(404, &format!("page not found: {} {} is not part of the API this target serves", m, req_path(&t))),
     };
     Ok(resp)
+}
+
+/// `POST /networks/prune`: there are no user-defined networks to prune.
+fn json_ok_empty_prune() -> Response<ApiBody> {
+    body::json(hyper::StatusCode::OK, &serde_json::json!({"NetworksDeleted": []}))
 }
 
 fn req_path(t: &Target) -> String {

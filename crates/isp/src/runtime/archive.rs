@@ -325,6 +325,16 @@ impl Runtime {
         })
     }
 
+    /// `docker export`: the whole root file system as a tar archive written to `out`.
+    pub fn export(&self, key: &str, out: &mut std::fs::File) -> Result<(), RuntimeError> {
+        let c = self.get(key)?;
+        self.with_rootfs(&c, |root| {
+            let mut b = tar::Builder::new(out);
+            b.follow_symlinks(false);
+            b.append_dir_all(".", root).and_then(|_| b.finish()).map_err(|e| RuntimeError::Setup(format!("exporting container {}: {e}", c.name())))
+        })
+    }
+
     /// `PUT /containers/{id}/archive?path=DIR`: unpacks the tar archive in file `tar` into
     /// directory `DIR`, after checking all of it (see [`check_archive`]).
     pub fn archive_put(&self, key: &str, path: &str, tar: &Path, no_overwrite_dir_non_dir: bool) -> Result<(), RuntimeError> {

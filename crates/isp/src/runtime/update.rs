@@ -15,7 +15,7 @@ fn runc_flags(changes: &Map<String, Value>) -> Vec<String> {
     let mut v = Vec::new();
     let num = |k: &str| changes.get(k).and_then(Value::as_i64);
     if let Some(n) = num("CpuShares") {
-        v.push(format!("--cpu-shares={n}"));
+        v.push(format!("--cpu-share={n}"));
     }
     if let Some(n) = num("NanoCpus").filter(|&n| n > 0) {
         v.push("--cpu-period=100000".into());
@@ -36,6 +36,11 @@ fn runc_flags(changes: &Map<String, Value>) -> Vec<String> {
         if let Some(n) = num(k) {
             v.push(format!("{flag}={n}"));
         }
+    }
+    // As at create: without a swap limit of its own, memory and swap are one limit (the
+    // kernel refuses a memory limit above the swap limit).
+    if let (Some(n), None) = (num("Memory"), num("MemorySwap")) {
+        v.push(format!("--memory-swap={n}"));
     }
     v
 }
@@ -121,7 +126,7 @@ mod tests {
     fn updates_become_runc_flags_and_configuration() {
         let ch: Map<String, Value> = serde_json::from_value(json!({"Memory": 20971520, "CpuShares": 256, "CpusetCpus": "0"})).unwrap();
         let f = runc_flags(&ch);
-        assert!(f.contains(&"--memory=20971520".to_string()) && f.contains(&"--cpu-shares=256".to_string()) && f.contains(&"--cpuset-cpus=0".to_string()));
+        assert!(f.contains(&"--memory=20971520".to_string()) && f.contains(&"--cpu-share=256".to_string()) && f.contains(&"--cpuset-cpus=0".to_string()));
         let mut cfg = json!({"linux": {"resources": {}}});
         apply(&ch, &mut cfg);
         assert_eq!(cfg["linux"]["resources"]["memory"], json!({"limit": 20971520, "swap": 20971520}));
