@@ -714,3 +714,23 @@ def test_export_and_predefined_networks(client, env: Env):
     assert e.value.status_code == 400 and "network" in str(e.value)
     with pytest.raises(docker.errors.NotFound):
         client.networks.get("mynet")
+
+
+def test_commit_makes_an_image_of_the_changes(client, env: Env):
+    c = client.containers.run(env.image, ["sh", "-c", "echo made > /made; rm /etc/group"], detach=True)
+    try:
+        c.wait(timeout=60)
+        img = c.commit(repository="sdk-committed", tag="v1", changes=["CMD cat /made", "ENV X=1"], conf={"Labels": {"c": "1"}}, author="me", message="why")
+        assert img.tags == ["sdk-committed:v1"] and img.labels.get("c") == "1"
+        assert img.attrs["Author"] == "me" and img.attrs["Comment"] == "why" and "X=1" in img.attrs["Config"]["Env"]
+        assert client.containers.run("sdk-committed:v1", remove=True) == b"made\n"
+        out = client.containers.run("sdk-committed:v1", ["sh", "-c", "test -e /etc/group || echo gone"], remove=True)
+        assert out == b"gone\n", "a deletion is a whiteout in the new layer"
+        with pytest.raises(docker.errors.APIError) as e:
+            c.commit(repository="sdk-bad", changes=["RUN true"])
+        assert e.value.status_code == 400 and "RUN" in str(e.value)
+        assert [i for i in client.images.list(name="sdk-bad")] == []
+    finally:
+        c.remove(force=True)
+    assert "sha256:" in env.ok("commit", "--change", "CMD echo cli", env.ok("create", env.image, "true").strip(), "sdk-cli-committed")
+    client.images.remove("sdk-committed:v1")

@@ -310,14 +310,48 @@ pub async fn save(rt: &Arc<Runtime>, names: Vec<String>) -> Response<ApiBody> {
 
 /// The `names` of `GET /images/get`, each of them (the parameter repeats).
 pub(crate) fn names_of(raw_query: Option<&str>) -> Vec<String> {
+    all_of(raw_query, "names")
+}
+
+/// Every value of the query parameter `key` (which may repeat).
+pub(crate) fn all_of(raw_query: Option<&str>, key: &str) -> Vec<String> {
     raw_query
         .unwrap_or("")
         .split('&')
         .filter_map(|kv| kv.split_once('='))
-        .filter(|(k, _)| *k == "names")
+        .filter(|(k, _)| *k == key)
         .filter_map(|(_, v)| urlencoding::decode(&v.replace('+', " ")).ok().map(|s| s.into_owned()))
         .filter(|s| !s.is_empty())
         .collect()
+}
+
+/// `POST /commit?container=ID&repo=R&tag=T&comment=C&author=A&pause=1&changes=...`, the
+/// body a container configuration to set: a new image of the container's changes.
+pub async fn commit(rt: &Runtime, t: &Target, req: Request<Incoming>) -> Response<ApiBody> {
+    let changes: Vec<String> = all_of(req.uri().query(), "changes").iter().flat_map(|c| c.lines().map(str::to_string).collect::<Vec<_>>()).collect();
+    let body = match super::read_json(req).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let Some(container) = t.get("container") else { return error(400, "give container=ID (the container to commit)") };
+    let reference = match (t.get("repo"), t.get("tag")) {
+        (Some(r), Some(tag)) => Some(format!("{r}:{tag}")),
+        (Some(r), None) => Some(r.to_string()),
+        (None, Some(_)) => return error(400, "a tag needs a repo: give repo=NAME"),
+        (None, None) => None,
+    };
+    let spec = crate::runtime::commit::CommitSpec {
+        reference,
+        comment: t.get("comment").unwrap_or("").to_string(),
+        author: t.get("author").unwrap_or("").to_string(),
+        changes,
+        config: body,
+        pause: t.get("pause").is_none_or(|p| matches!(p, "1" | "true" | "True")),
+    };
+    match rt.commit(container, spec).await {
+        Ok(id) => json(StatusCode::CREATED, &json!({"Id": id})),
+        Err(e) => error(e.http_status(), &e.to_string()),
+    }
 }
 
 /// `POST /images/{name}/tag?repo=REPO&tag=TAG`.
@@ -374,16 +408,23 @@ pub fn history(rt: &Runtime, name: &str) -> Response<ApiBody> {
 pub fn inspect(rt: &Runtime, name: &str) -> Response<ApiBody> {
     match rt.images().get(name) {
         Ok(i) => {
+            let doc = rt.images().config_document(&i.id).unwrap_or_default();
             let created = rfc3339(i.created);
-            let cfg = json!({
+            let mut cfg = json!({
                 "Env": i.config.env, "Cmd": i.config.cmd, "Entrypoint": i.config.entrypoint, "WorkingDir": i.config.working_dir,
                 "User": i.config.user, "Labels": i.config.labels,
             });
+            // The rest of the image's configuration (ports, volumes, stop signal) as stored.
+            for (k, v) in doc["config"].as_object().into_iter().flatten() {
+                if cfg.get(k).is_none() && !v.is_null() {
+                    cfg[k] = v.clone();
+                }
+            }
             json(
                 StatusCode::OK,
                 &json!({
-                    "Id": i.id, "RepoTags": i.repo_tags, "RepoDigests": i.repo_digests, "Parent": "", "Comment": "",
-                    "Created": created, "DockerVersion": "", "Author": "", "Config": cfg, "Architecture": i.architecture,
+                    "Id": i.id, "RepoTags": i.repo_tags, "RepoDigests": i.repo_digests, "Parent": "", "Comment": doc["comment"].as_str().unwrap_or(""),
+                    "Created": created, "DockerVersion": "", "Author": doc["author"].as_str().unwrap_or(""), "Config": cfg, "Architecture": i.architecture,
                     "Os": i.os, "Size": i.size, "VirtualSize": i.size,
                     "GraphDriver": {"Name": "overlay", "Data": null},
                     "RootFS": {"Type": "layers", "Layers": i.diff_ids}, "Metadata": {"LastTagTime": "0001-01-01T00:00:00Z"},

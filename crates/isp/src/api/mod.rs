@@ -187,6 +187,7 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::GET, ["system", "df"]) => system::df(&rt),
         (&Method::POST, ["images", "create"]) => images::pull(&rt, &t),
         (&Method::POST, ["images", "load"]) => images::load(&rt, req).await,
+        (&Method::POST, ["commit"]) => images::commit(&rt, &t, req).await,
         (&Method::POST, ["images", "prune"]) => images::prune(&rt, &t),
         (&Method::GET, ["images", "get"]) => images::save(&rt, images::names_of(req.uri().query())).await,
         (&Method::GET, ["images", name @ .., "get"]) if !name.is_empty() => images::save(&rt, vec![name.join("/")]).await,

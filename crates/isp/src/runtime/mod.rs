@@ -22,6 +22,7 @@ pub mod archive;
 mod binds;
 pub mod cgroup;
 pub mod changes;
+pub mod commit;
 mod console;
 mod container;
 pub mod events;

@@ -15,6 +15,7 @@
 //! ([`ImageStore::list`], [`ImageStore::get`]) take no lock: they see the last committed
 //! `repositories.json`.
 
+mod derive;
 mod load;
 pub(crate) mod manifest;
 mod pull;
