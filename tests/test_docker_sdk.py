@@ -734,3 +734,26 @@ def test_commit_makes_an_image_of_the_changes(client, env: Env):
         c.remove(force=True)
     assert "sha256:" in env.ok("commit", "--change", "CMD echo cli", env.ok("create", env.image, "true").strip(), "sdk-cli-committed")
     client.images.remove("sdk-committed:v1")
+
+
+def test_import_a_root_file_system(client, env: Env):
+    # The busybox image's own files, exported, become a one-layer image.
+    c = client.containers.create(env.image, ["true"])
+    try:
+        rootfs = b"".join(c.export())
+    finally:
+        c.remove(force=True)
+    client.api.import_image_from_data(rootfs, repository="sdk-imported", tag="v1", changes=["CMD echo imported", "ENV Y=2"])
+    img = client.images.get("sdk-imported:v1")
+    assert len(img.attrs["RootFS"]["Layers"]) == 1 and "Y=2" in img.attrs["Config"]["Env"]
+    assert client.containers.run("sdk-imported:v1", remove=True) == b"imported\n"
+    # An archive that climbs out of its layer is refused and stores nothing.
+    bad = _tar({"ok": b"1", "../escape": b"2"})
+    out = client.api.import_image_from_data(bad, repository="sdk-bad-import")
+    assert "error" in out or "escape" in str(out)
+    with pytest.raises(docker.errors.ImageNotFound):
+        client.images.get("sdk-bad-import")
+    with pytest.raises(docker.errors.APIError) as e:
+        client.api.import_image_from_url("http://127.0.0.1:1/x.tar", repository="sdk-url")
+    assert e.value.status_code == 400
+    client.images.remove("sdk-imported:v1")

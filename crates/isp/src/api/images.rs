@@ -49,10 +49,115 @@ fn human(b: u64) -> String {
     }
 }
 
+/// `POST /images/create?fromSrc=-&repo=R&tag=T&changes=...&message=M`: `docker import`, a
+/// root file system archive (tar, or gzip-compressed tar) in the body becomes a one-layer
+/// image. Importing from a URL is refused: a drive fetches nothing from the internet.
+async fn import(rt: &Arc<Runtime>, t: &Target, req: Request<Incoming>) -> Response<ApiBody> {
+    if t.get("fromSrc") != Some("-") {
+        return error(400, "importing from a URL is not supported on this target: send the archive in the request (fromSrc=-)");
+    }
+    let changes: Vec<String> = all_of(req.uri().query(), "changes").iter().flat_map(|c| c.lines().map(str::to_string).collect::<Vec<_>>()).collect();
+    let reference = match (t.get("repo"), t.get("tag")) {
+        (Some(r), Some(tag)) => Some(format!("{r}:{tag}")),
+        (Some(r), None) => Some(r.to_string()),
+        _ => None,
+    };
+    let (mut file, path) = match tempfile_in(rt) {
+        Ok(f) => f,
+        Err(e) => return error(500, &format!("cannot spool the archive: {e}")),
+    };
+    let mut body = req.into_body();
+    let mut total = 0u64;
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            let _ = std::fs::remove_file(&path);
+            return error(400, "the archive upload broke off");
+        };
+        if let Some(d) = frame.data_ref() {
+            total += d.len() as u64;
+            if total > MAX_LOAD || file.write_all(d).is_err() {
+                let _ = std::fs::remove_file(&path);
+                return error(413, &format!("the archive is larger than {MAX_LOAD} bytes or the private namespace is full"));
+            }
+        }
+    }
+    drop(file);
+    let mut cfg = json!({"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]});
+    for line in changes.iter().filter(|l| !l.trim().is_empty()) {
+        if let Err(m) = crate::runtime::commit::apply_change(&mut cfg, line) {
+            let _ = std::fs::remove_file(&path);
+            return error(400, &m);
+        }
+    }
+    let now = crate::runtime::log::timestamp(std::time::SystemTime::now());
+    let comment = t.get("message").unwrap_or("").to_string();
+    let doc = json!({"architecture": std::env::consts::ARCH.replace("x86_64", "amd64"), "os": "linux", "created": now, "config": cfg,
+                     "comment": comment, "history": [{"created": now, "created_by": "import", "comment": comment}]});
+    let (rt2, events) = (rt.clone(), rt.clone());
+    let made = tokio::task::spawn_blocking(move || {
+        let r = plain_tar(&path).and_then(|plain| {
+            let r = rt2.images().derive(None, &plain, doc, reference.as_deref()).map_err(|e| (e.http_status(), e.to_string()));
+            if plain != path {
+                let _ = std::fs::remove_file(&plain);
+            }
+            r
+        });
+        let _ = std::fs::remove_file(&path);
+        r
+    })
+    .await;
+    match made {
+        Ok(Ok(id)) => {
+            events.events().emit("image", "import", &id, [("name".to_string(), id.clone())].into());
+            let (resp, tx) = stream(StatusCode::OK, "application/json");
+            tokio::spawn(async move {
+                let _ = tx.send(line(json!({"status": id}))).await;
+            });
+            resp
+        }
+        // As load: the upload was taken; what was wrong with it is told in the stream.
+        Ok(Err((_, m))) => {
+            let (resp, tx) = stream(StatusCode::OK, "application/json");
+            tokio::spawn(async move {
+                let _ = tx.send(line(json!({"errorDetail": {"message": m}, "error": m}))).await;
+            });
+            resp
+        }
+        Err(e) => error(500, &e.to_string()),
+    }
+}
+
+/// The archive at `path` uncompressed (itself when it is a plain tar): a layer's diff id
+/// is the digest of the uncompressed archive.
+fn plain_tar(path: &std::path::Path) -> Result<std::path::PathBuf, (u16, String)> {
+    let mut f = std::fs::File::open(path).map_err(|e| (500, e.to_string()))?;
+    let mut magic = [0u8; 2];
+    let n = std::io::Read::read(&mut f, &mut magic).map_err(|e| (500, e.to_string()))?;
+    if n < 2 || magic != [0x1f, 0x8b] {
+        return Ok(path.to_path_buf());
+    }
+    let out = path.with_extension("plain.tar");
+    let mut dec = flate2::read::GzDecoder::new(std::fs::File::open(path).map_err(|e| (500, e.to_string()))?);
+    let mut w = std::fs::File::create(&out).map_err(|e| (500, e.to_string()))?;
+    if let Err(e) = std::io::copy(&mut dec, &mut w) {
+        let _ = std::fs::remove_file(&out);
+        return Err((400, format!("the archive is not a valid gzip stream: {e}")));
+    }
+    Ok(out)
+}
+
+/// `POST /images/create?fromImage=NAME&tag=TAG` (pull) or `?fromSrc=-` (import).
+pub async fn create(rt: &Arc<Runtime>, t: &Target, req: Request<Incoming>) -> Response<ApiBody> {
+    if t.get("fromSrc").is_some() {
+        return import(rt, t, req).await;
+    }
+    pull(rt, t)
+}
+
 /// `POST /images/create?fromImage=NAME&tag=TAG`.
 pub fn pull(rt: &Arc<Runtime>, t: &Target) -> Response<ApiBody> {
     let Some(from) = t.get("fromImage") else {
-        return error(400, "give fromImage=NAME (importing with fromSrc is not supported)");
+        return error(400, "give fromImage=NAME to pull, or fromSrc=- to import an archive");
     };
     let reference = pull_reference(from, t.get("tag"));
     let (resp, tx) = stream(StatusCode::OK, "application/json");

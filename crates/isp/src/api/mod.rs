@@ -185,7 +185,7 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::GET, ["info"]) => system::info(&rt),
         (&Method::GET, ["events"]) => system::events(&rt, &t),
         (&Method::GET, ["system", "df"]) => system::df(&rt),
-        (&Method::POST, ["images", "create"]) => images::pull(&rt, &t),
+        (&Method::POST, ["images", "create"]) => images::create(&rt, &t, req).await,
         (&Method::POST, ["images", "load"]) => images::load(&rt, req).await,
         (&Method::POST, ["commit"]) => images::commit(&rt, &t, req).await,
         (&Method::POST, ["images", "prune"]) => images::prune(&rt, &t),

@@ -190,8 +190,8 @@ impl Runtime {
             let _ = self.set_paused(&c, false).await;
         }
         let (tar, written) = made?;
-        let id =
-            written.and_then(|_| self.images.derive(&c.image_id, &tar, doc, spec.reference.as_deref()).map_err(|e| RuntimeError::BadRequest(e.to_string())));
+        let id = written
+            .and_then(|_| self.images.derive(Some(&c.image_id), &tar, doc, spec.reference.as_deref()).map_err(|e| RuntimeError::BadRequest(e.to_string())));
         let _ = std::fs::remove_file(&tar);
         let id = id?;
         self.container_event(&c, "commit", &[("imageID", id.clone())]);

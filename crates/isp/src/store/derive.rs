@@ -9,10 +9,11 @@ use std::path::Path;
 use super::{dir_size, io_err, ImageError, ImageStore, NewImage, Reference, Staged};
 
 impl ImageStore {
-    /// Adds the image of `parent`'s layers and the uncompressed layer archive `layer`,
-    /// configured by `config` (an image configuration document; its `rootfs` is filled
-    /// here), tagged `tag` if given. Nothing is stored if any step fails. Returns the id.
-    pub fn derive(&self, parent: &str, layer: &Path, mut config: Value, tag: Option<&str>) -> Result<String, ImageError> {
+    /// Adds the image of `parent`'s layers (none: `docker import`) and the uncompressed
+    /// layer archive `layer`, configured by `config` (an image configuration document; its
+    /// `rootfs` is filled here), tagged `tag` if given. Nothing is stored if any step
+    /// fails. Returns the id.
+    pub fn derive(&self, parent: Option<&str>, layer: &Path, mut config: Value, tag: Option<&str>) -> Result<String, ImageError> {
         let tag = tag.map(|t| Reference::parse(t).map(|r| r.familiar())).transpose()?;
         let mut f = std::fs::File::open(layer).map_err(io_err(layer))?;
         let mut h = Sha256::new();
@@ -20,10 +21,14 @@ impl ImageStore {
         let diff = format!("sha256:{}", hex::encode(h.finalize()));
         let _w = self.write_lock()?;
         let repos = self.read_repos()?;
-        let (parent_id, _) = self.find(&repos, parent)?;
-        let rec = &repos.images[&parent_id];
-        let mut diff_ids = rec.diff_ids.clone();
-        let mut sizes = rec.sizes.clone();
+        let (mut diff_ids, mut sizes) = match parent {
+            Some(p) => {
+                let (parent_id, _) = self.find(&repos, p)?;
+                let rec = &repos.images[&parent_id];
+                (rec.diff_ids.clone(), rec.sizes.clone())
+            }
+            None => (Vec::new(), Vec::new()),
+        };
         diff_ids.push(diff.clone());
         config["rootfs"] = json!({"type": "layers", "diff_ids": diff_ids});
         let bytes = serde_json::to_vec(&config).map_err(|e| ImageError::Malformed(e.to_string()))?;
