@@ -757,3 +757,26 @@ def test_import_a_root_file_system(client, env: Env):
         client.api.import_image_from_url("http://127.0.0.1:1/x.tar", repository="sdk-url")
     assert e.value.status_code == 400
     client.images.remove("sdk-imported:v1")
+
+
+def test_bad_input_gets_a_clear_error_and_changes_nothing(client, env: Env):
+    api = _api(client)
+    before = sorted(c.id for c in client.containers.list(all=True))
+    vols = sorted(v.name for v in client.volumes.list())
+    c = client.containers.run(env.image, ["sleep", "60"], detach=True)
+    try:
+        for path in ["/containers/create", f"/containers/{c.id}/exec", f"/containers/{c.id}/update", "/volumes/create", f"/commit?container={c.id}"]:
+            r = api.post(api._url(path), data=b'{"Image": "x", "Cmd": [', headers={"Content-Type": "application/json"})
+            assert r.status_code == 400 and "JSON" in r.json()["message"], (path, r.status_code, r.text)
+        r = api.post(api._url("/containers/create"), json={"Image": "no-such-image:never", "Cmd": ["true"]})
+        assert r.status_code == 404 and "no-such-image" in r.json()["message"]
+        r = api.post(api._url("/containers/create"), json={"Image": env.image, "HostConfig": {"Privileged": True}})
+        assert r.status_code == 400 and "Privileged" in r.json()["message"]
+        r = api.get(api._url("/containers/json"), params={"filters": "{not json"})
+        assert r.status_code == 400
+        r = api.get(api._url(f"/containers/{c.id}/logs"), params={"stdout": 1, "since": "yesterday"})
+        assert r.status_code == 400 and "since" in r.json()["message"]
+    finally:
+        c.remove(force=True)
+    assert sorted(x.id for x in client.containers.list(all=True)) == before
+    assert sorted(v.name for v in client.volumes.list()) == vols
