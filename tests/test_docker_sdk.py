@@ -780,3 +780,18 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(client, env: Env):
         c.remove(force=True)
     assert sorted(x.id for x in client.containers.list(all=True)) == before
     assert sorted(v.name for v in client.volumes.list()) == vols
+
+
+def test_list_filters_by_network_volume_and_ports(client, env: Env):
+    a = client.containers.create(env.image, ["true"], network_mode="none", volumes=["sdk-filter-vol:/v"])
+    b = client.containers.create(env.image, ["true"], ports={"8080/tcp": None})
+    try:
+        ids = lambda **f: sorted(x.id for x in client.containers.list(all=True, filters=f))  # noqa: E731
+        assert ids(network="none") == [a.id]
+        assert ids(volume="sdk-filter-vol") == [a.id] and ids(volume="/v") == [a.id]
+        assert ids(expose="8080/tcp") == [b.id] and ids(publish="8080") == [b.id]
+        assert set(ids(health="none")) >= {a.id, b.id} and ids(health="healthy") == []
+    finally:
+        a.remove(force=True)
+        b.remove(force=True)
+        client.volumes.get("sdk-filter-vol").remove()

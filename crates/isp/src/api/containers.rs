@@ -48,8 +48,9 @@ pub(crate) fn image_name(c: &Container) -> &str {
 }
 
 /// Whether container `c` passes the `filters` of `ps` and prune (`id`, `name`, `label`,
-/// `status`, `exited`, `ancestor`, `before`, `since`, `until`); `before`/`since` name
-/// other containers of `rt`.
+/// `status`, `exited`, `ancestor`, `before`, `since`, `until`, `network`, `volume`,
+/// `expose`, `publish`, `health`, `is-task`); `before`/`since` name other containers of
+/// `rt`.
 pub(crate) fn passes(rt: &Runtime, c: &Container, f: &Filters) -> Result<bool, String> {
     let (state, _) = status(c);
     let any = |k: &str, ok: &dyn Fn(&str) -> bool| {
@@ -70,7 +71,14 @@ pub(crate) fn passes(rt: &Runtime, c: &Container, f: &Filters) -> Result<bool, S
         && any("status", &|x| x == state)
         && any("exited", &|x| x.parse::<i32>().ok().is_some_and(|n| code == Some(n)))
         && any("ancestor", &|x| c.spec.image == x || c.image_id == x || rt.images().get(x).is_ok_and(|i| i.id == c.image_id))
-        && f.labels_match("label", &c.spec.labels);
+        && f.labels_match("label", &c.spec.labels)
+        && any("network", &|x| x == c.spec.network.name() || (x == "bridge" && c.spec.network.name() == "default"))
+        && any("volume", &|x| c.spec.binds.iter().any(|b| b.split(':').take(2).any(|p| p == x)))
+        && any("expose", &|x| port_of(x).is_some_and(|p| exposed(c).contains(&p)))
+        && any("publish", &|x| port_of(x).is_some_and(|p| c.spec.ports.iter().any(|b| b.container_port == p)))
+        // No container has a health check (they are refused at create) or is a task.
+        && any("health", &|x| x == "none")
+        && any("is-task", &|x| x == "false");
     for (k, newer) in [("before", false), ("since", true)] {
         for other in f.values(k) {
             let o = rt.get(other).map_err(|e| e.to_string())?;
@@ -84,13 +92,25 @@ pub(crate) fn passes(rt: &Runtime, c: &Container, f: &Filters) -> Result<bool, S
     Ok(ok)
 }
 
+/// A port of the `expose`/`publish` filters: `80` or `80/tcp`.
+fn port_of(x: &str) -> Option<u16> {
+    match x.split_once('/') {
+        Some((p, "tcp")) => p.parse().ok(),
+        Some(_) => None,
+        None => x.parse().ok(),
+    }
+}
+
 /// `GET /containers/json?all=1&limit=N&filters=...`.
 pub fn list(rt: &Runtime, t: &Target) -> Response<ApiBody> {
     let f = match Filters::parse(t.get("filters")) {
         Ok(f) => f,
         Err(m) => return error(400, &m),
     };
-    if let Err(m) = f.only(&["id", "name", "label", "label!", "status", "exited", "ancestor", "before", "since", "until"]) {
+    if let Err(m) = f.only(&[
+        "id", "name", "label", "label!", "status", "exited", "ancestor", "before", "since", "until", "network", "volume", "expose", "publish", "health",
+        "is-task",
+    ]) {
         return error(400, &m);
     }
     // A status filter or a limit looks at stopped containers too, as with Docker.
