@@ -51,7 +51,7 @@ pub(crate) fn update_changes(body: &Value, auto_remove: bool) -> Result<serde_js
     let Some(m) = body.as_object() else { return Err("the update request must be a JSON object".into()) };
     let mut out = serde_json::Map::new();
     for (k, v) in m {
-        if super::create::is_default(v) {
+        if super::host_config::is_default(v) {
             continue;
         }
         if !UPDATABLE.contains(&k.as_str()) {

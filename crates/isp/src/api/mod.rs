@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The Docker Engine API subset the stock docker CLI needs to run containers on a target.
+//! The Docker Engine API on a target, for the stock docker CLI and the Docker SDKs: what
+//! each endpoint offers, refuses or does not offer yet is tabled in `docs/containers.md`.
 //!
 //! hyper does the HTTP; this module routes requests to the image store and the runtime
 //! and speaks the protocol details the CLI depends on: version negotiation through
@@ -8,6 +9,12 @@
 //! `attach` with the multiplexed stream framing (raw with a TTY), 404 at create for an
 //! unknown image (the CLI then pulls and retries), JSON progress for pull, detach keys
 //! on a TTY attach (see `detach`), and `{"message"}` errors with real status codes.
+//!
+//! The handlers: `create` (every `Config`/`HostConfig` field honoured or refused, with
+//! `host_config`), `inspect`, `containers` (life cycle), `streams` (attach, logs),
+//! `exec`, `manage` (rename, prune, top, stats, update, changes), `archive` (cp,
+//! export), `images`, `image_io` (import, save, commit), `volumes`, `networks`,
+//! `system` (ping, version, info, events, df); `filters` reads the `filters` parameter.
 
 pub(crate) mod archive;
 mod body;
@@ -16,6 +23,8 @@ pub(crate) mod create;
 pub(crate) mod detach;
 pub(crate) mod exec;
 pub(crate) mod filters;
+pub(crate) mod host_config;
+pub(crate) mod image_io;
 pub(crate) mod images;
 pub(crate) mod inspect;
 pub(crate) mod manage;
@@ -187,10 +196,10 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::GET, ["system", "df"]) => system::df(&rt),
         (&Method::POST, ["images", "create"]) => images::create(&rt, &t, req).await,
         (&Method::POST, ["images", "load"]) => images::load(&rt, req).await,
-        (&Method::POST, ["commit"]) => images::commit(&rt, &t, req).await,
+        (&Method::POST, ["commit"]) => image_io::commit(&rt, &t, req).await,
         (&Method::POST, ["images", "prune"]) => images::prune(&rt, &t),
-        (&Method::GET, ["images", "get"]) => images::save(&rt, images::names_of(req.uri().query())).await,
-        (&Method::GET, ["images", name @ .., "get"]) if !name.is_empty() => images::save(&rt, vec![name.join("/")]).await,
+        (&Method::GET, ["images", "get"]) => image_io::save(&rt, image_io::names_of(req.uri().query())).await,
+        (&Method::GET, ["images", name @ .., "get"]) if !name.is_empty() => image_io::save(&rt, vec![name.join("/")]).await,
         (&Method::GET, ["images", "json"]) => images::list(&rt, &t),
         (&Method::POST, ["images", name @ .., "tag"]) if !name.is_empty() => images::tag(&rt, &name.join("/"), &t),
         (&Method::GET, ["images", name @ .., "history"]) if !name.is_empty() => images::history(&rt, &name.join("/")),
