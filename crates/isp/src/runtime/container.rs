@@ -15,8 +15,8 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, watch};
 
 use super::console::Pty;
+use super::options::Options;
 use super::ports::{self, NetworkMode, PortBinding, Published};
-use super::process::frame;
 use super::view;
 use super::RuntimeError;
 
@@ -60,6 +60,15 @@ pub struct CreateSpec {
     /// `ExposedPorts` (`--expose`, and those of `-p`), TCP.
     #[serde(default)]
     pub exposed: Vec<u16>,
+    /// The other options honoured (user, restart policy, finer limits, tmpfs, ...).
+    #[serde(default)]
+    pub options: Options,
+    /// The request's `Config` fields as given, for `inspect` to answer back.
+    #[serde(default)]
+    pub config: serde_json::Value,
+    /// The request's `HostConfig` as given, for `inspect` to answer back.
+    #[serde(default)]
+    pub host_config: serde_json::Value,
 }
 
 /// Where a container is in its life.
@@ -109,14 +118,29 @@ pub(super) struct Meta {
     pub(super) args: Vec<String>,
     pub(super) env: Vec<String>,
     pub(super) cwd: String,
+    /// The entrypoint and command as the container runs them (the image's where the
+    /// request gave none).
+    #[serde(default)]
+    pub(super) entrypoint: Option<Vec<String>>,
+    #[serde(default)]
+    pub(super) cmd: Option<Vec<String>>,
+}
+
+impl Meta {
+    /// Writes the record into the container's directory `dir`, whole or not at all.
+    pub(super) fn write(&self, dir: &std::path::Path) -> Result<(), super::RuntimeError> {
+        let tmp = dir.join("meta.json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(self).unwrap_or_default()).map_err(|e| super::RuntimeError::io(&tmp, e))?;
+        std::fs::rename(&tmp, dir.join("meta.json")).map_err(|e| super::RuntimeError::io(dir, e))
+    }
 }
 
 /// One container.
 pub struct Container {
     /// 64 hex digits.
     pub id: String,
-    /// Its name, without the leading `/`.
-    pub name: String,
+    /// Its name, without the leading `/` (`rename` changes it).
+    name_cell: Mutex<String>,
     /// The image's id.
     pub image_id: String,
     /// What it was created with.
@@ -127,6 +151,10 @@ pub struct Container {
     pub env: Vec<String>,
     /// The process's working directory.
     pub cwd: String,
+    /// The entrypoint it runs (the request's, else the image's).
+    pub entrypoint: Option<Vec<String>>,
+    /// The command it runs (the request's, else the image's when the entrypoint is too).
+    pub cmd: Option<Vec<String>>,
     /// Creation time.
     pub created: SystemTime,
     /// Its directory in the private namespace: record, log, exit code, runc bundle.
@@ -134,12 +162,14 @@ pub struct Container {
     /// The image's layers, lowest first (empty when the image is gone).
     pub(super) layers: Vec<PathBuf>,
     inner: Mutex<Inner>,
+    /// Held while the root file system is mounted or unmounted, or used by `docker cp`.
+    fs: Mutex<()>,
     pub(super) exits: watch::Sender<ExitEvent>,
 }
 
 /// A container's state that changes, under one lock.
 pub(super) struct Inner {
-    state: RunState,
+    pub(super) state: RunState,
     /// Clients attached to the current run's output.
     subscribers: Vec<mpsc::UnboundedSender<(u8, Bytes)>>,
     stdin_tx: Option<mpsc::UnboundedSender<Bytes>>,
@@ -153,6 +183,19 @@ pub(super) struct Inner {
     pub(super) proxy: Option<ports::Proxy>,
     /// The layer of the sharable view the current run's `/data` copies.
     pub(super) view_pin: Option<view::ViewPin>,
+    /// Whether a client stopped the current run (stop, kill, rm): the restart policy then
+    /// leaves it stopped.
+    pub(super) stopped_by_client: bool,
+    /// Whether the current run is frozen (`pause`).
+    pub(super) paused: bool,
+    /// Whether the restart policy is about to start it again.
+    pub(super) restarting: bool,
+    /// Why the last start failed ("" when it did not).
+    pub(super) error: String,
+    /// What `update` changed of the `HostConfig` since create (kept in `updates.json`).
+    pub(super) updates: serde_json::Map<String, serde_json::Value>,
+    /// The ids of the container's execs.
+    pub(super) execs: Vec<String>,
 }
 
 /// A writable file held by a run: its entry in
@@ -165,6 +208,7 @@ pub(super) struct HeldFile {
 impl Container {
     /// The container `m` records, with `layers` and its directory `dir`; it has not run.
     pub(super) fn new(m: Meta, layers: Vec<PathBuf>, dir: PathBuf) -> Arc<Container> {
+        let updates = std::fs::read(dir.join("updates.json")).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
         let (stdin_tx, stdin_rx) = if m.spec.open_stdin {
             let (t, r) = mpsc::unbounded_channel();
             (Some(t), Some(r))
@@ -173,12 +217,14 @@ impl Container {
         };
         Arc::new(Container {
             id: m.id,
-            name: m.name,
+            name_cell: Mutex::new(m.name),
             image_id: m.image_id,
             spec: m.spec,
             args: m.args,
             env: m.env,
             cwd: m.cwd,
+            entrypoint: m.entrypoint,
+            cmd: m.cmd,
             created: SystemTime::UNIX_EPOCH + Duration::from_secs(m.created),
             dir,
             layers,
@@ -192,9 +238,53 @@ impl Container {
                 held: Vec::new(),
                 proxy: None,
                 view_pin: None,
+                stopped_by_client: false,
+                paused: false,
+                restarting: false,
+                error: String::new(),
+                updates,
+                execs: Vec::new(),
             }),
+            fs: Mutex::new(()),
             exits: watch::channel(ExitEvent::default()).0,
         })
+    }
+
+    /// Its name, without the leading `/`.
+    pub fn name(&self) -> String {
+        self.name_cell.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Renames it and rewrites its record (the runtime checks the name is free).
+    pub(super) fn set_name(&self, name: &str) -> Result<(), super::RuntimeError> {
+        let old = std::mem::replace(&mut *self.name_cell.lock().unwrap_or_else(|e| e.into_inner()), name.to_string());
+        let written = self.write_meta();
+        if written.is_err() {
+            *self.name_cell.lock().unwrap_or_else(|e| e.into_inner()) = old;
+        }
+        written
+    }
+
+    /// Writes the container's record (`meta.json`), whole or not at all.
+    pub(super) fn write_meta(&self) -> Result<(), super::RuntimeError> {
+        let m = Meta {
+            id: self.id.clone(),
+            name: self.name(),
+            image_id: self.image_id.clone(),
+            created: self.created.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs(),
+            spec: self.spec.clone(),
+            args: self.args.clone(),
+            env: self.env.clone(),
+            cwd: self.cwd.clone(),
+            entrypoint: self.entrypoint.clone(),
+            cmd: self.cmd.clone(),
+        };
+        m.write(&self.dir)
+    }
+
+    /// The hold on the root file system's mount (see the field).
+    pub(super) fn fs_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.fs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The current state.
@@ -202,9 +292,19 @@ impl Container {
         self.lock().state
     }
 
-    /// The log file (multiplexed frames).
+    /// The log file (records of lines, see [`super::log`]).
     pub fn log_path(&self) -> PathBuf {
-        self.dir.join("log")
+        self.dir.join(super::log::LOG_FILE)
+    }
+
+    /// The container's writable layer (what it changed of its image).
+    pub fn upper_dir(&self) -> PathBuf {
+        self.dir.join("upper")
+    }
+
+    /// The log's records, its first `len` bytes only (see [`Container::follow_log`]).
+    pub fn log_records(&self, len: u64) -> Vec<super::log::Record> {
+        super::log::read(&self.dir, len)
     }
 
     /// A receiver of exit events, for `wait`.
@@ -273,7 +373,7 @@ impl Container {
         // Under the lock, so a follower sees each frame once: in the file or on its channel.
         let mut g = self.lock();
         if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()) {
-            let _ = f.write_all(&frame(stream, &data));
+            let _ = f.write_all(&super::log::encode(stream, &data, SystemTime::now()));
         }
         g.subscribers.retain(|s| s.send((stream, data.clone())).is_ok());
     }
@@ -281,9 +381,16 @@ impl Container {
     /// For `logs --follow`: the log's length now and, if the container runs, a channel of
     /// what comes after it.
     pub fn follow_log(&self) -> (u64, Option<mpsc::UnboundedReceiver<(u8, Bytes)>>) {
+        self.log_and_subscribe(false)
+    }
+
+    /// The log's length now and a channel of the output that comes after it: that of the
+    /// current run or, with `even_if_stopped`, of the next one (`docker start -a` attaches
+    /// before it starts the container).
+    pub fn log_and_subscribe(&self, even_if_stopped: bool) -> (u64, Option<mpsc::UnboundedReceiver<(u8, Bytes)>>) {
         let mut g = self.lock();
         let len = std::fs::metadata(self.log_path()).map_or(0, |m| m.len());
-        if !matches!(g.state, RunState::Running { .. }) {
+        if !even_if_stopped && !matches!(g.state, RunState::Running { .. }) {
             return (len, None);
         }
         let (tx, rx) = mpsc::unbounded_channel();
@@ -303,6 +410,7 @@ impl Container {
         g.subscribers.clear();
         g.console = None;
         g.view_pin = None;
+        g.paused = false;
         // A restart gets a fresh standard input if the container keeps one open.
         if self.spec.open_stdin {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -314,6 +422,61 @@ impl Container {
             e.exits += 1;
             e.code = code;
         });
+    }
+
+    /// Whether the current run is frozen (`pause`).
+    pub fn paused(&self) -> bool {
+        self.lock().paused
+    }
+
+    /// What `update` changed of the `HostConfig` since create.
+    pub fn updates(&self) -> serde_json::Map<String, serde_json::Value> {
+        self.lock().updates.clone()
+    }
+
+    /// The restart policy: as created, or as last updated.
+    pub fn restart_policy(&self) -> super::options::RestartPolicy {
+        self.restart_policy_locked(&self.lock())
+    }
+
+    /// [`Container::restart_policy`] with the lock held.
+    pub(super) fn restart_policy_locked(&self, g: &Inner) -> super::options::RestartPolicy {
+        match g.updates.get("RestartPolicy") {
+            Some(p) => super::options::RestartPolicy {
+                name: p.get("Name").and_then(|n| n.as_str()).filter(|n| *n != "no").unwrap_or("").to_string(),
+                max_retries: p.get("MaximumRetryCount").and_then(|n| n.as_i64()).unwrap_or(0),
+            },
+            None => self.spec.options.restart.clone(),
+        }
+    }
+
+    /// Records `changes` to the `HostConfig` (merged over earlier ones), on disk first.
+    pub(super) fn record_updates(&self, changes: &serde_json::Map<String, serde_json::Value>) -> Result<(), super::RuntimeError> {
+        let mut g = self.lock();
+        let mut next = g.updates.clone();
+        for (k, v) in changes {
+            next.insert(k.clone(), v.clone());
+        }
+        let tmp = self.dir.join("updates.json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec(&next).unwrap_or_default()).map_err(|e| super::RuntimeError::io(&tmp, e))?;
+        std::fs::rename(&tmp, self.dir.join("updates.json")).map_err(|e| super::RuntimeError::io(&self.dir, e))?;
+        g.updates = next;
+        Ok(())
+    }
+
+    /// Why the last start failed ("" when it did not).
+    pub fn error(&self) -> String {
+        self.lock().error.clone()
+    }
+
+    /// Whether the restart policy is about to start it again.
+    pub fn restarting(&self) -> bool {
+        self.lock().restarting
+    }
+
+    /// The ids of the container's execs.
+    pub fn exec_ids(&self) -> Vec<String> {
+        self.lock().execs.clone()
     }
 
     /// How many times the container was restarted.
@@ -340,8 +503,18 @@ mod tests {
 
     fn container(dir: &std::path::Path, open_stdin: bool) -> Arc<Container> {
         let spec = CreateSpec { image: "img".into(), open_stdin, ..Default::default() };
-        let m =
-            Meta { id: "ab".repeat(32), name: "c".into(), image_id: "i".into(), created: 7, spec, args: vec!["true".into()], env: Vec::new(), cwd: "/".into() };
+        let m = Meta {
+            id: "ab".repeat(32),
+            name: "c".into(),
+            image_id: "i".into(),
+            created: 7,
+            spec,
+            args: vec!["true".into()],
+            env: Vec::new(),
+            cwd: "/".into(),
+            entrypoint: None,
+            cmd: None,
+        };
         Container::new(m, Vec::new(), dir.to_path_buf())
     }
 
@@ -366,7 +539,7 @@ mod tests {
         c.set_state(RunState::Running { started: SystemTime::now(), pid: 1 });
         c.output(STDOUT, Bytes::from_static(b"hi"));
         assert_eq!(rx.try_recv().unwrap(), (STDOUT, Bytes::from_static(b"hi")));
-        assert_eq!(std::fs::read(c.log_path()).unwrap(), frame(STDOUT, b"hi"));
+        assert_eq!(c.log_records(u64::MAX).iter().map(|r| (r.stream, r.line.clone())).collect::<Vec<_>>(), [(STDOUT, b"hi".to_vec())]);
         let stdin = c.take_stdin();
         assert!(stdin.is_some() && c.take_stdin().is_none(), "standard input is taken once");
         let exits = c.exits();

@@ -18,17 +18,29 @@
 //! a [`Container`] (`container.rs`) records its state, its log and its exits; one run is
 //! `process.rs`, what it binds `binds.rs`.
 
+pub mod archive;
 mod binds;
+pub mod cgroup;
+pub mod changes;
+pub mod commit;
 mod console;
 mod container;
+pub mod events;
+mod exec;
 mod extents;
 mod files;
+pub mod log;
+mod manage;
+pub mod options;
 mod ports;
 mod process;
 pub mod spec;
+pub mod update;
 mod view;
+pub mod volumes;
 
 pub use container::{Container, CreateSpec, ExitEvent, RunState};
+pub use exec::{Exec, ExecIo, ExecSpec, ExecState};
 pub use extents::Unfit;
 pub use ports::{exposed_ports, parse_host_ip, parse_host_port, parse_port_key, port_bindings, NetworkMode, PortBinding, Published};
 pub use process::{frame, STDERR, STDOUT};
@@ -156,7 +168,7 @@ pub(crate) enum Bind {
 /// A `-v SRC:DST[:MODE]` string, parsed: where it comes from, where it goes, and whether
 /// it was asked writable (`rw`), read-only (`ro`) or neither. Refuses what is not a
 /// binding, a relative or climbing destination, a climbing source and unknown modes.
-pub(crate) fn parse_bind(b: &str) -> Result<(BindSource, String, Option<bool>), String> {
+pub fn parse_bind(b: &str) -> Result<(BindSource, String, Option<bool>), String> {
     let parts: Vec<&str> = b.split(':').collect();
     let (src, dst, mode) = match parts.as_slice() {
         [s, d] => (*s, *d, ""),
@@ -196,7 +208,7 @@ pub(crate) fn parse_bind(b: &str) -> Result<(BindSource, String, Option<bool>), 
 
 /// Where a `-v` binding comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum BindSource {
+pub enum BindSource {
     /// A path of the sharable namespace, relative to its root (`""`: the root).
     Sharable(String),
     /// A named volume in the private namespace.
@@ -213,6 +225,10 @@ pub struct Runtime {
     kv_dir: Option<PathBuf>,
     limits: Limits,
     containers: Mutex<BTreeMap<String, Arc<Container>>>,
+    /// What happens, for `docker events`.
+    events: events::Events,
+    /// Execs by id (those of removed containers are dropped as new ones come).
+    execs: Mutex<BTreeMap<String, Arc<Exec>>>,
     /// The FUSE mount of writable files, made when a container first needs one.
     files: Mutex<Option<Arc<WritableFiles>>>,
     /// The fences that keep host writes off files containers write.
@@ -245,6 +261,8 @@ impl Runtime {
             kv_dir,
             limits,
             containers: Mutex::new(BTreeMap::new()),
+            events: events::Events::default(),
+            execs: Mutex::new(BTreeMap::new()),
             files: Mutex::new(None),
             fence: Mutex::new(None),
             publish_ip: Mutex::new(std::net::Ipv4Addr::LOCALHOST.into()),
@@ -264,6 +282,11 @@ impl Runtime {
         }
         *rt.containers.lock().unwrap_or_else(|e| e.into_inner()) = found;
         Ok(Arc::new(rt))
+    }
+
+    /// The target's events.
+    pub fn events(&self) -> &events::Events {
+        &self.events
     }
 
     /// The image store.
@@ -316,7 +339,7 @@ impl Runtime {
     pub fn get(&self, key: &str) -> Result<Arc<Container>, RuntimeError> {
         let all = self.all();
         let name = key.trim_start_matches('/');
-        if let Some(c) = all.get(key).or_else(|| all.values().find(|c| c.name == name)) {
+        if let Some(c) = all.get(key).or_else(|| all.values().find(|c| c.name() == name)) {
             return Ok(c.clone());
         }
         let hits: Vec<_> =
@@ -339,24 +362,25 @@ impl Runtime {
         })?;
         let id = random_id();
         let name = match name.map(|n| n.trim_start_matches('/')).filter(|n| !n.is_empty()) {
-            Some(n) => {
-                if !n.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) || !n.chars().next().is_some_and(|c| c.is_ascii_alphanumeric()) {
-                    return Err(RuntimeError::BadRequest(format!("Invalid container name ({n}), only [a-zA-Z0-9][a-zA-Z0-9_.-] are allowed")));
-                }
-                n.to_string()
-            }
+            Some(n) => valid_name(n)?,
             None => format!("insitu_{}", &id[..8]),
         };
-        if self.all().values().any(|c| c.name == name) {
+        if self.all().values().any(|c| c.name() == name) {
             return Err(RuntimeError::Conflict(format!(
                 "Conflict. The container name \"/{name}\" is already in use. Remove that container or choose another name."
             )));
         }
-        let args: Vec<String> = match (&spec.entrypoint, &spec.cmd) {
-            (Some(ep), cmd) => ep.iter().chain(cmd.iter().flatten()).cloned().collect(),
-            (None, Some(cmd)) => image.config.entrypoint.iter().flatten().chain(cmd.iter()).cloned().collect(),
-            (None, None) => image.config.entrypoint.iter().flatten().chain(image.config.cmd.iter().flatten()).cloned().collect(),
+        // As Docker: an entrypoint given drops the image's command too.
+        let (entrypoint, cmd) = match (&spec.entrypoint, &spec.cmd) {
+            (Some(ep), cmd) => (Some(ep.clone()), cmd.clone()),
+            (None, Some(cmd)) => (image.config.entrypoint.clone(), Some(cmd.clone())),
+            (None, None) => (image.config.entrypoint.clone(), image.config.cmd.clone()),
         };
+        let args: Vec<String> = entrypoint.iter().flatten().chain(cmd.iter().flatten()).cloned().collect();
+        let mut spec = spec;
+        if spec.options.user.is_none() && !image.config.user.is_empty() {
+            spec.options.user = Some(image.config.user.clone());
+        }
         if args.is_empty() {
             return Err(RuntimeError::BadRequest("no command specified: the image has no CMD or ENTRYPOINT; give one after the image name".into()));
         }
@@ -409,12 +433,11 @@ impl Runtime {
         let dir = self.root.join(&id);
         std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::io(&dir, e))?;
         let created = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
-        let meta = Meta { id: id.clone(), name, image_id: image.id.clone(), created, spec, args, env, cwd };
-        let tmp = dir.join("meta.json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec(&meta).unwrap_or_default()).map_err(|e| RuntimeError::io(&tmp, e))?;
-        std::fs::rename(&tmp, dir.join("meta.json")).map_err(|e| RuntimeError::io(&dir, e))?;
+        let meta = Meta { id: id.clone(), name, image_id: image.id.clone(), created, spec, args, env, cwd, entrypoint, cmd };
+        meta.write(&dir)?;
         let c = Container::new(meta, image.layers, dir);
         self.all().insert(id, c.clone());
+        self.container_event(&c, "create", &[]);
         Ok(c)
     }
 
@@ -425,9 +448,16 @@ impl Runtime {
             return Ok(false);
         }
         if c.layers.is_empty() && self.images.get(&c.image_id).is_err() {
-            return Err(RuntimeError::Conflict(format!("the image of container {} was removed", c.name)));
+            return Err(RuntimeError::Conflict(format!("the image of container {} was removed", c.name())));
         }
+        c.lock().stopped_by_client = false;
         let started = self.run(&c).await;
+        {
+            // A restart in progress ends here, run or not.
+            let mut g = c.lock();
+            g.restarting = false;
+            g.error = started.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
+        }
         if started.is_err() {
             c.lock().view_pin = None;
             c.unpublish();
@@ -437,6 +467,9 @@ impl Runtime {
             if c.spec.auto_remove {
                 let _ = self.remove(&c.id, true).await;
             }
+        }
+        if started.is_ok() {
+            self.container_event(&c, "start", &[]);
         }
         started.map(|_| true)
     }
@@ -455,38 +488,66 @@ impl Runtime {
         process::start(self, c).await
     }
 
-    /// `docker stop`: SIGTERM, then SIGKILL after `timeout`. False if it was not running.
-    pub async fn stop(&self, key: &str, timeout: Duration) -> Result<bool, RuntimeError> {
+    /// `docker stop`: the container's stop signal (SIGTERM unless created with another),
+    /// then SIGKILL after `timeout` (the container's stop timeout, else 10 seconds, when
+    /// `None`). False if it was not running.
+    pub async fn stop(&self, key: &str, timeout: Option<Duration>) -> Result<bool, RuntimeError> {
         let c = self.get(key)?;
         if !matches!(c.state(), RunState::Running { .. }) {
-            return Ok(false);
+            // A restart about to happen is called off.
+            let mut g = c.lock();
+            let was = std::mem::take(&mut g.restarting);
+            g.stopped_by_client = true;
+            return Ok(was);
         }
+        c.lock().stopped_by_client = true;
+        let timeout = timeout.unwrap_or_else(|| Duration::from_secs(c.spec.options.stop_timeout.map_or(10, |s| s.max(0) as u64)));
         let mut rx = c.exits();
         let before = rx.borrow().exits;
-        let _ = self.signal_running(&c, "TERM").await;
+        // A frozen container would never see its signal.
+        let _ = self.set_paused(&c, false).await;
+        let sig = c.spec.options.stop_signal.clone().unwrap_or_else(|| "TERM".into());
+        let _ = self.signal_running(&c, &sig).await;
+        self.container_event(&c, "kill", &[("signal", sig.trim_start_matches("SIG").to_string())]);
         let ended = tokio::time::timeout(timeout, rx.wait_for(|e| e.exits > before)).await.is_ok();
         if !ended {
             let _ = self.signal_running(&c, "KILL").await;
+            self.container_event(&c, "kill", &[("signal", "KILL".into())]);
             let _ = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|e| e.exits > before)).await;
         }
+        self.container_event(&c, "stop", &[]);
         Ok(true)
     }
 
     /// `docker restart`.
-    pub async fn restart(self: &Arc<Self>, key: &str, timeout: Duration) -> Result<(), RuntimeError> {
+    pub async fn restart(self: &Arc<Self>, key: &str, timeout: Option<Duration>) -> Result<(), RuntimeError> {
         let c = self.get(key)?;
         self.stop(key, timeout).await?;
         c.lock().restarts += 1;
         self.start(key).await.map(|_| ())
     }
 
-    /// `docker kill`.
+    /// `docker kill`. With SIGKILL, which cannot be caught, it returns once the container
+    /// has exited and its run is cleaned up, as Docker's does: `inspect` or `rm` right
+    /// after sees it stopped. Other signals may be handled, so it returns once sent.
     pub async fn kill(&self, key: &str, signal: &str) -> Result<(), RuntimeError> {
         let c = self.get(key)?;
         if !matches!(c.state(), RunState::Running { .. }) {
             return Err(RuntimeError::Conflict(format!("Cannot kill container: {key}: container {} is not running", &c.id[..12])));
         }
-        self.signal_running(&c, signal).await
+        let mut rx = c.exits();
+        let before = rx.borrow().exits;
+        let kills = matches!(signal.trim_start_matches("SIG"), "KILL" | "9");
+        if kills {
+            c.lock().stopped_by_client = true;
+            let _ = self.set_paused(&c, false).await;
+        }
+        self.signal_running(&c, signal).await?;
+        self.container_event(&c, "kill", &[("signal", signal.trim_start_matches("SIG").to_string())]);
+        if kills {
+            let _ = tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|e| e.exits > before || e.removed)).await;
+        }
+        Ok(())
     }
 
     /// Signals a running container. Its state turns Running when `runc run` is spawned,
@@ -511,9 +572,11 @@ impl Runtime {
             if !force {
                 return Err(RuntimeError::Conflict(format!(
                     "cannot remove container \"/{}\": container is running: stop the container before removing or force remove",
-                    c.name
+                    c.name()
                 )));
             }
+            c.lock().stopped_by_client = true;
+            let _ = self.set_paused(&c, false).await;
             let mut rx = c.exits();
             let before = rx.borrow().exits;
             let _ = self.signal_running(&c, "KILL").await;
@@ -525,6 +588,7 @@ impl Runtime {
         let _ = process::unmount(&c.dir.join("rootfs"));
         let _ = std::fs::remove_dir_all(&c.dir);
         c.exits.send_modify(|e| e.removed = true);
+        self.container_event(&c, "destroy", &[]);
         Ok(())
     }
 
@@ -532,7 +596,7 @@ impl Runtime {
     pub async fn shutdown(&self) {
         let all: Vec<_> = self.all().values().cloned().collect();
         for c in all {
-            let _ = self.stop(&c.id, Duration::from_secs(2)).await;
+            let _ = self.stop(&c.id, Some(Duration::from_secs(2))).await;
         }
         drop(self.files.lock().unwrap_or_else(|e| e.into_inner()).take());
         if let Some(v) = &self.view {
@@ -541,7 +605,15 @@ impl Runtime {
     }
 }
 
-fn random_id() -> String {
+/// A container name as given (without `/`), checked.
+pub(super) fn valid_name(n: &str) -> Result<String, RuntimeError> {
+    if !n.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) || !n.chars().next().is_some_and(|c| c.is_ascii_alphanumeric()) {
+        return Err(RuntimeError::BadRequest(format!("Invalid container name ({n}), only [a-zA-Z0-9][a-zA-Z0-9_.-] are allowed")));
+    }
+    Ok(n.to_string())
+}
+
+pub(super) fn random_id() -> String {
     let mut b = [0u8; 32];
     // SAFETY: getrandom(2) writes at most b.len() bytes into b.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };

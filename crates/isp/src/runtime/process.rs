@@ -36,14 +36,23 @@ pub fn frame(stream: u8, data: &[u8]) -> Vec<u8> {
 pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), RuntimeError> {
     let dir = c.dir.clone();
     let rootfs = dir.join("rootfs");
-    mount_rootfs(&c.layers, &dir, &rootfs)?;
+    {
+        let _g = c.fs_lock();
+        mount_rootfs(&c.layers, &dir, &rootfs)?;
+    }
     let binds = rt.mounts(c)?;
     let short = &c.id[..12];
     let cgroup = format!("/insitu/{}", c.id);
-    let config = runtime_config(&SpecInput {
+    let user = super::options::resolve_user(&rootfs, c.spec.options.user.as_deref(), &c.spec.options.group_add).map_err(|e| {
+        let _ = unmount(&rootfs);
+        RuntimeError::BadRequest(format!("container {short}: {e}"))
+    })?;
+    // A variable given without `=VALUE` is unset, as Docker treats it.
+    let env: Vec<String> = c.env.iter().filter(|e| e.contains('=')).cloned().collect();
+    let mut config = runtime_config(&SpecInput {
         rootfs: &rootfs,
         args: &c.args,
-        env: &c.env,
+        env: &env,
         cwd: &c.cwd,
         hostname: short,
         binds: &binds,
@@ -56,6 +65,8 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
         host_network: c.spec.network == super::NetworkMode::Host,
         data_read_bps: rt.limits.data_read_bps.zip(rt.view.as_ref().and_then(|v| v.device())).map(|(bps, (major, minor))| (major, minor, bps)),
     });
+    c.spec.options.apply(&mut config, &user);
+    super::update::apply(&c.updates(), &mut config);
     let cfg_path = dir.join("config.json");
     std::fs::write(&cfg_path, serde_json::to_vec_pretty(&config).unwrap_or_default()).map_err(|e| RuntimeError::io(&cfg_path, e))?;
     // runc may still hold a dead container of this id (a crash between runs).
@@ -89,6 +100,17 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
             }
             let _ = stdin.shutdown().await;
         });
+    }
+    // `start` answers once the container's process runs: runc has written its state and
+    // removed the FIFO its init waits on before it executes the process. What a client
+    // does next (exec, pause, a look at its cgroup, a signal, which would otherwise kill
+    // runc's init and end the run with runc's own error) then finds it. A process that
+    // ends at once ends the wait too.
+    let state = rt.runc_root.join(&c.id).join("state.json");
+    let fifo = rt.runc_root.join(&c.id).join("exec.fifo");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while (!state.exists() || fifo.exists()) && matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     c.set_state(RunState::Running { started: SystemTime::now(), pid: child.id().unwrap_or(0) as i32 });
     let (c1, c2, c3, rt3) = (c.clone(), c.clone(), c.clone(), rt.clone());
@@ -210,15 +232,58 @@ async fn start_with_terminal(rt: &Arc<Runtime>, c: &Arc<Container>, dir: &Path) 
 async fn finish(rt: &Arc<Runtime>, c: &Arc<Container>, code: i32) {
     let _ = std::fs::write(c.dir.join("exit-code"), code.to_string());
     let _ = Command::new("runc").arg("--root").arg(&rt.runc_root).args(["delete", "--force", &c.id]).output().await;
-    let _ = unmount(&c.dir.join("rootfs"));
+    {
+        let _g = c.fs_lock();
+        let _ = unmount(&c.dir.join("rootfs"));
+    }
     // Before waiters hear of the exit: once `docker wait` returns, the host may take its
     // files back.
     rt.release_files(c);
     c.unpublish();
+    let again = {
+        let g = c.lock();
+        let policy = c.restart_policy_locked(&g);
+        !g.stopped_by_client && policy.restarts_after(code, g.restarts)
+    };
     c.exited(code);
+    rt.container_event(c, "die", &[("exitCode", code.to_string())]);
     if c.spec.auto_remove {
         let _ = rt.remove(&c.id, true).await;
+    } else if again {
+        supervise(rt, c);
     }
+}
+
+/// Starts a container again after its run ended, as its restart policy asks, after a
+/// pause that doubles with each restart (from 100 ms, at most a minute), as Docker's
+/// supervisor does; a client that starts, stops or removes it meanwhile wins.
+fn supervise(rt: &Arc<Runtime>, c: &Arc<Container>) {
+    let (rt, c) = (rt.clone(), c.clone());
+    let restarts = {
+        let mut g = c.lock();
+        g.restarting = true;
+        g.restarts
+    };
+    let delay = std::time::Duration::from_millis(100u64.saturating_mul(1 << restarts.min(10)).min(60_000));
+    let exits = c.exits.borrow().exits;
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        let unchanged = c.exits.borrow().exits == exits && !c.exits.borrow().removed;
+        let go = {
+            let mut g = c.lock();
+            let go = g.restarting && unchanged && matches!(g.state, RunState::Exited { .. }) && !g.stopped_by_client;
+            // Still restarting until `start` has it running (it clears the flag).
+            if go {
+                g.restarts += 1;
+            } else {
+                g.restarting = false;
+            }
+            go
+        };
+        if go && rt.start(&c.id).await.is_err() {
+            c.lock().restarting = false;
+        }
+    });
 }
 
 async fn pump(mut r: impl tokio::io::AsyncRead + Unpin, stream: u8, c: &Container) {
@@ -231,7 +296,7 @@ async fn pump(mut r: impl tokio::io::AsyncRead + Unpin, stream: u8, c: &Containe
     }
 }
 
-fn mount_rootfs(layers: &[std::path::PathBuf], dir: &Path, rootfs: &Path) -> Result<(), RuntimeError> {
+pub(super) fn mount_rootfs(layers: &[std::path::PathBuf], dir: &Path, rootfs: &Path) -> Result<(), RuntimeError> {
     for d in ["upper", "work", "rootfs"] {
         let p = dir.join(d);
         std::fs::create_dir_all(&p).map_err(|e| RuntimeError::io(&p, e))?;

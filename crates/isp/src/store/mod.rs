@@ -15,17 +15,21 @@
 //! ([`ImageStore::list`], [`ImageStore::get`]) take no lock: they see the last committed
 //! `repositories.json`.
 
+mod derive;
 mod load;
 pub(crate) mod manifest;
 mod pull;
 mod reference;
 mod registry;
+mod save;
+mod tags;
 #[cfg(test)]
 mod tests;
 mod unpack;
 
 pub use manifest::MAX_JSON;
 pub use reference::Reference;
+pub use tags::layer_size;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};

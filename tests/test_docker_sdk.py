@@ -1,0 +1,797 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Containers on a target driven by the Docker SDK for Python, as scripts and CI jobs
+drive a Docker host: `containers.run`, inspect fidelity, every create option honoured or
+refused by name, kill/stop that return settled, logs on line boundaries (tail, since,
+until, timestamps), attach replay to an exited container, load errors in the stream.
+
+The same world as test_containers.py (its `env` fixture: a target with the Docker API on
+loopback and a loopback docker-registry holding busybox). Everything talks to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import io
+import json
+import os
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from test_containers import Env, env  # noqa: F401  (env is the module's fixture)
+
+docker = pytest.importorskip("docker", reason="the Docker SDK for Python (make deps installs it)")
+
+# The fields of moby's HostConfig (API 1.47), each with a value other than its default.
+HOST_CONFIG_PROBES = {
+    "Annotations": {"a": "b"},
+    "AutoRemove": True,
+    "Binds": ["probe-vol:/probe"],
+    "BlkioDeviceReadBps": [{"Path": "/dev/sda", "Rate": 1024}],
+    "BlkioDeviceReadIOps": [{"Path": "/dev/sda", "Rate": 10}],
+    "BlkioDeviceWriteBps": [{"Path": "/dev/sda", "Rate": 1024}],
+    "BlkioDeviceWriteIOps": [{"Path": "/dev/sda", "Rate": 10}],
+    "BlkioWeight": 300,
+    "BlkioWeightDevice": [{"Path": "/dev/sda", "Weight": 300}],
+    "CapAdd": ["SYS_ADMIN"],
+    "CapDrop": ["NET_RAW"],
+    "Cgroup": "other",
+    "CgroupParent": "/elsewhere",
+    "CgroupnsMode": "host",
+    "ConsoleSize": [30, 100],
+    "ContainerIDFile": "/tmp/cid",
+    "CpuCount": 2,
+    "CpuPercent": 50,
+    "CpuPeriod": 50000,
+    "CpuQuota": 25000,
+    "CpuRealtimePeriod": 1000,
+    "CpuRealtimeRuntime": 500,
+    "CpuShares": 512,
+    "CpusetCpus": "0",
+    "CpusetMems": "0",
+    "DeviceCgroupRules": ["c 1:3 rwm"],
+    "DeviceRequests": [{"Driver": "nvidia", "Count": -1}],
+    "Devices": [{"PathOnHost": "/dev/null", "PathInContainer": "/dev/x", "CgroupPermissions": "rwm"}],
+    "Dns": ["10.0.0.1"],
+    "DnsOptions": ["ndots:2"],
+    "DnsSearch": ["example.org"],
+    "ExtraHosts": ["h:10.0.0.2"],
+    "GroupAdd": ["65534"],
+    "IOMaximumBandwidth": 1000,
+    "IOMaximumIOps": 10,
+    "Init": True,
+    "IpcMode": "host",
+    "Isolation": "hyperv",
+    "Links": ["other:alias"],
+    "LogConfig": {"Type": "syslog", "Config": {}},
+    "MaskedPaths": ["/proc/x"],
+    "Memory": 64 << 20,
+    "MemoryReservation": 32 << 20,
+    "MemorySwap": 128 << 20,
+    "MemorySwappiness": 10,
+    "Mounts": [{"Type": "tmpfs", "Target": "/probe-tmp"}],
+    "NanoCpus": 500_000_000,
+    "NetworkMode": "none",
+    "OomKillDisable": True,
+    "OomScoreAdj": 100,
+    "PidMode": "host",
+    "PidsLimit": 50,
+    "PortBindings": {"80/tcp": [{"HostIp": "127.0.0.1", "HostPort": ""}]},
+    "Privileged": True,
+    "PublishAllPorts": True,
+    "ReadonlyPaths": ["/proc/x"],
+    "ReadonlyRootfs": True,
+    "RestartPolicy": {"Name": "on-failure", "MaximumRetryCount": 2},
+    "Runtime": "kata",
+    "SecurityOpt": ["seccomp=unconfined"],
+    "ShmSize": 8 << 20,
+    "StorageOpt": {"size": "1G"},
+    "Sysctls": {"net.ipv4.ip_forward": "1"},
+    "Tmpfs": {"/probe-tmpfs": "size=1m"},
+    "UTSMode": "host",
+    "Ulimits": [{"Name": "nofile", "Soft": 256, "Hard": 512}],
+    "UsernsMode": "host",
+    "VolumeDriver": "nfs",
+    "VolumesFrom": ["other"],
+}
+
+# Options a client keeps to itself (the server only records them).
+CLIENT_SIDE = {"ContainerIDFile"}
+
+
+@pytest.fixture(scope="module")
+def client(env: Env):
+    env.ok("pull", env.image)
+    c = docker.DockerClient(base_url=f"tcp://{env.api}", version="auto", timeout=60)
+    yield c
+    c.close()
+
+
+def _api(client):
+    return client.api
+
+
+def test_containers_run_returns_the_output_and_removes(client, env: Env):
+    out = client.containers.run(env.image, ["sh", "-c", "echo one; echo two >&2; echo three"], remove=True)
+    assert out == b"one\nthree\n"
+    out = client.containers.run(env.image, ["sh", "-c", "echo out; echo err >&2"], stdout=True, stderr=True, remove=True)
+    assert sorted(out.split()) == [b"err", b"out"]
+    with pytest.raises(docker.errors.ContainerError) as e:
+        client.containers.run(env.image, ["sh", "-c", "echo bad >&2; exit 3"], remove=True)
+    assert e.value.exit_status == 3 and b"bad" in e.value.stderr
+    names = [c.name for c in client.containers.list(all=True)]
+    assert not any(n.startswith("insitu_") for n in names), names
+
+
+def test_inspect_echoes_what_create_was_given(client, env: Env):
+    c = client.containers.create(
+        env.image,
+        ["sleep", "30"],
+        name="sdk-echo",
+        hostname="probe-host",
+        user="65534",
+        environment={"A": "1"},
+        labels={"k": "v"},
+        cpu_shares=512,
+        mem_limit="64m",
+        memswap_limit="128m",
+        pids_limit=50,
+        tmpfs={"/scratch": "size=1m"},
+        restart_policy={"Name": "on-failure", "MaximumRetryCount": 2},
+        stop_signal="SIGINT",
+        working_dir="/tmp",
+        cap_drop=["NET_RAW"],
+        group_add=["65534"],
+        ulimits=[docker.types.Ulimit(name="nofile", soft=256, hard=512)],
+    )
+    try:
+        a = c.attrs
+        hc, cfg = a["HostConfig"], a["Config"]
+        assert hc["LogConfig"]["Type"] == "json-file"
+        assert hc["CpuShares"] == 512 and hc["Memory"] == 64 << 20 and hc["MemorySwap"] == 128 << 20 and hc["PidsLimit"] == 50
+        assert hc["Tmpfs"] == {"/scratch": "size=1m"}
+        assert hc["RestartPolicy"] == {"Name": "on-failure", "MaximumRetryCount": 2}
+        assert hc["CapDrop"] == ["NET_RAW"] and hc["GroupAdd"] == ["65534"]
+        assert hc["Ulimits"] == [{"Name": "nofile", "Soft": 256, "Hard": 512}]
+        assert cfg["Hostname"] == "probe-host" and cfg["User"] == "65534" and cfg["StopSignal"] == "SIGINT"
+        assert "A=1" in cfg["Env"] and cfg["Labels"] == {"k": "v"} and cfg["WorkingDir"] == "/tmp"
+        assert cfg["Cmd"] == ["sleep", "30"] and c.labels == {"k": "v"} and c.status == "created"
+        # Every HostConfig field of the API is answered.
+        assert set(HOST_CONFIG_PROBES) <= set(hc), set(HOST_CONFIG_PROBES) - set(hc)
+    finally:
+        c.remove(force=True)
+
+
+def _run_sh(client, env, script, **kw):
+    c = client.containers.run(env.image, ["sh", "-c", script], detach=True, **kw)
+    try:
+        code = c.wait(timeout=60)["StatusCode"]
+        return code, c.logs().decode()
+    finally:
+        c.remove(force=True)
+
+
+def test_honoured_options_take_effect(client, env: Env):
+    code, out = _run_sh(
+        client,
+        env,
+        "id -u; id -G; hostname; ulimit -n; grep ' /scratch ' /proc/mounts; touch /ro-probe 2>&1 || echo readonly",
+        user="65534",
+        group_add=["65534"],
+        hostname="probe-host",
+        ulimits=[docker.types.Ulimit(name="nofile", soft=256, hard=512)],
+        tmpfs={"/scratch": "size=1m"},
+        read_only=True,
+    )
+    lines = out.splitlines()
+    assert code == 0, out
+    assert lines[0] == "65534" and "65534" in lines[1].split() and lines[2] == "probe-host" and lines[3] == "256", lines
+    assert lines[4].startswith("tmpfs /scratch tmpfs") and lines[-1] == "readonly", lines
+    # The cgroup limits, read on the target's side (containers see no cgroupfs).
+    c = client.containers.run(env.image, ["sleep", "60"], detach=True, cpu_shares=512, mem_limit="64m", memswap_limit="96m", pids_limit=40)
+    try:
+        assert _cgroup(c.id, "cpu", "cpu.shares") == "512"
+        assert _cgroup(c.id, "memory", "memory.limit_in_bytes") == str(64 << 20)
+        assert _cgroup(c.id, "memory", "memory.memsw.limit_in_bytes") in (str(96 << 20), None)
+        assert _cgroup(c.id, "pids", "pids.max") == "40"
+    finally:
+        c.remove(force=True)
+
+
+def _cgroup(cid: str, controller: str, name: str) -> str | None:
+    """A cgroup (v1) file of a container on the target, or None where the kernel has none."""
+    p = Path("/sys/fs/cgroup") / controller / "insitu" / cid / name
+    if not p.exists():
+        v2 = {"cpu.shares": None, "memory.limit_in_bytes": "memory.max", "pids.max": "pids.max"}.get(name)
+        p = Path("/sys/fs/cgroup/insitu") / cid / (v2 or name)
+        if not v2 or not p.exists():
+            return None
+    return p.read_text().strip()
+
+
+def test_every_host_config_field_is_honoured_or_refused_by_name(client, env: Env):
+    api = _api(client)
+    for field, value in HOST_CONFIG_PROBES.items():
+        body = {"Image": env.image, "Cmd": ["true"], "HostConfig": {field: value}}
+        r = api._post_json(api._url("/containers/create"), data=body)
+        if r.status_code == 201:
+            cid = r.json()["Id"]
+            try:
+                hc = api.inspect_container(cid)["HostConfig"]
+                assert hc[field] == value or field == "Mounts", f"{field}: given {value!r}, inspect says {hc[field]!r}"
+            finally:
+                api.remove_container(cid, force=True)
+        else:
+            assert field not in CLIENT_SIDE
+            assert r.status_code == 400, f"{field}: {r.status_code} {r.text}"
+            assert field in r.json()["message"], f"{field}: the refusal does not name it: {r.text}"
+
+
+def test_restart_policy_restarts_a_failing_container(client, env: Env):
+    c = client.containers.run(env.image, ["sh", "-c", "echo run; exit 1"], detach=True, restart_policy={"Name": "on-failure", "MaximumRetryCount": 2})
+    try:
+        for _ in range(200):
+            c.reload()
+            if c.attrs["RestartCount"] >= 2 and c.status == "exited":
+                break
+            time.sleep(0.1)
+        assert c.attrs["RestartCount"] == 2 and c.status == "exited", c.attrs["State"]
+        assert c.logs().decode().count("run") == 3, (c.logs(timestamps=True), c.attrs["State"])
+    finally:
+        c.remove(force=True)
+
+
+def test_kill_and_stop_return_once_settled(client, env: Env):
+    for _ in range(4):
+        c = client.containers.run(env.image, ["sleep", "300"], detach=True)
+        c.kill()
+        c.reload()
+        assert c.status == "exited" and c.attrs["State"]["Running"] is False
+        c.remove()
+    c = client.containers.run(env.image, ["sleep", "300"], detach=True, stop_signal="SIGKILL")
+    c.stop(timeout=30)
+    c.reload()
+    assert c.status == "exited" and c.attrs["State"]["ExitCode"] == 137
+    c.remove()
+
+
+def test_logs_on_line_boundaries(client, env: Env):
+    c = client.containers.run(env.image, ["sh", "-c", "printf 'a\\nb\\nc\\n'; sleep 2; echo late"], detach=True)
+    try:
+        c.wait(timeout=60)
+        assert c.logs(tail=1) == b"late\n"
+        assert c.logs(tail=2) == b"c\nlate\n"
+        assert c.logs(tail=0) == b""
+        stamped = c.logs(timestamps=True).decode().splitlines()
+        times = [datetime.datetime.fromisoformat(s.split(" ", 1)[0][:26] + "+00:00") for s in stamped]
+        assert [s.split(" ", 1)[1] for s in stamped] == ["a", "b", "c", "late"]
+        assert times == sorted(times)
+        cut = times[3] - datetime.timedelta(milliseconds=500)
+        assert c.logs(since=cut) == b"late\n"
+        assert c.logs(until=cut) == b"a\nb\nc\n"
+    finally:
+        c.remove(force=True)
+
+
+def test_attach_replays_the_log_of_an_exited_container_and_closes(client, env: Env):
+    c = client.containers.run(env.image, ["sh", "-c", "echo gone"], detach=True)
+    try:
+        c.wait(timeout=60)
+        assert c.attach(logs=True, stream=False) == b"gone\n"
+        assert c.attach(logs=False, stream=False) == b""
+    finally:
+        c.remove(force=True)
+
+
+def test_load_of_a_non_archive_reports_in_the_stream(client, env: Env):
+    with pytest.raises(docker.errors.ImageLoadError) as e:
+        client.images.load(b"this is not a tar archive")
+    assert "archive" in str(e.value)
+    bad = io.BytesIO()
+    with tarfile.open(fileobj=bad, mode="w") as t:
+        info = tarfile.TarInfo("manifest.json")
+        data = json.dumps([{"Config": "../../etc/passwd", "RepoTags": ["x:y"], "Layers": []}]).encode()
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    before = sorted(i.id for i in client.images.list())
+    with pytest.raises(docker.errors.ImageLoadError):
+        client.images.load(bad.getvalue())
+    assert sorted(i.id for i in client.images.list()) == before
+
+
+def test_exec_runs_in_the_container(client, env: Env):
+    c = client.containers.run(env.image, ["sleep", "300"], detach=True, environment={"FROM_RUN": "r"})
+    try:
+        r = c.exec_run(["sh", "-c", "echo out; echo err >&2; echo $FROM_RUN $X; pwd; exit 4"], environment={"X": "x"}, workdir="/tmp")
+        assert r.exit_code == 4
+        assert sorted(r.output.decode().split()) == sorted(["out", "err", "r", "x", "/tmp"])
+        r = c.exec_run(["sh", "-c", "echo out; echo err >&2"], demux=True)
+        assert r.output == (b"out\n", b"err\n")
+        r = c.exec_run(["id", "-u"], user="65534")
+        assert (r.exit_code, r.output) == (0, b"65534\n")
+        # The exec shares the container's pid namespace: it sees sleep as pid 1.
+        assert c.exec_run(["cat", "/proc/1/cmdline"]).output.startswith(b"sleep")
+        r = c.exec_run(["sh", "-c", "tty; stty size"], tty=True)
+        assert r.exit_code == 0 and b"/dev/pts/" in r.output, r.output
+        api = _api(client)
+        eid = api.exec_create(c.id, ["sh", "-c", "sleep 0.5; exit 7"])["Id"]
+        assert api.exec_inspect(eid)["Running"] is False and api.exec_inspect(eid)["ExitCode"] is None
+        api.exec_start(eid, detach=True)
+        for _ in range(100):
+            if not api.exec_inspect(eid)["Running"]:
+                break
+            time.sleep(0.1)
+        info = api.exec_inspect(eid)
+        assert info["ExitCode"] == 7 and info["ContainerID"] == c.id and info["ProcessConfig"]["entrypoint"] == "sh"
+        assert eid in c.attrs["ExecIDs"] or eid in client.containers.get(c.id).attrs["ExecIDs"]
+        with pytest.raises(docker.errors.APIError) as e:
+            api.exec_start(eid)
+        assert e.value.status_code == 409
+        with pytest.raises(docker.errors.NotFound):
+            api.exec_inspect("0" * 64)
+        # Standard input reaches the process; its end ends the process's input.
+        eid = api.exec_create(c.id, ["sh", "-c", "wc -c"], stdin=True)["Id"]
+        sock = api.exec_start(eid, socket=True)
+        raw = getattr(sock, "_sock", sock)
+        raw.sendall(b"12345")
+        raw.shutdown(1)
+        got = b""
+        while True:
+            chunk = raw.recv(4096)
+            if not chunk:
+                break
+            got += chunk
+        sock.close()
+        assert got[8:].strip() == b"5", got
+    finally:
+        c.remove(force=True)
+
+
+def test_exec_of_a_stopped_container_is_a_conflict(client, env: Env):
+    c = client.containers.create(env.image, ["true"])
+    try:
+        with pytest.raises(docker.errors.APIError) as e:
+            c.exec_run(["true"])
+        assert e.value.status_code == 409
+    finally:
+        c.remove(force=True)
+
+
+def test_docker_cli_exec(env: Env):
+    env.ok("run", "-d", "--name", "cli-exec", env.image, "sleep", "300")
+    try:
+        assert env.ok("exec", "cli-exec", "sh", "-c", "echo hi; exit 0") == "hi\n"
+        p = env.docker("exec", "cli-exec", "sh", "-c", "exit 5")
+        assert p.returncode == 5
+        assert env.ok("exec", "-i", "cli-exec", "cat", input="piped\n") == "piped\n"
+        assert env.ok("exec", "-e", "V=1", "-w", "/etc", "cli-exec", "sh", "-c", "echo $V $(pwd)") == "1 /etc\n"
+    finally:
+        env.docker("rm", "-f", "cli-exec")
+
+
+def test_pause_freezes_and_unpause_thaws(client, env: Env):
+    c = client.containers.run(env.image, ["sh", "-c", "while true; do date +%s%N > /tmp/t; sleep 0.05; done"], detach=True)
+    try:
+        c.pause()
+        c.reload()
+        assert c.status == "paused" and c.attrs["State"]["Paused"] is True
+        assert _cgroup(c.id, "freezer", "freezer.state") in ("FROZEN", None)
+        with pytest.raises(docker.errors.APIError) as e:
+            c.pause()
+        assert e.value.status_code == 409
+        c.unpause()
+        c.reload()
+        assert c.status == "running" and c.attrs["State"]["Paused"] is False
+        c.pause()
+        c.stop(timeout=5)  # a paused container can still be stopped
+        c.reload()
+        assert c.status == "exited"
+    finally:
+        c.remove(force=True)
+
+
+def test_tag_history_and_list_filters(client, env: Env):
+    img = client.images.get(env.image)
+    assert img.tag("sdk-tagged", "v1") is True
+    tagged = client.images.get("sdk-tagged:v1")
+    assert tagged.id == img.id and "sdk-tagged:v1" in tagged.tags
+    hist = img.history()
+    assert hist and hist[0]["Id"] == img.id and all("CreatedBy" in h and "Size" in h for h in hist)
+    assert [i.id for i in client.images.list(filters={"reference": "sdk-tagged"})] == [img.id]
+    assert client.images.list(filters={"reference": "no-such-image"}) == []
+    assert [i["RepoTags"] for i in client.api.images(name="sdk-tagged")] == [["sdk-tagged:v1"]]
+    assert img.id not in [i.id for i in client.images.list(filters={"dangling": True})]
+    with pytest.raises(docker.errors.APIError) as e:
+        client.images.list(filters={"colour": "blue"})
+    assert e.value.status_code == 400
+    with pytest.raises(docker.errors.APIError) as e:
+        img.tag("bad name!", "x")
+    assert e.value.status_code == 400
+    client.images.remove("sdk-tagged:v1")
+    assert client.images.get(env.image).id == img.id
+
+
+def test_rename_top_stats_and_prune(client, env: Env):
+    c = client.containers.run(env.image, ["sleep", "300"], detach=True, name="sdk-before", labels={"prune": "yes"})
+    other = client.containers.create(env.image, ["true"], name="sdk-taken")
+    done = client.containers.create(env.image, ["true"], labels={"prune": "yes"})
+    keep = client.containers.create(env.image, ["true"], labels={"prune": "no"})
+    try:
+        c.rename("sdk-after")
+        assert client.containers.get("sdk-after").id == c.id
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.get("sdk-before")
+        with pytest.raises(docker.errors.APIError) as e:
+            c.rename("sdk-taken")
+        assert e.value.status_code == 409
+        top = c.top()
+        assert "PID" in top["Titles"] and any("sleep" in " ".join(p) for p in top["Processes"]), top
+        s = c.stats(stream=False)
+        assert s["id"] == c.id and s["memory_stats"]["usage"] > 0 and s["pids_stats"]["current"] >= 1
+        assert s["cpu_stats"]["cpu_usage"]["total_usage"] >= s["precpu_stats"]["cpu_usage"]["total_usage"]
+        one = next(iter(c.stats(stream=True, decode=True)))
+        assert one["id"] == c.id
+        assert [x.id for x in client.containers.list(filters={"name": "sdk-after"})] == [c.id]
+        assert [x.id for x in client.containers.list(all=True, filters={"label": "prune=no"})] == [keep.id]
+        assert c.id not in [x.id for x in client.containers.list(filters={"status": "created"})]
+        pruned = client.containers.prune(filters={"label": "prune=yes"})
+        assert pruned["ContainersDeleted"] == [done.id], pruned
+        ids = [x.id for x in client.containers.list(all=True)]
+        assert c.id in ids and keep.id in ids and other.id in ids and done.id not in ids
+    finally:
+        for x in (c, other, keep):
+            x.remove(force=True)
+
+
+def _tar(entries: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as t:
+        for name, data in entries.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            t.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def test_archive_get_put_and_head(client, env: Env):
+    c = client.containers.run(env.image, ["sh", "-c", "echo hello > /tmp/greeting; mkdir -p /tmp/d/e; echo x > /tmp/d/e/f; sleep 300"], detach=True)
+    try:
+        for _ in range(100):
+            if c.exec_run(["test", "-f", "/tmp/d/e/f"]).exit_code == 0:
+                break
+            time.sleep(0.05)
+        stream, stat = c.get_archive("/tmp/greeting")
+        assert stat["name"] == "greeting" and stat["size"] == 6
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as t:
+            assert t.extractfile("greeting").read() == b"hello\n"
+        stream, stat = c.get_archive("/tmp/d")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as t:
+            assert t.extractfile("d/e/f").read() == b"x\n"
+        assert stat["mode"] & (1 << 31), "a directory's stat says so"
+        assert c.put_archive("/tmp", _tar({"new/file.txt": b"put\n"})) is True
+        assert c.exec_run(["cat", "/tmp/new/file.txt"]).output == b"put\n"
+        with pytest.raises(docker.errors.NotFound):
+            c.get_archive("/no/such/path")
+        # A tar climbing out of its destination is refused and changes nothing.
+        before = c.exec_run(["ls", "/"]).output
+        with pytest.raises(docker.errors.APIError) as e:
+            c.put_archive("/tmp", _tar({"ok.txt": b"1", "../../escaped": b"2"}))
+        assert e.value.status_code == 400 and ".." in str(e.value)
+        assert c.exec_run(["ls", "/"]).output == before
+        assert c.exec_run(["test", "-e", "/tmp/ok.txt"]).exit_code == 1
+        api = _api(client)
+        r = api.head(api._url("/containers/{0}/archive", c.id), params={"path": "/tmp/greeting"})
+        assert r.status_code == 200 and "X-Docker-Container-Path-Stat" in r.headers
+    finally:
+        c.remove(force=True)
+    # A stopped container's files are reachable too.
+    c = client.containers.run(env.image, ["sh", "-c", "echo done > /result"], detach=True)
+    try:
+        c.wait(timeout=60)
+        stream, _ = c.get_archive("/result")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as t:
+            assert t.extractfile("result").read() == b"done\n"
+    finally:
+        c.remove(force=True)
+
+
+def test_docker_cp_both_ways(env: Env, tmp_path):
+    env.ok("run", "-d", "--name", "cli-cp", env.image, "sleep", "300")
+    try:
+        src = tmp_path / "in.txt"
+        src.write_text("from the host\n")
+        env.ok("cp", str(src), "cli-cp:/tmp/in.txt")
+        assert env.ok("exec", "cli-cp", "cat", "/tmp/in.txt") == "from the host\n"
+        env.ok("exec", "cli-cp", "sh", "-c", "mkdir /out && echo a > /out/a && echo b > /out/b")
+        env.ok("cp", "cli-cp:/out", str(tmp_path / "out"))
+        assert (tmp_path / "out" / "a").read_text() == "a\n" and (tmp_path / "out" / "b").read_text() == "b\n"
+    finally:
+        env.docker("rm", "-f", "cli-cp")
+
+
+def test_volumes_create_inspect_list_remove_prune(client, env: Env):
+    v = client.volumes.create("sdk-vol", labels={"team": "a"})
+    assert v.name == "sdk-vol" and v.attrs["Driver"] == "local" and v.attrs["Labels"] == {"team": "a"}
+    assert client.volumes.get("sdk-vol").id == "sdk-vol"
+    assert [x.name for x in client.volumes.list(filters={"label": "team=a"})] == ["sdk-vol"]
+    client.containers.run(env.image, ["sh", "-c", "echo kept > /v/f"], volumes={"sdk-vol": {"bind": "/v", "mode": "rw"}}, remove=True)
+    c = client.containers.create(env.image, ["cat", "/v/f"], volumes=["sdk-vol:/v"])
+    try:
+        c.start()
+        c.wait(timeout=60)
+        assert c.logs() == b"kept\n"
+        with pytest.raises(docker.errors.APIError) as e:
+            v.remove()
+        assert e.value.status_code == 409
+    finally:
+        c.remove(force=True)
+    with pytest.raises(docker.errors.APIError) as e:
+        client.volumes.create("sdk-vol2", driver="nfs")
+    assert e.value.status_code == 400
+    with pytest.raises(docker.errors.APIError):
+        client.volumes.create("bad/name")
+    client.volumes.create("sdk-unused")
+    pruned = client.volumes.prune(filters={"all": "true", "label": "team=a"})
+    assert pruned["VolumesDeleted"] == ["sdk-vol"]
+    client.volumes.get("sdk-unused").remove()
+    with pytest.raises(docker.errors.NotFound):
+        client.volumes.get("sdk-unused")
+
+
+def _mixed_calls(api: str, image: str, i: int) -> str:
+    """Ten API calls of one client (run = create + start, exec = create + start +
+    inspect, ...), from a process of its own; returns the container's id."""
+    c = docker.DockerClient(base_url=f"tcp://{api}", version="auto", timeout=60)
+    try:
+        name = f"conc-{i}"
+        ctr = c.containers.run(image, ["sh", "-c", "echo $0; sleep 1", name], detach=True, name=name)
+        assert ctr.exec_run(["echo", "x"]).output == b"x\n"
+        ctr.reload()
+        c.containers.list(all=True, ignore_removed=True)
+        c.images.list()
+        assert ctr.wait(timeout=60)["StatusCode"] == 0
+        assert ctr.logs() == f"{name}\n".encode()
+        c.api.inspect_container(ctr.id)
+        c.info()
+        c.ping()
+        ctr.remove(force=True)
+        return ctr.id
+    finally:
+        c.close()
+
+
+def test_concurrent_clients_leak_nothing(client, env: Env):
+    """100 mixed API calls from 8 clients at once leave no process, mount or cgroup."""
+    ids: list[str] = []
+
+    def leftovers(cid: str) -> list[str]:
+        """What a removed container left: mounts, processes, cgroups naming its id."""
+        left = [line for line in open("/proc/self/mountinfo") if cid in line]
+        for pid in os.listdir("/proc"):
+            try:
+                if pid.isdigit() and cid.encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+                    left.append(f"process {pid}")
+            except OSError:
+                pass
+        root = Path("/sys/fs/cgroup")
+        left += [str(p) for p in root.glob(f"*/insitu/{cid}")] + [str(p) for p in root.glob(f"insitu/{cid}")]
+        return left
+
+    with concurrent.futures.ProcessPoolExecutor(max_workers=8) as pool:
+        ids += [f.result() for f in [pool.submit(_mixed_calls, env.api, env.image, i) for i in range(10)]]
+    assert not [x for x in client.containers.list(all=True) if x.name.startswith("conc-")]
+    assert len(ids) == 10
+    assert {cid[:12]: leftovers(cid) for cid in ids if leftovers(cid)} == {}
+
+
+def test_system_df_and_image_prune(client, env: Env):
+    df = client.df()
+    assert any(i["Id"] == client.images.get(env.image).id for i in df["Images"])
+    assert {"LayersSize", "Containers", "Volumes", "BuildCache"} <= set(df)
+    # Nothing untagged here: the prune removes nothing and keeps the image in use.
+    pruned = client.images.prune()
+    assert not pruned["ImagesDeleted"] and pruned["SpaceReclaimed"] == 0
+    with pytest.raises(docker.errors.APIError) as e:
+        client.images.prune(filters={"colour": "red"})
+    assert e.value.status_code == 400
+    client.images.get(env.image)
+
+
+def test_archive_reaches_volumes_and_changes_list_the_upper_layer(client, env: Env):
+    client.volumes.create("sdk-cp-vol")
+    c = client.containers.run(
+        env.image,
+        ["sh", "-c", "echo changed >> /etc/hostname.new; rm /etc/group; sleep 300"],
+        detach=True,
+        volumes=["sdk-cp-vol:/rw", "sdk-cp-vol:/ro:ro"],
+    )
+    try:
+        data = _tar({"a.txt": b"into the volume\n"})
+        info = tarfile.TarInfo("owned.txt")
+        info.uid, info.gid, info.size = 1042, 1043, 1
+        owned = io.BytesIO()
+        with tarfile.open(fileobj=owned, mode="w") as t:
+            t.addfile(info, io.BytesIO(b"o"))
+        assert c.put_archive("/rw", data) and c.put_archive("/tmp", owned.getvalue())
+        assert c.exec_run(["cat", "/ro/a.txt"]).output == b"into the volume\n"
+        assert c.exec_run(["stat", "-c", "%u:%g", "/tmp/owned.txt"]).output.strip() == b"1042:1043"
+        with pytest.raises(docker.errors.APIError):
+            c.put_archive("/ro", data)
+        for _ in range(100):
+            kinds = {ch["Path"]: ch["Kind"] for ch in c.diff() or []}
+            if "/etc/group" in kinds:
+                break
+            time.sleep(0.05)
+        assert kinds["/etc/group"] == 2 and kinds["/etc/hostname.new"] == 1 and kinds["/etc"] == 0, kinds
+        assert kinds["/tmp/owned.txt"] == 1
+    finally:
+        c.remove(force=True)
+        client.volumes.get("sdk-cp-vol").remove()
+
+
+def test_save_and_load_back(client, env: Env):
+    img = client.images.get(env.image)
+    data = b"".join(img.save(named=True))
+    with tarfile.open(fileobj=io.BytesIO(data)) as t:
+        names = t.getnames()
+        manifest = json.loads(t.extractfile("manifest.json").read())
+    assert "index.json" in names and "oci-layout" in names
+    assert manifest[0]["RepoTags"] == [env.image]
+    # Loaded back under another name after the original is gone.
+    holder = client.containers.create(env.image, ["true"])  # keeps the layers in use
+    try:
+        img.tag("sdk-saved", "v1")
+        client.images.remove("sdk-saved:v1")
+        loaded = client.images.load(data)
+        assert [i.id for i in loaded] == [img.id]
+    finally:
+        holder.remove(force=True)
+    with pytest.raises(docker.errors.NotFound):
+        b"".join(client.api.get_image("no-such-image:v9"))
+    # docker save through the CLI, read back by docker load.
+    out = env.d / "saved.tar"
+    env.ok("save", "-o", str(out), env.image)
+    assert f"Loaded image: {env.image}" in env.ok("load", "-i", str(out))
+
+
+def test_events_tell_what_happened(client, env: Env):
+    since = time.time()
+    c = client.containers.run(env.image, ["sh", "-c", "exit 2"], detach=True, name="sdk-events", labels={"ev": "1"})
+    c.wait(timeout=60)
+    c.remove()
+    until = time.time() + 0.5
+    time.sleep(0.6)
+    got = list(client.events(since=since, until=until, decode=True, filters={"container": "sdk-events"}))
+    actions = [e["Action"] for e in got]
+    assert actions == ["create", "start", "die", "destroy"], actions
+    die = got[2]
+    assert die["Actor"]["Attributes"]["exitCode"] == "2" and die["Actor"]["Attributes"]["ev"] == "1" and die["Type"] == "container"
+    assert all(e["Actor"]["ID"] == c.id for e in got)
+    assert list(client.events(since=since, until=until, decode=True, filters={"type": "volume", "container": "sdk-events"})) == []
+
+
+def test_update_changes_limits_and_restart_policy(client, env: Env):
+    c = client.containers.run(env.image, ["sleep", "300"], detach=True, mem_limit="32m")
+    try:
+        c.update(mem_limit="48m", cpu_shares=300, restart_policy={"Name": "on-failure", "MaximumRetryCount": 1})
+        c.reload()
+        hc = c.attrs["HostConfig"]
+        assert hc["Memory"] == 48 << 20 and hc["CpuShares"] == 300
+        assert hc["RestartPolicy"] == {"Name": "on-failure", "MaximumRetryCount": 1}
+        assert _cgroup(c.id, "memory", "memory.limit_in_bytes") in (str(48 << 20), None)
+        assert _cgroup(c.id, "cpu", "cpu.shares") in ("300", None)
+        with pytest.raises(docker.errors.APIError) as e:
+            c.update(blkio_weight=300)
+        assert e.value.status_code == 400 and "BlkioWeight" in str(e.value)
+        # The CLI sends every limit, zero where unchanged.
+        env.ok("update", "--cpu-shares", "400", c.id)
+        c.reload()
+        assert c.attrs["HostConfig"]["CpuShares"] == 400 and c.attrs["HostConfig"]["Memory"] == 48 << 20
+    finally:
+        c.remove(force=True)
+
+
+def test_export_and_predefined_networks(client, env: Env):
+    c = client.containers.run(env.image, ["sh", "-c", "echo mark > /exported"], detach=True)
+    try:
+        c.wait(timeout=60)
+        data = b"".join(c.export())
+        with tarfile.open(fileobj=io.BytesIO(data)) as t:
+            names = {n.lstrip("./") for n in t.getnames()}
+            assert "exported" in names and "bin/busybox" in names
+    finally:
+        c.remove(force=True)
+    nets = {n.name: n for n in client.networks.list()}
+    assert set(nets) == {"bridge", "host", "none"}
+    assert client.networks.get(nets["host"].id).attrs["Driver"] == "host"
+    assert [n.name for n in client.networks.list(names=["bridge"])] == ["bridge"]
+    with pytest.raises(docker.errors.APIError) as e:
+        client.networks.create("mynet", driver="bridge")
+    assert e.value.status_code == 400 and "network" in str(e.value)
+    with pytest.raises(docker.errors.NotFound):
+        client.networks.get("mynet")
+
+
+def test_commit_makes_an_image_of_the_changes(client, env: Env):
+    c = client.containers.run(env.image, ["sh", "-c", "echo made > /made; rm /etc/group"], detach=True)
+    try:
+        c.wait(timeout=60)
+        img = c.commit(repository="sdk-committed", tag="v1", changes=["CMD cat /made", "ENV X=1"], conf={"Labels": {"c": "1"}}, author="me", message="why")
+        assert img.tags == ["sdk-committed:v1"] and img.labels.get("c") == "1"
+        assert img.attrs["Author"] == "me" and img.attrs["Comment"] == "why" and "X=1" in img.attrs["Config"]["Env"]
+        assert client.containers.run("sdk-committed:v1", remove=True) == b"made\n"
+        out = client.containers.run("sdk-committed:v1", ["sh", "-c", "test -e /etc/group || echo gone"], remove=True)
+        assert out == b"gone\n", "a deletion is a whiteout in the new layer"
+        with pytest.raises(docker.errors.APIError) as e:
+            c.commit(repository="sdk-bad", changes=["RUN true"])
+        assert e.value.status_code == 400 and "RUN" in str(e.value)
+        assert [i for i in client.images.list(name="sdk-bad")] == []
+    finally:
+        c.remove(force=True)
+    assert "sha256:" in env.ok("commit", "--change", "CMD echo cli", env.ok("create", env.image, "true").strip(), "sdk-cli-committed")
+    client.images.remove("sdk-committed:v1")
+
+
+def test_import_a_root_file_system(client, env: Env):
+    # The busybox image's own files, exported, become a one-layer image.
+    c = client.containers.create(env.image, ["true"])
+    try:
+        rootfs = b"".join(c.export())
+    finally:
+        c.remove(force=True)
+    client.api.import_image_from_data(rootfs, repository="sdk-imported", tag="v1", changes=["CMD echo imported", "ENV Y=2"])
+    img = client.images.get("sdk-imported:v1")
+    assert len(img.attrs["RootFS"]["Layers"]) == 1 and "Y=2" in img.attrs["Config"]["Env"]
+    assert client.containers.run("sdk-imported:v1", remove=True) == b"imported\n"
+    # An archive that climbs out of its layer is refused and stores nothing.
+    bad = _tar({"ok": b"1", "../escape": b"2"})
+    out = client.api.import_image_from_data(bad, repository="sdk-bad-import")
+    assert "error" in out or "escape" in str(out)
+    with pytest.raises(docker.errors.ImageNotFound):
+        client.images.get("sdk-bad-import")
+    with pytest.raises(docker.errors.APIError) as e:
+        client.api.import_image_from_url("http://127.0.0.1:1/x.tar", repository="sdk-url")
+    assert e.value.status_code == 400
+    client.images.remove("sdk-imported:v1")
+
+
+def test_bad_input_gets_a_clear_error_and_changes_nothing(client, env: Env):
+    api = _api(client)
+    before = sorted(c.id for c in client.containers.list(all=True))
+    vols = sorted(v.name for v in client.volumes.list())
+    c = client.containers.run(env.image, ["sleep", "60"], detach=True)
+    try:
+        for path in ["/containers/create", f"/containers/{c.id}/exec", f"/containers/{c.id}/update", "/volumes/create", f"/commit?container={c.id}"]:
+            r = api.post(api._url(path), data=b'{"Image": "x", "Cmd": [', headers={"Content-Type": "application/json"})
+            assert r.status_code == 400 and "JSON" in r.json()["message"], (path, r.status_code, r.text)
+        r = api.post(api._url("/containers/create"), json={"Image": "no-such-image:never", "Cmd": ["true"]})
+        assert r.status_code == 404 and "no-such-image" in r.json()["message"]
+        r = api.post(api._url("/containers/create"), json={"Image": env.image, "HostConfig": {"Privileged": True}})
+        assert r.status_code == 400 and "Privileged" in r.json()["message"]
+        r = api.get(api._url("/containers/json"), params={"filters": "{not json"})
+        assert r.status_code == 400
+        r = api.get(api._url(f"/containers/{c.id}/logs"), params={"stdout": 1, "since": "yesterday"})
+        assert r.status_code == 400 and "since" in r.json()["message"]
+    finally:
+        c.remove(force=True)
+    assert sorted(x.id for x in client.containers.list(all=True)) == before
+    assert sorted(v.name for v in client.volumes.list()) == vols
+
+
+def test_list_filters_by_network_volume_and_ports(client, env: Env):
+    a = client.containers.create(env.image, ["true"], network_mode="none", volumes=["sdk-filter-vol:/v"])
+    b = client.containers.create(env.image, ["true"], ports={"8080/tcp": None})
+    try:
+        ids = lambda **f: sorted(x.id for x in client.containers.list(all=True, filters=f))  # noqa: E731
+        assert ids(network="none") == [a.id]
+        assert ids(volume="sdk-filter-vol") == [a.id] and ids(volume="/v") == [a.id]
+        assert ids(expose="8080/tcp") == [b.id] and ids(publish="8080") == [b.id]
+        assert set(ids(health="none")) >= {a.id, b.id} and ids(health="healthy") == []
+    finally:
+        a.remove(force=True)
+        b.remove(force=True)
+        client.volumes.get("sdk-filter-vol").remove()
