@@ -17,11 +17,12 @@
 
 mod attention;
 mod layout;
+mod request;
 mod store;
 /// The byte format of the KV vendor commands, from the protocol crate.
 pub use insitu_proto::attention as wire;
 
-pub use attention::{attend, Method};
+pub use attention::{attend, attend_partial, Method};
 pub use attention::{attend_all, Task};
 pub use layout::{Dtype, Layout};
 pub use store::{HeadView, KvCache, SeqInfo, StoreUsage};

@@ -9,8 +9,8 @@
 use crate::controller::Controller;
 use insitu_engine::Engine;
 use insitu_fabric::{opcode, Command};
-use insitu_kvcache::{AttendStats, KvCache, KvError, Task};
-use insitu_proto::attention::{encode_info, Admin, Append, Attend, AttendResult};
+use insitu_kvcache::{KvCache, KvError};
+use insitu_proto::attention::{encode_info, Admin, Append, Attend, AttendOptions, AttendResult};
 use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
 
@@ -77,7 +77,7 @@ pub(crate) fn execute(target: &Engine, ctrl: &Controller, cmd: &Command, data: &
             Ok(KvDone::ok(tokens as u32))
         }
         opcode::KV_ATTEND => {
-            let result = attend(store, Attend::decode(data)?)?;
+            let result = attend(store, Attend::decode(data)?, AttendOptions::from_cdw11(cmd.cdw(11))?)?;
             let media = result.stats.media_bytes;
             let bytes = result.encode();
             let len = bytes.len() as u32;
@@ -124,26 +124,10 @@ fn check_shape(store: &KvCache, seq: u64, layer: usize, heads: usize, head_dim: 
     Ok(())
 }
 
-fn attend(store: &KvCache, a: Attend) -> Result<AttendResult, KvError> {
+fn attend(store: &KvCache, a: Attend, options: AttendOptions) -> Result<AttendResult, KvError> {
     // Validate every entry before the first append, so a bad entry changes nothing.
     for s in &a.seqs {
         check_shape(store, *s, a.layer, a.heads, a.head_dim)?;
     }
-    for (i, s) in a.seqs.iter().enumerate() {
-        if a.seqs[..i].contains(s) {
-            return Err(KvError::BadRequest(format!("sequence {s} appears twice in one attention request")));
-        }
-    }
-    if let Some((k, v)) = &a.new_kv {
-        let n = a.heads * a.head_dim;
-        for (i, s) in a.seqs.iter().enumerate() {
-            store.append(*s, a.layer, 1, &k[i * n..(i + 1) * n], &v[i * n..(i + 1) * n])?;
-        }
-    }
-    let views = a.seqs.iter().flat_map(|s| (0..a.heads).map(move |h| store.head(*s, a.layer, h))).collect::<Result<Vec<_>, _>>()?;
-    let rows = a.group * a.head_dim;
-    let mut out = vec![0f32; a.q.len()];
-    let tasks = views.iter().zip(a.q.chunks(rows)).zip(out.chunks_mut(rows)).map(|((head, q), out)| Task { head, q, out }).collect();
-    let stats: AttendStats = store.attend_all(tasks, a.scale, a.method)?;
-    Ok(AttendResult { entries: a.seqs.len(), heads: a.heads, group: a.group, head_dim: a.head_dim, stats, out })
+    store.attend_request(a, options)
 }
