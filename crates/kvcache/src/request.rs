@@ -31,11 +31,14 @@ impl KvCache {
         let rows = a.group * a.head_dim;
         let mut out = vec![0f32; a.q.len()];
         let mut lse = options.partial.then(|| vec![f64::NEG_INFINITY; a.q.len() / a.head_dim]);
-        let mut lse_parts: Vec<Option<&mut [f64]>> = match lse.as_mut() {
-            Some(l) => l.chunks_mut(a.group).map(Some).collect(),
-            None => (0..views.len()).map(|_| None).collect(),
-        };
-        let tasks = views.iter().zip(a.q.chunks(rows)).zip(out.chunks_mut(rows)).zip(lse_parts.iter_mut()).map(|(((head, q), out), lse)| Task { head, q, out, lse: lse.take() }).collect();
+        // One slot per query row, `group` rows per (entry, KV head) task.
+        let mut lse_parts = lse.as_mut().map(|l| l.chunks_mut(a.group));
+        let tasks = views
+            .iter()
+            .zip(a.q.chunks(rows))
+            .zip(out.chunks_mut(rows))
+            .map(|((head, q), out)| Task { head, q, out, lse: lse_parts.as_mut().and_then(Iterator::next) })
+            .collect();
         let stats: AttendStats = self.attend_all(tasks, a.scale, a.method)?;
         Ok(AttendResult { entries: a.seqs.len(), heads: a.heads, group: a.group, head_dim: a.head_dim, stats, out, lse })
     }
