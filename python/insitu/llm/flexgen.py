@@ -46,7 +46,7 @@ import torch
 from .. import _native
 from . import sparf
 from .hooks import KVStore
-from .targets import TargetPool, TokenSplit, Worker, merge, partition
+from .targets import TargetPool, TokenSplit, Worker, choose_split, head_ranges, merge
 
 __all__ = ["FlexGenStore", "PAGE", "NSID"]
 
@@ -96,12 +96,7 @@ class FlexGenStore(KVStore):
     ):
         if PAGE % (4 * head_dim):
             raise ValueError(f"head size {head_dim}: a 4 KiB page must hold whole f32 rows")
-        if split is None:
-            split = "tokens" if len(pool) > 1 and not mean_v else "heads"
-        if split not in ("tokens", "heads"):
-            raise ValueError(f"split {split!r}: use tokens or heads")
-        if split == "tokens" and mean_v and ratio:
-            raise ValueError("mean_v mixes in the mean of V over the whole sequence, which a token split holds on no single target: use split='heads'")
+        split = choose_split(split, len(pool), mean_v, bool(ratio))
         self.layers, self.kv_heads, self.head_dim, self.group = layers, kv_heads, head_dim, group
         self.ratio, self.batch, self.mean_v, self.split = ratio, batch, mean_v, split
         self.tpp = PAGE // (4 * head_dim)
@@ -113,7 +108,7 @@ class FlexGenStore(KVStore):
         self.dim_tokens = math.ceil(max_tokens / DIM_PAGE_TOKENS) * DIM_PAGE_TOKENS if ratio else 0
         self.max_tokens = self.groups_max * self.tpp
         self.region = 2 * PAGE * self.groups_max + 4 * head_dim * self.dim_tokens
-        self.ranges = [range(kv_heads)] * len(pool) if split == "tokens" else partition(kv_heads, len(pool))
+        self.ranges = head_ranges(split, kv_heads, len(pool))
         self.split_tokens = TokenSplit(len(self.ranges), batch, self.tpp)
         self._dealt: List[List[torch.Tensor]] = []
         self._step_target = 0

@@ -49,12 +49,11 @@ import torch
 from .. import _native
 from .hooks import KVStore
 from .sparf import SparseParams, params
-from .targets import TargetPool, TokenSplit, Worker, merge, partition
+from .targets import SPLITS, TargetPool, TokenSplit, Worker, choose_split, head_ranges, merge
 
 __all__ = ["TargetStore", "SPLITS", "KV_DTYPES"]
 
 METHODS = ("dense", "sparf", "sparq")
-SPLITS = ("tokens", "heads")
 KV_DTYPES = {"f32": 4, "f16": 2}
 
 
@@ -94,16 +93,10 @@ class TargetStore(KVStore):
             raise ValueError(f"method {method!r} needs a sparse ratio (e.g. 0.125)")
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"KV dtype {kv_dtype!r}: use one of {', '.join(KV_DTYPES)}")
-        if split is None:
-            split = "tokens" if len(pool) > 1 and not mean_v else "heads"
-        if split not in SPLITS:
-            raise ValueError(f"split {split!r}: use one of {', '.join(SPLITS)}")
-        if split == "tokens" and mean_v and method != "dense":
-            raise ValueError("mean_v mixes in the mean of V over the whole sequence, which a token split holds on no single target: use split='heads'")
+        split = choose_split(split, len(pool), mean_v, method != "dense")
         self.layers, self.kv_heads, self.head_dim, self.group = layers, kv_heads, head_dim, group
         self.method, self.ratio, self.mean_v, self.split, self.kv_dtype = method, ratio, mean_v, split, kv_dtype
-        # A token split puts every KV head on every target.
-        self.ranges = [range(kv_heads)] * len(pool) if split == "tokens" else partition(kv_heads, len(pool))
+        self.ranges = head_ranges(split, kv_heads, len(pool))
         self.targets: List = []
         self.workers: List[Worker] = []
         # Random ids: a remote target may hold other hosts' (or an earlier run's) sequences.

@@ -31,7 +31,7 @@ import torch
 
 from .. import _native
 
-__all__ = ["partition", "TokenSplit", "merge", "TargetPool", "Worker", "DEFAULT_DIR"]
+__all__ = ["partition", "SPLITS", "choose_split", "head_ranges", "TokenSplit", "merge", "TargetPool", "Worker", "DEFAULT_DIR"]
 
 # Where the embedded default keeps its namespace images, relative to the working directory.
 DEFAULT_DIR = ".insitu"
@@ -49,6 +49,30 @@ def partition(heads: int, targets: int) -> List[range]:
         out.append(range(start, start + n))
         start += n
     return out
+
+
+SPLITS = ("tokens", "heads")
+
+
+def choose_split(split: Optional[str], targets: int, mean_v: bool, sparse: bool) -> str:
+    """The split a store uses: ``split`` checked, or by default tokens over two or more
+    targets and heads otherwise. The paper's mix with the mean of V (``mean_v`` with a
+    ``sparse`` method) weighs the whole sequence, which a token split holds on no single
+    target: it takes the head split, and refuses the token split."""
+    mixes = mean_v and sparse
+    if split is None:
+        return "tokens" if targets > 1 and not mixes else "heads"
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r}: use one of {', '.join(SPLITS)}")
+    if split == "tokens" and mixes:
+        raise ValueError("mean_v mixes in the mean of V over the whole sequence, which a token split holds on no single target: use split='heads'")
+    return split
+
+
+def head_ranges(split: str, heads: int, targets: int) -> List[range]:
+    """The KV heads each target holds: all of them on every target with a token split,
+    else :func:`partition`'s ranges."""
+    return [range(heads)] * targets if split == "tokens" else partition(heads, targets)
 
 
 class TokenSplit:
