@@ -9,37 +9,12 @@
 use crate::controller::Controller;
 use insitu_engine::Engine;
 use insitu_fabric::{opcode, Command};
-use insitu_kvcache::{KvCache, KvError};
+use insitu_kvcache::{KvCache, KvError, RESULT_GRACE};
 use insitu_proto::attention::{encode_info, Admin, Append, Attend, AttendOptions, AttendResult};
-use std::collections::VecDeque;
-use std::sync::{Mutex, PoisonError};
 
-/// Results a controller holds at most; older ones are dropped when more arrive (a host
-/// that never collects its results cannot grow the target's memory).
-const HELD_RESULTS: usize = 64;
-
-/// Results of KV commands waiting for KV_RESULT, by tag.
-#[derive(Default)]
-pub(crate) struct HeldResults {
-    held: Mutex<VecDeque<(u32, Vec<u8>)>>,
-}
-
-impl HeldResults {
-    fn put(&self, tag: u32, data: Vec<u8>) {
-        let mut h = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        h.retain(|(t, _)| *t != tag);
-        if h.len() == HELD_RESULTS {
-            h.pop_front();
-        }
-        h.push_back((tag, data));
-    }
-
-    fn take(&self, tag: u32) -> Option<Vec<u8>> {
-        let mut h = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        let i = h.iter().position(|(t, _)| *t == tag)?;
-        h.remove(i).map(|(_, d)| d)
-    }
-}
+/// Results of KV commands waiting for KV_RESULT, by tag (a KV_RESULT may wait for its
+/// KV_ATTEND, so a host needs one round trip per exchange).
+pub(crate) use insitu_kvcache::HeldResults;
 
 /// What a KV command produced: dword 0, data to return, bytes read from the media.
 pub(crate) struct KvDone {
@@ -58,7 +33,7 @@ impl KvDone {
 pub(crate) fn execute(target: &Engine, ctrl: &Controller, cmd: &Command, data: &[u8]) -> Result<KvDone, KvError> {
     let tag = cmd.cdw(10);
     if cmd.opcode() == opcode::KV_RESULT {
-        let held = ctrl.kv_results.take(tag).ok_or(KvError::NoResult(tag))?;
+        let held = ctrl.kv_results.take_wait(tag, RESULT_GRACE).ok_or(KvError::NoResult(tag))?;
         if (cmd.sgl().1 as usize) < held.len() {
             // Keep it: the host may ask again with a buffer large enough.
             let len = held.len();
@@ -77,11 +52,13 @@ pub(crate) fn execute(target: &Engine, ctrl: &Controller, cmd: &Command, data: &
             Ok(KvDone::ok(tokens as u32))
         }
         opcode::KV_ATTEND => {
+            // A KV_RESULT for this tag waits until the result is held (or this fails).
+            let pending = ctrl.kv_results.begin(tag);
             let result = attend(store, Attend::decode(data)?, AttendOptions::from_cdw11(cmd.cdw(11))?)?;
             let media = result.stats.media_bytes;
             let bytes = result.encode();
             let len = bytes.len() as u32;
-            ctrl.kv_results.put(tag, bytes);
+            pending.complete(bytes);
             Ok(KvDone { dw0: len, data: None, media })
         }
         _ => unreachable!("only KV opcodes are routed here"),

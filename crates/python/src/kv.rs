@@ -249,8 +249,7 @@ impl KvTarget {
             }
             let _one = self.exchange.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
-            let len = self.send_with("KV attend", opcode::KV_ATTEND, tag, AttendOptions { partial }.cdw11(), &req.encode())?;
-            let data = self.result("KV attend", tag, len as usize)?;
+            let data = self.exchange_attend(tag, AttendOptions { partial }, &req)?;
             let result = AttendResult::decode(&data).map_err(|e| StorageIOError::new_err(e.to_string()))?;
             if result.lse.is_some() != partial || result.out.len() != req.q.len() {
                 return Err(StorageIOError::new_err(format!(
@@ -292,6 +291,27 @@ impl KvTarget {
 }
 
 impl KvTarget {
+    /// KV_ATTEND and its KV_RESULT in one round trip: both in flight together, the
+    /// KV_RESULT asking for the length the request implies (a target waits for the result
+    /// it is computing). A target that answered the KV_RESULT before the result was there
+    /// is asked again once the KV_ATTEND is done. The KV_ATTEND's error comes first: it
+    /// says why there is no result.
+    fn exchange_attend(&self, tag: u32, options: AttendOptions, req: &Attend) -> PyResult<Vec<u8>> {
+        let rows = req.q.len() / req.head_dim.max(1);
+        let want = insitu_proto::attention::RESULT_HEADER_LEN + 4 * req.q.len() + if options.partial { 8 * rows } else { 0 };
+        let body = req.encode();
+        let (sent, early) = std::thread::scope(|s| {
+            let attend = s.spawn(|| self.send_with("KV attend", opcode::KV_ATTEND, tag, options.cdw11(), &body));
+            let early = self.result("KV attend", tag, want);
+            (attend.join().unwrap_or_else(|_| Err(StorageIOError::new_err("KV attend: the sending thread panicked"))), early)
+        });
+        let len = sent? as usize;
+        match early {
+            Ok(data) if data.len() == len => Ok(data),
+            _ => self.result("KV attend", tag, len),
+        }
+    }
+
     /// (KV heads, head size) of a sequence, from the target.
     fn info_shape(&self, seq: u64) -> PyResult<(usize, usize)> {
         if let Some(s) = self.shapes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&seq) {
