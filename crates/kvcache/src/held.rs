@@ -20,7 +20,7 @@ pub const HELD_RESULTS: usize = 64;
 /// How long a KV_RESULT waits for a tag that is neither held nor being computed before it
 /// answers "no result": long enough for a KV_ATTEND sent just before it to start, short
 /// enough that a stray KV_RESULT does not hold a worker for long.
-pub const RESULT_GRACE: Duration = Duration::from_millis(250);
+pub const RESULT_GRACE: Duration = Duration::from_millis(100);
 
 /// How long a KV_RESULT waits at most for a result being computed: a bound for a worker
 /// that never finishes, far above any attention's time.
