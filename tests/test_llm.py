@@ -78,7 +78,10 @@ def test_dense_generation_equals_memory(model, pool, reference, long_ids, attent
     assert long["token_ids"] == reference["long"]
     s = long["stats"]
     kv = 1100 * model.layers * model.kv_heads * 2 * model.head_dim * 4
-    assert s["bytes_from_host"] >= kv  # the prompt's K and V went to the targets
+    # The prompt's K and V went to the targets; FlexGen keeps the tokens of each share's
+    # last, unfilled page on the host (at most 15 per target, layer and KV head).
+    tails = 0 if attention == "insitu" else len(pool) * 15 * model.layers * model.kv_heads * 2 * model.head_dim * 4
+    assert s["bytes_from_host"] >= kv - tails
     if attention == "insitu":
         # Decode moves q, k, v and outputs: a few KiB per layer and step, not the cache.
         assert s["bytes_to_host"] < kv / 20

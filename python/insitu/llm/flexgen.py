@@ -110,8 +110,6 @@ class FlexGenStore(KVStore):
         self.region = 2 * PAGE * self.groups_max + 4 * head_dim * self.dim_tokens
         self.ranges = head_ranges(split, kv_heads, len(pool))
         self.split_tokens = TokenSplit(len(self.ranges), batch, self.tpp)
-        self._dealt: List[List[torch.Tensor]] = []
-        self._step_target = 0
         self.sessions: List = []
         self.workers: List[Worker] = []
         self.rows: List[Dict[Tuple[int, int], _Row]] = []
@@ -143,19 +141,15 @@ class FlexGenStore(KVStore):
 
     def prefill(self, layer, k, v, valid):
         rows = [None] * k.shape[0] if valid is None else [torch.nonzero(m).flatten() for m in valid.cpu()]
-        if layer == 0:
-            counts = [k.shape[2] if sel is None else len(sel) for sel in rows]
-            if self.split == "tokens":
-                self._dealt = self.split_tokens.deal(self.tokens, counts)
-            self.tokens = [t + n for t, n in zip(self.tokens, counts)]
         k, v = k.detach(), v.detach()
         if self.split == "tokens":
-            for i, dealt in enumerate(self._dealt):
-                picks = [d if sel is None else sel[d] for d, sel in zip(dealt, rows)]
+            for i, picks in enumerate(self.split_tokens.prefill(layer, self.tokens, rows, k.shape[2])):
                 self.workers[i].submit(self._prefill, i, layer, k, v, picks)
-            return
-        for i, rng in enumerate(self.ranges):
-            self.workers[i].submit(self._prefill, i, layer, k[:, rng.start : rng.stop], v[:, rng.start : rng.stop], rows)
+        else:
+            for i, rng in enumerate(self.ranges):
+                self.workers[i].submit(self._prefill, i, layer, k[:, rng.start : rng.stop], v[:, rng.start : rng.stop], rows)
+        if layer == 0:
+            self.tokens = [t + (k.shape[2] if sel is None else len(sel)) for t, sel in zip(self.tokens, rows)]
 
     def _prefill(self, i, layer, k, v, rows):
         k, v = k.to("cpu", torch.float32), v.to("cpu", torch.float32)
@@ -200,18 +194,17 @@ class FlexGenStore(KVStore):
         B, hq, D = q.shape
         if layer == 0:
             self.tokens = [n + 1 for n in self.tokens]
-            if self.split == "tokens":
-                self._step_target = self.split_tokens.step()
         qg = q.detach().reshape(B, self.kv_heads, self.group, D)
         k, v = k.detach(), v.detach()
         futures = []
-        for i, rng in enumerate(self.ranges):
-            if self.split == "heads":
+        if self.split == "tokens":
+            for i in self.split_tokens.decode(layer):
+                new = (k, v) if i == self.split_tokens.step_target else (None, None)
+                futures.append(self.workers[i].submit(self._decode, i, layer, qg, *new, scale))
+        else:
+            for i, rng in enumerate(self.ranges):
                 s = slice(rng.start, rng.stop)
                 futures.append(self.workers[i].submit(self._decode, i, layer, qg[:, s], k[:, s], v[:, s], scale))
-            elif i == self._step_target or max(self.split_tokens.held[i]):
-                new = (k, v) if i == self._step_target else (None, None)
-                futures.append(self.workers[i].submit(self._decode, i, layer, qg, *new, scale))
         for w in self.workers:
             w.drain()
         parts = [f.result() for f in futures]

@@ -103,10 +103,6 @@ class TargetStore(KVStore):
         base = random.getrandbits(40) << 16
         self.seqs = [base + b for b in range(batch)]
         self.tokens = [0] * batch
-        # The prompt tokens each target stores (dealt at layer 0, the same for every
-        # layer), and where this step's new token goes (likewise).
-        self._dealt: List[List[torch.Tensor]] = []
-        self._step_target = 0
         self._media = [0] * len(self.ranges)
         self.exchanges = 0  # attention exchanges sent (one per layer and target used)
         self._created: List[List[int]] = []
@@ -132,20 +128,16 @@ class TargetStore(KVStore):
 
     def prefill(self, layer, k, v, valid):
         rows = [None] * k.shape[0] if valid is None else [torch.nonzero(m).flatten() for m in valid.cpu()]
-        if layer == 0:
-            counts = [k.shape[2] if sel is None else len(sel) for sel in rows]
-            if self.split == "tokens":
-                self._dealt = self.split_tokens.deal(self.tokens, counts)
-            self.tokens = [t + n for t, n in zip(self.tokens, counts)]
         k, v = k.detach(), v.detach()
-        if self.split == "heads":
+        if self.split == "tokens":
+            # Each target gets its pages of each row's prompt.
+            for i, picks in enumerate(self.split_tokens.prefill(layer, self.tokens, rows, k.shape[2])):
+                self.workers[i].submit(self._append, i, layer, k, v, picks)
+        else:
             for i, rng in enumerate(self.ranges):
                 self.workers[i].submit(self._append, i, layer, k[:, rng.start : rng.stop], v[:, rng.start : rng.stop], rows)
-            return
-        # A token split: each target gets its pages of each row's prompt.
-        for i, dealt in enumerate(self._dealt):
-            picks = [d if sel is None else sel[d] for d, sel in zip(dealt, rows)]
-            self.workers[i].submit(self._append, i, layer, k, v, picks)
+        if layer == 0:
+            self.tokens = [t + (k.shape[2] if sel is None else len(sel)) for t, sel in zip(self.tokens, rows)]
 
     def _append(self, i, layer, k, v, rows):
         # Runs on target i's worker: the copy to host memory and the send overlap the host.
@@ -161,19 +153,18 @@ class TargetStore(KVStore):
         B, hq, D = q.shape
         if layer == 0:
             self.tokens = [n + 1 for n in self.tokens]
-            if self.split == "tokens":
-                self._step_target = self.split_tokens.step()
         qg = q.reshape(B, self.kv_heads, self.group, D)
         futures = []
-        for i, rng in enumerate(self.ranges):
-            s = slice(rng.start, rng.stop)
-            if self.split == "heads":
-                p = self._params(max(self.tokens))
-                futures.append(self.workers[i].submit(self._attend, i, layer, qg[:, s], k[:, s], v[:, s], scale, p, False))
-            elif i == self._step_target or max(self.held[i]):
-                new = (k, v) if i == self._step_target else (None, None)
+        if self.split == "tokens":
+            for i in self.split_tokens.decode(layer):
+                new = (k, v) if i == self.split_tokens.step_target else (None, None)
                 p = self._params(max(self.held[i]))  # SparF at the ratio over this share
                 futures.append(self.workers[i].submit(self._attend, i, layer, qg, *new, scale, p, True))
+        else:
+            for i, rng in enumerate(self.ranges):
+                s = slice(rng.start, rng.stop)
+                p = self._params(max(self.tokens))
+                futures.append(self.workers[i].submit(self._attend, i, layer, qg[:, s], k[:, s], v[:, s], scale, p, False))
         self.exchanges += len(futures)
         for w in self.workers:
             w.drain()  # raises the first error of this step or of an earlier prefill append

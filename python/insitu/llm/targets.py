@@ -92,6 +92,25 @@ class TokenSplit:
         self.tokens_per_page = tokens_per_page
         #: ``held[i][b]``: tokens of sequence ``b`` on target ``i``.
         self.held = [[0] * batch for _ in range(targets)]
+        #: The target storing the current decode step's token (see :meth:`decode`).
+        self.step_target = 0
+        self._dealt: List[List[torch.Tensor]] = []
+
+    def prefill(self, layer: int, starts: Sequence[int], rows: Sequence[Optional[torch.Tensor]], width: int) -> List[List[torch.Tensor]]:
+        """A prompt's layer ``layer``, ``width`` columns wide, of which sequence ``b`` has
+        the columns ``rows[b]`` (None: all) at positions ``starts[b] …``: per target and
+        sequence, the columns it stores. Dealt at layer 0 (see :meth:`deal`), the same for
+        every later layer of the prompt."""
+        if layer == 0:
+            self._dealt = self.deal(starts, [width if sel is None else len(sel) for sel in rows])
+        return [[d if sel is None else sel[d] for d, sel in zip(dealt, rows)] for dealt in self._dealt]
+
+    def decode(self, layer: int) -> List[int]:
+        """The targets a decode step's layer asks: the one storing the step's token
+        (:attr:`step_target`, placed at layer 0) and every one holding a token."""
+        if layer == 0:
+            self.step_target = self.step()
+        return [i for i, held in enumerate(self.held) if i == self.step_target or max(held)]
 
     def deal(self, starts: Sequence[int], counts: Sequence[int]) -> List[List[torch.Tensor]]:
         """Adds ``counts[b]`` prompt tokens to each sequence ``b`` (positions ``starts[b]
