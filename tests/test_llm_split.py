@@ -229,3 +229,25 @@ def test_flexgen_splits_tokens_as_the_targets_do(pool3):
             flex.close()
         assert torch.allclose(outs[0].double(), outs[1].double(), atol=2e-5), (method, (outs[0] - outs[1]).abs().max())
         assert fs["bytes_to_host"] > 10 * ts["bytes_to_host"], method
+
+
+def test_every_layer_puts_a_forward_s_tokens_where_layer_0_put_them():
+    """A forward of several new tokens calls each layer once per token: the j-th token of
+    every layer goes to the target layer 0 chose for its j-th, so the layers' shares agree."""
+    from insitu.llm.targets import TokenSplit
+
+    split = TokenSplit(3, 1, TPP)
+    split.deal([0], [TPP])  # one page, on target 0
+
+    def placed(layer):
+        out = []
+        for _ in range(3):
+            asked = split.decode(layer)
+            assert split.step_target in asked
+            out.append(split.step_target)
+        return out
+
+    assert placed(0) == [1, 2, 1]  # each token where the fewest are
+    assert placed(1) == placed(2) == [1, 2, 1]
+    assert split.held == [[TPP], [2], [1]]  # counted once, at layer 0
+    assert placed(0) == [2, 1, 2]  # the next forward places anew

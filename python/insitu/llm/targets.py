@@ -25,7 +25,7 @@ import os
 import shutil
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -95,6 +95,10 @@ class TokenSplit:
         #: The target storing the current decode step's token (see :meth:`decode`).
         self.step_target = 0
         self._dealt: List[List[torch.Tensor]] = []
+        # Where the tokens of the current forward went (placed at layer 0, one per call),
+        # and how many of them each later layer has sent so far.
+        self._placed: List[int] = []
+        self._sent: Dict[int, int] = {}
 
     def prefill(self, layer: int, starts: Sequence[int], rows: Sequence[Optional[torch.Tensor]], width: int) -> List[List[torch.Tensor]]:
         """A prompt's layer ``layer``, ``width`` columns wide, of which sequence ``b`` has
@@ -107,9 +111,18 @@ class TokenSplit:
 
     def decode(self, layer: int) -> List[int]:
         """The targets a decode step's layer asks: the one storing the step's token
-        (:attr:`step_target`, placed at layer 0) and every one holding a token."""
+        (:attr:`step_target`, placed at layer 0) and every one holding a token. A forward
+        of several new tokens calls each layer once per token, in order: every layer puts
+        its ``j``-th token where layer 0 put its ``j``-th."""
         if layer == 0:
-            self.step_target = self.step()
+            if self._sent:  # the later layers ran: a new forward begins
+                self._placed, self._sent = [], {}
+            self._placed.append(self.step())
+            self.step_target = self._placed[-1]
+        else:
+            j = self._sent.get(layer, 0)
+            self._sent[layer] = j + 1
+            self.step_target = self._placed[j]
         return [i for i, held in enumerate(self.held) if i == self.step_target or max(held)]
 
     def deal(self, starts: Sequence[int], counts: Sequence[int]) -> List[List[torch.Tensor]]:
