@@ -54,17 +54,22 @@ def markdown(r: dict) -> str:
     s += f"`{r.get('command', 'insitu bench llm')}`; model {r.get('model', '')}; device model `{dm}` on every target "
     s += f"(flash and PCIe link paced); {r.get('steps')} greedy decode steps per point; host-memory budget for the KV cache "
     s += f"{r.get('host_budget_bytes', 0) / 2**20:.0f} MiB; KV cache {r.get('kv_bytes_per_token', 0) / 1024:.0f} KiB per token "
-    s += f"(f32). Machine: {m.get('cpus', '?')} CPUs ({m.get('cpu_model', '?')}).\n\n"
+    s += f"(f32); in-storage pages {r.get('kv_dtype', 'f32')}, each sequence's tokens split over the targets "
+    s += f"({r.get('split', 'heads')}). Machine: {m.get('cpus', '?')} CPUs ({m.get('cpu_model', '?')}).\n\n"
     if r.get("note"):
         s += f"**Note:** {r['note']}\n\n"
-    s += "| batch x context | KV cache | targets | backend | tokens/s | link bytes / token | media bytes / token | step s | device-model bound s |\n"
-    s += "|---|---:|---:|---|---:|---:|---:|---:|---:|\n"
+    s += "| batch x context | KV cache | targets | backend | tokens/s | link bytes / token | media bytes / token | step s | attention s "
+    s += "| device-model bound s | step / bound |\n"
+    s += "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n"
     rows = sorted(r["rows"], key=lambda x: (x["batch"] * x["context"], x["targets"], ORDER.index(x["backend"])))
     for x in rows:
         bound = "" if x.get("model_bound_s") is None else f"{x['model_bound_s']:.4f}"
-        over = " (over budget)" if x.get("over_budget") else ""
-        s += f"| {x['batch']} x {x['context']} | {x['kv_cache_bytes'] / 2**20:.0f} MiB{over} | {x['targets'] or '-'} | {x['backend']} | "
-        s += f"{x['tokens_per_s']:.2f} | {x['link_bytes_per_token']:,.0f} | {x['media_bytes_per_token']:,.0f} | {x['step_s']:.3f} | {bound} |\n"
+        over = "" if x.get("step_over_bound") is None else f"{x['step_over_bound']:.1f}"
+        att = "" if x.get("attention_s") is None else f"{x['attention_s']:.3f}"
+        budget = " (over budget)" if x.get("over_budget") else ""
+        s += f"| {x['batch']} x {x['context']} | {x['kv_cache_bytes'] / 2**20:.0f} MiB{budget} | {x['targets'] or '-'} | {x['backend']} | "
+        s += f"{x['tokens_per_s']:.2f} | {x['link_bytes_per_token']:,.0f} | {x['media_bytes_per_token']:,.0f} | {x['step_s']:.3f} | {att} | "
+        s += f"{bound} | {over} |\n"
     s += "\n## Ratios (tokens/s)\n\n| batch x context | targets | ratio | value |\n|---|---:|---|---:|\n"
     for b, c, n, name, v in ratios(r):
         s += f"| {b} x {c} | {n} | {name} | {v:.2f}x |\n"

@@ -78,7 +78,10 @@ def test_dense_generation_equals_memory(model, pool, reference, long_ids, attent
     assert long["token_ids"] == reference["long"]
     s = long["stats"]
     kv = 1100 * model.layers * model.kv_heads * 2 * model.head_dim * 4
-    assert s["bytes_from_host"] >= kv  # the prompt's K and V went to the targets
+    # The prompt's K and V went to the targets; FlexGen keeps the tokens of each share's
+    # last, unfilled page on the host (at most 15 per target, layer and KV head).
+    tails = 0 if attention == "insitu" else len(pool) * 15 * model.layers * model.kv_heads * 2 * model.head_dim * 4
+    assert s["bytes_from_host"] >= kv - tails
     if attention == "insitu":
         # Decode moves q, k, v and outputs: a few KiB per layer and step, not the cache.
         assert s["bytes_to_host"] < kv / 20
@@ -90,8 +93,13 @@ def test_flexgen_sparf_generates_what_the_targets_sparf_generates(model, pool, l
     """Host-side SparF over pages read back and the target's engine make the same choices."""
     a = run.generate(model, None, NEW_TOKENS, "insitu", pool, sparf=0.125, prompt_ids=[long_ids])
     b = run.generate(model, None, NEW_TOKENS, "flexgen", pool, sparf=0.125, prompt_ids=[long_ids])
-    assert a["token_ids"] == b["token_ids"]
-    assert a["stats"]["media_bytes"] == b["stats"]["media_bytes"]  # same pages (dimension runs flushed alike)
+    assert a["token_ids"] == b["token_ids"]  # over two targets: the same token split
+    if len(pool) == 1:
+        assert a["stats"]["media_bytes"] == b["stats"]["media_bytes"]  # same pages (dimension runs flushed alike)
+    else:
+        # The same token pages; a target's share of 550 tokens keeps its dimension pages in
+        # DRAM (flushed at 1,024 tokens), where FlexGen writes its runs back every 128.
+        assert 0 < a["stats"]["media_bytes"] <= b["stats"]["media_bytes"]
     assert b["stats"]["bytes_to_host"] > 20 * a["stats"]["bytes_to_host"]
 
 
@@ -200,3 +208,28 @@ def test_sparf_on_a_long_context_is_within_5_percent_reading_a_quarter(model, te
     e = _evaluate(model, text, tmp_path, LONG_PREFILL, LONG_CONTEXT)
     assert e["sparf"]["stats"]["media_bytes"] <= e["dense"]["stats"]["media_bytes"] / 4
     assert e["sparf"]["perplexity"] <= 1.05 * e["memory"]["perplexity"], (e["sparf"]["perplexity"], e["memory"]["perplexity"])
+
+
+def test_bench_llm_reports_attention_time_and_step_over_bound(model, tmp_path):
+    """A small sweep over two targets: every backend's row keeps the keys it had, and
+    adds attention_s (the part of a step spent in decode attention) and step_over_bound
+    (the measured step over the device model's bound); --kv-dtype f16 reaches the
+    in-storage rows only."""
+    from insitu.llm import bench
+
+    r = bench.sweep(model, [(2, 48)], [2], 1, 1 << 30, "instinfer-csd", str(tmp_path), progress=False, kv_dtype="f16")
+    r["device_model"] = bench._device_model("instinfer-csd")
+    bench._bounds(r)
+    rows = {x["backend"]: x for x in r["rows"]}
+    assert set(rows) == {"memory", "flexgen", "flexgen-sparf", "insitu", "insitu-sparf"}
+    before = {"backend", "batch", "context", "targets", "kv_cache_bytes", "over_budget", "load_s", "decode_s", "tokens_per_s", "step_s"}
+    before |= {"link_bytes_per_token", "media_bytes_per_token", "bytes_to_host", "bytes_from_host", "media_bytes", "model_bound_s", "cpu_limited"}
+    for name, x in rows.items():
+        assert before <= set(x), (name, before - set(x))
+        if name == "memory":
+            assert x["attention_s"] is None and x["step_over_bound"] is None
+        else:
+            assert 0 < x["attention_s"] <= x["step_s"], name
+            assert x["step_over_bound"] == pytest.approx(x["step_s"] / x["model_bound_s"]), name
+    assert rows["insitu"]["kv_dtype"] == "f16" and rows["flexgen"]["kv_dtype"] == "f32"
+    assert rows["insitu"]["link_bytes_per_token"] < rows["flexgen"]["link_bytes_per_token"] / 5

@@ -84,8 +84,10 @@ def test_sparf_reference_target_and_flexgen_agree(pool, tokens, mean_v):
     q = torch.randn(1, Hkv * G, D, generator=g)
     k1, v1 = torch.randn(1, Hkv, D, generator=g), torch.randn(1, Hkv, D, generator=g)
     scale = D**-0.5
-    target = TargetStore(pool, 1, Hkv, D, G, 1, method="sparf", ratio=0.125, mean_v=mean_v)
-    flex = FlexGenStore(pool, 1, Hkv, D, G, 1, max_tokens=tokens + 1, ratio=0.125, mean_v=mean_v)
+    # Heads over the two targets: each KV head's whole sequence in one place, so its SparF
+    # is the reference's (a token split selects per share: tests/test_llm_split.py).
+    target = TargetStore(pool, 1, Hkv, D, G, 1, method="sparf", ratio=0.125, mean_v=mean_v, split="heads")
+    flex = FlexGenStore(pool, 1, Hkv, D, G, 1, max_tokens=tokens + 1, ratio=0.125, mean_v=mean_v, split="heads")
     try:
         outs = []
         for store in (target, flex):
@@ -148,6 +150,8 @@ def test_sparf_keeping_every_token_is_dense():
         (["llm", "eval", "--text", "f", "--attention", "gpu"], "invalid choice"),
         (["llm", "eval", "--text", "f", "--attention", "memory", "--start", "-1"], "use 0 or more"),
         (["llm", "generate", "--prompt", "x", "--per-line", "--max-new-tokens", "2", "--attention", "memory"], "--per-line needs"),
+        (["llm", "generate", "--prompt", "x", "--max-new-tokens", "2", "--attention", "insitu", "--kv-dtype", "f64"], "invalid choice"),
+        (["bench", "llm", "--kv-dtype", "bf16"], "invalid choice"),
     ],
 )
 def test_cli_usage_errors(args, message):

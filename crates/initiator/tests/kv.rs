@@ -194,3 +194,54 @@ fn a_restarted_target_keeps_every_flushed_page() {
         }
     }
 }
+
+/// Sends KV_ATTEND with `cdw11`; returns (status, dword 0).
+fn send_attend(s: &Session, tag: u32, cdw11: u32, data: &[u8]) -> ((u8, u8), u32) {
+    let mut c = Command::zeroed();
+    c.set_opcode(opcode::KV_ATTEND).set_cdw(10, tag).set_cdw(11, cdw11).set_sgl(0, data.len() as u32, SGL_TRANSPORT_DATA_BLOCK);
+    let (cqe, _) = s.submit(c, Some(data), 0).unwrap();
+    ((((cqe.status >> 8) & 7) as u8, (cqe.status & 0xFF) as u8), cqe.dw0)
+}
+
+#[test]
+fn a_result_asked_for_before_its_attention_arrives_with_its_log_sum_exp() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = serve(dir.path(), Some(32 << 20));
+    let s = Session::connect(opts(&h.local_addr().to_string())).unwrap();
+    assert_eq!(create(&s, 4), (0, 0));
+    let t = 40;
+    let (k, v) = (values(HEADS * t * D, 4.0), values(HEADS * t * D, 5.0));
+    assert_eq!(append(&s, 4, 0, &k, &v, t), ((0, 0), t as u32));
+    let q = values(HEADS * D, 6.0);
+    let scale = 0.3f32;
+    let req = Attend { layer: 0, heads: HEADS, group: 1, head_dim: D, method: Method::Dense, scale, seqs: vec![4], q: q.clone(), new_kv: None };
+    let len = insitu_proto::attention::RESULT_HEADER_LEN + 4 * q.len() + 8 * HEADS;
+    // The KV_RESULT goes first and waits: one round trip for the exchange.
+    let ((st, data), (ast, alen)) = std::thread::scope(|sc| {
+        let r = sc.spawn(|| result(&s, 12, len));
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let a = send_attend(&s, 12, 1, &req.encode());
+        (r.join().unwrap(), a)
+    });
+    assert_eq!((ast, st), ((0, 0), (0, 0)));
+    assert_eq!(alen as usize, len);
+    let r = AttendResult::decode(&data).unwrap();
+    let lse = r.lse.expect("a partial result carries the log-sum-exp");
+    for h in 0..HEADS {
+        let (kh, vh) = (&k[h * t * D..(h + 1) * t * D], &v[h * t * D..(h + 1) * t * D]);
+        let qh = &q[h * D..(h + 1) * D];
+        let want = reference(qh, kh, vh, t, f64::from(scale));
+        for (i, w) in want.iter().enumerate() {
+            assert!((f64::from(r.out[h * D + i]) - w).abs() < 1e-5, "head {h} dim {i}");
+        }
+        let scores = (0..t).map(|j| (0..D).map(|i| f64::from(qh[i]) * f64::from(kh[j * D + i])).sum::<f64>() * f64::from(scale));
+        let want_lse = scores.map(f64::exp).sum::<f64>().ln();
+        assert!((lse[h] - want_lse).abs() < 1e-9, "head {h}: {} vs {want_lse}", lse[h]);
+    }
+    // A tag that never comes: "no result" after the grace period, not a hang.
+    assert_eq!(result(&s, 13, len).0, (1, 0xC5));
+    // Unknown options are refused before anything is appended.
+    let with_new = Attend { new_kv: Some((values(HEADS * D, 7.0), values(HEADS * D, 8.0))), ..req };
+    assert_eq!(send_attend(&s, 14, 2, &with_new.encode()).0, (0, 0x02));
+    assert_eq!(info(&s, 4), vec![t, 0]);
+}

@@ -11,18 +11,23 @@
 //!   journal lets a restarted target find every flushed page again.
 //! * [`attend`] runs dense attention or SparF (Algorithm 1 of InstInfer: SparQ with
 //!   flash-page groups and dual-step loading) over a [`HeadPages`] view of one head.
+//! * [`HeldResults`] keeps the results of attention requests until the host takes them,
+//!   and lets a KV_RESULT sent before its KV_ATTEND is done wait for it.
 //! * [`wire`] is the byte format of the vendor commands that carry appends and attention
 //!   requests (specified in `docs/kv-commands.md`).
 #![deny(missing_docs)]
 
 mod attention;
+mod held;
 mod layout;
+mod request;
 mod store;
 /// The byte format of the KV vendor commands, from the protocol crate.
 pub use insitu_proto::attention as wire;
 
-pub use attention::{attend, Method};
+pub use attention::{attend, attend_partial, Method};
 pub use attention::{attend_all, Task};
+pub use held::{HeldResults, Pending, HELD_RESULTS, RESULT_GRACE};
 pub use layout::{Dtype, Layout};
 pub use store::{HeadView, KvCache, SeqInfo, StoreUsage};
 

@@ -449,6 +449,41 @@ impl Attend {
     }
 }
 
+/// Options of a KV_ATTEND command carried in its command dword 11 rather than in the
+/// request body, so that a request's bytes mean the same with or without them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AttendOptions {
+    /// The result carries each query row's log-sum-exp of the scores it attended over
+    /// ([`AttendResult::lse`]), and a batch entry whose sequence holds no token on this
+    /// target gets an empty part (output 0, log-sum-exp −∞) instead of an error. With it a
+    /// host that splits a sequence's tokens over several targets merges their parts
+    /// exactly (split-K attention).
+    pub partial: bool,
+}
+
+/// CDW11 bit 0 of KV_ATTEND: [`AttendOptions::partial`].
+const CDW11_PARTIAL: u32 = 1;
+
+impl AttendOptions {
+    /// The command dword 11 that carries these options.
+    pub fn cdw11(self) -> u32 {
+        if self.partial {
+            CDW11_PARTIAL
+        } else {
+            0
+        }
+    }
+
+    /// The options of a KV_ATTEND's command dword 11; unknown bits are refused, so a host
+    /// never believes a target honoured an option it does not know.
+    pub fn from_cdw11(cdw11: u32) -> Result<AttendOptions, BadRequest> {
+        if cdw11 & !CDW11_PARTIAL != 0 {
+            return Err(bad(format!("unknown KV attention options {cdw11:#010x} in CDW11 (bit 0: partial result)")));
+        }
+        Ok(AttendOptions { partial: cdw11 & CDW11_PARTIAL != 0 })
+    }
+}
+
 /// The result of an attention request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AttendResult {
@@ -464,7 +499,16 @@ pub struct AttendResult {
     pub stats: AttendStats,
     /// Outputs, `[entries][heads][group][head_dim]`.
     pub out: Vec<f32>,
+    /// With [`AttendOptions::partial`]: per query row (`[entries][heads][group]`), the
+    /// natural log of the sum of `exp(score)` over the tokens the row attended to (scores
+    /// scaled), −∞ for a row that attended to none. `out` of a row is its softmax-weighted
+    /// sum of V over those tokens; parts from disjoint token sets merge exactly as
+    /// `Σ exp(lse_i − L)·out_i` with `L = log Σ exp(lse_i)`.
+    pub lse: Option<Vec<f64>>,
 }
+
+/// Result flags (byte 5): the log-sum-exp section follows the outputs.
+const RESULT_FLAG_LSE: u8 = 1;
 
 impl AttendResult {
     /// Encodes the result.
@@ -480,6 +524,11 @@ impl AttendResult {
         b[24..32].copy_from_slice(&self.stats.media_bytes.to_le_bytes());
         b[32..40].copy_from_slice(&self.stats.rows_used.to_le_bytes());
         put_f32s(&mut b, &self.out);
+        if let Some(lse) = &self.lse {
+            b[5] = RESULT_FLAG_LSE;
+            b.reserve(8 * lse.len());
+            lse.iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
+        }
         b
     }
 
@@ -487,13 +536,22 @@ impl AttendResult {
     pub fn decode(b: &[u8]) -> Result<AttendResult, BadRequest> {
         check_magic(b, RESULT_MAGIC, RESULT_HEADER_LEN, "KV attention result")?;
         let (entries, heads, group, head_dim) = (usize::from(u16_at(b, 6)), usize::from(u16_at(b, 8)), usize::from(u16_at(b, 10)), usize::from(u16_at(b, 12)));
+        if b[5] & !RESULT_FLAG_LSE != 0 {
+            return Err(bad(format!("unknown KV attention result flags {:#04x}", b[5])));
+        }
+        let with_lse = b[5] & RESULT_FLAG_LSE != 0;
         // In u128: four u16 fields and the element size overflow a u64.
-        let want = RESULT_HEADER_LEN as u128 + 4 * [entries, heads, group, head_dim].iter().map(|&x| x as u128).product::<u128>();
+        let rows = [entries, heads, group].iter().map(|&x| x as u128).product::<u128>();
+        let outputs = 4 * rows * head_dim as u128;
+        let want = RESULT_HEADER_LEN as u128 + outputs + if with_lse { 8 * rows } else { 0 };
         if b.len() as u128 != want {
             return Err(bad(format!("KV attention result is {} bytes, expected {want}", b.len())));
         }
         let stats = AttendStats { pages_read: u64_at(b, 16), media_bytes: u64_at(b, 24), rows_used: u64_at(b, 32) };
-        Ok(AttendResult { entries, heads, group, head_dim, stats, out: f32s(&b[RESULT_HEADER_LEN..]) })
+        // The length check above bounds both sections by the buffer, so these fit a usize.
+        let split = RESULT_HEADER_LEN + outputs as usize;
+        let lse = with_lse.then(|| b[split..].chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect());
+        Ok(AttendResult { entries, heads, group, head_dim, stats, out: f32s(&b[RESULT_HEADER_LEN..split]), lse })
     }
 }
 
@@ -621,8 +679,28 @@ mod tests {
             head_dim: 2,
             stats: AttendStats { pages_read: 3, media_bytes: 4096, rows_used: 9 },
             out: vec![1.0, 2.0, 3.0, 4.0],
+            lse: None,
         };
         assert_eq!(AttendResult::decode(&r.encode()).unwrap(), r);
+        let r = AttendResult { lse: Some(vec![0.25, f64::NEG_INFINITY]), ..r };
+        assert_eq!(AttendResult::decode(&r.encode()).unwrap(), r);
+        for o in [AttendOptions { partial: false }, AttendOptions { partial: true }] {
+            assert_eq!(AttendOptions::from_cdw11(o.cdw11()).unwrap(), o);
+        }
+    }
+
+    #[test]
+    fn malformed_partial_results_and_options_are_refused() {
+        let r = AttendResult { entries: 1, heads: 1, group: 2, head_dim: 2, stats: AttendStats::default(), out: vec![0.0; 4], lse: Some(vec![1.0, 2.0]) };
+        let mut b = r.encode();
+        b.truncate(b.len() - 8); // one row's log-sum-exp missing
+        assert!(AttendResult::decode(&b).unwrap_err().to_string().contains("expected"));
+        let mut b = r.encode();
+        b[5] = 0; // the section is there but not announced
+        assert!(AttendResult::decode(&b).unwrap_err().to_string().contains("expected"));
+        b[5] = 2;
+        assert!(AttendResult::decode(&b).unwrap_err().to_string().contains("unknown KV attention result flags"));
+        assert!(AttendOptions::from_cdw11(2).unwrap_err().to_string().contains("CDW11"));
     }
 
     #[test]
@@ -647,7 +725,7 @@ mod tests {
         assert!(Admin::decode(&b).unwrap_err().to_string().contains("unknown KV admin operation"));
         assert!(Append::decode(b"KVAP").is_err());
         // Shape fields whose product overflows u64 once scaled to bytes: refused, not wrapped.
-        let mut b = AttendResult { entries: 1, heads: 1, group: 1, head_dim: 1, stats: AttendStats::default(), out: vec![0.0] }.encode();
+        let mut b = AttendResult { entries: 1, heads: 1, group: 1, head_dim: 1, stats: AttendStats::default(), out: vec![0.0], lse: None }.encode();
         for at in [6, 8, 10, 12] {
             b[at..at + 2].copy_from_slice(&u16::MAX.to_le_bytes());
         }
@@ -667,6 +745,28 @@ mod tests {
             let _ = Attend::decode(&d);
             let _ = AttendResult::decode(&d);
             let _ = decode_info(&d);
+        }
+
+        #[test]
+        fn results_round_trip_and_any_flip_is_refused_or_read_back(
+            rows in 1usize..5, head_dim in 1usize..5, lse in any::<bool>(), at in any::<prop::sample::Index>(), byte in any::<u8>(), cdw11 in any::<u32>(),
+        ) {
+            let out = (0..rows * head_dim).map(|i| i as f32 * 0.5).collect();
+            let lse = lse.then(|| (0..rows).map(|i| i as f64 - 1.0).collect());
+            let r = AttendResult { entries: 1, heads: 1, group: rows, head_dim, stats: AttendStats::default(), out, lse };
+            let mut b = r.encode();
+            prop_assert_eq!(AttendResult::decode(&b).unwrap(), r);
+            // A changed byte either decodes to a result of the same length or is refused;
+            // it never panics.
+            let i = at.index(b.len());
+            b[i] = byte;
+            if let Ok(d) = AttendResult::decode(&b) {
+                prop_assert_eq!(d.encode().len(), b.len());
+            }
+            match AttendOptions::from_cdw11(cdw11) {
+                Ok(o) => prop_assert_eq!(o.cdw11(), cdw11),
+                Err(_) => prop_assert!(cdw11 & !1 != 0),
+            }
         }
     }
 }

@@ -5,10 +5,10 @@
 use crate::{RequestError, StorageIOError, TargetError};
 use insitu_fabric::{opcode, Command, SGL_TRANSPORT_DATA_BLOCK};
 use insitu_initiator::{default_hostnqn, ConnectOptions, InitiatorError, Session};
-use insitu_proto::attention::{decode_info, Admin, Append, Attend, AttendResult};
+use insitu_proto::attention::{decode_info, Admin, Append, Attend, AttendOptions, AttendResult};
 use insitu_proto::attention::{Dtype, Method};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
@@ -55,8 +55,12 @@ pub struct KvTarget {
 
 impl KvTarget {
     fn send(&self, what: &str, op: u8, tag: u32, data: &[u8]) -> PyResult<u32> {
+        self.send_with(what, op, tag, 0, data)
+    }
+
+    fn send_with(&self, what: &str, op: u8, tag: u32, cdw11: u32, data: &[u8]) -> PyResult<u32> {
         let mut cmd = Command::zeroed();
-        cmd.set_opcode(op).set_cdw(10, tag).set_sgl(0, data.len() as u32, SGL_TRANSPORT_DATA_BLOCK);
+        cmd.set_opcode(op).set_cdw(10, tag).set_cdw(11, cdw11).set_sgl(0, data.len() as u32, SGL_TRANSPORT_DATA_BLOCK);
         let (cqe, _) = self.session.submit(cmd, Some(data), 0).map_err(|e| kv_err(what, e))?;
         self.check(what, cqe.status)?;
         Ok(cqe.dw0)
@@ -187,7 +191,14 @@ impl KvTarget {
     /// result with the mean of V by α, as the paper's step 11, else the kept tokens carry
     /// all the weight). Returns the
     /// outputs (same shape as `q`) and `{"pages_read", "media_bytes", "rows_used"}`.
-    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None, pages=0, mean_v=true))]
+    ///
+    /// `partial=True` asks for one part of a split-K attention (the sequences' tokens held
+    /// on several targets): a sequence with no token on this target is an empty part
+    /// rather than an error, sparse methods need `mean_v=False`, and the call returns a
+    /// third item, each query row's log-sum-exp of its scaled scores (f64 little-endian,
+    /// `[len(seqs)][kv_heads][group]`, −inf for an empty part), by which the host merges
+    /// the parts exactly.
+    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None, pages=0, mean_v=true, partial=false))]
     #[allow(clippy::too_many_arguments)]
     fn attend<'py>(
         &self,
@@ -205,7 +216,8 @@ impl KvTarget {
         new_v: Option<&[u8]>,
         pages: usize,
         mean_v: bool,
-    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyDict>)> {
+        partial: bool,
+    ) -> PyResult<Bound<'py, PyTuple>> {
         let method = match method {
             "dense" => Method::Dense,
             "sparf" => Method::SparF { r, k, local, pages, mean_v },
@@ -237,15 +249,30 @@ impl KvTarget {
             }
             let _one = self.exchange.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
-            let len = self.send("KV attend", opcode::KV_ATTEND, tag, &req.encode())?;
-            let data = self.result("KV attend", tag, len as usize)?;
-            AttendResult::decode(&data).map_err(|e| StorageIOError::new_err(e.to_string()))
+            let data = self.exchange_attend(tag, AttendOptions { partial }, &req)?;
+            let result = AttendResult::decode(&data).map_err(|e| StorageIOError::new_err(e.to_string()))?;
+            if result.lse.is_some() != partial || result.out.len() != req.q.len() {
+                return Err(StorageIOError::new_err(format!(
+                    "KV attend: the target's result does not answer the request ({} outputs for {} query values, log-sum-exp {})",
+                    result.out.len(),
+                    req.q.len(),
+                    if result.lse.is_some() { "present" } else { "absent" }
+                )));
+            }
+            Ok(result)
         })?;
         let d = PyDict::new(py);
         d.set_item("pages_read", result.stats.pages_read)?;
         d.set_item("media_bytes", result.stats.media_bytes)?;
         d.set_item("rows_used", result.stats.rows_used)?;
-        Ok((PyBytes::new(py, &to_bytes(&result.out)), d))
+        let out = PyBytes::new(py, &to_bytes(&result.out)).into_any();
+        match result.lse {
+            Some(lse) => {
+                let lse: Vec<u8> = lse.iter().flat_map(|x| x.to_le_bytes()).collect();
+                PyTuple::new(py, [out, d.into_any(), PyBytes::new(py, &lse).into_any()])
+            }
+            None => PyTuple::new(py, [out, d.into_any()]),
+        }
     }
 
     /// Bytes sent and received on the wire so far: `{"bytes_sent", "bytes_received"}`.
@@ -264,6 +291,27 @@ impl KvTarget {
 }
 
 impl KvTarget {
+    /// KV_ATTEND and its KV_RESULT in one round trip: both in flight together, the
+    /// KV_RESULT asking for the length the request implies (a target waits for the result
+    /// it is computing). A target that answered the KV_RESULT before the result was there
+    /// is asked again once the KV_ATTEND is done. The KV_ATTEND's error comes first: it
+    /// says why there is no result.
+    fn exchange_attend(&self, tag: u32, options: AttendOptions, req: &Attend) -> PyResult<Vec<u8>> {
+        let rows = req.q.len() / req.head_dim.max(1);
+        let want = insitu_proto::attention::RESULT_HEADER_LEN + 4 * req.q.len() + if options.partial { 8 * rows } else { 0 };
+        let body = req.encode();
+        let (sent, early) = std::thread::scope(|s| {
+            let attend = s.spawn(|| self.send_with("KV attend", opcode::KV_ATTEND, tag, options.cdw11(), &body));
+            let early = self.result("KV attend", tag, want);
+            (attend.join().unwrap_or_else(|_| Err(StorageIOError::new_err("KV attend: the sending thread panicked"))), early)
+        });
+        let len = sent? as usize;
+        match early {
+            Ok(data) if data.len() == len => Ok(data),
+            _ => self.result("KV attend", tag, len),
+        }
+    }
+
     /// (KV heads, head size) of a sequence, from the target.
     fn info_shape(&self, seq: u64) -> PyResult<(usize, usize)> {
         if let Some(s) = self.shapes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&seq) {

@@ -56,8 +56,12 @@ fn main() -> std::io::Result<()> {
         ),
         (
             "result",
-            AttendResult { entries: 1, heads: 1, group: 1, head_dim: 4, stats: AttendStats { pages_read: 2, media_bytes: 8192, rows_used: 8 }, out: f(4) }
+            AttendResult { entries: 1, heads: 1, group: 1, head_dim: 4, stats: AttendStats { pages_read: 2, media_bytes: 8192, rows_used: 8 }, out: f(4), lse: None }
                 .encode(),
+        ),
+        (
+            "result-partial",
+            AttendResult { entries: 1, heads: 1, group: 2, head_dim: 2, stats: AttendStats::default(), out: f(4), lse: Some(vec![0.5, f64::NEG_INFINITY]) }.encode(),
         ),
     ];
     for (name, bytes) in requests {

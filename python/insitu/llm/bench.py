@@ -13,7 +13,13 @@ is the case in-storage attention is for.
 Everything runs on this machine: the embedded targets' attention engines share its CPU
 cores with the host's model. ``model_bound_s`` is the time a step would take if only the
 device model's link and flash were the limit (bytes over their rates, per target in
-parallel); a measured step far above it is CPU-limited, not device-limited.
+parallel); ``step_over_bound`` is the measured step over it: far above 1, the step is
+CPU-limited, not device-limited. ``attention_s`` is the part of a step spent in decode
+attention (queries out to outputs back, all layers), the part the backend is responsible
+for; the rest is the host's model.
+
+The in-storage backends split each sequence's tokens over the targets (split-K, see
+:mod:`insitu.llm.remote`); ``--kv-dtype f16`` stores their pages in f16.
 """
 
 from __future__ import annotations
@@ -70,7 +76,7 @@ def _prefill(m, context: int):
 
 
 @torch.inference_mode()
-def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, steps: int) -> Dict:
+def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, steps: int, kv_dtype: str = "f32") -> Dict:
     from transformers import DynamicCache
 
     from . import hooks, run
@@ -84,10 +90,12 @@ def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, ste
         for i, (k, v) in enumerate(zip(keys, values)):
             cache.update(rep(k), rep(v), i)
     else:
-        cache, impl = run.make_cache(m, attention, batch, context + steps + 1, pool, sparf)
+        cache, impl = run.make_cache(m, attention, batch, context + steps + 1, pool, sparf, kv_dtype if attention == "insitu" else "f32")
         cache.load([rep(k) for k in keys], [rep(v) for v in values])
     load_s = time.perf_counter() - t0
-    base = cache.stats() if isinstance(cache, hooks.OffloadCache) else None
+    offloaded = isinstance(cache, hooks.OffloadCache)
+    base = cache.stats() if offloaded else None
+    attention_before = cache.attention_s if offloaded else 0.0
     m.model.set_attn_implementation(impl)
     nxt = torch.full((batch, 1), first, device=m.device)
     try:
@@ -97,6 +105,7 @@ def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, ste
             logits = m.model(input_ids=nxt, position_ids=pos, past_key_values=cache, use_cache=True).logits
             nxt = logits[:, -1:].argmax(-1)
         secs = time.perf_counter() - t0
+        attention_s = (cache.attention_s - attention_before) / steps if offloaded else None
         st = {k: 0 for k in ("bytes_to_host", "bytes_from_host", "media_bytes")}
         if base is not None:
             after = cache.stats()
@@ -110,6 +119,7 @@ def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, ste
         "decode_s": secs,
         "tokens_per_s": tokens / secs,
         "step_s": secs / steps,
+        "attention_s": attention_s,
         "link_bytes_per_token": (st["bytes_to_host"] + st["bytes_from_host"]) / tokens,
         "media_bytes_per_token": st["media_bytes"] / tokens,
         **st,
@@ -124,8 +134,9 @@ def _device_model(name: Optional[str]) -> Optional[dict]:
     return json.loads(_native.device_model_json(name))
 
 
-def sweep(m, points, targets_list, steps: int, budget: int, device_model: Optional[str], directory: str, progress: bool = True) -> Dict:
-    """Runs every backend at every (batch, context) point and target count."""
+def sweep(m, points, targets_list, steps: int, budget: int, device_model: Optional[str], directory: str, progress: bool = True, kv_dtype: str = "f32") -> Dict:
+    """Runs every backend at every (batch, context) point and target count; the in-storage
+    backends keep their pages as ``kv_dtype``."""
     from .targets import TargetPool
 
     kv_per_token = m.layers * m.kv_heads * 2 * m.head_dim * 4
@@ -140,12 +151,15 @@ def sweep(m, points, targets_list, steps: int, budget: int, device_model: Option
                     continue
                 pool = None
                 if attention != "memory":
-                    size = int(batch * m.layers * -(-m.kv_heads // n) * 3 * 4 * m.head_dim * (context + 2048) * 1.5) + (256 << 20)
+                    # A share of the heads with every token (FlexGen's blocks), or every head
+                    # with a share of the tokens (the in-storage token split).
+                    per_row = max(-(-m.kv_heads // n) * (context + 2048), m.kv_heads * (-(-context // n) + 2048))
+                    size = int(batch * m.layers * per_row * 3 * 4 * m.head_dim * 1.5) + (256 << 20)
                     pool = TargetPool.embedded(n, directory, size, size, device_model)
                 try:
                     if progress:
                         print(f"bench llm: batch {batch} x {context} tokens, {label}, {n} target(s)", file=sys.stderr, flush=True)
-                    r = _point(m, prefills[context], batch, attention, ratio, pool, steps)
+                    r = _point(m, prefills[context], batch, attention, ratio, pool, steps, kv_dtype)
                 finally:
                     if pool is not None:
                         pool.close()
@@ -157,6 +171,7 @@ def sweep(m, points, targets_list, steps: int, budget: int, device_model: Option
                         "targets": 0 if pool is None else n,
                         "kv_cache_bytes": kv,
                         "over_budget": kv > budget,
+                        "kv_dtype": kv_dtype if attention == "insitu" else "f32",
                         **r,
                     }
                 )
@@ -165,19 +180,21 @@ def sweep(m, points, targets_list, steps: int, budget: int, device_model: Option
 
 def _bounds(result: Dict) -> None:
     """Adds ``model_bound_s`` (link and flash time of a step on the device model) and
-    ``cpu_limited`` (measured step over 2x that bound) to each row."""
+    ``cpu_limited`` (measured step over 2x that bound) and ``step_over_bound`` (measured
+    step over that bound) to each row."""
     dm = result.get("device_model") or {}
     link = (dm.get("link") or {}).get("mb_s")
     flash = (dm.get("derived") or {}).get("internal_read_mb_s")
     for r in result["rows"]:
         if not r["targets"] or not link:
-            r["model_bound_s"], r["cpu_limited"] = None, None
+            r["model_bound_s"], r["cpu_limited"], r["step_over_bound"] = None, None, None
             continue
         steps = r["decode_s"] / r["step_s"]
         per = lambda b, mb: b / steps / r["targets"] / (mb * 1e6)  # noqa: E731 - targets work in parallel
         bound = per(r["bytes_to_host"] + r["bytes_from_host"], link) + (per(r["media_bytes"], flash) if flash else 0)
         r["model_bound_s"] = bound
         r["cpu_limited"] = r["step_s"] > 2 * bound
+        r["step_over_bound"] = r["step_s"] / bound if bound > 0 else None
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -195,6 +212,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="host memory for the KV cache; the sweep stops at the first point above it, where the in-memory backend is not run (default: %(default)s)",
     )
     ap.add_argument("--device-model", default="instinfer-csd", metavar="NAME", help="device-model preset of the targets, or 'none' (default: %(default)s)")
+    ap.add_argument(
+        "--kv-dtype",
+        choices=["f32", "f16"],
+        default="f32",
+        help="element type of the in-storage backends' KV pages (default: %(default)s)",
+    )
     ap.add_argument("--dir", default=os.path.join(".insitu", "bench"), help="target images (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     a = ap.parse_args(argv)
@@ -215,7 +238,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if int(b) * int(s) * kv_per_token > budget:
             break  # the first point over the budget ends the sweep
     t0 = time.perf_counter()
-    r = sweep(m, points, [int(n) for n in a.targets.split(",")], a.steps, budget, dm, a.dir)
+    r = sweep(m, points, [int(n) for n in a.targets.split(",")], a.steps, budget, dm, a.dir, kv_dtype=a.kv_dtype)
     r.update(
         {
             "model": m.path,
@@ -228,6 +251,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             "points": points,
             "device_model": device_model,
             "sparf_ratio": 0.125,
+            "kv_dtype": a.kv_dtype,
+            "split": "tokens",
             "seconds": time.perf_counter() - t0,
             "machine": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "kernel": platform.release(), "torch_threads": torch.get_num_threads()},
         }

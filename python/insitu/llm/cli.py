@@ -81,10 +81,16 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="SparF sparse attention keeping about RATIO of the dense reads (e.g. 0.125); on the targets with --attention insitu, on the host with flexgen",
     )
     p.add_argument(
+        "--kv-dtype",
+        choices=["f32", "f16"],
+        default="f32",
+        help="element type of the KV pages on the targets with --attention insitu: f16 halves the flash bytes per token (default: %(default)s)",
+    )
+    p.add_argument(
         "--targets",
         nargs="+",
         metavar="URL",
-        help="running targets (nvme-tcp://HOST:PORT/NQN, started with a private namespace); KV heads are split across them",
+        help="running targets (nvme-tcp://HOST:PORT/NQN, started with a private namespace); each sequence's tokens are split across them",
     )
     p.add_argument("--embedded-targets", type=_positive, default=1, metavar="N", help="without --targets: run N targets in this process (default: 1)")
     p.add_argument(
@@ -159,10 +165,14 @@ def _pool(a, m, batch: int, max_tokens: int):
         return None
     if a.targets:
         return TargetPool(a.targets)
-    heads = math.ceil(m.kv_heads / min(a.embedded_targets, m.kv_heads))
+    n = a.embedded_targets
+    heads = math.ceil(m.kv_heads / min(n, m.kv_heads))
     # K (token- and dimension-indexed) and V, f32, per sequence and layer, with headroom
-    # for page rounding and the store's metadata; the images are sparse files.
-    need = batch * m.layers * heads * 3 * 4 * m.head_dim * (max_tokens + 2048)
+    # for page rounding and the store's metadata; the images are sparse files. Enough for
+    # a share of the heads with all the tokens (FlexGen's blocks) and for all the heads
+    # with a share of the tokens (the in-storage token split).
+    per_row = max(heads * (max_tokens + 2048), m.kv_heads * (math.ceil(max_tokens / n) + 2048))
+    need = batch * m.layers * 3 * 4 * m.head_dim * per_row
     size = max(256 << 20, int(need * 1.5))
     return TargetPool.embedded(a.embedded_targets, shared_bytes=size, private_bytes=size, model=a.device_model)
 
@@ -175,7 +185,7 @@ def _generate(a) -> dict:
     ids = [m.tokenizer(p)["input_ids"] for p in prompts]
     pool = _pool(a, m, len(ids), max(len(i) for i in ids) + a.max_new_tokens)
     try:
-        r = run.generate(m, prompts, a.max_new_tokens, a.attention, pool, a.sparf, progress=_progress(a), prompt_ids=ids)
+        r = run.generate(m, prompts, a.max_new_tokens, a.attention, pool, a.sparf, progress=_progress(a), prompt_ids=ids, kv_dtype=a.kv_dtype)
     finally:
         if pool is not None:
             pool.close()
@@ -192,7 +202,7 @@ def _evaluate(a) -> dict:
     n = max(0, len(m.tokenizer(text)["input_ids"]) - a.start)
     pool = _pool(a, m, 1, min(n, a.context or n))
     try:
-        r = run.evaluate(m, text, a.attention, pool, a.sparf, a.context, a.prefill, progress=_progress(a), start=a.start)
+        r = run.evaluate(m, text, a.attention, pool, a.sparf, a.context, a.prefill, progress=_progress(a), start=a.start, kv_dtype=a.kv_dtype)
     finally:
         if pool is not None:
             pool.close()
@@ -204,6 +214,7 @@ def _describe(a, m, pool) -> dict:
     return {
         "attention": a.attention,
         "sparf": a.sparf,
+        "kv_dtype": a.kv_dtype,
         "model": m.path,
         "device": str(m.device),
         "targets": 0 if pool is None else len(pool),

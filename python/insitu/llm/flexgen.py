@@ -23,6 +23,14 @@ dimension's run; tokens not yet filling them stay in a host-side tail, which att
 uses as it is (like the target's DRAM group buffer; at most 127 tokens per head, or 15
 without SparF). A running sum of V per head gives SparF's mean of V without reading V.
 
+**Targets.** The cache is split over the targets as the in-storage store splits it
+(``split``, :mod:`insitu.llm.targets`): by default over two or more targets each sequence's
+tokens (every target all the KV heads for a share of the tokens, placed by the same
+:class:`~insitu.llm.targets.TokenSplit` rule), each share attended on the host on its own
+(SparF at the ratio over the share) and the parts merged by their log-sum-exp; or KV heads
+in ranges. The two backends then read the same tokens' pages and differ only in where
+attention runs. The targets' reads of a step are in flight together, one worker each.
+
 ``media_bytes`` counts the bytes read back for attention; the link bytes come from the
 NVMe/TCP sessions. Each target's state is touched only by its worker thread.
 """
@@ -38,7 +46,7 @@ import torch
 from .. import _native
 from . import sparf
 from .hooks import KVStore
-from .targets import TargetPool, Worker, partition
+from .targets import TargetPool, TokenSplit, Worker, choose_split, head_ranges, merge
 
 __all__ = ["FlexGenStore", "PAGE", "NSID"]
 
@@ -67,7 +75,9 @@ class FlexGenStore(KVStore):
 
     ``ratio`` None: dense (read every page back). ``ratio`` set: SparF computed on the host,
     reading only the pages it needs (``mean_v``: mixed with the mean of V by α, see
-    :mod:`insitu.llm.sparf`). ``max_tokens`` bounds each sequence.
+    :mod:`insitu.llm.sparf`). ``max_tokens`` bounds each sequence. ``split``: ``"tokens"``
+    or ``"heads"``, as for :class:`insitu.llm.remote.TargetStore` (default: tokens over two
+    or more targets, heads with ``mean_v``).
     """
 
     def __init__(
@@ -82,17 +92,24 @@ class FlexGenStore(KVStore):
         ratio: Optional[float] = None,
         hostnqn: Optional[str] = None,
         mean_v: bool = False,
+        split: Optional[str] = None,
     ):
         if PAGE % (4 * head_dim):
             raise ValueError(f"head size {head_dim}: a 4 KiB page must hold whole f32 rows")
+        split = choose_split(split, len(pool), mean_v, bool(ratio))
         self.layers, self.kv_heads, self.head_dim, self.group = layers, kv_heads, head_dim, group
-        self.ratio, self.batch, self.mean_v = ratio, batch, mean_v
+        self.ratio, self.batch, self.mean_v, self.split = ratio, batch, mean_v, split
         self.tpp = PAGE // (4 * head_dim)
+        if split == "tokens" and len(pool) > 1:
+            # A target's share: its pages of the prompt, and decode tokens that keep the
+            # shares within a page of each other; two pages of slack for both.
+            max_tokens = math.ceil(max_tokens / len(pool)) + 2 * self.tpp
         self.groups_max = math.ceil(max_tokens / self.tpp)
         self.dim_tokens = math.ceil(max_tokens / DIM_PAGE_TOKENS) * DIM_PAGE_TOKENS if ratio else 0
         self.max_tokens = self.groups_max * self.tpp
         self.region = 2 * PAGE * self.groups_max + 4 * head_dim * self.dim_tokens
-        self.ranges = partition(kv_heads, len(pool))
+        self.ranges = head_ranges(split, kv_heads, len(pool))
+        self.split_tokens = TokenSplit(len(self.ranges), batch, self.tpp)
         self.sessions: List = []
         self.workers: List[Worker] = []
         self.rows: List[Dict[Tuple[int, int], _Row]] = []
@@ -124,12 +141,15 @@ class FlexGenStore(KVStore):
 
     def prefill(self, layer, k, v, valid):
         rows = [None] * k.shape[0] if valid is None else [torch.nonzero(m).flatten() for m in valid.cpu()]
-        if layer == 0:
-            for b, sel in enumerate(rows):
-                self.tokens[b] += k.shape[2] if sel is None else len(sel)
         k, v = k.detach(), v.detach()
-        for i, rng in enumerate(self.ranges):
-            self.workers[i].submit(self._prefill, i, layer, k[:, rng.start : rng.stop], v[:, rng.start : rng.stop], rows)
+        if self.split == "tokens":
+            for i, picks in enumerate(self.split_tokens.prefill(layer, self.tokens, rows, k.shape[2])):
+                self.workers[i].submit(self._prefill, i, layer, k, v, picks)
+        else:
+            for i, rng in enumerate(self.ranges):
+                self.workers[i].submit(self._prefill, i, layer, k[:, rng.start : rng.stop], v[:, rng.start : rng.stop], rows)
+        if layer == 0:
+            self.tokens = [t + (k.shape[2] if sel is None else len(sel)) for t, sel in zip(self.tokens, rows)]
 
     def _prefill(self, i, layer, k, v, rows):
         k, v = k.to("cpu", torch.float32), v.to("cpu", torch.float32)
@@ -175,29 +195,47 @@ class FlexGenStore(KVStore):
         if layer == 0:
             self.tokens = [n + 1 for n in self.tokens]
         qg = q.detach().reshape(B, self.kv_heads, self.group, D)
+        k, v = k.detach(), v.detach()
         futures = []
-        for i, rng in enumerate(self.ranges):
-            s = slice(rng.start, rng.stop)
-            futures.append(self.workers[i].submit(self._decode, i, layer, qg[:, s], k[:, s].detach(), v[:, s].detach(), scale))
+        if self.split == "tokens":
+            for i in self.split_tokens.decode(layer):
+                new = (k, v) if i == self.split_tokens.step_target else (None, None)
+                futures.append(self.workers[i].submit(self._decode, i, layer, qg, *new, scale))
+        else:
+            for i, rng in enumerate(self.ranges):
+                s = slice(rng.start, rng.stop)
+                futures.append(self.workers[i].submit(self._decode, i, layer, qg[:, s], k[:, s], v[:, s], scale))
         for w in self.workers:
             w.drain()
-        out = torch.cat([f.result() for f in futures], dim=1)
+        parts = [f.result() for f in futures]
+        if self.split == "heads":
+            out = torch.cat([o for o, _ in parts], dim=1)
+        else:
+            out = merge([o for o, _ in parts], [lse for _, lse in parts])
         return out.reshape(B, hq, D).to(q.device, torch.float32)
 
     def _decode(self, i, layer, q, k, v, scale):
-        q, k, v = q.to("cpu", torch.float32), k.to("cpu", torch.float32), v.to("cpu", torch.float32)
-        out = torch.empty(q.shape, dtype=torch.float64)
+        """Target ``i``'s part of a layer: appends the new token when given, reads back
+        what attention needs and attends; returns the outputs and each query row's
+        log-sum-exp (``[B, heads, group]``, −inf for a row with no token here)."""
+        q = q.to("cpu", torch.float32)
+        out = torch.zeros(q.shape, dtype=torch.float64)
+        lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float64)
         for b in range(q.shape[0]):
-            self._append(i, b, layer, k[b].unsqueeze(1), v[b].unsqueeze(1))
+            if k is not None:
+                self._append(i, b, layer, k[b].to("cpu", torch.float32).unsqueeze(1), v[b].to("cpu", torch.float32).unsqueeze(1))
             row = self.rows[i][(b, layer)]
+            if row.n == 0:
+                continue
             p = sparf.params(self.ratio, self.head_dim, row.n, self.tpp, mean_v=self.mean_v) if self.ratio else None
             for h in range(q.shape[1]):
                 if p is None or p.k >= row.n:
                     K, V = self._read_tokens(i, b, layer, h, range(row.tok // self.tpp))
                     out[b, h] = sparf.dense(q[b, h], K, V, scale)
+                    lse[b, h] = sparf.log_sum_exp(q[b, h], K, scale)
                 else:
-                    out[b, h] = self._sparf(i, b, layer, h, q[b, h], scale, p)
-        return out
+                    out[b, h], lse[b, h] = self._sparf(i, b, layer, h, q[b, h], scale, p)
+        return out, lse
 
     def _sparf(self, i, b, layer, h, q, scale, p):
         row = self.rows[i][(b, layer)]
@@ -212,7 +250,8 @@ class FlexGenStore(KVStore):
         toks, alpha = sparf.select_tokens(shat, p.k, p.local, p.pages, self.tpp)
         groups = sorted({t // self.tpp for t in toks.flatten().tolist() if t < row.tok})
         K, V = self._read_tokens(i, b, layer, h, groups)
-        return sparf.attend_selected(q, toks, alpha, K, V, row.v_sum[h] / row.n if p.mean_v else None, scale)
+        out = sparf.attend_selected(q, toks, alpha, K, V, row.v_sum[h] / row.n if p.mean_v else None, scale)
+        return out, sparf.log_sum_exp(q, K, scale, toks)
 
     def _read_tokens(self, i, b, layer, h, groups) -> Tuple[torch.Tensor, torch.Tensor]:
         """K and V (``[n, D]``) of the row: the page pairs of ``groups`` read back (runs of

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import abc
 import threading
+import time
 from typing import Dict, Optional
 
 import torch
@@ -125,6 +126,9 @@ class OffloadCache(Cache):
         self.store = store
         self._valid: Optional[torch.Tensor] = None
         self._prefill = [False] * layers
+        #: Seconds spent in decode attention so far (queries out to outputs back, every
+        #: layer), the part of a step the store is responsible for.
+        self.attention_s = 0.0
 
     def set_padding(self, attention_mask: Optional[torch.Tensor]) -> None:
         """Marks the real tokens of the next (prefill) forward: ``[B, T]``, 1 = real."""
@@ -168,7 +172,9 @@ class OffloadCache(Cache):
             kwargs.pop("dropout", None)
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=scaling, **kwargs)
         scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
+        t0 = time.perf_counter()
         outs = [self.store.decode(layer, query[:, :, i], key[:, :, i], value[:, :, i], scale) for i in range(query.shape[2])]
+        self.attention_s += time.perf_counter() - t0
         # [B, T, Hq, D], the layout transformers' attention functions return.
         return torch.stack(outs, dim=1).to(query.dtype), None
 

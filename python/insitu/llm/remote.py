@@ -1,18 +1,41 @@
 # SPDX-License-Identifier: Apache-2.0
 """The ``insitu`` store: K and V on the targets' KV stores, decode attention computed there.
 
-Each batch row is one sequence on every target of the pool, holding that target's range of
-KV heads (:func:`insitu.llm.targets.partition`). Prefill appends a layer's K and V with
-``KvTarget.append`` from the target's worker thread, so the transfer of layer ``i``
-overlaps the host's computation of layer ``i + 1`` (InstInfer Section IV-D). A decode step
-sends, per layer and target, one ``KvTarget.attend`` with every row's queries and the new
-token's k and v (appended by the target before it attends) and gets the outputs back: the
-link carries q, k, v and the outputs, never the cache.
+How a pool of targets shares the cache (``split``):
+
+* ``"tokens"`` (the default with two or more targets; split-K): every target holds every
+  KV head for a share of each sequence's tokens. Prefill deals the prompt out in whole
+  flash pages, target after target (page ``g`` of a row goes to target ``g mod N``), and
+  each decode step's new token goes to the target holding the fewest tokens, so the
+  targets stay even however many KV heads the model has (SmolLM2-135M has 3: a head split
+  leaves a fourth target idle). Each target returns, per query row, its softmax-weighted
+  sum of V over its tokens and the log-sum-exp of its scores, and the host merges the
+  parts exactly (:class:`insitu.llm.targets.TokenSplit`, :func:`insitu.llm.targets.merge`): dense
+  attention over N targets is dense attention over the whole sequence.
+* ``"heads"``: KV heads in contiguous ranges, one per target
+  (:func:`insitu.llm.targets.partition`); the host concatenates the outputs.
+
+Prefill appends a layer's K and V with ``KvTarget.append`` from the target's worker
+thread, so the transfer of layer ``i`` overlaps the host's computation of layer ``i + 1``
+(InstInfer Section IV-D). A decode step sends, per layer and target, one ``KvTarget.attend``
+with every row's queries (and the new token's k and v to the target that stores it, which
+appends before it attends), all targets at once, and gets the outputs back: one exchange
+per layer per target, the link carrying q, k, v and the outputs, never the cache.
 
 SparF (``method="sparf"``) takes ``r``, ``k``, ``local`` and the page cap from
 :func:`insitu.llm.sparf.params` at each step, for the longest sequence of the batch (one
 request carries one ``k``); ``"sparq"`` is SparQ's selection (each query row its own
-components and ``k`` tokens, no page cap), counted at element granularity.
+components and ``k`` tokens, no page cap), counted at element granularity. Over a token
+split each target runs SparF at the same ratio over its own share (its ``k``, ``local``
+and page cap from its share's length): the sink page is the first target's first page,
+every target keeps its most recent tokens, the pages read add up to the ratio's share of
+the whole cache, and the merged result is exact attention over the union of the tokens
+the targets kept, as on one target. The paper's mix with the mean of V weighs the whole
+sequence, which no target holds, so ``mean_v`` uses the head split.
+
+``kv_dtype`` (``"f32"`` or ``"f16"``) is the element type of the targets' pages: f16
+halves the flash bytes per token (and doubles the tokens per page); the link still
+carries f32, and the engine computes in f64 from the stored values.
 """
 
 from __future__ import annotations
@@ -26,11 +49,12 @@ import torch
 from .. import _native
 from .hooks import KVStore
 from .sparf import SparseParams, params
-from .targets import TargetPool, Worker, partition
+from .targets import SPLITS, TargetPool, TokenSplit, Worker, choose_split, head_ranges, merge
 
-__all__ = ["TargetStore"]
+__all__ = ["TargetStore", "SPLITS", "KV_DTYPES"]
 
 METHODS = ("dense", "sparf", "sparq")
+KV_DTYPES = {"f32": 4, "f16": 2}
 
 
 def f32_bytes(t: torch.Tensor) -> bytes:
@@ -43,7 +67,9 @@ class TargetStore(KVStore):
 
     ``method`` is ``"dense"``, ``"sparf"`` or ``"sparq"``; the sparse ones need ``ratio``
     (the share of the dense reads to keep, e.g. 0.125), and mix their result with the mean
-    of V by α when ``mean_v`` (see :mod:`insitu.llm.sparf`).
+    of V by α when ``mean_v`` (see :mod:`insitu.llm.sparf`). ``split`` is ``"tokens"`` or
+    ``"heads"`` (default: tokens over two or more targets, heads with ``mean_v``);
+    ``kv_dtype`` the stored element type, ``"f32"`` or ``"f16"``.
     """
 
     def __init__(
@@ -58,14 +84,19 @@ class TargetStore(KVStore):
         ratio: Optional[float] = None,
         hostnqn: Optional[str] = None,
         mean_v: bool = False,
+        split: Optional[str] = None,
+        kv_dtype: str = "f32",
     ):
         if method not in METHODS:
             raise ValueError(f"method {method!r}: use one of {', '.join(METHODS)}")
         if method != "dense" and ratio is None:
             raise ValueError(f"method {method!r} needs a sparse ratio (e.g. 0.125)")
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"KV dtype {kv_dtype!r}: use one of {', '.join(KV_DTYPES)}")
+        split = choose_split(split, len(pool), mean_v, method != "dense")
         self.layers, self.kv_heads, self.head_dim, self.group = layers, kv_heads, head_dim, group
-        self.method, self.ratio, self.mean_v = method, ratio, mean_v
-        self.ranges = partition(kv_heads, len(pool))
+        self.method, self.ratio, self.mean_v, self.split, self.kv_dtype = method, ratio, mean_v, split, kv_dtype
+        self.ranges = head_ranges(split, kv_heads, len(pool))
         self.targets: List = []
         self.workers: List[Worker] = []
         # Random ids: a remote target may hold other hosts' (or an earlier run's) sequences.
@@ -73,6 +104,7 @@ class TargetStore(KVStore):
         self.seqs = [base + b for b in range(batch)]
         self.tokens = [0] * batch
         self._media = [0] * len(self.ranges)
+        self.exchanges = 0  # attention exchanges sent (one per layer and target used)
         self._created: List[List[int]] = []
         try:
             for i, rng in enumerate(self.ranges):
@@ -81,26 +113,31 @@ class TargetStore(KVStore):
                 self.workers.append(Worker(f"insitu-kv{i}"))
                 self._created.append([])
                 for s in self.seqs:
-                    t.create(s, layers, len(rng), head_dim, "f32", 1)
+                    t.create(s, layers, len(rng), head_dim, kv_dtype, 1)
                     self._created[i].append(s)
         except BaseException:
             self.close()
             raise
         # The target's flash page fixes the token groups SparF's page cap counts in.
         page = self.targets[0].info(self.seqs[0])["page_bytes"] if self.targets else 4096
-        self.tokens_per_page = max(1, page // (4 * head_dim))
+        self.tokens_per_page = max(1, page // (KV_DTYPES[kv_dtype] * head_dim))
+        self.split_tokens = TokenSplit(len(self.ranges), batch, self.tokens_per_page)
         self._base = [t.stats() for t in self.targets]
 
     # -- prefill ---------------------------------------------------------------------------
 
     def prefill(self, layer, k, v, valid):
         rows = [None] * k.shape[0] if valid is None else [torch.nonzero(m).flatten() for m in valid.cpu()]
-        if layer == 0:
-            for b, sel in enumerate(rows):
-                self.tokens[b] += k.shape[2] if sel is None else len(sel)
         k, v = k.detach(), v.detach()
-        for i, rng in enumerate(self.ranges):
-            self.workers[i].submit(self._append, i, layer, k[:, rng.start : rng.stop], v[:, rng.start : rng.stop], rows)
+        if self.split == "tokens":
+            # Each target gets its pages of each row's prompt.
+            for i, picks in enumerate(self.split_tokens.prefill(layer, self.tokens, rows, k.shape[2])):
+                self.workers[i].submit(self._append, i, layer, k, v, picks)
+        else:
+            for i, rng in enumerate(self.ranges):
+                self.workers[i].submit(self._append, i, layer, k[:, rng.start : rng.stop], v[:, rng.start : rng.stop], rows)
+        if layer == 0:
+            self.tokens = [t + (k.shape[2] if sel is None else len(sel)) for t, sel in zip(self.tokens, rows)]
 
     def _append(self, i, layer, k, v, rows):
         # Runs on target i's worker: the copy to host memory and the send overlap the host.
@@ -116,22 +153,42 @@ class TargetStore(KVStore):
         B, hq, D = q.shape
         if layer == 0:
             self.tokens = [n + 1 for n in self.tokens]
-        p = SparseParams(0, 0, 0)
-        if self.method != "dense":
-            p = params(self.ratio, D, max(self.tokens), self.tokens_per_page, paged=self.method == "sparf", mean_v=self.mean_v)
         qg = q.reshape(B, self.kv_heads, self.group, D)
         futures = []
-        for i, rng in enumerate(self.ranges):
-            s = slice(rng.start, rng.stop)
-            futures.append(self.workers[i].submit(self._attend, i, layer, qg[:, s], k[:, s], v[:, s], scale, p))
+        if self.split == "tokens":
+            for i in self.split_tokens.decode(layer):
+                new = (k, v) if i == self.split_tokens.step_target else (None, None)
+                p = self._params(max(self.held[i]))  # SparF at the ratio over this share
+                futures.append(self.workers[i].submit(self._attend, i, layer, qg, *new, scale, p, True))
+        else:
+            for i, rng in enumerate(self.ranges):
+                s = slice(rng.start, rng.stop)
+                p = self._params(max(self.tokens))
+                futures.append(self.workers[i].submit(self._attend, i, layer, qg[:, s], k[:, s], v[:, s], scale, p, False))
+        self.exchanges += len(futures)
         for w in self.workers:
             w.drain()  # raises the first error of this step or of an earlier prefill append
-        out = torch.cat([f.result() for f in futures], dim=1)
+        parts = [f.result() for f in futures]
+        if self.split == "heads":
+            out = torch.cat(parts, dim=1)
+        else:
+            out = merge([o for o, _ in parts], [lse for _, lse in parts]).float()
         return out.reshape(B, hq, D).to(q.device)
 
-    def _attend(self, i, layer, q, k, v, scale, p):
+    @property
+    def held(self) -> List[List[int]]:
+        """``held[i][b]``: tokens of sequence ``b`` on target ``i`` (a token split)."""
+        return self.split_tokens.held
+
+    def _params(self, tokens: int) -> SparseParams:
+        """SparF's or SparQ's parameters over ``tokens`` tokens (a target's share)."""
+        if self.method == "dense":
+            return SparseParams(0, 0, 0)
+        return params(self.ratio, self.head_dim, tokens, self.tokens_per_page, paged=self.method == "sparf", mean_v=self.mean_v)
+
+    def _attend(self, i, layer, q, k, v, scale, p, partial):
         B, h, G, D = q.shape
-        out, st = self.targets[i].attend(
+        res = self.targets[i].attend(
             layer,
             self.seqs,
             f32_bytes(q),
@@ -141,13 +198,17 @@ class TargetStore(KVStore):
             p.r,
             p.k,
             p.local,
-            f32_bytes(k),
-            f32_bytes(v),
+            None if k is None else f32_bytes(k),
+            None if v is None else f32_bytes(v),
             p.pages if self.method == "sparf" else 0,
             p.mean_v,
+            partial,
         )
-        self._media[i] += st["media_bytes"]
-        return torch.from_numpy(np.frombuffer(out, dtype="<f4").copy()).view(B, h, G, D)
+        self._media[i] += res[1]["media_bytes"]
+        out = torch.from_numpy(np.frombuffer(res[0], dtype="<f4").copy()).view(B, h, G, D)
+        if not partial:
+            return out
+        return out, torch.from_numpy(np.frombuffer(res[2], dtype="<f8").copy()).view(B, h, G)
 
     # -- the rest --------------------------------------------------------------------------
 

@@ -89,8 +89,11 @@ def load(path: Optional[str] = None, device: Optional[str] = None) -> Model:
     return Model(model, tok, dev, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, head_dim, path)
 
 
-def make_cache(m: Model, attention: str, batch: int, max_tokens: int, pool: Optional[TargetPool] = None, sparf: Optional[float] = None):
-    """The ``past_key_values`` and attention implementation of a backend."""
+def make_cache(m: Model, attention: str, batch: int, max_tokens: int, pool: Optional[TargetPool] = None, sparf: Optional[float] = None, kv_dtype: str = "f32"):
+    """The ``past_key_values`` and attention implementation of a backend; ``kv_dtype``
+    ("f32" or "f16") is the element type of the in-storage backend's pages."""
+    if kv_dtype != "f32" and attention != "insitu":
+        raise ValueError(f"--kv-dtype {kv_dtype} needs --attention insitu (the other backends keep f32)")
     if attention == "memory":
         if sparf:
             raise ValueError("--sparf needs --attention insitu or flexgen (memory is the dense reference)")
@@ -103,7 +106,7 @@ def make_cache(m: Model, attention: str, batch: int, max_tokens: int, pool: Opti
     if attention == "insitu":
         from .remote import TargetStore
 
-        store = TargetStore(pool, *shape, method="sparf" if sparf else "dense", ratio=sparf)
+        store = TargetStore(pool, *shape, method="sparf" if sparf else "dense", ratio=sparf, kv_dtype=kv_dtype)
     elif attention == "flexgen":
         from .flexgen import FlexGenStore
 
@@ -159,6 +162,7 @@ def generate(
     sparf: Optional[float] = None,
     progress: bool = False,
     prompt_ids: Optional[List[List[int]]] = None,
+    kv_dtype: str = "f32",
 ) -> Dict[str, Any]:
     """Greedy generation of ``max_new_tokens`` tokens for each prompt (a batch, left-padded).
 
@@ -175,7 +179,7 @@ def generate(
         raise ValueError("empty prompt")
     ids = torch.tensor([[tok.pad_token_id] * (T - len(p)) + p for p in prompt_ids], device=m.device)
     mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompt_ids], device=m.device)
-    cache, impl = make_cache(m, attention, B, T + max_new_tokens, pool, sparf)
+    cache, impl = make_cache(m, attention, B, T + max_new_tokens, pool, sparf, kv_dtype)
     m.model.set_attn_implementation(impl)
     eos = tok.eos_token_id
     out: List[List[int]] = [[] for _ in range(B)]
@@ -223,10 +227,10 @@ def generate(
 
 
 @torch.inference_mode()
-def _score(m: Model, ids: List[int], prefill: int, attention: str, pool, sparf, progress) -> Dict[str, Any]:
+def _score(m: Model, ids: List[int], prefill: int, attention: str, pool, sparf, progress, kv_dtype: str = "f32") -> Dict[str, Any]:
     """Prefills ``ids[:prefill]``, then feeds the rest one token per decode step (teacher
     forcing); returns the log-probability of each fed-next token and the greedy choices."""
-    cache, impl = make_cache(m, attention, 1, len(ids), pool, sparf)
+    cache, impl = make_cache(m, attention, 1, len(ids), pool, sparf, kv_dtype)
     m.model.set_attn_implementation(impl)
     x = torch.tensor([ids], device=m.device)
     nll, greedy = [], []
@@ -264,6 +268,7 @@ def evaluate(
     progress: bool = False,
     reference: Optional[Dict[str, Any]] = None,
     start: int = 0,
+    kv_dtype: str = "f32",
 ) -> Dict[str, Any]:
     """Decode-style perplexity of ``text``: ``prefill`` tokens as a prompt, then every
     further token (up to ``context`` in all) fed through a decode step. The window begins
@@ -279,7 +284,7 @@ def evaluate(
         ids = ids[:context]
     if prefill < 1 or len(ids) < prefill + 2:
         raise ValueError(f"the text has {len(ids)} tokens from token {start}: need more than the {prefill} prefilled + 1")
-    r = _score(m, ids, prefill, attention, pool, sparf, progress)
+    r = _score(m, ids, prefill, attention, pool, sparf, progress, kv_dtype)
     if attention == "memory" and not sparf:
         ref = r
     else:

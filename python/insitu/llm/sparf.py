@@ -48,6 +48,7 @@ __all__ = [
     "attend_selected",
     "sparf",
     "dense",
+    "log_sum_exp",
     "pages_needed",
 ]
 
@@ -206,6 +207,17 @@ def dense(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, scale: float) -> to
     float64."""
     w = torch.softmax((q.double() @ K.double().T) * scale, dim=-1)
     return w @ V.double()
+
+
+def log_sum_exp(q: torch.Tensor, k_rows: torch.Tensor, scale: float, toks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Each query row's log-sum-exp of its scaled scores over the rows of ``k_rows``
+    (``[S, D]``), or over the rows ``toks[row]`` of it: ``[R]`` float64. With the output
+    of :func:`dense` or :func:`attend_selected` (unmixed) over the same tokens, it is a
+    part that :func:`insitu.llm.targets.merge` combines with parts over other tokens."""
+    q = q.double()
+    if toks is None:
+        return torch.logsumexp((q @ k_rows.double().T) * scale, dim=-1)
+    return torch.stack([torch.logsumexp((k_rows[t].double() @ qr) * scale, dim=-1) for qr, t in zip(q, toks)])
 
 
 def sparf(

@@ -1,12 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """The targets a KV cache lives on: a pool of NVMe/TCP URLs, or in-process embedded
-targets, and how a model's KV heads are split across them.
+targets, and how a cache is split across them.
 
-KV heads are partitioned into contiguous ranges, one per target, as even as possible with
-the first targets taking one more (3 heads over 2 targets: ``[0, 1]`` and ``[2]``): each
-target stores and attends its heads on its own (InstInfer Section IV-D, "Scale to CSD
-array"), and the host concatenates the outputs. With more targets than KV heads the extra
-targets get nothing and are not used.
+* **Tokens** (:class:`TokenSplit`, split-K): every target holds every KV head for a share
+  of each sequence's tokens: the prompt dealt out in whole pages, target after target, and
+  each decode step's token on the target holding the fewest. Each target attends over its
+  share and the host merges the parts by their log-sum-exp (:func:`merge`), exactly. The
+  targets stay even whatever the number of KV heads.
+* **Heads** (:func:`partition`): KV heads in contiguous ranges, one per target, as even as
+  possible with the first targets taking one more (3 heads over 2 targets: ``[0, 1]`` and
+  ``[2]``): each target stores and attends its heads on its own (InstInfer Section IV-D,
+  "Scale to CSD array"), and the host concatenates the outputs. With more targets than KV
+  heads the extra targets get nothing and are not used.
 
 Each target has one worker thread (:class:`Worker`): everything sent to a target goes
 through it, in order, so prefill appends of layer ``i`` stream out while the host computes
@@ -20,13 +25,13 @@ import os
 import shutil
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
 from .. import _native
 
-__all__ = ["partition", "TargetPool", "Worker", "DEFAULT_DIR"]
+__all__ = ["partition", "SPLITS", "choose_split", "head_ranges", "TokenSplit", "merge", "TargetPool", "Worker", "DEFAULT_DIR"]
 
 # Where the embedded default keeps its namespace images, relative to the working directory.
 DEFAULT_DIR = ".insitu"
@@ -44,6 +49,111 @@ def partition(heads: int, targets: int) -> List[range]:
         out.append(range(start, start + n))
         start += n
     return out
+
+
+SPLITS = ("tokens", "heads")
+
+
+def choose_split(split: Optional[str], targets: int, mean_v: bool, sparse: bool) -> str:
+    """The split a store uses: ``split`` checked, or by default tokens over two or more
+    targets and heads otherwise. The paper's mix with the mean of V (``mean_v`` with a
+    ``sparse`` method) weighs the whole sequence, which a token split holds on no single
+    target: it takes the head split, and refuses the token split."""
+    mixes = mean_v and sparse
+    if split is None:
+        return "tokens" if targets > 1 and not mixes else "heads"
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r}: use one of {', '.join(SPLITS)}")
+    if split == "tokens" and mixes:
+        raise ValueError("mean_v mixes in the mean of V over the whole sequence, which a token split holds on no single target: use split='heads'")
+    return split
+
+
+def head_ranges(split: str, heads: int, targets: int) -> List[range]:
+    """The KV heads each target holds: all of them on every target with a token split,
+    else :func:`partition`'s ranges."""
+    return [range(heads)] * targets if split == "tokens" else partition(heads, targets)
+
+
+class TokenSplit:
+    """Where each token of ``batch`` sequences lives over ``targets`` targets (split-K).
+
+    A prompt is dealt out in whole pages of ``tokens_per_page``, target after target: page
+    ``g`` of a sequence (its tokens ``g·tpp …``) on target ``g mod N``, so every target's
+    share looks like the whole (recent and old tokens alike) and fills whole pages. Each
+    decode step's token, for every sequence at once, goes to the target holding the fewest
+    tokens over the batch (ties: the lower target), so the shares stay within a page of
+    each other and one request per target carries the step.
+    """
+
+    def __init__(self, targets: int, batch: int, tokens_per_page: int):
+        if targets < 1 or batch < 1 or tokens_per_page < 1:
+            raise ValueError(f"cannot split {batch} sequences over {targets} targets in pages of {tokens_per_page}")
+        self.tokens_per_page = tokens_per_page
+        #: ``held[i][b]``: tokens of sequence ``b`` on target ``i``.
+        self.held = [[0] * batch for _ in range(targets)]
+        #: The target storing the current decode step's token (see :meth:`decode`).
+        self.step_target = 0
+        self._dealt: List[List[torch.Tensor]] = []
+        # Where the tokens of the current forward went (placed at layer 0, one per call),
+        # and how many of them each later layer has sent so far.
+        self._placed: List[int] = []
+        self._sent: Dict[int, int] = {}
+
+    def prefill(self, layer: int, starts: Sequence[int], rows: Sequence[Optional[torch.Tensor]], width: int) -> List[List[torch.Tensor]]:
+        """A prompt's layer ``layer``, ``width`` columns wide, of which sequence ``b`` has
+        the columns ``rows[b]`` (None: all) at positions ``starts[b] …``: per target and
+        sequence, the columns it stores. Dealt at layer 0 (see :meth:`deal`), the same for
+        every later layer of the prompt."""
+        if layer == 0:
+            self._dealt = self.deal(starts, [width if sel is None else len(sel) for sel in rows])
+        return [[d if sel is None else sel[d] for d, sel in zip(dealt, rows)] for dealt in self._dealt]
+
+    def decode(self, layer: int) -> List[int]:
+        """The targets a decode step's layer asks: the one storing the step's token
+        (:attr:`step_target`, placed at layer 0) and every one holding a token. A forward
+        of several new tokens calls each layer once per token, in order: every layer puts
+        its ``j``-th token where layer 0 put its ``j``-th."""
+        if layer == 0:
+            if self._sent:  # the later layers ran: a new forward begins
+                self._placed, self._sent = [], {}
+            self._placed.append(self.step())
+            self.step_target = self._placed[-1]
+        else:
+            j = self._sent.get(layer, 0)
+            self._sent[layer] = j + 1
+            self.step_target = self._placed[j]
+        return [i for i, held in enumerate(self.held) if i == self.step_target or max(held)]
+
+    def deal(self, starts: Sequence[int], counts: Sequence[int]) -> List[List[torch.Tensor]]:
+        """Adds ``counts[b]`` prompt tokens to each sequence ``b`` (positions ``starts[b]
+        …``) and returns, per target and sequence, the indices (into those ``counts[b]``)
+        of the tokens it stores, ascending."""
+        out: List[List[torch.Tensor]] = [[] for _ in self.held]
+        for b, (start, n) in enumerate(zip(starts, counts)):
+            j = torch.arange(n)
+            owner = ((start + j) // self.tokens_per_page) % len(self.held)
+            for i, part in enumerate(out):
+                part.append(j[owner == i])
+                self.held[i][b] += len(part[-1])
+        return out
+
+    def step(self) -> int:
+        """The target that stores the next decode token of every sequence (counted)."""
+        i = min(range(len(self.held)), key=lambda t: (sum(self.held[t]), t))
+        self.held[i] = [n + 1 for n in self.held[i]]
+        return i
+
+
+def merge(outs: List[torch.Tensor], lses: List[torch.Tensor]) -> torch.Tensor:
+    """Merges parts of one attention over disjoint token sets: ``outs[i]`` (``[..., D]``)
+    is part ``i``'s softmax-weighted sum of V over its tokens, ``lses[i]`` (``[...]``) the
+    log-sum-exp of its scaled scores (−inf for a part with no tokens). Returns the
+    attention over the union, ``Σ exp(lse_i − L)·out_i`` with ``L = log Σ exp(lse_i)``,
+    in float64."""
+    lse = torch.stack([x.double() for x in lses])
+    w = torch.exp(lse - torch.logsumexp(lse, dim=0))
+    return (w[..., None] * torch.stack([o.double() for o in outs])).sum(0)
 
 
 class Worker:

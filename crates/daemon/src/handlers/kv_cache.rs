@@ -7,41 +7,13 @@
 //! KV_RESULT takes them out: two commands a stock host can send. The results wait with
 //! the controller ([`IoContext::controller_state`]), which keeps a bounded number.
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use insitu_engine::Engine;
 use insitu_fabric::{opcode, Command};
-use insitu_kvcache::{AttendStats, KvCache, KvError, Task};
+use insitu_kvcache::{HeldResults, KvCache, KvError, RESULT_GRACE};
 use insitu_nvmf::{IoContext, IoHandler, Outcome};
-use insitu_proto::attention::{encode_info, Admin, Append, Attend, AttendResult};
-
-/// Results a controller holds at most; older ones are dropped when more arrive (a host
-/// that never collects its results cannot grow the target's memory).
-const HELD_RESULTS: usize = 64;
-
-/// Results of KV commands waiting for KV_RESULT, by tag: one per controller.
-#[derive(Default)]
-struct HeldResults {
-    held: Mutex<VecDeque<(u32, Vec<u8>)>>,
-}
-
-impl HeldResults {
-    fn put(&self, tag: u32, data: Vec<u8>) {
-        let mut h = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        h.retain(|(t, _)| *t != tag);
-        if h.len() == HELD_RESULTS {
-            h.pop_front();
-        }
-        h.push_back((tag, data));
-    }
-
-    fn take(&self, tag: u32) -> Option<Vec<u8>> {
-        let mut h = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        let i = h.iter().position(|(t, _)| *t == tag)?;
-        h.remove(i).map(|(_, d)| d)
-    }
-}
+use insitu_proto::attention::{encode_info, Admin, Append, Attend, AttendOptions, AttendResult};
 
 /// The four KV-cache commands against an engine's KV cache.
 pub(crate) struct KvCacheCommands(pub(crate) Arc<Engine>);
@@ -59,7 +31,7 @@ impl IoHandler for KvCacheCommands {
 fn execute(target: &Engine, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]) -> Result<Outcome, KvError> {
     let tag = cmd.cdw(10);
     if cmd.opcode() == opcode::KV_RESULT {
-        let held = ctx.controller_state::<HeldResults>().take(tag).ok_or(KvError::NoResult(tag))?;
+        let held = ctx.controller_state::<HeldResults>().take_wait(tag, RESULT_GRACE).ok_or(KvError::NoResult(tag))?;
         if (cmd.sgl().1 as usize) < held.len() {
             // Keep it: the host may ask again with a buffer large enough.
             let len = held.len();
@@ -78,11 +50,14 @@ fn execute(target: &Engine, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]) -> 
             Ok(Outcome { dw0: tokens as u32, ..Outcome::ok() })
         }
         opcode::KV_ATTEND => {
-            let result = attend(store, Attend::decode(data)?)?;
+            // A KV_RESULT for this tag waits until the result is held (or this fails).
+            let results = ctx.controller_state::<HeldResults>();
+            let pending = results.begin(tag);
+            let result = attend(store, Attend::decode(data)?, AttendOptions::from_cdw11(cmd.cdw(11))?)?;
             let media = result.stats.media_bytes;
             let bytes = result.encode();
             let len = bytes.len() as u32;
-            ctx.controller_state::<HeldResults>().put(tag, bytes);
+            pending.complete(bytes);
             Ok(Outcome { dw0: len, media_bytes: media, ..Outcome::ok() })
         }
         _ => unreachable!("only KV opcodes are routed here"),
@@ -125,26 +100,10 @@ fn check_shape(store: &KvCache, seq: u64, layer: usize, heads: usize, head_dim: 
     Ok(())
 }
 
-fn attend(store: &KvCache, a: Attend) -> Result<AttendResult, KvError> {
+fn attend(store: &KvCache, a: Attend, options: AttendOptions) -> Result<AttendResult, KvError> {
     // Validate every entry before the first append, so a bad entry changes nothing.
     for s in &a.seqs {
         check_shape(store, *s, a.layer, a.heads, a.head_dim)?;
     }
-    for (i, s) in a.seqs.iter().enumerate() {
-        if a.seqs[..i].contains(s) {
-            return Err(KvError::BadRequest(format!("sequence {s} appears twice in one attention request")));
-        }
-    }
-    if let Some((k, v)) = &a.new_kv {
-        let n = a.heads * a.head_dim;
-        for (i, s) in a.seqs.iter().enumerate() {
-            store.append(*s, a.layer, 1, &k[i * n..(i + 1) * n], &v[i * n..(i + 1) * n])?;
-        }
-    }
-    let views = a.seqs.iter().flat_map(|s| (0..a.heads).map(move |h| store.head(*s, a.layer, h))).collect::<Result<Vec<_>, _>>()?;
-    let rows = a.group * a.head_dim;
-    let mut out = vec![0f32; a.q.len()];
-    let tasks = views.iter().zip(a.q.chunks(rows)).zip(out.chunks_mut(rows)).map(|((head, q), out)| Task { head, q, out }).collect();
-    let stats: AttendStats = store.attend_all(tasks, a.scale, a.method)?;
-    Ok(AttendResult { entries: a.seqs.len(), heads: a.heads, group: a.group, head_dim: a.head_dim, stats, out })
+    store.attend_request(a, options)
 }

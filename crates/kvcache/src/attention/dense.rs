@@ -6,13 +6,13 @@
 //! Holding one score per token and row costs 8 bytes per token and row, little next to the
 //! cache, and keeps the softmax exact instead of rescaled page after page.
 
-use super::kernels::{axpy_rows, dot_rows, exp_shifted};
+use super::kernels::{axpy_rows, dot_rows, exp_shifted_lse};
 use super::PagedRows;
 use crate::{AttendStats, HeadPages, Kind, KvError};
 
-/// Dense attention of the `q.len() / head_dim` rows of `q` into `out` (shapes checked by
-/// the caller).
-pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, out: &mut [f32]) -> Result<AttendStats, KvError> {
+/// Dense attention of the `q.len() / head_dim` rows of `q` into `out`, and each row's
+/// log-sum-exp into `lse` when given (shapes checked by the caller).
+pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, out: &mut [f32], lse: Option<&mut [f64]>) -> Result<AttendStats, KvError> {
     let layout = *head.layout();
     let (hd, tpp) = (layout.head_dim, layout.tokens_per_page);
     let tokens = head.tokens();
@@ -36,7 +36,10 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, out: &mut [f32
         }
     })?;
     // Unnormalised weights; the division by their sum happens once per output element.
-    let sums: Vec<f64> = scores.chunks_exact_mut(tokens).map(exp_shifted).collect();
+    let (sums, lses): (Vec<f64>, Vec<f64>) = scores.chunks_exact_mut(tokens).map(exp_shifted_lse).unzip();
+    if let Some(lse) = lse {
+        lse.copy_from_slice(&lses);
+    }
 
     // Pass 2: acc_row = Σ_t w_row,t v_t.
     let mut acc = vec![0f64; rows * hd];

@@ -103,6 +103,14 @@ pub(super) fn exp_shifted(x: &mut [f64]) -> f64 {
     sum
 }
 
+/// [`exp_shifted`], also returning the log of the unshifted sum (`max + ln(sum)`): the
+/// log-sum-exp a partial result reports.
+pub(super) fn exp_shifted_lse(x: &mut [f64]) -> (f64, f64) {
+    let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let sum = exp_shifted(x);
+    (sum, max + sum.ln())
+}
+
 /// In-place softmax of `x`.
 pub(super) fn softmax(x: &mut [f64]) {
     let inv = 1.0 / exp_shifted(x);

@@ -14,6 +14,8 @@
 
 mod dense;
 mod kernels;
+#[cfg(test)]
+mod partial_tests;
 mod sparse;
 #[cfg(test)]
 mod sparse_tests;
@@ -37,6 +39,8 @@ pub struct Task<'a> {
     pub q: &'a [f32],
     /// Output rows, `group * head_dim`.
     pub out: &'a mut [f32],
+    /// With room for one value per query row: a partial result (see [`attend_partial`]).
+    pub lse: Option<&'a mut [f64]>,
 }
 
 /// Attention of `q` (`group` query rows of `head_dim`) over one head's cache into `out`, with
@@ -51,6 +55,20 @@ pub struct Task<'a> {
 /// size of `q`, `q` or `scale` is not finite, `r` or `k` is 0, or the cache has no tokens;
 /// errors of the store are passed on. `out` is unspecified after an error.
 pub fn attend(head: &dyn HeadPages, q: &[f32], scale: f32, method: Method, out: &mut [f32]) -> Result<AttendStats, KvError> {
+    attend_rows(head, q, scale, method, out, None)
+}
+
+/// [`attend`] as one part of an attention whose tokens are split over several caches
+/// (split-K): also writes each query row's log-sum-exp of the scaled scores it attended
+/// over into `lse` (one per row), by which the host merges the parts exactly. An empty
+/// cache is an empty part (outputs 0, log-sum-exp −∞), not an error. A sparse method must
+/// leave out the mean of V (`mean_v` false): that mix weighs the whole sequence, which
+/// one part does not hold.
+pub fn attend_partial(head: &dyn HeadPages, q: &[f32], scale: f32, method: Method, out: &mut [f32], lse: &mut [f64]) -> Result<AttendStats, KvError> {
+    attend_rows(head, q, scale, method, out, Some(lse))
+}
+
+fn attend_rows(head: &dyn HeadPages, q: &[f32], scale: f32, method: Method, out: &mut [f32], lse: Option<&mut [f64]>) -> Result<AttendStats, KvError> {
     let layout = head.layout();
     let hd = layout.head_dim;
     if q.is_empty() || !q.len().is_multiple_of(hd) {
@@ -62,29 +80,43 @@ pub fn attend(head: &dyn HeadPages, q: &[f32], scale: f32, method: Method, out: 
     if !scale.is_finite() || !q.iter().all(|x| x.is_finite()) {
         return Err(bad("the query and the scale must be finite".into()));
     }
-    let tokens = head.tokens();
-    if tokens == 0 {
-        return Err(bad("attention over an empty cache (append the current token first)".into()));
+    let rows = q.len() / hd;
+    if let Some(lse) = &lse {
+        if lse.len() != rows {
+            return Err(bad(format!("{} log-sum-exp slots for {rows} query rows", lse.len())));
+        }
     }
     let (r, k, local, count, budget, mean_v) = match method {
-        Method::Dense => return dense::attend(head, q, f64::from(scale), out),
+        Method::Dense => (0, 0, 0, Count::Pages, 0, false),
         Method::SparF { r, k, local, pages, mean_v } => (r, k, local, Count::Pages, pages, mean_v),
         Method::SparQ { r, k, local, mean_v } => (r, k, local, Count::Elements, 0, mean_v),
     };
-    if r == 0 || k == 0 {
+    if method != Method::Dense && (r == 0 || k == 0) {
         return Err(bad(format!("sparse attention needs r and k above 0 (got r = {r}, k = {k})")));
     }
-    if k >= tokens {
+    if mean_v && lse.is_some() {
+        return Err(bad("a partial result cannot mix in the mean of V (set flag bit 1: the kept tokens carry all the weight)".into()));
+    }
+    let tokens = head.tokens();
+    if tokens == 0 {
+        let Some(lse) = lse else {
+            return Err(bad("attention over an empty cache (append the current token first)".into()));
+        };
+        out.fill(0.0);
+        lse.fill(f64::NEG_INFINITY);
+        return Ok(AttendStats::default());
+    }
+    if method == Method::Dense || k >= tokens {
         // Every token is kept, so α = 1 and the approximate scores change nothing: the
         // exact result, without reading the dimension-indexed copy at all.
-        let stats = dense::attend(head, q, f64::from(scale), out)?;
+        let stats = dense::attend(head, q, f64::from(scale), out, lse)?;
         return Ok(match count {
             Count::Pages => stats,
             Count::Elements => element_stats(layout, 0, tokens, stats.rows_used / 2),
         });
     }
     let plan = sparse::Plan { r: r.min(hd), k, local: local.min(tokens), count, budget, mean_v };
-    sparse::attend(head, q, f64::from(scale), plan, out)
+    sparse::attend(head, q, f64::from(scale), plan, out, lse)
 }
 
 /// Runs every task, in parallel over heads; the stats are summed.
@@ -92,7 +124,7 @@ pub fn attend(head: &dyn HeadPages, q: &[f32], scale: f32, method: Method, out: 
 /// Every task runs even when one fails; the error returned is that of the first failing
 /// task in `tasks` order, and the outputs of the other tasks are then still valid.
 pub fn attend_all(tasks: Vec<Task<'_>>, scale: f32, method: Method) -> Result<AttendStats, KvError> {
-    let results: Vec<Result<AttendStats, KvError>> = tasks.into_par_iter().map(|t| attend(t.head, t.q, scale, method, t.out)).collect();
+    let results: Vec<Result<AttendStats, KvError>> = tasks.into_par_iter().map(|t| attend_rows(t.head, t.q, scale, method, t.out, t.lse)).collect();
     let mut total = AttendStats::default();
     for r in results {
         total += r?;

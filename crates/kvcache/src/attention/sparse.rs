@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 
-use super::kernels::{axpy, dot, exp_shifted, softmax, top_k};
+use super::kernels::{axpy, dot, exp_shifted_lse, softmax, top_k};
 use super::{element_stats, v_mean, Count, PagedRows};
 use crate::{AttendStats, HeadPages, Kind, KvError, Loaded};
 
@@ -34,8 +34,9 @@ pub(super) struct Plan {
     pub mean_v: bool,
 }
 
-/// Sparse attention of the rows of `q` into `out` (shapes checked by the caller).
-pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, out: &mut [f32]) -> Result<AttendStats, KvError> {
+/// Sparse attention of the rows of `q` into `out`, and the log-sum-exp of each row's
+/// exact scores over its kept tokens into `lse` when given (shapes checked by the caller).
+pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, out: &mut [f32], lse: Option<&mut [f64]>) -> Result<AttendStats, KvError> {
     let layout = *head.layout();
     let (hd, dpp, tpp) = (layout.head_dim, layout.dims_per_page, layout.tokens_per_page);
     let n = head.tokens();
@@ -148,7 +149,10 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, ou
             }
         }
     })?;
-    let sums: Vec<f64> = scores.iter_mut().map(|s| exp_shifted(s)).collect();
+    let (sums, lses): (Vec<f64>, Vec<f64>) = scores.iter_mut().map(|s| exp_shifted_lse(s)).unzip();
+    if let Some(lse) = lse {
+        lse.copy_from_slice(&lses);
+    }
 
     // Step 11: out = α · softmax(s) · V[j] + (1 − α) · mean(V), or softmax(s) · V[j].
     let mut acc = vec![0f64; rows * hd];

@@ -69,7 +69,7 @@ fn attend_all_equals_sequential_attend_and_returns_the_first_error() {
     let qs: Vec<Vec<f32>> = heads.iter().map(|h| rng.vec(2 * h.layout.head_dim)).collect();
     for m in [Method::Dense, Method::SparF { r: 4, k: 16, local: 2, pages: 0, mean_v: true }] {
         let mut outs: Vec<Vec<f32>> = qs.iter().map(|q| vec![0f32; q.len()]).collect();
-        let tasks = heads.iter().zip(&qs).zip(&mut outs).map(|((h, q), out)| Task { head: h, q, out }).collect();
+        let tasks = heads.iter().zip(&qs).zip(&mut outs).map(|((h, q), out)| Task { head: h, q, out, lse: None }).collect();
         let total = attend_all(tasks, 0.3, m).unwrap();
         let mut sum = AttendStats::default();
         for ((h, q), out) in heads.iter().zip(&qs).zip(&outs) {
@@ -83,7 +83,7 @@ fn attend_all_equals_sequential_attend_and_returns_the_first_error() {
     let mut outs: Vec<Vec<f32>> = qs.iter().map(|q| vec![0f32; q.len()]).collect();
     outs[2].pop();
     outs[5].pop();
-    let tasks = heads.iter().zip(&qs).zip(&mut outs).map(|((h, q), out)| Task { head: h, q, out }).collect();
+    let tasks = heads.iter().zip(&qs).zip(&mut outs).map(|((h, q), out)| Task { head: h, q, out, lse: None }).collect();
     let err = attend_all(tasks, 0.3, Method::Dense).unwrap_err().to_string();
     assert!(err.contains(&format!("output of {} elements", qs[2].len() - 1)), "{err}");
 }

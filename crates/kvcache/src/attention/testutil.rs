@@ -114,7 +114,7 @@ fn row(m: &[f32], hd: usize, t: usize) -> &[f32] {
     &m[t * hd..(t + 1) * hd]
 }
 
-fn dot(q: &[f32], k: &[f32]) -> f64 {
+pub fn dot(q: &[f32], k: &[f32]) -> f64 {
     q.iter().zip(k).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum()
 }
 

@@ -1,0 +1,253 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A sequence's tokens split over several targets (split-K): each target attends over its
+share and returns its part with the log-sum-exp of its scores, and the host merges the
+parts. Dense is exact; SparF is exact attention over the tokens the targets kept, each
+selecting at the ratio over its share; one attention exchange per layer and target; f16
+pages. Checked against torch on the host; embedded targets run in this process."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the LLM extra is not installed (pip install 'insitu[llm]')")
+pytest.importorskip("transformers", reason="the LLM extra is not installed (pip install 'insitu[llm]')")
+
+import insitu  # noqa: E402
+from insitu.llm import sparf  # noqa: E402
+from insitu.llm.remote import TargetStore, f32_bytes  # noqa: E402
+from insitu.llm.targets import TargetPool, merge  # noqa: E402
+
+D = 64
+HKV, G = 3, 3
+SCALE = D**-0.5
+TPP = 4096 // (4 * D)  # f32 tokens per 4 KiB page
+
+
+@pytest.fixture(scope="module")
+def pool3(tmp_path_factory):
+    with TargetPool.embedded(3, directory=str(tmp_path_factory.mktemp("llm-split")), shared_bytes=64 << 20, private_bytes=256 << 20) as p:
+        yield p
+
+
+def _owners(prefill: int, steps: int, targets: int):
+    """Which target holds each token, by the documented rule: prompt pages in turn, each
+    decode token where the fewest tokens are (ties: the lower target)."""
+    own = [(t // TPP) % targets for t in range(prefill)]
+    for _ in range(steps):
+        own.append(min(range(targets), key=lambda i: (own.count(i), i)))
+    return own
+
+
+def _case(seed: int, tokens: int, rows: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    K = torch.randn(rows, HKV, tokens, D, generator=g)
+    V = torch.randn(rows, HKV, tokens, D, generator=g)
+    K[..., ::29, :] *= 3  # a few strong keys, so SparF's selection has something to find
+    return g, K, V
+
+
+def test_merge_of_parts_is_attention_over_the_union():
+    g = torch.Generator().manual_seed(5)
+    q, K, V = torch.randn(4, D, generator=g), torch.randn(100, D, generator=g), torch.randn(100, D, generator=g)
+    parts = [torch.arange(0, 100, 3), torch.arange(1, 100, 3), torch.arange(2, 100, 3), torch.arange(0)]
+    outs, lses = [], []
+    for idx in parts:
+        s = (q.double() @ K[idx].double().T) * SCALE
+        outs.append(torch.softmax(s, -1) @ V[idx].double() if len(idx) else torch.zeros(4, D, dtype=torch.float64))
+        lses.append(torch.logsumexp(s, -1) if len(idx) else torch.full((4,), -math.inf, dtype=torch.float64))
+    assert torch.allclose(merge(outs, lses), sparf.dense(q, K, V, SCALE), atol=1e-12)
+
+
+def test_dense_over_a_token_split_equals_dense_over_the_whole_sequence(pool3):
+    """Two rows of different lengths (the second padded), three targets, three decode steps:
+    every output equals torch's dense attention over the whole row, and each step costs one
+    exchange per layer and target."""
+    S = 5 * TPP + 7
+    g, K, V = _case(1, S, rows=2)
+    valid = torch.ones(2, S, dtype=torch.bool)
+    valid[1, : 2 * TPP + 3] = False  # row 1: a shorter prompt, left-padded
+    store = TargetStore(pool3, 1, HKV, D, G, 2)
+    assert store.split == "tokens" and len(store.targets) == 3
+    try:
+        store.prefill(0, K, V, valid)
+        store.flush()
+        Kr = [K[0], K[1][:, valid[1]]]
+        Vr = [V[0], V[1][:, valid[1]]]
+        for step in range(3):
+            q = torch.randn(2, HKV * G, D, generator=g)
+            k1, v1 = torch.randn(2, HKV, D, generator=g), torch.randn(2, HKV, D, generator=g)
+            before = store.exchanges
+            out = store.decode(0, q, k1, v1, SCALE)
+            assert store.exchanges - before == 3, "one attention exchange per target for the layer"
+            for b in range(2):
+                Kr[b] = torch.cat([Kr[b], k1[b][:, None]], 1)
+                Vr[b] = torch.cat([Vr[b], v1[b][:, None]], 1)
+                for h in range(HKV):
+                    want = sparf.dense(q[b, h * G : (h + 1) * G], Kr[b][h], Vr[b][h], SCALE)
+                    assert torch.allclose(out[b, h * G : (h + 1) * G].double(), want, atol=1e-5), (step, b, h)
+        # Every token is on exactly one target, the targets even to within a page.
+        held = [[t.info(s)["tokens"][0] for s in store.seqs] for t in store.targets]
+        assert [sum(col) for col in zip(*held)] == [S + 3, int(valid[1].sum()) + 3]
+        assert held == store.held
+        assert max(h[0] for h in held) - min(h[0] for h in held) <= TPP
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("tokens", [200, 1500])
+def test_sparf_over_a_token_split_is_exact_over_what_the_targets_kept(pool3, tokens):
+    """Each target runs SparF at the ratio over its own share (its k, local and page cap
+    from the share's length): the merged output is exact attention over the union of the
+    tokens the three targets kept, as torch's reference selects them share by share; and
+    the targets together read far less than dense."""
+    g, K, V = _case(tokens, tokens)
+    q = torch.randn(1, HKV * G, D, generator=g)
+    k1, v1 = torch.randn(1, HKV, D, generator=g), torch.randn(1, HKV, D, generator=g)
+    store = TargetStore(pool3, 1, HKV, D, G, 1, method="sparf", ratio=0.125)
+    try:
+        store.prefill(0, K, V, None)
+        store.flush()
+        out = store.decode(0, q, k1, v1, SCALE)
+        media = store.stats()["media_bytes"]
+    finally:
+        store.close()
+    Kf, Vf = torch.cat([K[0], k1[0][:, None]], 1), torch.cat([V[0], v1[0][:, None]], 1)
+    owner = torch.tensor(_owners(tokens, 1, 3))
+    for h in range(HKV):
+        qh = q[0, h * G : (h + 1) * G]
+        kept = [[] for _ in range(G)]
+        for i in range(3):
+            idx = torch.nonzero(owner == i).flatten()
+            p = sparf.params(0.125, D, len(idx), TPP)
+            if p.k >= len(idx):
+                for row in kept:
+                    row.extend(idx.tolist())
+                continue
+            dims = sparf.select_dims(qh, p.r, shared=True)
+            shat = sparf.approx_scores(qh, dims, Kf[h][idx].T, SCALE)
+            toks, _ = sparf.select_tokens(shat, p.k, p.local, p.pages, TPP)
+            for row, t in zip(kept, toks):
+                row.extend(idx[t].tolist())
+        for r in range(G):
+            j = torch.tensor(sorted(kept[r]))
+            want = sparf.dense(qh[r : r + 1], Kf[h][j], Vf[h][j], SCALE)[0]
+            assert torch.allclose(out[0, h * G + r].double(), want, atol=2e-5), (h, r, (out[0, h * G + r].double() - want).abs().max())
+    if tokens > 1000:
+        dense_bytes = 2 * HKV * (tokens + 1) * D * 4
+        assert 0 < media < dense_bytes / 2
+
+
+def test_f16_pages_halve_the_media_and_attend_over_the_rounded_cache(pool3):
+    """f16 pages: the target stores K and V rounded to f16 (the tokens still in its DRAM
+    buffer stay f32), reads half the bytes of f32 pages, and dense attention over them is
+    attention over the rounded cache."""
+    S = 4 * 32  # whole f16 pages (32 tokens of 64 dimensions in 4 KiB)
+    g, K, V = _case(9, S)
+    q = torch.randn(1, HKV * G, D, generator=g)
+    k1, v1 = torch.randn(1, HKV, D, generator=g), torch.randn(1, HKV, D, generator=g)
+    outs, media = {}, {}
+    for dtype in ("f32", "f16"):
+        store = TargetStore(pool3, 1, HKV, D, G, 1, split="heads", kv_dtype=dtype)
+        try:
+            assert store.targets[0].info(store.seqs[0])["dtype"] == dtype
+            store.prefill(0, K, V, None)
+            store.flush()
+            outs[dtype] = store.decode(0, q, k1, v1, SCALE)
+            media[dtype] = store.stats()["media_bytes"]
+        finally:
+            store.close()
+    assert media["f16"] * 2 == media["f32"] > 0
+    Kh = torch.cat([K[0].half().float(), k1[0][:, None]], 1)
+    Vh = torch.cat([V[0].half().float(), v1[0][:, None]], 1)
+    for h in range(HKV):
+        want = sparf.dense(q[0, h * G : (h + 1) * G], Kh[h], Vh[h], SCALE)
+        assert torch.allclose(outs["f16"][0, h * G : (h + 1) * G].double(), want, atol=1e-5)
+    assert not torch.allclose(outs["f16"], outs["f32"], atol=1e-7), "f16 pages should round"
+
+
+def test_partial_requests_and_bad_split_options(pool3):
+    kv = insitu.KvTarget(pool3.urls[0])
+    kv.create(77, 1, 1, D)
+    kv.create(78, 1, 1, D)
+    try:
+        k = torch.randn(1, 20, D)
+        kv.append(77, 0, 20, f32_bytes(k), f32_bytes(k))
+        q = torch.randn(2, 1, 2, D)
+        out, stats, lse = kv.attend(0, [77, 78], f32_bytes(q), 2, SCALE, partial=True)
+        lse = torch.frombuffer(bytearray(lse), dtype=torch.float64).view(2, 2)
+        s = (q[0, 0].double() @ k[0].double().T) * SCALE
+        assert torch.allclose(lse[0], torch.logsumexp(s, -1))
+        assert torch.isinf(lse[1]).all() and (lse[1] < 0).all(), "sequence 78 holds nothing here: an empty part"
+        assert stats["rows_used"] == 2 * 20  # K and V rows of sequence 77 only
+        o = torch.frombuffer(bytearray(out), dtype=torch.float32).view(2, 2, D)
+        assert torch.allclose(o[0].double(), torch.softmax(s, -1) @ k[0].double(), atol=1e-6) and not o[1].any()
+        # Not partial: the empty sequence is an error, as before.
+        with pytest.raises(insitu.TargetError, match="malformed"):
+            kv.attend(0, [77, 78], f32_bytes(q), 2, SCALE)
+        with pytest.raises(insitu.TargetError, match="malformed"):
+            kv.attend(0, [77], f32_bytes(q[:1]), 2, SCALE, "sparf", 2, 4, 1, mean_v=True, partial=True)
+        assert kv.info(77)["tokens"] == [20] and kv.info(78)["tokens"] == [0]
+    finally:
+        kv.free(77)
+        kv.free(78)
+        kv.disconnect()
+    with pytest.raises(ValueError, match="split"):
+        TargetStore(pool3, 1, HKV, D, G, 1, split="layers")
+    with pytest.raises(ValueError, match="KV dtype"):
+        TargetStore(pool3, 1, HKV, D, G, 1, kv_dtype="bf16")
+    with pytest.raises(ValueError, match="mean of V"):
+        TargetStore(pool3, 1, HKV, D, G, 1, method="sparf", ratio=0.125, mean_v=True, split="tokens")
+
+
+def test_flexgen_splits_tokens_as_the_targets_do(pool3):
+    """The FlexGen baseline over a token split stores the same tokens on the same targets
+    and, reading them back, computes what the targets compute (dense and SparF); it moves
+    the pages over the link, the targets only q, k, v and outputs."""
+    from insitu.llm.flexgen import FlexGenStore
+
+    S = 700
+    g, K, V = _case(3, S)
+    q = torch.randn(1, HKV * G, D, generator=g)
+    k1, v1 = torch.randn(1, HKV, D, generator=g), torch.randn(1, HKV, D, generator=g)
+    for ratio in (None, 0.125):
+        method = "sparf" if ratio else "dense"
+        target = TargetStore(pool3, 1, HKV, D, G, 1, method=method, ratio=ratio)
+        flex = FlexGenStore(pool3, 1, HKV, D, G, 1, max_tokens=S + 1, ratio=ratio)
+        try:
+            outs = []
+            for store in (target, flex):
+                assert store.split == "tokens"
+                store.prefill(0, K, V, None)
+                store.flush()
+                outs.append(store.decode(0, q, k1, v1, SCALE))
+            assert target.held == flex.split_tokens.held
+            ts, fs = target.stats(), flex.stats()
+        finally:
+            target.close()
+            flex.close()
+        assert torch.allclose(outs[0].double(), outs[1].double(), atol=2e-5), (method, (outs[0] - outs[1]).abs().max())
+        assert fs["bytes_to_host"] > 10 * ts["bytes_to_host"], method
+
+
+def test_every_layer_puts_a_forward_s_tokens_where_layer_0_put_them():
+    """A forward of several new tokens calls each layer once per token: the j-th token of
+    every layer goes to the target layer 0 chose for its j-th, so the layers' shares agree."""
+    from insitu.llm.targets import TokenSplit
+
+    split = TokenSplit(3, 1, TPP)
+    split.deal([0], [TPP])  # one page, on target 0
+
+    def placed(layer):
+        out = []
+        for _ in range(3):
+            asked = split.decode(layer)
+            assert split.step_target in asked
+            out.append(split.step_target)
+        return out
+
+    assert placed(0) == [1, 2, 1]  # each token where the fewest are
+    assert placed(1) == placed(2) == [1, 2, 1]
+    assert split.held == [[TPP], [2], [1]]  # counted once, at layer 0
+    assert placed(0) == [2, 1, 2]  # the next forward places anew
