@@ -677,8 +677,10 @@ def test_insitu_attention_through_two_daemons(start_daemon, tmp_path):
     prompt.write_text(_prompt_text(), encoding="utf-8")
     targets = ["--targets", a.url, b.url]
 
+    # f32 pages: the exactness check (f16, the default, rounds the cache).
     common = ["--prompt-file", prompt, "--max-new-tokens", 8]
-    remote, memory = _llm_pair(["generate", *common, "--attention", "insitu", *targets], ["generate", *common, "--attention", "memory"])
+    insitu = ["--attention", "insitu", "--kv-dtype", "f32"]
+    remote, memory = _llm_pair(["generate", *common, *insitu, *targets], ["generate", *common, "--attention", "memory"])
     assert remote["prompt_tokens"][0] >= 1000, remote["prompt_tokens"]
     assert remote["prompt_tokens"] == memory["prompt_tokens"]
     assert remote["targets"] == 2 and remote["embedded"] is False

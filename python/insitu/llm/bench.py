@@ -215,8 +215,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument(
         "--kv-dtype",
         choices=["f32", "f16"],
-        default="f32",
-        help="element type of the in-storage backends' KV pages (default: %(default)s)",
+        default="f16",
+        help="element type of the in-storage backends' KV pages (default: %(default)s; the other backends keep f32)",
     )
     ap.add_argument("--dir", default=os.path.join(".insitu", "bench"), help="target images (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")

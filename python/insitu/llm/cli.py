@@ -83,8 +83,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--kv-dtype",
         choices=["f32", "f16"],
-        default="f32",
-        help="element type of the KV pages on the targets with --attention insitu: f16 halves the flash bytes per token (default: %(default)s)",
+        default=None,
+        help="element type of the KV pages on the targets with --attention insitu: f16 (the default) halves the flash bytes per token; "
+        "f32 keeps the model's fp32 values exactly (the other backends always keep f32)",
     )
     p.add_argument(
         "--targets",
@@ -177,6 +178,13 @@ def _pool(a, m, batch: int, max_tokens: int):
     return TargetPool.embedded(a.embedded_targets, shared_bytes=size, private_bytes=size, model=a.device_model)
 
 
+def _kv_dtype(a) -> str:
+    """The KV pages' element type: as given, else f16 on the targets and f32 elsewhere."""
+    if a.kv_dtype is None:
+        a.kv_dtype = "f16" if a.attention == "insitu" else "f32"
+    return a.kv_dtype
+
+
 def _generate(a) -> dict:
     from . import run
 
@@ -185,7 +193,7 @@ def _generate(a) -> dict:
     ids = [m.tokenizer(p)["input_ids"] for p in prompts]
     pool = _pool(a, m, len(ids), max(len(i) for i in ids) + a.max_new_tokens)
     try:
-        r = run.generate(m, prompts, a.max_new_tokens, a.attention, pool, a.sparf, progress=_progress(a), prompt_ids=ids, kv_dtype=a.kv_dtype)
+        r = run.generate(m, prompts, a.max_new_tokens, a.attention, pool, a.sparf, progress=_progress(a), prompt_ids=ids, kv_dtype=_kv_dtype(a))
     finally:
         if pool is not None:
             pool.close()
@@ -202,7 +210,7 @@ def _evaluate(a) -> dict:
     n = max(0, len(m.tokenizer(text)["input_ids"]) - a.start)
     pool = _pool(a, m, 1, min(n, a.context or n))
     try:
-        r = run.evaluate(m, text, a.attention, pool, a.sparf, a.context, a.prefill, progress=_progress(a), start=a.start, kv_dtype=a.kv_dtype)
+        r = run.evaluate(m, text, a.attention, pool, a.sparf, a.context, a.prefill, progress=_progress(a), start=a.start, kv_dtype=_kv_dtype(a))
     finally:
         if pool is not None:
             pool.close()
