@@ -256,6 +256,14 @@ def test_kill_and_stop_return_once_settled(client, env: Env):
     c.reload()
     assert c.status == "exited" and c.attrs["State"]["ExitCode"] == 137
     c.remove()
+    # The stop request's own signal (API 1.42) wins over the container's (TERM, which
+    # this one would answer with exit code 3).
+    c = client.containers.run(env.image, ["sh", "-c", "trap 'exit 3' TERM; while true; do sleep 0.1; done"], detach=True)
+    r = client.api.post(client.api._url("/containers/{0}/stop", c.id), params={"signal": "SIGKILL", "t": 30})
+    assert r.status_code == 204
+    c.reload()
+    assert c.attrs["State"]["ExitCode"] == 137
+    c.remove()
 
 
 def test_logs_on_line_boundaries(client, env: Env):
