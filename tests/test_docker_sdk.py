@@ -803,3 +803,17 @@ def test_list_filters_by_network_volume_and_ports(client, env: Env):
         a.remove(force=True)
         b.remove(force=True)
         client.volumes.get("sdk-filter-vol").remove()
+
+
+def test_query_options_are_honoured_or_refused(client, env: Env):
+    with pytest.raises(docker.errors.APIError) as e:
+        client.containers.create(env.image, ["true"], platform="linux/arm64")
+    assert e.value.status_code == 400 and "platform" in str(e.value)
+    with pytest.raises(docker.errors.APIError) as e:
+        client.images.pull(env.image, platform="linux/s390x")
+    assert e.value.status_code == 400
+    c = client.containers.create(env.image, ["true"], platform="linux/amd64")
+    with pytest.raises(docker.errors.APIError) as e:
+        client.api.remove_container(c.id, link=True)
+    assert e.value.status_code == 400
+    c.remove()
