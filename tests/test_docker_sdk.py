@@ -256,6 +256,14 @@ def test_kill_and_stop_return_once_settled(client, env: Env):
     c.reload()
     assert c.status == "exited" and c.attrs["State"]["ExitCode"] == 137
     c.remove()
+    # The stop request's own signal (API 1.42) wins over the container's (TERM, which
+    # this one would answer with exit code 3).
+    c = client.containers.run(env.image, ["sh", "-c", "trap 'exit 3' TERM; while true; do sleep 0.1; done"], detach=True)
+    r = client.api.post(client.api._url("/containers/{0}/stop", c.id), params={"signal": "SIGKILL", "t": 30})
+    assert r.status_code == 204
+    c.reload()
+    assert c.attrs["State"]["ExitCode"] == 137
+    c.remove()
 
 
 def test_logs_on_line_boundaries(client, env: Env):
@@ -795,3 +803,17 @@ def test_list_filters_by_network_volume_and_ports(client, env: Env):
         a.remove(force=True)
         b.remove(force=True)
         client.volumes.get("sdk-filter-vol").remove()
+
+
+def test_query_options_are_honoured_or_refused(client, env: Env):
+    with pytest.raises(docker.errors.APIError) as e:
+        client.containers.create(env.image, ["true"], platform="linux/arm64")
+    assert e.value.status_code == 400 and "platform" in str(e.value)
+    with pytest.raises(docker.errors.APIError) as e:
+        client.images.pull(env.image, platform="linux/s390x")
+    assert e.value.status_code == 400
+    c = client.containers.create(env.image, ["true"], platform="linux/amd64")
+    with pytest.raises(docker.errors.APIError) as e:
+        client.api.remove_container(c.id, link=True)
+    assert e.value.status_code == 400
+    c.remove()

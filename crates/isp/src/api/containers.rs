@@ -227,18 +227,26 @@ pub(crate) fn timeout(t: &Target) -> Option<Duration> {
     t.get("t").and_then(|s| s.parse::<i64>().ok()).map(|s| Duration::from_secs(if s < 0 { 86_400 } else { s as u64 }))
 }
 
-/// `POST /containers/{id}/stop?t=SECONDS`.
+/// `POST /containers/{id}/stop?t=SECONDS&signal=SIG`.
 pub async fn stop(rt: &Runtime, id: &str, t: &Target) -> Response<ApiBody> {
-    match rt.stop(id, timeout(t)).await {
+    let signal = match stop_signal(t) {
+        Ok(s) => s,
+        Err(m) => return error(400, &m),
+    };
+    match rt.stop(id, timeout(t), signal).await {
         Ok(true) => empty(StatusCode::NO_CONTENT),
         Ok(false) => empty(StatusCode::NOT_MODIFIED),
         Err(e) => fail(e),
     }
 }
 
-/// `POST /containers/{id}/restart?t=SECONDS`.
+/// `POST /containers/{id}/restart?t=SECONDS&signal=SIG`.
 pub async fn restart(rt: &Arc<Runtime>, id: &str, t: &Target) -> Response<ApiBody> {
-    match rt.restart(id, timeout(t)).await {
+    let signal = match stop_signal(t) {
+        Ok(s) => s,
+        Err(m) => return error(400, &m),
+    };
+    match rt.restart(id, timeout(t), signal).await {
         Ok(()) => empty(StatusCode::NO_CONTENT),
         Err(e) => fail(e),
     }
@@ -253,6 +261,15 @@ pub(crate) fn signal_name(t: &Target) -> Result<&str, String> {
         return Err(format!("invalid signal {sig:?}: give a name like TERM or a number"));
     }
     Ok(sig)
+}
+
+/// The `signal=SIG` of stop and restart (API 1.42): the signal sent in place of the
+/// container's stop signal; `None` when absent.
+pub(crate) fn stop_signal(t: &Target) -> Result<Option<&str>, String> {
+    if t.get("signal").is_none() {
+        return Ok(None);
+    }
+    signal_name(t).map(Some)
 }
 
 /// `POST /containers/{id}/kill?signal=SIG`.
@@ -355,6 +372,9 @@ mod tests {
         assert!(window_size(&target("h=40&w=-1")).unwrap_err().contains("width"));
         assert!(window_size(&target("h=99999&w=1")).is_err());
         assert_eq!(signal_name(&target("")), Ok("KILL"));
+        assert_eq!(stop_signal(&target("")), Ok(None));
+        assert_eq!(stop_signal(&target("signal=SIGINT")), Ok(Some("SIGINT")));
+        assert!(stop_signal(&target("signal=a%20b")).is_err());
         assert_eq!(signal_name(&target("signal=SIGTERM")), Ok("SIGTERM"));
         assert_eq!(signal_name(&target("signal=9")), Ok("9"));
         assert!(signal_name(&target("signal=SIG")).is_err());

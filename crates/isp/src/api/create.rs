@@ -141,7 +141,7 @@ pub async fn create(rt: &Arc<Runtime>, t: &Target, req: Request<Incoming>) -> Re
         Ok(b) => b,
         Err(r) => return r,
     };
-    let spec = match create_spec(&body) {
+    let spec = match t.platform().and_then(|_| create_spec(&body)) {
         Ok(s) => s,
         Err(m) => return error(400, &m),
     };

@@ -137,10 +137,18 @@ pub async fn start(rt: &Runtime, id: &str, mut req: Request<Incoming>) -> Respon
     if matches!(body.get("Tty"), Some(Value::Bool(t)) if *t != e.spec.tty) {
         return error(400, "Tty at start must match Tty at create");
     }
+    let start_size = match size(&body) {
+        Ok(s) => s,
+        Err(m) => return error(400, &m),
+    };
     let io = match rt.exec_start(&e).await {
         Ok(io) => io,
         Err(err) => return fail(err),
     };
+    // The terminal's size as the client has it now (it may differ from create's).
+    if let Some((rows, cols)) = start_size {
+        let _ = e.resize(rows, cols);
+    }
     if detach {
         // Nobody reads the output: it is dropped as it comes.
         tokio::spawn(async move {

@@ -62,6 +62,9 @@ pub fn pull(rt: &Arc<Runtime>, t: &Target) -> Response<ApiBody> {
     let Some(from) = t.get("fromImage") else {
         return error(400, "give fromImage=NAME to pull, or fromSrc=- to import an archive");
     };
+    if let Err(m) = t.platform() {
+        return error(400, &m);
+    }
     let reference = pull_reference(from, t.get("tag"));
     let (resp, tx) = stream(StatusCode::OK, "application/json");
     let images = rt.images().clone();

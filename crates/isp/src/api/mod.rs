@@ -154,6 +154,15 @@ impl Target {
         Target { segs, query }
     }
 
+    /// Checks a `platform` parameter: containers on a target run linux/amd64 images only
+    /// (an empty or absent one is that).
+    pub fn platform(&self) -> Result<(), String> {
+        match self.get("platform") {
+            None | Some("linux") | Some("linux/amd64") | Some("linux/x86_64") => Ok(()),
+            Some(p) => Err(format!("platform {p:?} is not supported on this target: it runs linux/amd64 images")),
+        }
+    }
+
     /// A boolean query parameter (`1`, `true`, or present without a value).
     pub fn flag(&self, k: &str) -> bool {
         self.query.get(k).is_some_and(|v| matches!(v.as_str(), "1" | "true" | "True" | ""))
@@ -244,6 +253,9 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::POST, ["containers", id, "attach"]) => streams::attach(&rt, &parked, id, &t, req),
         (&Method::POST, ["containers", id, "resize"]) => containers::resize(&rt, id, &t),
         (&Method::GET, ["containers", id, "logs"]) => streams::logs(&rt, id, &t).await,
+        (&Method::DELETE, ["containers", id]) if t.flag("link") => {
+            error(400, &format!("link=true: {id} has no links to remove (legacy links are not offered)"))
+        }
         (&Method::DELETE, ["containers", id]) => containers::remove(&rt, id, t.flag("force")).await,
         _ => error(404, &format!("page not found: {} {} is not part of the API this target serves", m, req_path(&t))),
     };

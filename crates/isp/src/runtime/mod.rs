@@ -491,7 +491,7 @@ impl Runtime {
     /// `docker stop`: the container's stop signal (SIGTERM unless created with another),
     /// then SIGKILL after `timeout` (the container's stop timeout, else 10 seconds, when
     /// `None`). False if it was not running.
-    pub async fn stop(&self, key: &str, timeout: Option<Duration>) -> Result<bool, RuntimeError> {
+    pub async fn stop(&self, key: &str, timeout: Option<Duration>, signal: Option<&str>) -> Result<bool, RuntimeError> {
         let c = self.get(key)?;
         if !matches!(c.state(), RunState::Running { .. }) {
             // A restart about to happen is called off.
@@ -506,7 +506,7 @@ impl Runtime {
         let before = rx.borrow().exits;
         // A frozen container would never see its signal.
         let _ = self.set_paused(&c, false).await;
-        let sig = c.spec.options.stop_signal.clone().unwrap_or_else(|| "TERM".into());
+        let sig = signal.map(str::to_string).or_else(|| c.spec.options.stop_signal.clone()).unwrap_or_else(|| "TERM".into());
         let _ = self.signal_running(&c, &sig).await;
         self.container_event(&c, "kill", &[("signal", sig.trim_start_matches("SIG").to_string())]);
         let ended = tokio::time::timeout(timeout, rx.wait_for(|e| e.exits > before)).await.is_ok();
@@ -520,9 +520,9 @@ impl Runtime {
     }
 
     /// `docker restart`.
-    pub async fn restart(self: &Arc<Self>, key: &str, timeout: Option<Duration>) -> Result<(), RuntimeError> {
+    pub async fn restart(self: &Arc<Self>, key: &str, timeout: Option<Duration>, signal: Option<&str>) -> Result<(), RuntimeError> {
         let c = self.get(key)?;
-        self.stop(key, timeout).await?;
+        self.stop(key, timeout, signal).await?;
         c.lock().restarts += 1;
         self.start(key).await.map(|_| ())
     }
@@ -596,7 +596,7 @@ impl Runtime {
     pub async fn shutdown(&self) {
         let all: Vec<_> = self.all().values().cloned().collect();
         for c in all {
-            let _ = self.stop(&c.id, Some(Duration::from_secs(2))).await;
+            let _ = self.stop(&c.id, Some(Duration::from_secs(2)), None).await;
         }
         drop(self.files.lock().unwrap_or_else(|e| e.into_inner()).take());
         if let Some(v) = &self.view {
