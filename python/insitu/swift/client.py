@@ -8,11 +8,14 @@ handful of container and object calls that tests and examples need.
     assert get_object(storage_url, token, "c", "o") == b"data"
 
 Every call raises :class:`SwiftError` on an HTTP status of 300 or more (with the method,
-URL, status and body), and ``urllib.error.URLError`` when nothing answers.
+URL, status and body), and ``urllib.error.URLError`` when nothing answers. A 503 (the
+proxy found too few object servers in time, as on a loaded machine) is retried with
+backoff first, as the stock ``swift`` client retries.
 """
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -33,6 +36,9 @@ __all__ = [
 #: of a large object encodes on the proxy first.
 TIMEOUT = 120.0
 
+#: Seconds to wait before each retry of a 503.
+RETRY_BACKOFF = (0.5, 1.0, 2.0, 4.0)
+
 
 class SwiftError(Exception):
     """A Swift request answered with an error status."""
@@ -51,13 +57,17 @@ def _request(
         h["X-Auth-Token"] = token
     if data is not None:
         h.setdefault("Content-Length", str(len(data)))
-    req = urllib.request.Request(url, data=data, headers=h, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
-            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
-    except urllib.error.HTTPError as e:
-        body = e.read() if e.fp is not None else b""
-        raise SwiftError(method, url, e.code, e.reason, body) from None
+    for wait in (*RETRY_BACKOFF, None):
+        req = urllib.request.Request(url, data=data, headers=h, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
+                return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
+        except urllib.error.HTTPError as e:
+            body = e.read() if e.fp is not None else b""
+            if e.code != 503 or wait is None:
+                raise SwiftError(method, url, e.code, e.reason, body) from None
+        time.sleep(wait)
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 def _url(storage_url: str, *parts: str) -> str:
