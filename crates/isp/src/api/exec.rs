@@ -213,17 +213,7 @@ pub async fn start(rt: &Runtime, id: &str, mut req: Request<Incoming>) -> Respon
             })
         });
         let mut out = io.output;
-        let output = async {
-            while let Some((s, d)) = out.recv().await {
-                if (s == crate::runtime::STDOUT && !want_out) || (s == crate::runtime::STDERR && !want_err) {
-                    continue;
-                }
-                let b = if tty { d.to_vec() } else { frame(s, &d) };
-                if wr.write_all(&b).await.is_err() {
-                    return;
-                }
-            }
-        };
+        let output = super::streams::pump_output(&mut out, &mut wr, tty, want_out, want_err);
         match input {
             // The detach sequence ends the attach; the process keeps running.
             Some(input) if tty => {

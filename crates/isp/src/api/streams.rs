@@ -93,15 +93,7 @@ pub fn attach(rt: &Runtime, parked: &Arc<ParkedStdins>, id: &str, t: &Target, mu
                 }
             }
             let Some(mut out) = out else { return };
-            while let Some((s, data)) = out.recv().await {
-                if (s == crate::runtime::STDOUT && !want_out) || (s == crate::runtime::STDERR && !want_err) {
-                    continue;
-                }
-                let bytes = if tty { data.to_vec() } else { frame(s, &data) };
-                if wr.write_all(&bytes).await.is_err() {
-                    return;
-                }
-            }
+            pump_output(&mut out, &mut wr, tty, want_out, want_err).await;
         };
         match input {
             // A terminal's input ending (the detach sequence, or the client hanging up,
@@ -256,6 +248,27 @@ pub async fn logs(rt: &Runtime, id: &str, t: &Target) -> Response<ApiBody> {
         }
     });
     resp
+}
+
+/// Writes a process's output to a hijacked connection as it comes: raw with a terminal,
+/// multiplexed without, leaving out the streams not asked for. Returns when the output
+/// ends or the client has gone.
+pub(super) async fn pump_output(
+    out: &mut mpsc::UnboundedReceiver<(u8, Bytes)>,
+    wr: &mut (impl tokio::io::AsyncWrite + Unpin),
+    tty: bool,
+    want_out: bool,
+    want_err: bool,
+) {
+    while let Some((s, data)) = out.recv().await {
+        if (s == crate::runtime::STDOUT && !want_out) || (s == crate::runtime::STDERR && !want_err) {
+            continue;
+        }
+        let bytes = if tty { data.to_vec() } else { frame(s, &data) };
+        if wr.write_all(&bytes).await.is_err() {
+            return;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -57,6 +57,41 @@ impl ConsoleSocket {
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "runc sent no terminal on the console socket"))??;
         Pty::new(got)
     }
+
+    /// Runs `runc` (a `run` or `exec` given `--console-socket` this socket and `--pid-file
+    /// pid_file`) and collects what it gives: the terminal's master and the process's pid.
+    /// runc sends the terminal before it returns; a runc that fails before connecting is
+    /// reported at once rather than waited for on the socket. `what` names the command in
+    /// its errors. With `Ok`, either may still be missing (the caller stops the process).
+    pub(super) async fn launch(
+        &self,
+        runc: &mut tokio::process::Command,
+        pid_file: &Path,
+        what: &str,
+    ) -> Result<(io::Result<Pty>, Option<i32>), super::RuntimeError> {
+        use super::RuntimeError;
+        let ran = runc.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).output();
+        tokio::pin!(ran);
+        let receive = self.receive();
+        tokio::pin!(receive);
+        let mut pty = None;
+        let ran = loop {
+            tokio::select! {
+                ran = &mut ran => break ran,
+                got = &mut receive, if pty.is_none() => pty = Some(got),
+            }
+        };
+        let ran = ran.map_err(|e| RuntimeError::Setup(format!("{what}: {e} (is runc installed?)")))?;
+        if !ran.status.success() {
+            return Err(RuntimeError::Setup(format!("{what}: {}", String::from_utf8_lossy(&ran.stderr).trim())));
+        }
+        let pty = match pty {
+            Some(p) => p,
+            None => receive.await,
+        };
+        let pid = std::fs::read_to_string(pid_file).ok().and_then(|s| s.trim().parse::<i32>().ok()).filter(|&p| p > 0);
+        Ok((pty, pid))
+    }
 }
 
 impl Drop for ConsoleSocket {

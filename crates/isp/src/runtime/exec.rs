@@ -251,35 +251,8 @@ impl Runtime {
         let sock_path = self.runc_root.join(format!("x{}.console", &e.id[..12]));
         let sock = ConsoleSocket::bind(&sock_path).map_err(|err| RuntimeError::io(&sock_path, err))?;
         let pid_path = dir.join("pid");
-        let runc = cmd
-            .args(["--tty", "--detach", "--console-socket"])
-            .arg(sock.path())
-            .arg("--pid-file")
-            .arg(&pid_path)
-            .arg(&c.id)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .output();
-        tokio::pin!(runc);
-        let receive = sock.receive();
-        tokio::pin!(receive);
-        let mut pty = None;
-        let ran = loop {
-            tokio::select! {
-                ran = &mut runc => break ran,
-                got = &mut receive, if pty.is_none() => pty = Some(got),
-            }
-        };
-        let ran = ran.map_err(|err| RuntimeError::Setup(format!("runc exec: {err}")))?;
-        if !ran.status.success() {
-            return Err(RuntimeError::Setup(format!("runc exec: {}", String::from_utf8_lossy(&ran.stderr).trim())));
-        }
-        let pty = match pty {
-            Some(p) => p,
-            None => receive.await,
-        };
-        let pid = std::fs::read_to_string(&pid_path).ok().and_then(|s| s.trim().parse::<i32>().ok()).filter(|&p| p > 0);
+        cmd.args(["--tty", "--detach", "--console-socket"]).arg(sock.path()).arg("--pid-file").arg(&pid_path).arg(&c.id);
+        let (pty, pid) = sock.launch(&mut cmd, &pid_path, "runc exec").await?;
         let (pty, pid) = match (pty, pid) {
             (Ok(p), Some(pid)) => (Arc::new(p), pid),
             (pty, _) => {

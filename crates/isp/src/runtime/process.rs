@@ -143,42 +143,10 @@ async fn start_with_terminal(rt: &Arc<Runtime>, c: &Arc<Container>, dir: &Path) 
     let sock = ConsoleSocket::bind(&sock_path).map_err(|e| RuntimeError::io(&sock_path, e))?;
     let pid_path = rt.runc_root.join(format!("{short}.pid"));
     let _ = std::fs::remove_file(&pid_path);
-    let runc = Command::new("runc")
-        .arg("--root")
-        .arg(&rt.runc_root)
-        .args(["run", "--detach", "--console-socket"])
-        .arg(sock.path())
-        .arg("--pid-file")
-        .arg(&pid_path)
-        .arg("--bundle")
-        .arg(dir)
-        .arg(&c.id)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(false)
-        .output();
-    // runc sends the terminal before it returns; a runc that fails before connecting is
-    // reported at once rather than waited for on the socket.
-    tokio::pin!(runc);
-    let receive = sock.receive();
-    tokio::pin!(receive);
-    let mut pty = None;
-    let ran = loop {
-        tokio::select! {
-            ran = &mut runc => break ran,
-            got = &mut receive, if pty.is_none() => pty = Some(got),
-        }
-    };
-    let ran = ran.map_err(|e| RuntimeError::Setup(format!("runc: {e} (is runc installed?)")))?;
-    if !ran.status.success() {
-        return Err(RuntimeError::Setup(format!("runc run: {}", String::from_utf8_lossy(&ran.stderr).trim())));
-    }
-    let pty = match pty {
-        Some(p) => p,
-        None => receive.await,
-    };
-    let pid = std::fs::read_to_string(&pid_path).ok().and_then(|s| s.trim().parse::<i32>().ok()).filter(|&p| p > 0);
+    let mut runc = Command::new("runc");
+    runc.arg("--root").arg(&rt.runc_root).args(["run", "--detach", "--console-socket"]).arg(sock.path());
+    runc.arg("--pid-file").arg(&pid_path).arg("--bundle").arg(dir).arg(&c.id).kill_on_drop(false);
+    let (pty, pid) = sock.launch(&mut runc, &pid_path, "runc run").await?;
     let _ = std::fs::remove_file(&pid_path);
     let (pty, pid) = match (pty, pid) {
         (Ok(p), Some(pid)) => (Arc::new(p), pid),
