@@ -195,7 +195,7 @@ pub(crate) fn run(shared: &Shared, nvm: &NvmSubsystem, ctrl: &Arc<Controller>, s
         }
         return;
     }
-    if job.cmd.opcode() == opcode::READ && nvm.command_set(job.cmd.nsid()).is_none() && read_from_page_cache(shared, blocks, ctrl, sink, &job, started) {
+    if job.cmd.opcode() == opcode::READ && read_from_page_cache(shared, blocks, ctrl, sink, &job, started) {
         return;
     }
     let cmd = &job.cmd;

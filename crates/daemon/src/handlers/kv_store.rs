@@ -17,20 +17,15 @@ use insitu_fabric::Command;
 use insitu_kvstore::KvStore;
 use insitu_nvmf::{CommandSetNamespace, Outcome};
 use insitu_proto::kv::{encode_list, list_entry_len, status as kvs, KvCommand};
+use insitu_proto::Status;
 
-/// A completion status field of type 0 (generic) with Do Not Retry.
-const fn status(sct: u8, sc: u8) -> u16 {
-    (1 << 14) | ((sct as u16 & 7) << 8) | sc as u16
-}
+/// Data SGL Length Invalid (generic status 0Fh).
+const SGL_LENGTH_INVALID: u8 = 0x0F;
 
-/// Data SGL Length Invalid.
-const SGL_LENGTH_INVALID: u16 = status(0, 0x0F);
-/// Invalid Field in Command.
-const INVALID_FIELD: u16 = status(0, 0x02);
-
-/// A KV status (type 0) as a completion status field.
+/// A generic (type 0) status code, such as the KV command set's, as a completion status
+/// field.
 fn kv_status(sc: u8) -> u16 {
-    status(0, sc)
+    Status { sct: 0, sc }.to_nvme_field()
 }
 
 /// A key-value store served as a namespace of the Key Value command set.
@@ -68,14 +63,14 @@ fn execute(store: &KvStore, cmd: &Command, data: &[u8], max_transfer: usize) -> 
                 return Outcome::status(kv_status(kvs::INVALID_VALUE_SIZE));
             }
             if size != data.len() {
-                return Outcome::status(SGL_LENGTH_INVALID);
+                return Outcome::status(kv_status(SGL_LENGTH_INVALID));
             }
             store.store(&key, data, mode).map(|()| Outcome { media_bytes: size as u64, ..Outcome::ok() })
         }
         KvCommand::Retrieve { key, buffer } => {
             let buffer = buffer as usize;
             if buffer > sgl_len || buffer > max_transfer {
-                return Outcome::status(SGL_LENGTH_INVALID);
+                return Outcome::status(kv_status(SGL_LENGTH_INVALID));
             }
             store.retrieve(&key).map(|mut v| {
                 // DW0: the value's whole size; the data: as much as the buffer takes.
@@ -87,10 +82,10 @@ fn execute(store: &KvStore, cmd: &Command, data: &[u8], max_transfer: usize) -> 
         KvCommand::List { start, buffer } => {
             let buffer = buffer as usize;
             if buffer < 4 || buffer > max_transfer {
-                return Outcome::status(INVALID_FIELD);
+                return Outcome::status(Status::INVALID_FIELD.to_nvme_field());
             }
             if buffer > sgl_len {
-                return Outcome::status(SGL_LENGTH_INVALID);
+                return Outcome::status(kv_status(SGL_LENGTH_INVALID));
             }
             let most = (buffer - 4) / list_entry_len(1); // no more keys than the shortest could fill
             store.list(start.as_ref(), most).map(|keys| {
