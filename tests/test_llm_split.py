@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """A sequence's tokens split over several targets (split-K): each target attends over its
 share and returns its part with the log-sum-exp of its scores, and the host merges the
-parts. Dense is exact; SparF is exact attention over the tokens the targets kept, each
-selecting at the ratio over its share; one attention exchange per layer and target; f16
-pages. Checked against torch on the host; embedded targets run in this process."""
+parts. Dense is exact; SparF chooses its pages over the whole sequence (scores from every
+target, the choice on the host) and is exact attention over them; one attention exchange
+per layer and target for dense, two for SparF; f16 pages. Checked against torch on the host; embedded targets run in this process."""
 
 from __future__ import annotations
 
@@ -97,46 +97,65 @@ def test_dense_over_a_token_split_equals_dense_over_the_whole_sequence(pool3):
 
 
 @pytest.mark.parametrize("tokens", [200, 1500])
-def test_sparf_over_a_token_split_is_exact_over_what_the_targets_kept(pool3, tokens):
-    """Each target runs SparF at the ratio over its own share (its k, local and page cap
-    from the share's length): the merged output is exact attention over the union of the
-    tokens the three targets kept, as torch's reference selects them share by share; and
-    the targets together read far less than dense."""
+def test_sparf_over_a_token_split_reads_the_pages_one_target_would(pool3, tokens):
+    """SparF over three targets chooses its pages over the whole sequence: every target
+    scores its pages, the host normalises the masses over all of them and keeps the first
+    page, the last tokens' pages and the best others up to one target's page budget; the
+    merged output is exact attention over the tokens of exactly those pages (checked
+    against torch choosing them from the whole cache), and the three targets read what
+    one target holding the sequence reads, give or take a dimension page each."""
     g, K, V = _case(tokens, tokens)
     q = torch.randn(1, HKV * G, D, generator=g)
     k1, v1 = torch.randn(1, HKV, D, generator=g), torch.randn(1, HKV, D, generator=g)
-    store = TargetStore(pool3, 1, HKV, D, G, 1, method="sparf", ratio=0.125)
-    try:
-        store.prefill(0, K, V, None)
-        store.flush()
-        out = store.decode(0, q, k1, v1, SCALE)
-        media = store.stats()["media_bytes"]
-    finally:
-        store.close()
+    media = {}
+    for n in (3, 1):
+        pool = pool3 if n == 3 else TargetPool(urls=pool3.urls[:1])
+        store = TargetStore(pool, 1, HKV, D, G, 1, method="sparf", ratio=0.125)
+        try:
+            store.prefill(0, K, V, None)
+            store.flush()
+            got = store.decode(0, q, k1, v1, SCALE)
+            media[n] = store.stats()["media_bytes"]
+        finally:
+            store.close()
+        if n == 3:
+            out = got
     Kf, Vf = torch.cat([K[0], k1[0][:, None]], 1), torch.cat([V[0], v1[0][:, None]], 1)
+    total = tokens + 1
     owner = torch.tensor(_owners(tokens, 1, 3))
+    p = sparf.params(0.125, D, total, TPP)
+    # Each target's pages: its tokens in the order it stores them, TPP at a time.
+    pages = []  # (target, tokens of the page)
+    for i in range(3):
+        idx = torch.nonzero(owner == i).flatten()
+        pages += [(i, idx[a : a + TPP]) for a in range(0, len(idx), TPP)]
+    recent = set(range(total - p.local, total))
     for h in range(HKV):
         qh = q[0, h * G : (h + 1) * G]
-        kept = [[] for _ in range(G)]
-        for i in range(3):
-            idx = torch.nonzero(owner == i).flatten()
-            p = sparf.params(0.125, D, len(idx), TPP)
-            if p.k >= len(idx):
-                for row in kept:
-                    row.extend(idx.tolist())
-                continue
-            dims = sparf.select_dims(qh, p.r, shared=True)
-            shat = sparf.approx_scores(qh, dims, Kf[h][idx].T, SCALE)
-            toks, _ = sparf.select_tokens(shat, p.k, p.local, p.pages, TPP)
-            for row, t in zip(kept, toks):
-                row.extend(idx[t].tolist())
-        for r in range(G):
-            j = torch.tensor(sorted(kept[r]))
-            want = sparf.dense(qh[r : r + 1], Kf[h][j], Vf[h][j], SCALE)[0]
-            assert torch.allclose(out[0, h * G + r].double(), want, atol=2e-5), (h, r, (out[0, h * G + r].double() - want).abs().max())
+        dims = sparf.select_dims(qh, p.r, shared=True)
+        shat = sparf.approx_scores(qh, dims, Kf[h].T, SCALE)  # softmax over the whole sequence
+        keep, compete = set(), []
+        local_seen = {i: False for i in range(3)}
+        for j, (i, t) in enumerate(pages):
+            if i == 0 and t[0] == 0:
+                keep.add(j)
+            elif any(x in recent for x in t.tolist()):
+                keep.add(j)
+                local_seen[i] = True
+        for j, (i, t) in enumerate(pages):
+            # Only pages older than their target's local pages compete.
+            later_local = any(k in keep and pi == i and pk[0] > t[0] and any(x in recent for x in pk.tolist()) for k, (pi, pk) in enumerate(pages))
+            if j not in keep and (later_local or not local_seen[i]):
+                compete.append((-float(shat[:, t].sum(-1).max()), j))
+        keep |= {j for _, j in sorted(compete)[: p.pages]}
+        kept = torch.cat([pages[j][1] for j in sorted(keep)]).sort().values
+        want = sparf.dense(qh, Kf[h][kept], Vf[h][kept], SCALE)
+        assert torch.allclose(out[0, h * G : (h + 1) * G].double(), want, atol=2e-5), (h, (out[0, h * G : (h + 1) * G].double() - want).abs().max())
+    # Media: the token pages of one target's choice plus each target's dimension pages.
+    assert abs(media[3] - media[1]) <= 3 * HKV * 4096 * math.ceil(p.r / 2) + 2 * 4096 * HKV, media
     if tokens > 1000:
-        dense_bytes = 2 * HKV * (tokens + 1) * D * 4
-        assert 0 < media < dense_bytes / 2
+        dense_bytes = 2 * HKV * total * D * 4
+        assert 0 < media[3] < dense_bytes / 2
 
 
 def test_f16_pages_halve_the_media_and_attend_over_the_rounded_cache(pool3):

@@ -2,8 +2,11 @@
 //! One KV_ATTEND request against the store: the decode step's appends, then every
 //! (entry, KV head) attended on the store's threads, into the result the command returns.
 
-use crate::{AttendStats, KvCache, KvError, Task};
-use insitu_proto::attention::{Attend, AttendOptions, AttendResult};
+use rayon::prelude::*;
+
+use crate::attention::{attend_groups, page_log_mass};
+use crate::{AttendStats, KvCache, KvError, Method, Task};
+use insitu_proto::attention::{Attend, AttendOptions, AttendResult, PageScores};
 
 impl KvCache {
     /// Runs a decoded attention request whose sequences the caller has checked against
@@ -16,19 +19,34 @@ impl KvCache {
     ///
     /// A sequence named twice is refused before anything is appended.
     pub fn attend_request(&self, a: Attend, options: AttendOptions) -> Result<AttendResult, KvError> {
-        for (i, s) in a.seqs.iter().enumerate() {
-            if a.seqs[..i].contains(s) {
-                return Err(KvError::BadRequest(format!("sequence {s} appears twice in one attention request")));
-            }
+        if a.groups.is_some() && !options.partial {
+            return Err(KvError::BadRequest("attention over chosen token groups is a part of a split sequence: set the partial option (CDW11 bit 0)".into()));
         }
-        if let Some((k, v)) = &a.new_kv {
-            let n = a.heads * a.head_dim;
-            for (i, s) in a.seqs.iter().enumerate() {
-                self.append(*s, a.layer, 1, &k[i * n..(i + 1) * n], &v[i * n..(i + 1) * n])?;
-            }
-        }
-        let views = a.seqs.iter().flat_map(|s| (0..a.heads).map(move |h| self.head(*s, a.layer, h))).collect::<Result<Vec<_>, _>>()?;
+        let views = self.prepare(&a)?;
         let rows = a.group * a.head_dim;
+        if let Some(groups) = &a.groups {
+            let mut out = vec![0f32; a.q.len()];
+            let mut lse = vec![f64::NEG_INFINITY; a.q.len() / a.head_dim];
+            let stats = self
+                .on_workers(|| {
+                    views
+                        .par_iter()
+                        .zip(groups.par_iter())
+                        .zip(a.q.par_chunks(rows))
+                        .zip(out.par_chunks_mut(rows).zip(lse.par_chunks_mut(a.group)))
+                        .map(|(((head, groups), q), (out, lse))| {
+                            let groups: Vec<usize> = groups.iter().map(|&g| g as usize).collect();
+                            attend_groups(head, q, a.scale, &groups, out, lse)
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .into_iter()
+                .try_fold(AttendStats::default(), |mut acc, s| {
+                    acc += s?;
+                    Ok::<_, KvError>(acc)
+                })?;
+            return Ok(AttendResult { entries: a.seqs.len(), heads: a.heads, group: a.group, head_dim: a.head_dim, stats, out, lse: Some(lse) });
+        }
         let mut out = vec![0f32; a.q.len()];
         let mut lse = options.partial.then(|| vec![f64::NEG_INFINITY; a.q.len() / a.head_dim]);
         // One slot per query row, `group` rows per (entry, KV head) task.
@@ -41,5 +59,51 @@ impl KvCache {
             .collect();
         let stats: AttendStats = self.attend_all(tasks, a.scale, a.method)?;
         Ok(AttendResult { entries: a.seqs.len(), heads: a.heads, group: a.group, head_dim: a.head_dim, stats, out, lse })
+    }
+
+    /// SparF's first phase over this target's part of split sequences
+    /// ([`AttendOptions::page_scores`]): appends the new token of every entry when the
+    /// request carries one, then gives every (entry, KV head) its token groups' approximate
+    /// log-masses from the dimension pages of the `r` components its query rows share.
+    pub fn page_scores_request(&self, a: Attend) -> Result<PageScores, KvError> {
+        let Method::SparF { r, .. } = a.method else {
+            return Err(KvError::BadRequest("page scores need the SparF method (its r components)".into()));
+        };
+        let views = self.prepare(&a)?;
+        let rows = a.group * a.head_dim;
+        let parts = self.on_workers(|| views.par_iter().zip(a.q.par_chunks(rows)).map(|(head, q)| page_log_mass(head, q, a.scale, r)).collect::<Vec<_>>());
+        let mut scores =
+            PageScores { heads: a.heads, group: a.group, stats: AttendStats::default(), groups: Vec::with_capacity(a.seqs.len()), log_mass: Vec::new() };
+        for (i, part) in parts.into_iter().enumerate() {
+            let (masses, stats) = part?;
+            if i % a.heads == 0 {
+                scores.groups.push((masses.len() / a.group) as u32);
+            }
+            scores.stats += stats;
+            scores.log_mass.extend(masses.iter().map(|&m| m as f32));
+        }
+        Ok(scores)
+    }
+
+    /// Refuses a sequence named twice, appends the decode step's new token of every entry
+    /// when `a` carries one, and returns every (entry, KV head)'s view, entry-major.
+    fn prepare(&self, a: &Attend) -> Result<Vec<crate::HeadView>, KvError> {
+        for (i, s) in a.seqs.iter().enumerate() {
+            if a.seqs[..i].contains(s) {
+                return Err(KvError::BadRequest(format!("sequence {s} appears twice in one attention request")));
+            }
+        }
+        if let Some(groups) = &a.groups {
+            if groups.len() != a.seqs.len() * a.heads {
+                return Err(KvError::BadRequest(format!("{} token-group lists for {} entries x {} KV heads", groups.len(), a.seqs.len(), a.heads)));
+            }
+        }
+        if let Some((k, v)) = &a.new_kv {
+            let n = a.heads * a.head_dim;
+            for (i, s) in a.seqs.iter().enumerate() {
+                self.append(*s, a.layer, 1, &k[i * n..(i + 1) * n], &v[i * n..(i + 1) * n])?;
+            }
+        }
+        a.seqs.iter().flat_map(|s| (0..a.heads).map(move |h| self.head(*s, a.layer, h))).collect()
     }
 }

@@ -357,12 +357,21 @@ pub struct Attend {
     /// The new token's keys and values, `[entries][heads][head_dim]` each, appended before
     /// attending (decode step), when present.
     pub new_kv: Option<(Vec<f32>, Vec<f32>)>,
+    /// With [`Method::Dense`] only: per (entry, KV head), entry-major, the token groups
+    /// (flash pages of the token-indexed copy, ascending) to attend over instead of every
+    /// token: the second phase of SparF over a sequence split across targets, the host
+    /// having chosen the pages from every target's [`PageScores`]. Needs a partial result.
+    pub groups: Option<Vec<Vec<u32>>>,
 }
 
 const FLAG_APPEND: u8 = 1;
 /// Sparse methods: the softmax over the kept tokens alone, not mixed with the mean of V (a
 /// clear bit keeps the paper's step 11, so requests from before the bit mean what they did).
 const FLAG_NO_MEAN_V: u8 = 2;
+/// A token-group list per (entry, KV head) follows the new token's K and V.
+const FLAG_GROUPS: u8 = 4;
+/// Most token groups in one list (a 4 KiB page of 8 f32 tokens each: 2^27 tokens).
+pub const MAX_GROUPS: usize = 1 << 24;
 
 impl Attend {
     /// Encodes the request.
@@ -376,7 +385,8 @@ impl Attend {
             Method::SparQ { r, k, local, mean_v } => (2, r, k, local, 0, mean_v),
         };
         b[5] = m;
-        b[6] = if self.new_kv.is_some() { FLAG_APPEND } else { 0 } | if mean_v { 0 } else { FLAG_NO_MEAN_V };
+        b[6] =
+            if self.new_kv.is_some() { FLAG_APPEND } else { 0 } | if mean_v { 0 } else { FLAG_NO_MEAN_V } | if self.groups.is_some() { FLAG_GROUPS } else { 0 };
         b[8..10].copy_from_slice(&(self.layer as u16).to_le_bytes());
         b[10..12].copy_from_slice(&(self.heads as u16).to_le_bytes());
         b[12..14].copy_from_slice(&(self.group as u16).to_le_bytes());
@@ -395,6 +405,10 @@ impl Attend {
             put_f32s(&mut b, k);
             put_f32s(&mut b, v);
         }
+        for list in self.groups.iter().flatten() {
+            b.extend_from_slice(&(list.len() as u32).to_le_bytes());
+            list.iter().for_each(|g| b.extend_from_slice(&g.to_le_bytes()));
+        }
         b
     }
 
@@ -404,7 +418,7 @@ impl Attend {
         if b[4] != VERSION {
             return Err(bad(format!("KV attention request version {} (this target speaks {VERSION})", b[4])));
         }
-        if b[6] & !(FLAG_APPEND | FLAG_NO_MEAN_V) != 0 {
+        if b[6] & !(FLAG_APPEND | FLAG_NO_MEAN_V | FLAG_GROUPS) != 0 {
             return Err(bad(format!("unknown KV attention flags {:#04x}", b[6])));
         }
         let mean_v = b[6] & FLAG_NO_MEAN_V == 0;
@@ -433,20 +447,54 @@ impl Attend {
             return Err(bad(format!("score scale {scale} is not a positive number")));
         }
         let append = b[6] & FLAG_APPEND != 0;
+        let with_groups = b[6] & FLAG_GROUPS != 0;
+        if with_groups && method != Method::Dense {
+            return Err(bad("KV attention flag 0x04 (token groups) needs the dense method"));
+        }
+        if with_groups && append {
+            return Err(bad("KV attention flag 0x04 (token groups) cannot come with a new token (flag 0x01): the groups are chosen over what is stored"));
+        }
         let nq = entries * heads * group * head_dim;
         let nkv = if append { entries * heads * head_dim } else { 0 };
         let want = ATTEND_HEADER_LEN as u64 + 8 * entries as u64 + 4 * (nq + 2 * nkv) as u64;
-        if b.len() as u64 != want {
+        let fixed_ok = if with_groups { b.len() as u64 >= want } else { b.len() as u64 == want };
+        if !fixed_ok {
             return Err(bad(format!("KV attention request for {entries} entries x {heads} heads x {group} x {head_dim} needs {want} bytes, got {}", b.len())));
         }
+        let groups = if with_groups { Some(decode_groups(&b[want as usize..], entries * heads)?) } else { None };
         let mut o = ATTEND_HEADER_LEN;
         let seqs = (0..entries).map(|i| u64_at(b, o + 8 * i)).collect();
         o += 8 * entries;
         let q = f32s(&b[o..o + 4 * nq]);
         o += 4 * nq;
         let new_kv = append.then(|| (f32s(&b[o..o + 4 * nkv]), f32s(&b[o + 4 * nkv..o + 8 * nkv])));
-        Ok(Attend { layer: usize::from(u16_at(b, 8)), heads, group, head_dim, method, scale, seqs, q, new_kv })
+        Ok(Attend { layer: usize::from(u16_at(b, 8)), heads, group, head_dim, method, scale, seqs, q, new_kv, groups })
     }
+}
+
+/// `lists` token-group lists, each a u32 count and that many ascending u32 groups, filling
+/// `b` exactly.
+fn decode_groups(mut b: &[u8], lists: usize) -> Result<Vec<Vec<u32>>, BadRequest> {
+    let mut out = Vec::with_capacity(lists);
+    for i in 0..lists {
+        if b.len() < 4 {
+            return Err(bad(format!("KV attention request: token-group list {i} of {lists} is missing")));
+        }
+        let n = u32_at(b, 0) as usize;
+        if n > MAX_GROUPS || b.len() - 4 < 4 * n {
+            return Err(bad(format!("KV attention request: token-group list {i} claims {n} groups, more than the {} bytes left hold", b.len() - 4)));
+        }
+        let list: Vec<u32> = (0..n).map(|j| u32_at(b, 4 + 4 * j)).collect();
+        if list.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(bad(format!("KV attention request: token-group list {i} is not strictly ascending")));
+        }
+        out.push(list);
+        b = &b[4 + 4 * n..];
+    }
+    if !b.is_empty() {
+        return Err(bad(format!("KV attention request: {} bytes follow the last token-group list", b.len())));
+    }
+    Ok(out)
 }
 
 /// Options of a KV_ATTEND command carried in its command dword 11 rather than in the
@@ -459,28 +507,31 @@ pub struct AttendOptions {
     /// host that splits a sequence's tokens over several targets merges their parts
     /// exactly (split-K attention).
     pub partial: bool,
+    /// The first phase of SparF over a sequence split across targets: with
+    /// [`Method::SparF`] (its `r` used, the rest ignored) the target appends the new
+    /// token, chooses the components and reads their dimension pages, and returns
+    /// [`PageScores`] instead of attention outputs.
+    pub page_scores: bool,
 }
 
 /// CDW11 bit 0 of KV_ATTEND: [`AttendOptions::partial`].
 const CDW11_PARTIAL: u32 = 1;
+/// CDW11 bit 1 of KV_ATTEND: [`AttendOptions::page_scores`].
+const CDW11_PAGE_SCORES: u32 = 2;
 
 impl AttendOptions {
     /// The command dword 11 that carries these options.
     pub fn cdw11(self) -> u32 {
-        if self.partial {
-            CDW11_PARTIAL
-        } else {
-            0
-        }
+        (if self.partial { CDW11_PARTIAL } else { 0 }) | if self.page_scores { CDW11_PAGE_SCORES } else { 0 }
     }
 
     /// The options of a KV_ATTEND's command dword 11; unknown bits are refused, so a host
     /// never believes a target honoured an option it does not know.
     pub fn from_cdw11(cdw11: u32) -> Result<AttendOptions, BadRequest> {
-        if cdw11 & !CDW11_PARTIAL != 0 {
-            return Err(bad(format!("unknown KV attention options {cdw11:#010x} in CDW11 (bit 0: partial result)")));
+        if cdw11 & !(CDW11_PARTIAL | CDW11_PAGE_SCORES) != 0 {
+            return Err(bad(format!("unknown KV attention options {cdw11:#010x} in CDW11 (bit 0: partial result, bit 1: page scores)")));
         }
-        Ok(AttendOptions { partial: cdw11 & CDW11_PARTIAL != 0 })
+        Ok(AttendOptions { partial: cdw11 & CDW11_PARTIAL != 0, page_scores: cdw11 & CDW11_PAGE_SCORES != 0 })
     }
 }
 
@@ -552,6 +603,63 @@ impl AttendResult {
         let split = RESULT_HEADER_LEN + outputs as usize;
         let lse = with_lse.then(|| b[split..].chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect());
         Ok(AttendResult { entries, heads, group, head_dim, stats, out: f32s(&b[RESULT_HEADER_LEN..split]), lse })
+    }
+}
+
+/// Magic of a page-scores result.
+pub const PAGE_SCORES_MAGIC: &[u8; 4] = b"KVPS";
+
+/// The result of a KV_ATTEND with [`AttendOptions::page_scores`]: per batch entry, the
+/// token groups (pages) it holds on this target, and per (KV head, query row, group) the
+/// log of the group's approximate mass, `log Σ exp(ŝ_t)` over its tokens (`ŝ` SparF's
+/// temperature-scaled partial scores, before the softmax).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PageScores {
+    /// KV heads.
+    pub heads: usize,
+    /// Query heads per KV head.
+    pub group: usize,
+    /// What the call cost (the dimension pages read).
+    pub stats: AttendStats,
+    /// Per batch entry, its token groups on this target.
+    pub groups: Vec<u32>,
+    /// Per batch entry, `[heads][group][groups]` log-masses, entry after entry.
+    pub log_mass: Vec<f32>,
+}
+
+impl PageScores {
+    /// Encodes the result: a 48-byte header (magic, version, entries, heads, group, the
+    /// stats), a u32 group count per entry, then the log-masses.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; RESULT_HEADER_LEN];
+        b[..4].copy_from_slice(PAGE_SCORES_MAGIC);
+        b[4] = VERSION;
+        b[6..8].copy_from_slice(&(self.groups.len() as u16).to_le_bytes());
+        b[8..10].copy_from_slice(&(self.heads as u16).to_le_bytes());
+        b[10..12].copy_from_slice(&(self.group as u16).to_le_bytes());
+        b[16..24].copy_from_slice(&self.stats.pages_read.to_le_bytes());
+        b[24..32].copy_from_slice(&self.stats.media_bytes.to_le_bytes());
+        b[32..40].copy_from_slice(&self.stats.rows_used.to_le_bytes());
+        self.groups.iter().for_each(|g| b.extend_from_slice(&g.to_le_bytes()));
+        put_f32s(&mut b, &self.log_mass);
+        b
+    }
+
+    /// Decodes a result.
+    pub fn decode(b: &[u8]) -> Result<PageScores, BadRequest> {
+        check_magic(b, PAGE_SCORES_MAGIC, RESULT_HEADER_LEN, "KV page-scores result")?;
+        let (entries, heads, group) = (usize::from(u16_at(b, 6)), usize::from(u16_at(b, 8)), usize::from(u16_at(b, 10)));
+        let counts_end = RESULT_HEADER_LEN + 4 * entries;
+        if b.len() < counts_end {
+            return Err(bad(format!("KV page-scores result is {} bytes, shorter than its {entries} group counts", b.len())));
+        }
+        let groups: Vec<u32> = (0..entries).map(|i| u32_at(b, RESULT_HEADER_LEN + 4 * i)).collect();
+        let values = groups.iter().map(|&g| g as u128).sum::<u128>() * (heads * group) as u128;
+        if (b.len() - counts_end) as u128 != 4 * values {
+            return Err(bad(format!("KV page-scores result is {} bytes, expected {}", b.len(), counts_end as u128 + 4 * values)));
+        }
+        let stats = AttendStats { pages_read: u64_at(b, 16), media_bytes: u64_at(b, 24), rows_used: u64_at(b, 32) };
+        Ok(PageScores { heads, group, stats, groups, log_mass: f32s(&b[counts_end..]) })
     }
 }
 
@@ -662,6 +770,7 @@ mod tests {
             seqs: vec![4, 5],
             q: (0..48).map(|x| x as f32).collect(),
             new_kv: Some((vec![1.0; 16], vec![2.0; 16])),
+            groups: None,
         };
         assert_eq!(Attend::decode(&at.encode()).unwrap(), at);
         for method in [
@@ -684,9 +793,20 @@ mod tests {
         assert_eq!(AttendResult::decode(&r.encode()).unwrap(), r);
         let r = AttendResult { lse: Some(vec![0.25, f64::NEG_INFINITY]), ..r };
         assert_eq!(AttendResult::decode(&r.encode()).unwrap(), r);
-        for o in [AttendOptions { partial: false }, AttendOptions { partial: true }] {
+        for (partial, page_scores) in [(false, false), (true, false), (false, true), (true, true)] {
+            let o = AttendOptions { partial, page_scores };
             assert_eq!(AttendOptions::from_cdw11(o.cdw11()).unwrap(), o);
         }
+        let dense = Attend { method: Method::Dense, new_kv: None, groups: Some(vec![vec![0, 3, 9], vec![], vec![1], vec![2, 4]]), ..at.clone() };
+        assert_eq!(Attend::decode(&dense.encode()).unwrap(), dense);
+        let ps = PageScores {
+            heads: 2,
+            group: 1,
+            stats: AttendStats { pages_read: 2, media_bytes: 8192, rows_used: 0 },
+            groups: vec![2, 0, 1],
+            log_mass: vec![0.5, -1.0, 2.0, 3.0, 4.0, f32::NEG_INFINITY],
+        };
+        assert_eq!(PageScores::decode(&ps.encode()).unwrap(), ps);
     }
 
     #[test]
@@ -700,12 +820,13 @@ mod tests {
         assert!(AttendResult::decode(&b).unwrap_err().to_string().contains("expected"));
         b[5] = 2;
         assert!(AttendResult::decode(&b).unwrap_err().to_string().contains("unknown KV attention result flags"));
-        assert!(AttendOptions::from_cdw11(2).unwrap_err().to_string().contains("CDW11"));
+        assert!(AttendOptions::from_cdw11(4).unwrap_err().to_string().contains("CDW11"));
     }
 
     #[test]
     fn malformed_requests_say_what_is_wrong() {
-        let at = Attend { layer: 0, heads: 1, group: 1, head_dim: 4, method: Method::Dense, scale: 0.5, seqs: vec![1], q: vec![0.0; 4], new_kv: None };
+        let at =
+            Attend { layer: 0, heads: 1, group: 1, head_dim: 4, method: Method::Dense, scale: 0.5, seqs: vec![1], q: vec![0.0; 4], new_kv: None, groups: None };
         let mut b = at.encode();
         b.pop();
         assert!(Attend::decode(&b).unwrap_err().to_string().contains("needs"));
@@ -715,8 +836,29 @@ mod tests {
         let mut b = at.encode();
         b[6] = FLAG_NO_MEAN_V; // dense has no mean of V to leave out
         assert!(Attend::decode(&b).unwrap_err().to_string().contains("needs a sparse method"));
-        b[6] = 4;
+        b[6] = 8;
         assert!(Attend::decode(&b).unwrap_err().to_string().contains("unknown KV attention flags"));
+        // Token-group lists: only with dense, each one whole and ascending, nothing after.
+        let listed = Attend { groups: Some(vec![vec![1, 2]]), ..at.clone() };
+        let good = listed.encode();
+        let mut b = good.clone();
+        b.pop();
+        assert!(Attend::decode(&b).unwrap_err().to_string().contains("claims 2 groups"));
+        let mut b = good.clone();
+        b.extend_from_slice(&[0; 4]);
+        assert!(Attend::decode(&b).unwrap_err().to_string().contains("follow the last"));
+        let mut b = good.clone();
+        let n = b.len();
+        b[n - 4..].copy_from_slice(&1u32.to_le_bytes());
+        assert!(Attend::decode(&b).unwrap_err().to_string().contains("not strictly ascending"));
+        let mut b = good.clone();
+        b[5] = 1;
+        b[18] = 1;
+        b[20] = 1;
+        assert!(Attend::decode(&b).unwrap_err().to_string().contains("needs the dense method"));
+        let ps = PageScores { heads: 1, group: 1, stats: AttendStats::default(), groups: vec![3], log_mass: vec![0.0; 3] }.encode();
+        assert!(PageScores::decode(&ps[..ps.len() - 1]).unwrap_err().to_string().contains("expected"));
+        assert!(PageScores::decode(&ps[..50]).unwrap_err().to_string().contains("group counts"));
         let mut b = at.encode();
         b[28..32].copy_from_slice(&f32::NAN.to_le_bytes());
         assert!(Attend::decode(&b).is_err());
@@ -734,16 +876,17 @@ mod tests {
 
     proptest! {
         #[test]
-        fn decoders_never_panic(data in proptest::collection::vec(any::<u8>(), 0..256), kind in 0u8..4) {
+        fn decoders_never_panic(data in proptest::collection::vec(any::<u8>(), 0..256), kind in 0u8..5) {
             let mut d = data;
             if d.len() >= 4 {
-                let m: &[u8; 4] = [ADMIN_MAGIC, APPEND_MAGIC, ATTEND_MAGIC, RESULT_MAGIC][kind as usize];
+                let m: &[u8; 4] = [ADMIN_MAGIC, APPEND_MAGIC, ATTEND_MAGIC, RESULT_MAGIC, PAGE_SCORES_MAGIC][kind as usize];
                 d[..4].copy_from_slice(m);
             }
             let _ = Admin::decode(&d);
             let _ = Append::decode(&d);
             let _ = Attend::decode(&d);
             let _ = AttendResult::decode(&d);
+            let _ = PageScores::decode(&d);
             let _ = decode_info(&d);
         }
 
@@ -765,7 +908,7 @@ mod tests {
             }
             match AttendOptions::from_cdw11(cdw11) {
                 Ok(o) => prop_assert_eq!(o.cdw11(), cdw11),
-                Err(_) => prop_assert!(cdw11 & !1 != 0),
+                Err(_) => prop_assert!(cdw11 & !3 != 0),
             }
         }
     }

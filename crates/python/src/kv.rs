@@ -5,7 +5,7 @@
 use crate::{RequestError, StorageIOError, TargetError};
 use insitu_fabric::{opcode, Command, SGL_TRANSPORT_DATA_BLOCK};
 use insitu_initiator::{default_hostnqn, ConnectOptions, InitiatorError, Session};
-use insitu_proto::attention::{decode_info, Admin, Append, Attend, AttendOptions, AttendResult};
+use insitu_proto::attention::{decode_info, Admin, Append, Attend, AttendOptions, AttendResult, PageScores};
 use insitu_proto::attention::{Dtype, Method};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
@@ -198,7 +198,15 @@ impl KvTarget {
     /// third item, each query row's log-sum-exp of its scaled scores (f64 little-endian,
     /// `[len(seqs)][kv_heads][group]`, −inf for an empty part), by which the host merges
     /// the parts exactly.
-    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None, pages=0, mean_v=true, partial=false))]
+    ///
+    /// SparF over split sequences runs in two phases. `page_scores=True` (method "sparf",
+    /// its `r` used) appends the new token when given, reads the dimension pages, and
+    /// returns `(groups, stats, log_mass)`: the token groups each sequence holds here (a
+    /// list), and f32 log-masses `[seq][kv_heads][group][its groups]`, sequence after
+    /// sequence. Then `groups=[[...] per (seq, kv head)]` (method "dense", partial)
+    /// attends over those token groups only. `result_len` is the result's expected size in
+    /// bytes when the caller knows it (it saves a round trip).
+    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None, pages=0, mean_v=true, partial=false, page_scores=false, groups=None, result_len=0))]
     #[allow(clippy::too_many_arguments)]
     fn attend<'py>(
         &self,
@@ -217,6 +225,9 @@ impl KvTarget {
         pages: usize,
         mean_v: bool,
         partial: bool,
+        page_scores: bool,
+        groups: Option<Vec<Vec<u32>>>,
+        result_len: usize,
     ) -> PyResult<Bound<'py, PyTuple>> {
         let method = match method {
             "dense" => Method::Dense,
@@ -243,13 +254,27 @@ impl KvTarget {
                     seqs[0]
                 )));
             }
-            let req = Attend { layer, heads, group, head_dim, method, scale, seqs, q, new_kv };
+            let req = Attend { layer, heads, group, head_dim, method, scale, seqs, q, new_kv, groups };
             if req.layer > 0xFFFF {
                 return Err(bad("layer out of range"));
             }
             let _one = self.exchange.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
-            let data = self.exchange_attend(tag, AttendOptions { partial }, &req)?;
+            let options = AttendOptions { partial, page_scores };
+            let rows = req.q.len() / req.head_dim;
+            let want = match (page_scores, result_len) {
+                (_, n) if n > 0 => n,
+                (true, _) => insitu_proto::attention::RESULT_HEADER_LEN,
+                (false, _) => insitu_proto::attention::RESULT_HEADER_LEN + 4 * req.q.len() + if partial { 8 * rows } else { 0 },
+            };
+            let data = self.exchange_attend(tag, options, &req, want)?;
+            if page_scores {
+                let scores = PageScores::decode(&data).map_err(|e| StorageIOError::new_err(e.to_string()))?;
+                if scores.groups.len() != req.seqs.len() || scores.heads != req.heads || scores.group != req.group {
+                    return Err(StorageIOError::new_err("KV page scores: the target's result does not answer the request"));
+                }
+                return Ok(Answer::Scores(scores));
+            }
             let result = AttendResult::decode(&data).map_err(|e| StorageIOError::new_err(e.to_string()))?;
             if result.lse.is_some() != partial || result.out.len() != req.q.len() {
                 return Err(StorageIOError::new_err(format!(
@@ -259,8 +284,19 @@ impl KvTarget {
                     if result.lse.is_some() { "present" } else { "absent" }
                 )));
             }
-            Ok(result)
+            Ok(Answer::Outputs(result))
         })?;
+        let result = match result {
+            Answer::Outputs(r) => r,
+            Answer::Scores(s) => {
+                let d = PyDict::new(py);
+                d.set_item("pages_read", s.stats.pages_read)?;
+                d.set_item("media_bytes", s.stats.media_bytes)?;
+                d.set_item("rows_used", s.stats.rows_used)?;
+                let groups = pyo3::types::PyList::new(py, &s.groups)?.into_any();
+                return PyTuple::new(py, [groups, d.into_any(), PyBytes::new(py, &to_bytes(&s.log_mass)).into_any()]);
+            }
+        };
         let d = PyDict::new(py);
         d.set_item("pages_read", result.stats.pages_read)?;
         d.set_item("media_bytes", result.stats.media_bytes)?;
@@ -290,15 +326,19 @@ impl KvTarget {
     }
 }
 
+/// What a KV_ATTEND answered: attention outputs, or SparF's page scores.
+enum Answer {
+    Outputs(AttendResult),
+    Scores(PageScores),
+}
+
 impl KvTarget {
     /// KV_ATTEND and its KV_RESULT in one round trip: both in flight together, the
     /// KV_RESULT asking for the length the request implies (a target waits for the result
     /// it is computing). A target that answered the KV_RESULT before the result was there
     /// is asked again once the KV_ATTEND is done. The KV_ATTEND's error comes first: it
     /// says why there is no result.
-    fn exchange_attend(&self, tag: u32, options: AttendOptions, req: &Attend) -> PyResult<Vec<u8>> {
-        let rows = req.q.len() / req.head_dim.max(1);
-        let want = insitu_proto::attention::RESULT_HEADER_LEN + 4 * req.q.len() + if options.partial { 8 * rows } else { 0 };
+    fn exchange_attend(&self, tag: u32, options: AttendOptions, req: &Attend, want: usize) -> PyResult<Vec<u8>> {
         let body = req.encode();
         let (sent, early) = std::thread::scope(|s| {
             let attend = s.spawn(|| self.send_with("KV attend", opcode::KV_ATTEND, tag, options.cdw11(), &body));

@@ -37,7 +37,7 @@ fn main() -> std::io::Result<()> {
         ("append", Append { seq: 1, layer: 0, heads: 2, head_dim: 8, tokens: 3, k: f(48), v: f(48) }.encode()),
         (
             "attend-dense",
-            Attend { layer: 1, heads: 2, group: 3, head_dim: 8, method: Method::Dense, scale: 0.35, seqs: vec![1, 2], q: f(96), new_kv: None }.encode(),
+            Attend { layer: 1, heads: 2, group: 3, head_dim: 8, method: Method::Dense, scale: 0.35, seqs: vec![1, 2], q: f(96), new_kv: None, groups: None }.encode(),
         ),
         (
             "attend-sparf",
@@ -51,6 +51,7 @@ fn main() -> std::io::Result<()> {
                 seqs: vec![3],
                 q: f(8),
                 new_kv: Some((f(8), f(8))),
+                groups: None,
             }
             .encode(),
         ),

@@ -197,6 +197,8 @@ class FlexGenStore(KVStore):
         qg = q.detach().reshape(B, self.kv_heads, self.group, D)
         k, v = k.detach(), v.detach()
         futures = []
+        if self.split == "tokens" and self.ratio and len(self.workers) > 1:
+            return self._sparf_split(layer, qg, k, v, scale).reshape(B, hq, D).to(q.device, torch.float32)
         if self.split == "tokens":
             for i in self.split_tokens.decode(layer):
                 new = (k, v) if i == self.split_tokens.step_target else (None, None)
@@ -237,16 +239,77 @@ class FlexGenStore(KVStore):
                     out[b, h], lse[b, h] = self._sparf(i, b, layer, h, q[b, h], scale, p)
         return out, lse
 
-    def _sparf(self, i, b, layer, h, q, scale, p):
+    def _sparf_split(self, layer, qg, k, v, scale):
+        """SparF over a token split with the pages chosen over the whole sequence, as the
+        insitu backend chooses them: each target's dimension columns are read and scored
+        into page log-masses, the host picks the pages (:meth:`TokenSplit.sparf_pages`),
+        and the picked pages are read and attended, target by target in parallel."""
+        p = sparf.params(self.ratio, self.head_dim, max(self.tokens), self.tpp)
+        futures = {}
+        for i in self.split_tokens.decode(layer):
+            new = (k, v) if i == self.split_tokens.step_target else (None, None)
+            futures[i] = self.workers[i].submit(self._page_masses, i, layer, qg, *new, scale, p.r)
+        for w in self.workers:
+            w.drain()
+        lists = self.split_tokens.sparf_pages({i: f.result() for i, f in futures.items()}, p.local, p.pages)
+        parts = [self.workers[i].submit(self._attend_pages, i, layer, qg, scale, groups) for i, groups in lists.items()]
+        parts = [f.result() for f in parts]
+        return merge([o for o, _ in parts], [lse for _, lse in parts])
+
+    def _page_masses(self, i, layer, q, k, v, scale, r):
+        """Target ``i``'s page log-masses (per sequence, ``[heads][rows][pages]``) from
+        the dimension columns of the ``r`` components the rows share; appends first."""
+        q = q.to("cpu", torch.float32)
+        out = []
+        for b in range(q.shape[0]):
+            if k is not None:
+                self._append(i, b, layer, k[b].to("cpu", torch.float32).unsqueeze(1), v[b].to("cpu", torch.float32).unsqueeze(1))
+            row = self.rows[i][(b, layer)]
+            heads = []
+            for h in range(q.shape[1]):
+                if row.n == 0:
+                    heads.append(np.zeros((q.shape[2], 0)))
+                    continue
+                dims = sparf.select_dims(q[b, h], r, shared=True)
+                logits = sparf.approx_logits(q[b, h], dims, self._columns(i, b, layer, h, dims), scale)
+                heads.append(sparf.page_log_mass(logits, self.tpp).numpy())
+            out.append(np.stack(heads))
+        return out
+
+    def _attend_pages(self, i, layer, q, scale, groups):
+        """Target ``i``'s part over the pages ``groups[b * heads + h]``."""
+        q = q.to("cpu", torch.float32)
+        H = q.shape[1]
+        out = torch.zeros(q.shape, dtype=torch.float64)
+        lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float64)
+        for b in range(q.shape[0]):
+            row = self.rows[i][(b, layer)]
+            for h in range(H):
+                g = groups[b * H + h]
+                if not g:
+                    continue
+                K, V = self._read_tokens(i, b, layer, h, [x for x in g if x < row.tok // self.tpp])
+                toks = torch.cat([torch.arange(x * self.tpp, min(row.n, (x + 1) * self.tpp)) for x in g])
+                out[b, h] = sparf.dense(q[b, h], K[toks], V[toks], scale)
+                lse[b, h] = sparf.log_sum_exp(q[b, h], K[toks], scale)
+        return out, lse
+
+    def _columns(self, i, b, layer, h, dims):
+        """K transposed (``[D, n]``) of the row, the components in ``dims`` filled: read
+        from the dimension-indexed pages, the host tail from memory."""
         row = self.rows[i][(b, layer)]
-        dims = sparf.select_dims(q, p.r, shared=True)
         cols = torch.zeros(self.head_dim, row.n)
         for d in sorted(set(dims.flatten().tolist())):
             if row.dim:
                 off = 2 * PAGE * self.groups_max + 4 * (d * self.dim_tokens)
                 cols[d, : row.dim] = self._read(i, self._lba(b, layer, h, i, off), 4 * row.dim).view(-1)
             cols[d, row.dim :] = row.k[h, row.dim - row.base :, d]
-        shat = sparf.approx_scores(q, dims, cols, scale)
+        return cols
+
+    def _sparf(self, i, b, layer, h, q, scale, p):
+        row = self.rows[i][(b, layer)]
+        dims = sparf.select_dims(q, p.r, shared=True)
+        shat = sparf.approx_scores(q, dims, self._columns(i, b, layer, h, dims), scale)
         toks, alpha = sparf.select_tokens(shat, p.k, p.local, p.pages, self.tpp)
         groups = sorted({t // self.tpp for t in toks.flatten().tolist() if t < row.tok})
         K, V = self._read_tokens(i, b, layer, h, groups)

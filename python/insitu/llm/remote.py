@@ -26,12 +26,15 @@ SparF (``method="sparf"``) takes ``r``, ``k``, ``local`` and the page cap from
 :func:`insitu.llm.sparf.params` at each step, for the longest sequence of the batch (one
 request carries one ``k``); ``"sparq"`` is SparQ's selection (each query row its own
 components and ``k`` tokens, no page cap), counted at element granularity. Over a token
-split each target runs SparF at the same ratio over its own share (its ``k``, ``local``
-and page cap from its share's length): the sink page is the first target's first page,
-every target keeps its most recent tokens, the pages read add up to the ratio's share of
-the whole cache, and the merged result is exact attention over the union of the tokens
-the targets kept, as on one target. The paper's mix with the mean of V weighs the whole
-sequence, which no target holds, so ``mean_v`` uses the head split.
+split SparF chooses its pages over the whole sequence, as one target would, in two
+exchanges per target and layer (``docs/kv-commands.md``): every target scores its pages
+from the dimension pages of the shared components (the step's token appended first), the
+host normalises the masses over all targets and keeps the first page, the last ``local``
+tokens' pages and the page budget's best others
+(:meth:`insitu.llm.targets.TokenSplit.sparf_pages`), and every target attends over the
+pages kept on it; the parts merge exactly. SparQ keeps the per-share selection. The
+paper's mix with the mean of V weighs the whole sequence, which no target holds, so
+``mean_v`` uses the head split.
 
 ``kv_dtype`` (``"f32"`` or ``"f16"``) is the element type of the targets' pages: f16
 halves the flash bytes per token (and doubles the tokens per page); the link still
@@ -154,6 +157,8 @@ class TargetStore(KVStore):
         if layer == 0:
             self.tokens = [n + 1 for n in self.tokens]
         qg = q.reshape(B, self.kv_heads, self.group, D)
+        if self.split == "tokens" and self.method == "sparf" and len(self.targets) > 1:
+            return self._sparf_split(layer, qg, k, v, scale).float().reshape(B, hq, D).to(q.device)
         futures = []
         if self.split == "tokens":
             for i in self.split_tokens.decode(layer):
@@ -174,6 +179,64 @@ class TargetStore(KVStore):
         else:
             out = merge([o for o, _ in parts], [lse for _, lse in parts]).float()
         return out.reshape(B, hq, D).to(q.device)
+
+    def _sparf_split(self, layer, qg, k, v, scale):
+        """SparF over a token split, in two exchanges per target: every target scores its
+        pages (the step's token appended first), the host picks the pages over the whole
+        sequence as one target would (:func:`insitu.llm.targets.choose_pages`), and every target attends over
+        the pages picked on it; the parts merge exactly."""
+        p = self._params(max(self.tokens))
+        asked = self.split_tokens.decode(layer)
+        futures = {}
+        for i in asked:
+            new = (k, v) if i == self.split_tokens.step_target else (None, None)
+            futures[i] = self.workers[i].submit(self._page_scores, i, layer, qg, *new, scale, p.r)
+        self.exchanges += len(futures)
+        for w in self.workers:
+            w.drain()
+        scores = {i: f.result() for i, f in futures.items()}
+        lists = self.split_tokens.sparf_pages(scores, p.local, p.pages)
+        parts = []
+        for i, groups in lists.items():
+            if any(groups):
+                parts.append(self.workers[i].submit(self._attend_groups, i, layer, qg, scale, groups))
+        self.exchanges += len(parts)
+        parts = [f.result() for f in parts]
+        return merge([o for o, _ in parts], [lse for _, lse in parts])
+
+    def _page_scores(self, i, layer, q, k, v, scale, r):
+        B, h, G, D = q.shape
+        held = [self.split_tokens.held[i][b] for b in range(B)]
+        groups = sum(-(-n // self.tokens_per_page) for n in held)
+        res = self.targets[i].attend(
+            layer,
+            self.seqs,
+            f32_bytes(q),
+            G,
+            scale,
+            "sparf",
+            r,
+            1,
+            0,
+            None if k is None else f32_bytes(k),
+            None if v is None else f32_bytes(v),
+            page_scores=True,
+            result_len=48 + 4 * B + 4 * h * G * groups,
+        )
+        self._media[i] += res[1]["media_bytes"]
+        counts, flat = res[0], np.frombuffer(res[2], dtype="<f4")
+        per_seq, at = [], 0
+        for n in counts:
+            per_seq.append(flat[at : at + h * G * n].reshape(h, G, n))
+            at += h * G * n
+        return per_seq
+
+    def _attend_groups(self, i, layer, q, scale, groups):
+        B, h, G, D = q.shape
+        res = self.targets[i].attend(layer, self.seqs, f32_bytes(q), G, scale, "dense", partial=True, groups=groups)
+        self._media[i] += res[1]["media_bytes"]
+        out = torch.from_numpy(np.frombuffer(res[0], dtype="<f4").copy()).view(B, h, G, D)
+        return out, torch.from_numpy(np.frombuffer(res[2], dtype="<f8").copy()).view(B, h, G)
 
     @property
     def held(self) -> List[List[int]]:

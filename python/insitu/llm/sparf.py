@@ -49,6 +49,8 @@ __all__ = [
     "sparf",
     "dense",
     "log_sum_exp",
+    "approx_logits",
+    "page_log_mass",
     "pages_needed",
 ]
 
@@ -129,8 +131,9 @@ def select_dims(q: torch.Tensor, r: int, shared: bool = False) -> torch.Tensor:
     return dims.expand(q.shape[0], -1)
 
 
-def approx_scores(q: torch.Tensor, dims: torch.Tensor, k_cols: torch.Tensor, scale: float) -> torch.Tensor:
-    """Steps 2–4: ``ŝ`` (``[R, S]``) from the selected columns of K.
+def approx_logits(q: torch.Tensor, dims: torch.Tensor, k_cols: torch.Tensor, scale: float) -> torch.Tensor:
+    """Steps 2–4 before the softmax: ``ŝ``'s logits (``[R, S]``, float64) from the selected
+    columns of K, scaled by the paper's temperature.
 
     ``k_cols`` is K transposed, ``[D, S]``; only the rows named in ``dims`` are read, so a
     caller may leave the others unfilled.
@@ -141,8 +144,25 @@ def approx_scores(q: torch.Tensor, dims: torch.Tensor, k_cols: torch.Tensor, sca
         s = qr[ds] @ k_cols[ds].double()
         l1, kept = qr.abs().sum(), qr[ds].abs().sum()
         factor = scale / math.sqrt(float(kept / l1)) if kept > 0 else scale
-        rows.append(torch.softmax(s * factor, dim=-1))
+        rows.append(s * factor)
     return torch.stack(rows)
+
+
+def approx_scores(q: torch.Tensor, dims: torch.Tensor, k_cols: torch.Tensor, scale: float) -> torch.Tensor:
+    """Steps 2–4: ``ŝ`` (``[R, S]``), the softmax of :func:`approx_logits`."""
+    return torch.softmax(approx_logits(q, dims, k_cols, scale), dim=-1)
+
+
+def page_log_mass(logits: torch.Tensor, tokens_per_page: int) -> torch.Tensor:
+    """Per row and page of ``tokens_per_page`` tokens (the last one may be short), the log
+    of its approximate mass before normalisation, ``log Σ exp(ŝ)`` over the page
+    (``[R, pages]``): what a target holding part of a sequence reports for SparF's page
+    choice over the whole sequence."""
+    n = logits.shape[-1]
+    pages = math.ceil(n / tokens_per_page)
+    padded = torch.full((logits.shape[0], pages * tokens_per_page), -math.inf, dtype=torch.float64)
+    padded[:, :n] = logits
+    return torch.logsumexp(padded.view(logits.shape[0], pages, tokens_per_page), dim=-1)
 
 
 def select_tokens(shat: torch.Tensor, k: int, local: int, pages: int = 0, tokens_per_page: int = 16) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -21,17 +21,20 @@ The native calls release the GIL, so workers of different targets run in paralle
 
 from __future__ import annotations
 
+import bisect
 import os
 import shutil
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Dict, List, Optional, Sequence
 
+import numpy as np
+
 import torch
 
 from .. import _native
 
-__all__ = ["partition", "SPLITS", "choose_split", "head_ranges", "TokenSplit", "merge", "TargetPool", "Worker", "DEFAULT_DIR"]
+__all__ = ["partition", "SPLITS", "choose_split", "head_ranges", "TokenSplit", "merge", "choose_pages", "TargetPool", "Worker", "DEFAULT_DIR"]
 
 # Where the embedded default keeps its namespace images, relative to the working directory.
 DEFAULT_DIR = ".insitu"
@@ -92,6 +95,9 @@ class TokenSplit:
         self.tokens_per_page = tokens_per_page
         #: ``held[i][b]``: tokens of sequence ``b`` on target ``i``.
         self.held = [[0] * batch for _ in range(targets)]
+        #: ``positions[i][b]``: the positions in sequence ``b`` of its tokens on target
+        #: ``i``, in the order the target stores them (ascending).
+        self.positions: List[List[List[int]]] = [[[] for _ in range(batch)] for _ in range(targets)]
         #: The target storing the current decode step's token (see :meth:`decode`).
         self.step_target = 0
         self._dealt: List[List[torch.Tensor]] = []
@@ -136,13 +142,39 @@ class TokenSplit:
             for i, part in enumerate(out):
                 part.append(j[owner == i])
                 self.held[i][b] += len(part[-1])
+                self.positions[i][b].extend((start + part[-1]).tolist())
         return out
 
     def step(self) -> int:
         """The target that stores the next decode token of every sequence (counted)."""
         i = min(range(len(self.held)), key=lambda t: (sum(self.held[t]), t))
+        for b, pos in enumerate(self.positions[i]):
+            pos.append(sum(held[b] for held in self.held))
         self.held[i] = [n + 1 for n in self.held[i]]
         return i
+
+    def recent(self, i: int, b: int, last: int) -> int:
+        """How many of sequence ``b``'s ``last`` most recent tokens target ``i`` holds
+        (they are its own most recent ones)."""
+        total = sum(held[b] for held in self.held)
+        return len(self.positions[i][b]) - bisect.bisect_left(self.positions[i][b], total - last)
+
+    def sparf_pages(self, masses: Dict[int, List[np.ndarray]], local: int, budget: int) -> Dict[int, List[List[int]]]:
+        """SparF's pages over the split, chosen on the host from every target's page
+        log-masses (``masses[i][b]``: ``[kv_heads][rows][pages]`` for sequence ``b`` on
+        target ``i``) by :func:`choose_pages`, with the last ``local`` tokens of each
+        sequence wherever they are. Returns, per target, the page list of every (sequence,
+        KV head), sequence-major, as a KV_ATTEND carries them."""
+        lists: Dict[int, List[List[int]]] = {i: [] for i in masses}
+        for b in range(len(self.held[0])):
+            local_from = {}
+            for i in masses:
+                n = self.recent(i, b, local)
+                local_from[i] = (self.held[i][b] - n) // self.tokens_per_page if n else None
+            chosen = choose_pages({i: m[b] for i, m in masses.items()}, local_from, budget)
+            for i, per_head in chosen.items():
+                lists[i].extend(per_head)
+        return lists
 
 
 def merge(outs: List[torch.Tensor], lses: List[torch.Tensor]) -> torch.Tensor:
@@ -154,6 +186,51 @@ def merge(outs: List[torch.Tensor], lses: List[torch.Tensor]) -> torch.Tensor:
     lse = torch.stack([x.double() for x in lses])
     w = torch.exp(lse - torch.logsumexp(lse, dim=0))
     return (w[..., None] * torch.stack([o.double() for o in outs])).sum(0)
+
+
+def choose_pages(masses: Dict[int, np.ndarray], local_from: Dict[int, Optional[int]], budget: int) -> Dict[int, List[List[int]]]:
+    """SparF's page choice for one sequence whose pages are spread over targets, made as
+    one target holding them all makes it (``sparse.rs``): the first page (the first
+    target's first), every page holding one of the last ``local`` tokens (on target ``i``
+    its pages from ``local_from[i]``, None for none), and the ``budget`` other pages on
+    which some query row of the KV head puts the most approximate mass, normalised over
+    the whole sequence; only pages before a target's local ones compete, as on one target.
+
+    ``masses[i]`` is target ``i``'s ``[kv_heads][rows][pages]`` log-masses. Returns, per
+    target, per KV head, the chosen pages (ascending)."""
+    order = sorted(masses)
+    heads = next(iter(masses.values())).shape[0]
+    widths = [masses[i].shape[2] for i in order]
+    lm = np.concatenate([masses[i].astype(np.float64) for i in order], axis=2)  # [H, G, pages]
+    out: Dict[int, List[List[int]]] = {i: [[] for _ in range(heads)] for i in order}
+    if lm.shape[2] == 0:
+        return out
+    top = lm.max(axis=2, keepdims=True)
+    top[~np.isfinite(top)] = 0.0
+    lz = top + np.log(np.exp(lm - top).sum(axis=2, keepdims=True))
+    mass = np.exp(lm - lz).max(axis=1)  # [H, pages]
+    fixed = np.zeros(lm.shape[2], dtype=bool)
+    compete = np.ones(lm.shape[2], dtype=bool)
+    at = 0
+    for i, w in zip(order, widths):
+        if i == 0 and w:
+            fixed[at] = True  # the attention sink
+            compete[at] = False
+        if local_from[i] is not None:
+            fixed[at + local_from[i] : at + w] = True
+            compete[at + local_from[i] : at + w] = False
+        at += w
+    for h in range(heads):
+        pick = fixed.copy()
+        cand = np.flatnonzero(compete)
+        if budget and len(cand):
+            best = cand[np.argsort(-mass[h, cand], kind="stable")[:budget]]
+            pick[best] = True
+        at = 0
+        for i, w in zip(order, widths):
+            out[i][h] = np.flatnonzero(pick[at : at + w]).tolist()
+            at += w
+    return out
 
 
 class Worker:

@@ -13,7 +13,7 @@ use insitu_engine::Engine;
 use insitu_fabric::{opcode, Command};
 use insitu_kvcache::{HeldResults, KvCache, KvError, RESULT_GRACE};
 use insitu_nvmf::{IoContext, IoHandler, Outcome};
-use insitu_proto::attention::{encode_info, Admin, Append, Attend, AttendOptions, AttendResult};
+use insitu_proto::attention::{encode_info, Admin, Append, Attend, AttendOptions};
 
 /// The four KV-cache commands against an engine's KV cache.
 pub(crate) struct KvCacheCommands(pub(crate) Arc<Engine>);
@@ -53,9 +53,14 @@ fn execute(target: &Engine, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]) -> 
             // A KV_RESULT for this tag waits until the result is held (or this fails).
             let results = ctx.controller_state::<HeldResults>();
             let pending = results.begin(tag);
-            let result = attend(store, Attend::decode(data)?, AttendOptions::from_cdw11(cmd.cdw(11))?)?;
-            let media = result.stats.media_bytes;
-            let bytes = result.encode();
+            let options = AttendOptions::from_cdw11(cmd.cdw(11))?;
+            let (media, bytes) = if options.page_scores {
+                let scores = store.page_scores_request(checked(store, Attend::decode(data)?)?)?;
+                (scores.stats.media_bytes, scores.encode())
+            } else {
+                let result = store.attend_request(checked(store, Attend::decode(data)?)?, options)?;
+                (result.stats.media_bytes, result.encode())
+            };
             let len = bytes.len() as u32;
             pending.complete(bytes);
             Ok(Outcome { dw0: len, media_bytes: media, ..Outcome::ok() })
@@ -100,10 +105,11 @@ fn check_shape(store: &KvCache, seq: u64, layer: usize, heads: usize, head_dim: 
     Ok(())
 }
 
-fn attend(store: &KvCache, a: Attend, options: AttendOptions) -> Result<AttendResult, KvError> {
-    // Validate every entry before the first append, so a bad entry changes nothing.
+/// `a` once every entry matches its sequence's shape: checked before the first append, so
+/// a bad entry changes nothing.
+fn checked(store: &KvCache, a: Attend) -> Result<Attend, KvError> {
     for s in &a.seqs {
         check_shape(store, *s, a.layer, a.heads, a.head_dim)?;
     }
-    store.attend_request(a, options)
+    Ok(a)
 }

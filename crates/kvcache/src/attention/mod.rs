@@ -119,6 +119,52 @@ fn attend_rows(head: &dyn HeadPages, q: &[f32], scale: f32, method: Method, out:
     sparse::attend(head, q, f64::from(scale), plan, out, lse)
 }
 
+/// SparF's first phase over one part of a sequence whose tokens are split over several
+/// caches: `q`'s rows (one KV head's query rows) choose `r` components together, the
+/// dimension groups holding them are read, and the result holds, per row and token group
+/// (`rows × token groups` values, row-major), the log of the group's approximate mass
+/// `log Σ exp(ŝ_t)` over its tokens, `ŝ` the temperature-scaled partial scores before the
+/// softmax. The host normalises every part's masses over the whole sequence and picks the
+/// pages for [`attend_groups`]: the pages SparF reads are then chosen over the whole
+/// sequence, as on one cache holding it all, however many parts it is split into.
+/// An empty cache gives no values.
+pub fn page_log_mass(head: &dyn HeadPages, q: &[f32], scale: f32, r: usize) -> Result<(Vec<f64>, AttendStats), KvError> {
+    check_query(head, q, scale)?;
+    if r == 0 {
+        return Err(bad("page scores need r above 0".into()));
+    }
+    let (masses, loaded) = sparse::page_log_mass(head, q, f64::from(scale), r)?;
+    Ok((masses, AttendStats { pages_read: loaded.pages, media_bytes: loaded.bytes, rows_used: 0 }))
+}
+
+/// SparF's second phase over one part: exact attention of every row of `q` over every
+/// token of the token groups `groups` (strictly ascending, each below the cache's group
+/// count), with each row's log-sum-exp into `lse` (a part: an empty list gives outputs 0
+/// and log-sum-exp −∞).
+pub fn attend_groups(head: &dyn HeadPages, q: &[f32], scale: f32, groups: &[usize], out: &mut [f32], lse: &mut [f64]) -> Result<AttendStats, KvError> {
+    check_query(head, q, scale)?;
+    let rows = q.len() / head.layout().head_dim;
+    if out.len() != q.len() || lse.len() != rows {
+        return Err(bad(format!("{} outputs and {} log-sum-exp slots for {rows} query rows", out.len(), lse.len())));
+    }
+    let have = head.layout().token_groups(head.tokens());
+    if groups.windows(2).any(|w| w[0] >= w[1]) || groups.last().is_some_and(|&g| g >= have) {
+        return Err(bad(format!("token groups {groups:?} are not ascending below {have}, the groups this part holds")));
+    }
+    sparse::attend_groups(head, q, f64::from(scale), groups, out, lse)
+}
+
+fn check_query(head: &dyn HeadPages, q: &[f32], scale: f32) -> Result<(), KvError> {
+    let hd = head.layout().head_dim;
+    if q.is_empty() || !q.len().is_multiple_of(hd) {
+        return Err(bad(format!("query of {} elements is not whole rows of {hd}", q.len())));
+    }
+    if !scale.is_finite() || !q.iter().all(|x| x.is_finite()) {
+        return Err(bad("the query and the scale must be finite".into()));
+    }
+    Ok(())
+}
+
 /// Runs every task, in parallel over heads; the stats are summed.
 ///
 /// Every task runs even when one fails; the error returned is that of the first failing

@@ -2,8 +2,8 @@
 //! Partial (split-K) attention: parts over disjoint token sets, merged by their
 //! log-sum-exp, equal attention over the union.
 
-use super::testutil::{assert_close, attention, dense_ref, dot, layout, MemHead, Rng, SHAPES};
-use super::{attend, attend_partial, Method};
+use super::testutil::{assert_close, attention, dense_ref, dot, layout, run, MemHead, Rng, SHAPES};
+use super::{attend, attend_groups, attend_partial, page_log_mass, Method};
 use crate::{AttendStats, HeadPages};
 
 /// Merges parts `(out, lse)` of one query row as the host does.
@@ -107,4 +107,100 @@ fn an_empty_part_is_empty_and_a_mean_of_v_is_refused() {
     assert!(err.to_string().contains("mean of V"), "{err}");
     let err = attend_partial(&h, &q, 0.5, Method::Dense, &mut out, &mut lse[..1]).unwrap_err();
     assert!(err.to_string().contains("log-sum-exp slots"), "{err}");
+}
+
+/// SparF's page choice made by a host over parts, as `sparse::attend` makes it over a
+/// whole cache: the first page, the local tokens' pages, and the `budget` others of the
+/// largest mass (the largest over the rows of the softmax-normalised page mass).
+fn host_choice(masses: &[Vec<f64>], rows: usize, local_from: usize, budget: usize) -> Vec<usize> {
+    let groups = masses.len();
+    let lz: Vec<f64> = (0..rows)
+        .map(|r| {
+            let m = masses.iter().map(|g| g[r]).fold(f64::NEG_INFINITY, f64::max);
+            m + masses.iter().map(|g| (g[r] - m).exp()).sum::<f64>().ln()
+        })
+        .collect();
+    let mass: Vec<f64> = masses.iter().map(|g| (0..rows).map(|r| (g[r] - lz[r]).exp()).fold(0.0, f64::max)).collect();
+    let mut cand: Vec<usize> = (1..local_from.min(groups)).collect();
+    cand.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]).then(a.cmp(&b)));
+    let mut pick: Vec<usize> = cand.into_iter().take(budget).chain(std::iter::once(0)).chain(local_from..groups).collect();
+    pick.sort_unstable();
+    pick.dedup();
+    pick
+}
+
+#[test]
+fn two_phase_sparf_over_parts_reads_the_pages_and_gives_the_result_of_one_cache() {
+    let mut rng = Rng::new(23);
+    for shape in SHAPES {
+        let l = layout(shape);
+        let tpp = l.tokens_per_page;
+        let tokens = 12 * tpp + 5;
+        let h = MemHead::random(l, tokens, &mut rng);
+        let rows = 3;
+        let q = rng.vec(rows * l.head_dim);
+        let scale = 0.3;
+        let (r, local, budget) = (3.min(l.head_dim), tpp + 2, 4);
+        let k = (budget + 3) * tpp + local; // every token of the reach, as the host sets it
+        let (whole, whole_stats) = run(&h, &q, scale, Method::SparF { r, k, local, pages: budget, mean_v: false });
+        let local_from = (tokens - local) / tpp;
+
+        // Three parts, whole pages dealt in turn; each part's pages are global pages.
+        let n = 3;
+        let owned: Vec<Vec<usize>> = (0..n).map(|i| (0..l.token_groups(tokens)).filter(|g| g % n == i).collect()).collect();
+        let parts: Vec<MemHead> = owned.iter().map(|gs| slice(&h, &gs.iter().flat_map(|&g| g * tpp..tokens.min((g + 1) * tpp)).collect::<Vec<_>>())).collect();
+        let mut masses = vec![Vec::new(); l.token_groups(tokens)];
+        let mut dim_reads = 0;
+        for (p, gs) in parts.iter().zip(&owned) {
+            let (m, stats) = page_log_mass(p, &q, scale, r).unwrap();
+            dim_reads += stats.pages_read;
+            assert_eq!(m.len(), rows * gs.len());
+            for (j, &g) in gs.iter().enumerate() {
+                masses[g] = (0..rows).map(|row| m[row * gs.len() + j]).collect();
+            }
+        }
+        let chosen = host_choice(&masses, rows, local_from, budget);
+        let mut got = vec![Vec::new(); rows];
+        let mut token_pages = 0;
+        for (p, gs) in parts.iter().zip(&owned) {
+            let local_groups: Vec<usize> = gs.iter().enumerate().filter(|(_, g)| chosen.contains(g)).map(|(j, _)| j).collect();
+            let (mut out, mut lse) = (vec![0f32; q.len()], vec![0f64; rows]);
+            let stats = attend_groups(p, &q, scale, &local_groups, &mut out, &mut lse).unwrap();
+            token_pages += stats.pages_read;
+            for row in 0..rows {
+                got[row].push((out[row * l.head_dim..][..l.head_dim].to_vec(), lse[row]));
+            }
+        }
+        for row in 0..rows {
+            let merged: Vec<f32> = merge(&got[row], l.head_dim).iter().map(|&x| x as f32).collect();
+            let want: Vec<f64> = whole[row * l.head_dim..][..l.head_dim].iter().map(|&x| f64::from(x)).collect();
+            assert_close(&merged, &want, 1e-5, &format!("{shape:?} row {row}"));
+        }
+        // The same token pages (K and V of each chosen page) as one cache; the dimension
+        // pages add up to one cache's, give or take a part's last, partly filled page.
+        assert_eq!(token_pages, 2 * chosen.len() as u64, "{shape:?}");
+        let whole_dim = whole_stats.pages_read - token_pages;
+        let used_groups = whole_dim / h.dim_group_pages();
+        assert!(dim_reads >= whole_dim && dim_reads <= whole_dim + n as u64 * used_groups, "{shape:?}: {dim_reads} dimension pages, {whole_dim} on one cache");
+    }
+}
+
+#[test]
+fn chosen_groups_are_checked_and_an_empty_choice_is_an_empty_part() {
+    let mut rng = Rng::new(24);
+    let l = layout(SHAPES[0]);
+    let h = MemHead::random(l, 3 * l.tokens_per_page, &mut rng);
+    let q = rng.vec(l.head_dim);
+    let (mut out, mut lse) = (vec![1f32; q.len()], vec![0f64; 1]);
+    assert_eq!(attend_groups(&h, &q, 0.5, &[], &mut out, &mut lse).unwrap(), AttendStats::default());
+    assert!(out.iter().all(|&x| x == 0.0) && lse[0] == f64::NEG_INFINITY);
+    for bad in [&[1usize, 1][..], &[2, 1], &[3]] {
+        assert!(attend_groups(&h, &q, 0.5, bad, &mut out, &mut lse).is_err(), "{bad:?}");
+    }
+    // Every group chosen: dense over the part.
+    let (mut dense, mut dense_lse) = (vec![0f32; q.len()], vec![0f64; 1]);
+    attend_partial(&h, &q, 0.5, Method::Dense, &mut dense, &mut dense_lse).unwrap();
+    attend_groups(&h, &q, 0.5, &[0, 1, 2], &mut out, &mut lse).unwrap();
+    assert_close(&out, &dense.iter().map(|&x| f64::from(x)).collect::<Vec<_>>(), 1e-6, "all groups");
+    assert!((lse[0] - dense_lse[0]).abs() < 1e-9);
 }

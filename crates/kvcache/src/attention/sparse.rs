@@ -38,62 +38,17 @@ pub(super) struct Plan {
 /// exact scores over its kept tokens into `lse` when given (shapes checked by the caller).
 pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, out: &mut [f32], lse: Option<&mut [f64]>) -> Result<AttendStats, KvError> {
     let layout = *head.layout();
-    let (hd, dpp, tpp) = (layout.head_dim, layout.dims_per_page, layout.tokens_per_page);
+    let (hd, tpp) = (layout.head_dim, layout.tokens_per_page);
     let n = head.tokens();
     let rows = q.len() / hd;
     let qd: Vec<f64> = q.iter().map(|&x| f64::from(x)).collect();
-    let mut order = Vec::with_capacity(n.max(hd));
+    let mut order = Vec::with_capacity(n);
     let mut loaded = Loaded::default();
     // Checked before any page is read, so a store with a bad V sum costs no reads.
     let mean = if plan.mean_v { Some(v_mean(head)?) } else { None };
 
-    // Step 1: each row's `r` largest-magnitude components, ascending. With a page budget
-    // the KV head's rows share one choice, the `r` largest of Σ |q_row| / ‖q_row‖₁: every
-    // row then scores with `r` components for `r` dimension pages, where separate choices
-    // would read up to `rows · r` pages and leave less of the budget for token pages.
-    let mut dims = Vec::with_capacity(rows);
-    if plan.budget > 0 {
-        let mut weight = vec![0f64; hd];
-        for qr in qd.chunks_exact(hd) {
-            let l1: f64 = qr.iter().map(|x| x.abs()).sum();
-            if l1 > 0.0 {
-                weight.iter_mut().zip(qr).for_each(|(w, x)| *w += x.abs() / l1);
-            }
-        }
-        top_k(hd, plan.r, &mut order, |a, b| weight[b].total_cmp(&weight[a]).then(a.cmp(&b)));
-        dims.resize(rows, order.clone());
-    } else {
-        for qr in qd.chunks_exact(hd) {
-            top_k(hd, plan.r, &mut order, |a, b| qr[b].abs().total_cmp(&qr[a].abs()).then(a.cmp(&b)));
-            dims.push(order.clone());
-        }
-    }
-
-    // Steps 2-4: approximate scores from the dimension groups holding a selected component.
-    let mut dim_used = vec![false; hd];
-    dims.iter().flatten().for_each(|&d| dim_used[d] = true);
-    let mut shat = vec![0f64; rows * n];
-    let used: Vec<usize> = (0..layout.dim_groups()).filter(|g| dim_used[g * dpp..(g + 1) * dpp].contains(&true)).collect();
-    let mut buf = vec![0f32; used.len() * dpp * n];
-    loaded += head.load_dim_groups(&used, &mut buf)?;
-    for (&group, dims_of) in used.iter().zip(buf.chunks_exact(dpp * n)) {
-        let first = group * dpp;
-        for (row, (ds, s)) in dims.iter().zip(shat.chunks_exact_mut(n)).enumerate() {
-            for &d in &ds[span(ds, first, first + dpp)] {
-                axpy(s, qd[row * hd + d], &dims_of[(d - first) * n..][..n]);
-            }
-        }
-    }
-    for ((qr, ds), s) in qd.chunks_exact(hd).zip(&dims).zip(shat.chunks_exact_mut(n)) {
-        // The paper divides by sqrt(d_h * |q_i|_1 / |q|_1): a partial dot product over the
-        // components that carry most of q underestimates the full one's spread, and this
-        // temperature corrects for it. A zero query scores every token 0 whatever the scale.
-        let l1: f64 = qr.iter().map(|x| x.abs()).sum();
-        let l1_kept: f64 = ds.iter().map(|&d| qr[d].abs()).sum();
-        let factor = if l1_kept > 0.0 { scale / (l1_kept / l1).sqrt() } else { scale };
-        s.iter_mut().for_each(|v| *v *= factor);
-        softmax(s);
-    }
+    let (dim_used, mut shat) = approx_logits(head, &qd, scale, plan.r, plan.budget > 0, &mut loaded)?;
+    shat.chunks_exact_mut(n).for_each(softmax);
 
     // With a page budget, the pages come first: the first page (the attention sink most
     // heads lean on), those of the local tokens, and the `budget` others on which some row
@@ -133,16 +88,107 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, ou
     }
     drop(shat);
 
-    // Steps 8-10: exact scores of the kept tokens, from the K pages that hold one.
+    // Steps 8-11 on the pages that hold a kept token.
     let mut tok_used = vec![false; n];
     toks.iter().flatten().for_each(|&t| tok_used[t] = true);
     let groups: Vec<usize> = (0..layout.token_groups(n)).filter(|&g| tok_used[g * tpp..n.min((g + 1) * tpp)].contains(&true)).collect();
-    let mut pages = PagedRows::new(head, &groups);
+    let mix = mean.as_deref().map(|m| (m, alpha.as_slice()));
+    loaded += exact(head, &qd, scale, &toks, &groups, mix, out, lse)?;
+
+    let distinct = tok_used.iter().filter(|&&u| u).count() as u64;
+    Ok(match plan.count {
+        Count::Pages => AttendStats { pages_read: loaded.pages, media_bytes: loaded.bytes, rows_used: 2 * distinct },
+        Count::Elements => element_stats(&layout, dim_used.iter().filter(|&&u| u).count(), n, distinct),
+    })
+}
+
+/// The positions in the ascending list `sorted` of the values in `lo..hi`.
+fn span(sorted: &[usize], lo: usize, hi: usize) -> Range<usize> {
+    sorted.partition_point(|&x| x < lo)..sorted.partition_point(|&x| x < hi)
+}
+
+/// Steps 1-4: each row's `r` largest-magnitude components (with `shared`, one choice for
+/// all rows), the dimension groups holding them loaded, and each row's approximate scores
+/// `ŝ` before the softmax, `rows × tokens` (the temperature applied). Returns which
+/// components some row uses and the scores.
+fn approx_logits(head: &dyn HeadPages, qd: &[f64], scale: f64, r: usize, shared: bool, loaded: &mut Loaded) -> Result<(Vec<bool>, Vec<f64>), KvError> {
+    let layout = *head.layout();
+    let (hd, dpp) = (layout.head_dim, layout.dims_per_page);
+    let n = head.tokens();
+    let rows = qd.len() / hd;
+    let mut order = Vec::with_capacity(hd);
+    // Step 1. Shared (with a page budget): the `r` largest of Σ |q_row| / ‖q_row‖₁, so
+    // every row scores with `r` components for `r` dimension pages, where separate choices
+    // would read up to `rows · r` pages and leave less of the budget for token pages.
+    let mut dims = Vec::with_capacity(rows);
+    if shared {
+        let mut weight = vec![0f64; hd];
+        for qr in qd.chunks_exact(hd) {
+            let l1: f64 = qr.iter().map(|x| x.abs()).sum();
+            if l1 > 0.0 {
+                weight.iter_mut().zip(qr).for_each(|(w, x)| *w += x.abs() / l1);
+            }
+        }
+        top_k(hd, r, &mut order, |a, b| weight[b].total_cmp(&weight[a]).then(a.cmp(&b)));
+        dims.resize(rows, order.clone());
+    } else {
+        for qr in qd.chunks_exact(hd) {
+            top_k(hd, r, &mut order, |a, b| qr[b].abs().total_cmp(&qr[a].abs()).then(a.cmp(&b)));
+            dims.push(order.clone());
+        }
+    }
+
+    // Steps 2-4: approximate scores from the dimension groups holding a selected component.
+    let mut dim_used = vec![false; hd];
+    dims.iter().flatten().for_each(|&d| dim_used[d] = true);
+    let mut shat = vec![0f64; rows * n];
+    let used: Vec<usize> = (0..layout.dim_groups()).filter(|g| dim_used[g * dpp..(g + 1) * dpp].contains(&true)).collect();
+    let mut buf = vec![0f32; used.len() * dpp * n];
+    *loaded += head.load_dim_groups(&used, &mut buf)?;
+    for (&group, dims_of) in used.iter().zip(buf.chunks_exact(dpp * n)) {
+        let first = group * dpp;
+        for (row, (ds, s)) in dims.iter().zip(shat.chunks_exact_mut(n)).enumerate() {
+            for &d in &ds[span(ds, first, first + dpp)] {
+                axpy(s, qd[row * hd + d], &dims_of[(d - first) * n..][..n]);
+            }
+        }
+    }
+    for ((qr, ds), s) in qd.chunks_exact(hd).zip(&dims).zip(shat.chunks_exact_mut(n)) {
+        // The paper divides by sqrt(d_h * |q_i|_1 / |q|_1): a partial dot product over the
+        // components that carry most of q underestimates the full one's spread, and this
+        // temperature corrects for it. A zero query scores every token 0 whatever the scale.
+        let l1: f64 = qr.iter().map(|x| x.abs()).sum();
+        let l1_kept: f64 = ds.iter().map(|&d| qr[d].abs()).sum();
+        let factor = if l1_kept > 0.0 { scale / (l1_kept / l1).sqrt() } else { scale };
+        s.iter_mut().for_each(|v| *v *= factor);
+    }
+    Ok((dim_used, shat))
+}
+
+/// Steps 8-11: each row's exact attention over its kept tokens `toks[row]` (ascending),
+/// read from the token groups `groups` (ascending, every kept token's among them), into
+/// `out`; mixed with the mean of V by each row's α when `mix` is given; each row's
+/// log-sum-exp into `lse` when given. Returns what the reads cost.
+#[allow(clippy::too_many_arguments)]
+fn exact(
+    head: &dyn HeadPages,
+    qd: &[f64],
+    scale: f64,
+    toks: &[Vec<usize>],
+    groups: &[usize],
+    mix: Option<(&[f64], &[f64])>,
+    out: &mut [f32],
+    lse: Option<&mut [f64]>,
+) -> Result<Loaded, KvError> {
+    let layout = *head.layout();
+    let (hd, tpp) = (layout.head_dim, layout.tokens_per_page);
+    let rows = qd.len() / hd;
+    let mut pages = PagedRows::new(head, groups);
     let mut scores: Vec<Vec<f64>> = toks.iter().map(|j| vec![0f64; j.len()]).collect();
     pages.pass(Kind::K, |batch, buf| {
         for (&group, page) in batch.iter().zip(buf.chunks_exact(tpp * hd)) {
             let base = group * tpp;
-            for ((qr, j), sc) in qd.chunks_exact(hd).zip(&toks).zip(&mut scores) {
+            for ((qr, j), sc) in qd.chunks_exact(hd).zip(toks).zip(&mut scores) {
                 for i in span(j, base, base + tpp) {
                     sc[i] = dot(qr, &page[(j[i] - base) * hd..][..hd]) * scale;
                 }
@@ -159,29 +205,66 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, ou
     pages.pass(Kind::V, |batch, buf| {
         for (&group, page) in batch.iter().zip(buf.chunks_exact(tpp * hd)) {
             let base = group * tpp;
-            for ((a, j), w) in acc.chunks_exact_mut(hd).zip(&toks).zip(&scores) {
+            for ((a, j), w) in acc.chunks_exact_mut(hd).zip(toks).zip(&scores) {
                 for i in span(j, base, base + tpp) {
                     axpy(a, w[i], &page[(j[i] - base) * hd..][..hd]);
                 }
             }
         }
     })?;
-    loaded += pages.loaded;
-    for (((o, a), sum), alpha) in out.chunks_exact_mut(hd).zip(acc.chunks_exact(hd)).zip(sums).zip(alpha) {
-        match &mean {
-            Some(mean) => o.iter_mut().zip(a).zip(mean).for_each(|((o, a), m)| *o = (alpha * (a / sum) + (1.0 - alpha) * m) as f32),
+    for (row, ((o, a), sum)) in out.chunks_exact_mut(hd).zip(acc.chunks_exact(hd)).zip(sums).enumerate() {
+        match mix {
+            Some((mean, alpha)) => {
+                let alpha = alpha[row];
+                o.iter_mut().zip(a).zip(mean).for_each(|((o, a), m)| *o = (alpha * (a / sum) + (1.0 - alpha) * m) as f32)
+            }
             None => o.iter_mut().zip(a).for_each(|(o, a)| *o = (a / sum) as f32),
         }
     }
-
-    let distinct = tok_used.iter().filter(|&&u| u).count() as u64;
-    Ok(match plan.count {
-        Count::Pages => AttendStats { pages_read: loaded.pages, media_bytes: loaded.bytes, rows_used: 2 * distinct },
-        Count::Elements => element_stats(&layout, dim_used.iter().filter(|&&u| u).count(), n, distinct),
-    })
+    Ok(pages.loaded)
 }
 
-/// The positions in the ascending list `sorted` of the values in `lo..hi`.
-fn span(sorted: &[usize], lo: usize, hi: usize) -> Range<usize> {
-    sorted.partition_point(|&x| x < lo)..sorted.partition_point(|&x| x < hi)
+/// SparF's first phase over a part of a sequence split across targets: the shared choice
+/// of `r` components, their dimension groups loaded, and per query row and token group the
+/// log of the group's approximate mass, `log Σ_{t ∈ group} exp(ŝ_t)` with `ŝ` before the
+/// softmax. Every part's logits share one temperature per row (it depends on the query
+/// alone), so a host holding every part's masses normalises them over the whole sequence
+/// and ranks the pages as one target holding it all would. `rows × groups` values.
+pub(super) fn page_log_mass(head: &dyn HeadPages, q: &[f32], scale: f64, r: usize) -> Result<(Vec<f64>, Loaded), KvError> {
+    let layout = *head.layout();
+    let tpp = layout.tokens_per_page;
+    let n = head.tokens();
+    let qd: Vec<f64> = q.iter().map(|&x| f64::from(x)).collect();
+    let mut loaded = Loaded::default();
+    if n == 0 {
+        return Ok((Vec::new(), loaded));
+    }
+    let (_, shat) = approx_logits(head, &qd, scale, r.min(layout.head_dim), true, &mut loaded)?;
+    let mut masses = Vec::with_capacity(shat.len() / n.max(1) * layout.token_groups(n));
+    for s in shat.chunks_exact(n) {
+        for page in s.chunks(tpp) {
+            let m = page.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            masses.push(m + page.iter().map(|x| (x - m).exp()).sum::<f64>().ln());
+        }
+    }
+    Ok((masses, loaded))
+}
+
+/// SparF's second phase over a part: exact attention of every row over every token of the
+/// token groups `groups` (ascending, chosen by the host), with each row's log-sum-exp.
+pub(super) fn attend_groups(head: &dyn HeadPages, q: &[f32], scale: f64, groups: &[usize], out: &mut [f32], lse: &mut [f64]) -> Result<AttendStats, KvError> {
+    let layout = *head.layout();
+    let (hd, tpp) = (layout.head_dim, layout.tokens_per_page);
+    let n = head.tokens();
+    let qd: Vec<f64> = q.iter().map(|&x| f64::from(x)).collect();
+    let toks: Vec<usize> = groups.iter().flat_map(|&g| g * tpp..n.min((g + 1) * tpp)).collect();
+    let rows = qd.len() / hd;
+    if toks.is_empty() {
+        out.fill(0.0);
+        lse.fill(f64::NEG_INFINITY);
+        return Ok(AttendStats::default());
+    }
+    let toks = vec![toks; rows];
+    let loaded = exact(head, &qd, scale, &toks, groups, None, out, Some(lse))?;
+    Ok(AttendStats { pages_read: loaded.pages, media_bytes: loaded.bytes, rows_used: 2 * toks[0].len() as u64 })
 }

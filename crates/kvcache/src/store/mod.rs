@@ -233,6 +233,11 @@ impl KvCache {
         self.workers.install(|| crate::attend_all(tasks, scale, method))
     }
 
+    /// Runs `f` on this store's attention threads (its parallel iterators use them).
+    pub(crate) fn on_workers<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.workers.install(f)
+    }
+
     /// After replay: keep what whole pages hold, rebuild the DRAM tails and sums of V from
     /// the media, count references and list free pages.
     fn recover(&self) -> Result<(), KvError> {
