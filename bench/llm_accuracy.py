@@ -7,8 +7,12 @@ and 1/16 (the kept tokens carrying all the weight, the default); SparF 1/8 mixed
 mean of V by α (the paper's step 11); SparF 1/8 without the page cap; and SparQ 1/8 (no
 page groups, media counted element by element). Also the media bytes each read.
 
+With --targets N each sequence's tokens are split over N embedded targets (SparF then
+chooses its pages over the whole sequence from every target's page scores); --kv-dtype
+f16 keeps the pages in half precision; --rows picks rows by label (e.g. "dense,SparF 1/8").
+
 Writes bench/results/llm-accuracy.{json,md} (NAME.{json,md} with --name NAME).
-Usage: bench/llm_accuracy.py [--text FILE] [--prefill N] [--context N] [--starts A,B,..] [--out DIR] [--name NAME]
+Usage: bench/llm_accuracy.py [--text FILE] [--prefill N] [--context N] [--starts A,B,..] [--targets N] [--kv-dtype f32|f16] [--rows LABELS] [--out DIR] [--name NAME]
 """
 
 import argparse
@@ -29,6 +33,11 @@ ROWS += [
 ]
 
 
+def _label(row) -> str:
+    """A row's label with its ratio, as --rows names it (``SparF 1/8``)."""
+    return row[0] if row[2] is None else f"{row[0]} 1/{round(1 / row[2])}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3", help="English text (default: the GPL-3 text every Debian has)")
@@ -38,7 +47,14 @@ def main() -> None:
     ap.add_argument("--dir", default=".insitu/accuracy")
     ap.add_argument("--out", default=report.RESULTS)
     ap.add_argument("--name", default="llm-accuracy", help="results file name, without extension (default llm-accuracy)")
+    ap.add_argument("--targets", type=int, default=1, help="embedded targets the cache is split over (default 1)")
+    ap.add_argument("--kv-dtype", choices=["f32", "f16"], default="f32", help="element type of the targets' pages (default f32)")
+    ap.add_argument("--rows", help="comma-separated row labels to run, e.g. 'dense,SparF 1/8' (default: all)")
     a = ap.parse_args()
+    rows_wanted = None if not a.rows else {x.strip() for x in a.rows.split(",")}
+    table = [r for r in ROWS if rows_wanted is None or _label(r) in rows_wanted or r[0] in rows_wanted]
+    if not table or table[0][1] != "dense":
+        ap.error("--rows must include dense (the other rows are compared with it)")
     starts = [int(x) for x in a.starts.split(",")]
 
     from insitu.llm import remote, run
@@ -59,16 +75,16 @@ def main() -> None:
         remote.params = (lambda *x, **y: base_params(*x, **{**y, "paged": False})._replace(pages=0)) if not capped else base_params
 
     windows = []
-    pool = TargetPool.embedded(1, a.dir, 1 << 30, 1 << 30, None)
+    pool = TargetPool.embedded(a.targets, a.dir, 1 << 30, 1 << 30, None)
     try:
         for start in starts:
             kw = {"context": a.context, "prefill": a.prefill, "start": start}
             ref = run.evaluate(m, text, "memory", **kw)
             rows = [{"method": "memory (reference)", "ratio": None, "mean_v": False, "perplexity": ref["perplexity"], "agreement": 1.0, "media_bytes": 0}]
-            for label, method, ratio, capped, mean_v in ROWS:
+            for label, method, ratio, capped, mean_v in table:
                 variant(method, capped, mean_v)
                 t0 = time.perf_counter()
-                r = run.evaluate(m, text, "insitu", pool=pool, sparf=ratio, reference=ref, **kw)
+                r = run.evaluate(m, text, "insitu", pool=pool, sparf=ratio, reference=ref, kv_dtype=a.kv_dtype, **kw)
                 print(
                     f"window at {start}: {label} {ratio}: ppl {r['perplexity']:.3f} agreement {r['agreement']:.3f} "
                     f"media {r['stats']['media_bytes']:,} ({time.perf_counter() - t0:.0f} s)",
@@ -118,6 +134,8 @@ def main() -> None:
         "starts": starts,
         "windows": windows,
         "summary": summary,
+        "targets": a.targets,
+        "kv_dtype": a.kv_dtype,
         "command": "bench/llm_accuracy.py " + " ".join(sys.argv[1:]),
     }
 
@@ -126,7 +144,8 @@ def main() -> None:
         s += f"`{r['command']}`: {os.path.basename(r['model'])} (fp32, CPU) on `{r['text']}`, {len(r['windows'])} windows "
         s += f"(at tokens {', '.join(str(x) for x in r['starts'])}): in each, {r['prefill']} tokens prefilled, then "
         s += f"{r['windows'][0]['scored_tokens']} tokens scored through decode steps (teacher forcing), attention computed by "
-        s += "the target's engine. Perplexity vs dense: geometric mean over the windows, the worst window, and each. "
+        s += f"the targets' engines ({r.get('targets', 1)} target(s), each sequence's tokens split over them; {r.get('kv_dtype', 'f32')} pages). "
+        s += "Perplexity vs dense: geometric mean over the windows, the worst window, and each. "
         s += "Agreement: share of positions whose greedy next token equals dense in-memory attention's. Media: what the "
         s += "targets read for the scored steps, over dense's (SparQ: element-granular, as a store without page groups "
         s += "would read).\n\n"

@@ -167,6 +167,7 @@ pub fn seed_inputs() -> Vec<(&'static str, Vec<u8>)> {
                 q: vals(heads * 2 * d, 0.7),
                 new_kv: Some((vals(heads * d, 0.3), vals(heads * d, 0.5))),
                 groups: None,
+                vectors: Dtype::F32,
             };
             (cmd(opcode::KV_ATTEND, 0, &[(10, tag)], 0), Vec::new(), Some(a.encode()))
         };

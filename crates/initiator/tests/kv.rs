@@ -101,7 +101,19 @@ fn attention_over_the_fabric_equals_a_host_computation() {
     let group = 3;
     let q = values(HEADS * group * D, 3.0);
     let scale = 0.25f32;
-    let req = Attend { layer: 1, heads: HEADS, group, head_dim: D, method: Method::Dense, scale, seqs: vec![7], q: q.clone(), new_kv: None, groups: None };
+    let req = Attend {
+        layer: 1,
+        heads: HEADS,
+        group,
+        head_dim: D,
+        method: Method::Dense,
+        scale,
+        seqs: vec![7],
+        q: q.clone(),
+        new_kv: None,
+        groups: None,
+        vectors: Dtype::F32,
+    };
     let (st, len) = send(&s, opcode::KV_ATTEND, 5, &req.encode());
     assert_eq!(st, (0, 0));
     let (st, data) = result(&s, 5, len as usize);
@@ -158,6 +170,7 @@ fn bad_requests_get_their_own_status_and_change_nothing() {
         q: values(2 * HEADS * D, 0.0),
         new_kv: Some((values(2 * HEADS * D, 0.0), values(2 * HEADS * D, 0.0))),
         groups: None,
+        vectors: Dtype::F32,
     };
     assert_eq!(send(&s, opcode::KV_ATTEND, 3, &req.encode()).0, (1, 0xC0));
     assert_eq!(info(&s, 1), before, "nothing changed");
@@ -181,6 +194,7 @@ fn a_restarted_target_keeps_every_flushed_page() {
             q: q.clone(),
             new_kv: None,
             groups: None,
+            vectors: Dtype::F32,
         };
         let (st, len) = send(s, opcode::KV_ATTEND, 1, &req.encode());
         assert_eq!(st, (0, 0));
@@ -226,7 +240,19 @@ fn a_result_asked_for_before_its_attention_arrives_with_its_log_sum_exp() {
     assert_eq!(append(&s, 4, 0, &k, &v, t), ((0, 0), t as u32));
     let q = values(HEADS * D, 6.0);
     let scale = 0.3f32;
-    let req = Attend { layer: 0, heads: HEADS, group: 1, head_dim: D, method: Method::Dense, scale, seqs: vec![4], q: q.clone(), new_kv: None, groups: None };
+    let req = Attend {
+        layer: 0,
+        heads: HEADS,
+        group: 1,
+        head_dim: D,
+        method: Method::Dense,
+        scale,
+        seqs: vec![4],
+        q: q.clone(),
+        new_kv: None,
+        groups: None,
+        vectors: Dtype::F32,
+    };
     let len = insitu_proto::attention::RESULT_HEADER_LEN + 4 * q.len() + 8 * HEADS;
     // The KV_RESULT goes first and waits: one round trip for the exchange.
     let ((st, data), (ast, alen)) = std::thread::scope(|sc| {

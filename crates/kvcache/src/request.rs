@@ -45,7 +45,16 @@ impl KvCache {
                     acc += s?;
                     Ok::<_, KvError>(acc)
                 })?;
-            return Ok(AttendResult { entries: a.seqs.len(), heads: a.heads, group: a.group, head_dim: a.head_dim, stats, out, lse: Some(lse) });
+            return Ok(AttendResult {
+                entries: a.seqs.len(),
+                heads: a.heads,
+                group: a.group,
+                head_dim: a.head_dim,
+                stats,
+                out,
+                lse: Some(lse),
+                vectors: a.vectors,
+            });
         }
         let mut out = vec![0f32; a.q.len()];
         let mut lse = options.partial.then(|| vec![f64::NEG_INFINITY; a.q.len() / a.head_dim]);
@@ -58,7 +67,7 @@ impl KvCache {
             .map(|((head, q), out)| Task { head, q, out, lse: lse_parts.as_mut().and_then(Iterator::next) })
             .collect();
         let stats: AttendStats = self.attend_all(tasks, a.scale, a.method)?;
-        Ok(AttendResult { entries: a.seqs.len(), heads: a.heads, group: a.group, head_dim: a.head_dim, stats, out, lse })
+        Ok(AttendResult { entries: a.seqs.len(), heads: a.heads, group: a.group, head_dim: a.head_dim, stats, out, lse, vectors: a.vectors })
     }
 
     /// SparF's first phase over this target's part of split sequences

@@ -174,6 +174,25 @@ fn put_f32s(out: &mut Vec<u8>, v: &[f32]) {
     }
 }
 
+/// Values of element type `dtype` (f32 or f16, little-endian) as f32.
+fn read_vectors(b: &[u8], dtype: Dtype) -> Vec<f32> {
+    match dtype {
+        Dtype::F32 => f32s(b),
+        Dtype::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+    }
+}
+
+/// Appends `v` as `dtype` values (f16: rounded to nearest).
+fn put_vectors(out: &mut Vec<u8>, v: &[f32], dtype: Dtype) {
+    match dtype {
+        Dtype::F32 => put_f32s(out, v),
+        Dtype::F16 => {
+            out.reserve(2 * v.len());
+            v.iter().for_each(|x| out.extend_from_slice(&half::f16::from_f32(*x).to_le_bytes()));
+        }
+    }
+}
+
 fn check_magic(b: &[u8], magic: &[u8; 4], min: usize, what: &str) -> Result<(), BadRequest> {
     if b.len() < min {
         return Err(bad(format!("{what} is {} bytes, shorter than its {min}-byte header", b.len())));
@@ -362,6 +381,10 @@ pub struct Attend {
     /// token: the second phase of SparF over a sequence split across targets, the host
     /// having chosen the pages from every target's [`PageScores`]. Needs a partial result.
     pub groups: Option<Vec<Vec<u32>>>,
+    /// The element type of the queries and the new token's K and V on the wire (flag bit
+    /// 3: f16), and of the outputs the target answers with: f16 halves the link bytes of a
+    /// host whose model runs in half precision. Decoded values are always f32 here.
+    pub vectors: Dtype,
 }
 
 const FLAG_APPEND: u8 = 1;
@@ -370,6 +393,8 @@ const FLAG_APPEND: u8 = 1;
 const FLAG_NO_MEAN_V: u8 = 2;
 /// A token-group list per (entry, KV head) follows the new token's K and V.
 const FLAG_GROUPS: u8 = 4;
+/// The queries and the new token's K and V are f16, and so are the result's outputs.
+const FLAG_F16_VECTORS: u8 = 8;
 /// Most token groups in one list (a 4 KiB page of 8 f32 tokens each: 2^27 tokens).
 pub const MAX_GROUPS: usize = 1 << 24;
 
@@ -385,8 +410,10 @@ impl Attend {
             Method::SparQ { r, k, local, mean_v } => (2, r, k, local, 0, mean_v),
         };
         b[5] = m;
-        b[6] =
-            if self.new_kv.is_some() { FLAG_APPEND } else { 0 } | if mean_v { 0 } else { FLAG_NO_MEAN_V } | if self.groups.is_some() { FLAG_GROUPS } else { 0 };
+        b[6] = if self.new_kv.is_some() { FLAG_APPEND } else { 0 }
+            | if mean_v { 0 } else { FLAG_NO_MEAN_V }
+            | if self.groups.is_some() { FLAG_GROUPS } else { 0 }
+            | if self.vectors == Dtype::F16 { FLAG_F16_VECTORS } else { 0 };
         b[8..10].copy_from_slice(&(self.layer as u16).to_le_bytes());
         b[10..12].copy_from_slice(&(self.heads as u16).to_le_bytes());
         b[12..14].copy_from_slice(&(self.group as u16).to_le_bytes());
@@ -400,10 +427,10 @@ impl Attend {
         for s in &self.seqs {
             b.extend_from_slice(&s.to_le_bytes());
         }
-        put_f32s(&mut b, &self.q);
+        put_vectors(&mut b, &self.q, self.vectors);
         if let Some((k, v)) = &self.new_kv {
-            put_f32s(&mut b, k);
-            put_f32s(&mut b, v);
+            put_vectors(&mut b, k, self.vectors);
+            put_vectors(&mut b, v, self.vectors);
         }
         for list in self.groups.iter().flatten() {
             b.extend_from_slice(&(list.len() as u32).to_le_bytes());
@@ -418,7 +445,7 @@ impl Attend {
         if b[4] != VERSION {
             return Err(bad(format!("KV attention request version {} (this target speaks {VERSION})", b[4])));
         }
-        if b[6] & !(FLAG_APPEND | FLAG_NO_MEAN_V | FLAG_GROUPS) != 0 {
+        if b[6] & !(FLAG_APPEND | FLAG_NO_MEAN_V | FLAG_GROUPS | FLAG_F16_VECTORS) != 0 {
             return Err(bad(format!("unknown KV attention flags {:#04x}", b[6])));
         }
         let mean_v = b[6] & FLAG_NO_MEAN_V == 0;
@@ -456,7 +483,9 @@ impl Attend {
         }
         let nq = entries * heads * group * head_dim;
         let nkv = if append { entries * heads * head_dim } else { 0 };
-        let want = ATTEND_HEADER_LEN as u64 + 8 * entries as u64 + 4 * (nq + 2 * nkv) as u64;
+        let vectors = if b[6] & FLAG_F16_VECTORS != 0 { Dtype::F16 } else { Dtype::F32 };
+        let size = vectors.size();
+        let want = ATTEND_HEADER_LEN as u64 + 8 * entries as u64 + (size * (nq + 2 * nkv)) as u64;
         let fixed_ok = if with_groups { b.len() as u64 >= want } else { b.len() as u64 == want };
         if !fixed_ok {
             return Err(bad(format!("KV attention request for {entries} entries x {heads} heads x {group} x {head_dim} needs {want} bytes, got {}", b.len())));
@@ -465,10 +494,10 @@ impl Attend {
         let mut o = ATTEND_HEADER_LEN;
         let seqs = (0..entries).map(|i| u64_at(b, o + 8 * i)).collect();
         o += 8 * entries;
-        let q = f32s(&b[o..o + 4 * nq]);
-        o += 4 * nq;
-        let new_kv = append.then(|| (f32s(&b[o..o + 4 * nkv]), f32s(&b[o + 4 * nkv..o + 8 * nkv])));
-        Ok(Attend { layer: usize::from(u16_at(b, 8)), heads, group, head_dim, method, scale, seqs, q, new_kv, groups })
+        let q = read_vectors(&b[o..o + size * nq], vectors);
+        o += size * nq;
+        let new_kv = append.then(|| (read_vectors(&b[o..o + size * nkv], vectors), read_vectors(&b[o + size * nkv..o + 2 * size * nkv], vectors)));
+        Ok(Attend { layer: usize::from(u16_at(b, 8)), heads, group, head_dim, method, scale, seqs, q, new_kv, groups, vectors })
     }
 }
 
@@ -556,10 +585,15 @@ pub struct AttendResult {
     /// sum of V over those tokens; parts from disjoint token sets merge exactly as
     /// `Σ exp(lse_i − L)·out_i` with `L = log Σ exp(lse_i)`.
     pub lse: Option<Vec<f64>>,
+    /// The element type of `out` on the wire (result flag bit 1: f16), that of the
+    /// request's queries.
+    pub vectors: Dtype,
 }
 
 /// Result flags (byte 5): the log-sum-exp section follows the outputs.
 const RESULT_FLAG_LSE: u8 = 1;
+/// Result flags (byte 5): the outputs are f16.
+const RESULT_FLAG_F16: u8 = 2;
 
 impl AttendResult {
     /// Encodes the result.
@@ -574,9 +608,12 @@ impl AttendResult {
         b[16..24].copy_from_slice(&self.stats.pages_read.to_le_bytes());
         b[24..32].copy_from_slice(&self.stats.media_bytes.to_le_bytes());
         b[32..40].copy_from_slice(&self.stats.rows_used.to_le_bytes());
-        put_f32s(&mut b, &self.out);
+        put_vectors(&mut b, &self.out, self.vectors);
+        if self.vectors == Dtype::F16 {
+            b[5] |= RESULT_FLAG_F16;
+        }
         if let Some(lse) = &self.lse {
-            b[5] = RESULT_FLAG_LSE;
+            b[5] |= RESULT_FLAG_LSE;
             b.reserve(8 * lse.len());
             lse.iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
         }
@@ -587,13 +624,14 @@ impl AttendResult {
     pub fn decode(b: &[u8]) -> Result<AttendResult, BadRequest> {
         check_magic(b, RESULT_MAGIC, RESULT_HEADER_LEN, "KV attention result")?;
         let (entries, heads, group, head_dim) = (usize::from(u16_at(b, 6)), usize::from(u16_at(b, 8)), usize::from(u16_at(b, 10)), usize::from(u16_at(b, 12)));
-        if b[5] & !RESULT_FLAG_LSE != 0 {
+        if b[5] & !(RESULT_FLAG_LSE | RESULT_FLAG_F16) != 0 {
             return Err(bad(format!("unknown KV attention result flags {:#04x}", b[5])));
         }
         let with_lse = b[5] & RESULT_FLAG_LSE != 0;
+        let vectors = if b[5] & RESULT_FLAG_F16 != 0 { Dtype::F16 } else { Dtype::F32 };
         // In u128: four u16 fields and the element size overflow a u64.
         let rows = [entries, heads, group].iter().map(|&x| x as u128).product::<u128>();
-        let outputs = 4 * rows * head_dim as u128;
+        let outputs = vectors.size() as u128 * rows * head_dim as u128;
         let want = RESULT_HEADER_LEN as u128 + outputs + if with_lse { 8 * rows } else { 0 };
         if b.len() as u128 != want {
             return Err(bad(format!("KV attention result is {} bytes, expected {want}", b.len())));
@@ -602,7 +640,7 @@ impl AttendResult {
         // The length check above bounds both sections by the buffer, so these fit a usize.
         let split = RESULT_HEADER_LEN + outputs as usize;
         let lse = with_lse.then(|| b[split..].chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect());
-        Ok(AttendResult { entries, heads, group, head_dim, stats, out: f32s(&b[RESULT_HEADER_LEN..split]), lse })
+        Ok(AttendResult { entries, heads, group, head_dim, stats, out: read_vectors(&b[RESULT_HEADER_LEN..split], vectors), lse, vectors })
     }
 }
 
@@ -771,6 +809,7 @@ mod tests {
             q: (0..48).map(|x| x as f32).collect(),
             new_kv: Some((vec![1.0; 16], vec![2.0; 16])),
             groups: None,
+            vectors: Dtype::F32,
         };
         assert_eq!(Attend::decode(&at.encode()).unwrap(), at);
         for method in [
@@ -789,6 +828,7 @@ mod tests {
             stats: AttendStats { pages_read: 3, media_bytes: 4096, rows_used: 9 },
             out: vec![1.0, 2.0, 3.0, 4.0],
             lse: None,
+            vectors: Dtype::F32,
         };
         assert_eq!(AttendResult::decode(&r.encode()).unwrap(), r);
         let r = AttendResult { lse: Some(vec![0.25, f64::NEG_INFINITY]), ..r };
@@ -797,6 +837,22 @@ mod tests {
             let o = AttendOptions { partial, page_scores };
             assert_eq!(AttendOptions::from_cdw11(o.cdw11()).unwrap(), o);
         }
+        // f16 on the wire: half the bytes, values that f16 holds exactly come back the same.
+        let half_wire = Attend { vectors: Dtype::F16, ..at.clone() };
+        let b16 = half_wire.encode();
+        assert_eq!(b16.len() - ATTEND_HEADER_LEN - 16, (at.encode().len() - ATTEND_HEADER_LEN - 16) / 2);
+        assert_eq!(Attend::decode(&b16).unwrap(), half_wire);
+        let r16 = AttendResult {
+            entries: 1,
+            heads: 1,
+            group: 2,
+            head_dim: 2,
+            stats: AttendStats::default(),
+            out: vec![0.5, -2.0, 1024.0, 0.0],
+            lse: Some(vec![1.5, 2.5]),
+            vectors: Dtype::F16,
+        };
+        assert_eq!(AttendResult::decode(&r16.encode()).unwrap(), r16);
         let dense = Attend { method: Method::Dense, new_kv: None, groups: Some(vec![vec![0, 3, 9], vec![], vec![1], vec![2, 4]]), ..at.clone() };
         assert_eq!(Attend::decode(&dense.encode()).unwrap(), dense);
         let ps = PageScores {
@@ -811,22 +867,42 @@ mod tests {
 
     #[test]
     fn malformed_partial_results_and_options_are_refused() {
-        let r = AttendResult { entries: 1, heads: 1, group: 2, head_dim: 2, stats: AttendStats::default(), out: vec![0.0; 4], lse: Some(vec![1.0, 2.0]) };
+        let r = AttendResult {
+            entries: 1,
+            heads: 1,
+            group: 2,
+            head_dim: 2,
+            stats: AttendStats::default(),
+            out: vec![0.0; 4],
+            lse: Some(vec![1.0, 2.0]),
+            vectors: Dtype::F32,
+        };
         let mut b = r.encode();
         b.truncate(b.len() - 8); // one row's log-sum-exp missing
         assert!(AttendResult::decode(&b).unwrap_err().to_string().contains("expected"));
         let mut b = r.encode();
         b[5] = 0; // the section is there but not announced
         assert!(AttendResult::decode(&b).unwrap_err().to_string().contains("expected"));
-        b[5] = 2;
+        b[5] = 4;
         assert!(AttendResult::decode(&b).unwrap_err().to_string().contains("unknown KV attention result flags"));
         assert!(AttendOptions::from_cdw11(4).unwrap_err().to_string().contains("CDW11"));
     }
 
     #[test]
     fn malformed_requests_say_what_is_wrong() {
-        let at =
-            Attend { layer: 0, heads: 1, group: 1, head_dim: 4, method: Method::Dense, scale: 0.5, seqs: vec![1], q: vec![0.0; 4], new_kv: None, groups: None };
+        let at = Attend {
+            layer: 0,
+            heads: 1,
+            group: 1,
+            head_dim: 4,
+            method: Method::Dense,
+            scale: 0.5,
+            seqs: vec![1],
+            q: vec![0.0; 4],
+            new_kv: None,
+            groups: None,
+            vectors: Dtype::F32,
+        };
         let mut b = at.encode();
         b.pop();
         assert!(Attend::decode(&b).unwrap_err().to_string().contains("needs"));
@@ -836,7 +912,7 @@ mod tests {
         let mut b = at.encode();
         b[6] = FLAG_NO_MEAN_V; // dense has no mean of V to leave out
         assert!(Attend::decode(&b).unwrap_err().to_string().contains("needs a sparse method"));
-        b[6] = 8;
+        b[6] = 16;
         assert!(Attend::decode(&b).unwrap_err().to_string().contains("unknown KV attention flags"));
         // Token-group lists: only with dense, each one whole and ascending, nothing after.
         let listed = Attend { groups: Some(vec![vec![1, 2]]), ..at.clone() };
@@ -867,7 +943,8 @@ mod tests {
         assert!(Admin::decode(&b).unwrap_err().to_string().contains("unknown KV admin operation"));
         assert!(Append::decode(b"KVAP").is_err());
         // Shape fields whose product overflows u64 once scaled to bytes: refused, not wrapped.
-        let mut b = AttendResult { entries: 1, heads: 1, group: 1, head_dim: 1, stats: AttendStats::default(), out: vec![0.0], lse: None }.encode();
+        let mut b = AttendResult { entries: 1, heads: 1, group: 1, head_dim: 1, stats: AttendStats::default(), out: vec![0.0], lse: None, vectors: Dtype::F32 }
+            .encode();
         for at in [6, 8, 10, 12] {
             b[at..at + 2].copy_from_slice(&u16::MAX.to_le_bytes());
         }
@@ -896,7 +973,7 @@ mod tests {
         ) {
             let out = (0..rows * head_dim).map(|i| i as f32 * 0.5).collect();
             let lse = lse.then(|| (0..rows).map(|i| i as f64 - 1.0).collect());
-            let r = AttendResult { entries: 1, heads: 1, group: rows, head_dim, stats: AttendStats::default(), out, lse };
+            let r = AttendResult { entries: 1, heads: 1, group: rows, head_dim, stats: AttendStats::default(), out, lse, vectors: Dtype::F32 };
             let mut b = r.encode();
             prop_assert_eq!(AttendResult::decode(&b).unwrap(), r);
             // A changed byte either decodes to a result of the same length or is refused;

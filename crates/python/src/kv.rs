@@ -205,8 +205,10 @@ impl KvTarget {
     /// list), and f32 log-masses `[seq][kv_heads][group][its groups]`, sequence after
     /// sequence. Then `groups=[[...] per (seq, kv head)]` (method "dense", partial)
     /// attends over those token groups only. `result_len` is the result's expected size in
-    /// bytes when the caller knows it (it saves a round trip).
-    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None, pages=0, mean_v=true, partial=false, page_scores=false, groups=None, result_len=0))]
+    /// bytes when the caller knows it (it saves a round trip). `vectors="f16"` carries the
+    /// queries, the new K and V and the outputs as f16 on the link (half the bytes; the
+    /// buffers given and returned stay f32).
+    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None, pages=0, mean_v=true, partial=false, page_scores=false, groups=None, result_len=0, vectors="f32"))]
     #[allow(clippy::too_many_arguments)]
     fn attend<'py>(
         &self,
@@ -228,7 +230,13 @@ impl KvTarget {
         page_scores: bool,
         groups: Option<Vec<Vec<u32>>>,
         result_len: usize,
+        vectors: &str,
     ) -> PyResult<Bound<'py, PyTuple>> {
+        let vectors = match vectors {
+            "f32" => Dtype::F32,
+            "f16" => Dtype::F16,
+            v => return Err(bad(format!("vectors {v:?}: use \"f32\" or \"f16\""))),
+        };
         let method = match method {
             "dense" => Method::Dense,
             "sparf" => Method::SparF { r, k, local, pages, mean_v },
@@ -254,7 +262,7 @@ impl KvTarget {
                     seqs[0]
                 )));
             }
-            let req = Attend { layer, heads, group, head_dim, method, scale, seqs, q, new_kv, groups };
+            let req = Attend { layer, heads, group, head_dim, method, scale, seqs, q, new_kv, groups, vectors };
             if req.layer > 0xFFFF {
                 return Err(bad("layer out of range"));
             }
@@ -265,7 +273,7 @@ impl KvTarget {
             let want = match (page_scores, result_len) {
                 (_, n) if n > 0 => n,
                 (true, _) => insitu_proto::attention::RESULT_HEADER_LEN,
-                (false, _) => insitu_proto::attention::RESULT_HEADER_LEN + 4 * req.q.len() + if partial { 8 * rows } else { 0 },
+                (false, _) => insitu_proto::attention::RESULT_HEADER_LEN + vectors.size() * req.q.len() + if partial { 8 * rows } else { 0 },
             };
             let data = self.exchange_attend(tag, options, &req, want)?;
             if page_scores {

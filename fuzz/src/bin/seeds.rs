@@ -37,7 +37,7 @@ fn main() -> std::io::Result<()> {
         ("append", Append { seq: 1, layer: 0, heads: 2, head_dim: 8, tokens: 3, k: f(48), v: f(48) }.encode()),
         (
             "attend-dense",
-            Attend { layer: 1, heads: 2, group: 3, head_dim: 8, method: Method::Dense, scale: 0.35, seqs: vec![1, 2], q: f(96), new_kv: None, groups: None }.encode(),
+            Attend { layer: 1, heads: 2, group: 3, head_dim: 8, method: Method::Dense, scale: 0.35, seqs: vec![1, 2], q: f(96), new_kv: None, groups: None, vectors: Dtype::F32 }.encode(),
         ),
         (
             "attend-sparf",
@@ -52,17 +52,18 @@ fn main() -> std::io::Result<()> {
                 q: f(8),
                 new_kv: Some((f(8), f(8))),
                 groups: None,
+                vectors: Dtype::F32,
             }
             .encode(),
         ),
         (
             "result",
-            AttendResult { entries: 1, heads: 1, group: 1, head_dim: 4, stats: AttendStats { pages_read: 2, media_bytes: 8192, rows_used: 8 }, out: f(4), lse: None }
+            AttendResult { entries: 1, heads: 1, group: 1, head_dim: 4, stats: AttendStats { pages_read: 2, media_bytes: 8192, rows_used: 8 }, out: f(4), lse: None, vectors: Dtype::F32 }
                 .encode(),
         ),
         (
             "result-partial",
-            AttendResult { entries: 1, heads: 1, group: 2, head_dim: 2, stats: AttendStats::default(), out: f(4), lse: Some(vec![0.5, f64::NEG_INFINITY]) }.encode(),
+            AttendResult { entries: 1, heads: 1, group: 2, head_dim: 2, stats: AttendStats::default(), out: f(4), lse: Some(vec![0.5, f64::NEG_INFINITY]), vectors: Dtype::F32 }.encode(),
         ),
     ];
     for (name, bytes) in requests {

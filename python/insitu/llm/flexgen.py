@@ -31,6 +31,12 @@ tokens (every target all the KV heads for a share of the tokens, placed by the s
 in ranges. The two backends then read the same tokens' pages and differ only in where
 attention runs. The targets' reads of a step are in flight together, one worker each.
 
+**Dense reads, FlexGen's way.** A layer's pages of a sequence on a target are one large
+read (its heads' regions are adjacent; the initiator pipelines it over its queues), and
+each target reads layer ``l + 1`` on a prefetch thread while the host computes layer
+``l``: I/O overlapped with compute, as FlexGen schedules it. A page written after its
+layer's read began (the decode step's token filling it) is read on its own.
+
 ``media_bytes`` counts the bytes read back for attention; the link bytes come from the
 NVMe/TCP sessions. Each target's state is touched only by its worker thread.
 """
@@ -38,6 +44,7 @@ NVMe/TCP sessions. Each target's state is touched only by its worker thread.
 from __future__ import annotations
 
 import math
+import threading
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -112,6 +119,12 @@ class FlexGenStore(KVStore):
         self.split_tokens = TokenSplit(len(self.ranges), batch, self.tpp)
         self.sessions: List = []
         self.workers: List[Worker] = []
+        # Dense decoding reads layer ``l + 1``'s pages while the host computes layer ``l``
+        # (FlexGen's overlap of I/O with compute): one prefetch thread per target, and the
+        # reads in flight per (target, layer).
+        self.prefetchers: List[Worker] = []
+        self._ahead: Dict[Tuple[int, int], object] = {}
+        self._media_lock = threading.Lock()
         self.rows: List[Dict[Tuple[int, int], _Row]] = []
         self._media = [0] * len(self.ranges)
         self.tokens = [0] * batch
@@ -127,6 +140,7 @@ class FlexGenStore(KVStore):
                         f"layout needs {math.ceil(need / 2**20)} MiB for {batch} x {self.max_tokens} tokens"
                     )
                 self.workers.append(Worker(f"flexgen{i}"))
+                self.prefetchers.append(Worker(f"flexgen{i}-prefetch"))
                 self.rows.append({(b, l): _Row(len(rng), head_dim) for b in range(batch) for l in range(layers)})
         except BaseException:
             self.close()
@@ -203,6 +217,10 @@ class FlexGenStore(KVStore):
             for i in self.split_tokens.decode(layer):
                 new = (k, v) if i == self.split_tokens.step_target else (None, None)
                 futures.append(self.workers[i].submit(self._decode, i, layer, qg, *new, scale))
+        elif not self.ratio:
+            for i, rng in enumerate(self.ranges):
+                s = slice(rng.start, rng.stop)
+                futures.append(self.workers[i].submit(self._decode, i, layer, qg[:, s], k[:, s], v[:, s], scale))
         else:
             for i, rng in enumerate(self.ranges):
                 s = slice(rng.start, rng.stop)
@@ -223,9 +241,12 @@ class FlexGenStore(KVStore):
         q = q.to("cpu", torch.float32)
         out = torch.zeros(q.shape, dtype=torch.float64)
         lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float64)
-        for b in range(q.shape[0]):
-            if k is not None:
+        if k is not None:
+            for b in range(q.shape[0]):
                 self._append(i, b, layer, k[b].to("cpu", torch.float32).unsqueeze(1), v[b].to("cpu", torch.float32).unsqueeze(1))
+        if not self.ratio:
+            return self._decode_dense(i, layer, q, scale, out, lse)
+        for b in range(q.shape[0]):
             row = self.rows[i][(b, layer)]
             if row.n == 0:
                 continue
@@ -238,6 +259,71 @@ class FlexGenStore(KVStore):
                 else:
                     out[b, h], lse[b, h] = self._sparf(i, b, layer, h, q[b, h], scale, p)
         return out, lse
+
+    def _decode_dense(self, i, layer, q, scale, out, lse):
+        """Dense attention of target ``i``'s part of a layer, FlexGen's way: the pages of
+        every sequence come from one large read per sequence (all the target's heads at
+        once), started while the host computed the layer before; the next layer's reads
+        start before this layer's arithmetic."""
+        ahead = self._ahead.pop((i, layer), None)
+        pages = ahead.result() if ahead is not None else self._read_layer(i, layer)
+        if layer + 1 < self.layers:
+            self._ahead[(i, layer + 1)] = self.prefetchers[i].submit(self._read_layer, i, layer + 1)
+        for b in range(q.shape[0]):
+            row = self.rows[i][(b, layer)]
+            if row.n == 0:
+                continue
+            K, V = self._dense_rows(i, b, layer, pages[b])
+            scores = (q[b].double() @ K.transpose(1, 2)) * scale  # [heads, group, n]
+            lse[b] = torch.logsumexp(scores, dim=-1)
+            out[b] = torch.softmax(scores, dim=-1) @ V
+        return out, lse
+
+    def _read_layer(self, i, layer):
+        """Every sequence's token pages of ``layer`` on target ``i``, as they are now:
+        ``(pages, [heads, groups, 2, tpp, D] f32)`` per sequence, one read each (the
+        target's heads' regions are adjacent)."""
+        out = []
+        heads = len(self.ranges[i])
+        for b in range(self.batch):
+            g = self.rows[i][(b, layer)].tok // self.tpp
+            if g == 0:
+                out.append((0, None))
+                continue
+            span = (heads - 1) * self.region + 2 * PAGE * g
+            data = self._read(i, self._lba(b, layer, 0, i), span)
+            data = torch.nn.functional.pad(data, (0, heads * self.region // 4 - data.numel()))
+            blocks = data.view(heads, self.region // 4)[:, : 2 * PAGE * g // 4]
+            out.append((g, blocks.reshape(heads, g, 2, self.tpp, self.head_dim)))
+        return out
+
+    def _dense_rows(self, i, b, layer, read):
+        """K and V (``[heads, n, D]`` f64) of a row: the pages read (and any page written
+        since), then the host tail."""
+        row = self.rows[i][(b, layer)]
+        g, blocks = read
+        parts_k, parts_v = [], []
+        if g:
+            parts_k.append(blocks[:, :, 0].reshape(blocks.shape[0], -1, self.head_dim))
+            parts_v.append(blocks[:, :, 1].reshape(blocks.shape[0], -1, self.head_dim))
+        if row.tok // self.tpp > g:  # pages written after the read began: read them now
+            K, V = self._read_tokens_heads(i, b, layer, range(g, row.tok // self.tpp))
+            parts_k.append(K)
+            parts_v.append(V)
+        parts_k.append(row.k)
+        parts_v.append(row.v)
+        return torch.cat(parts_k, 1).double(), torch.cat(parts_v, 1).double()
+
+    def _read_tokens_heads(self, i, b, layer, groups):
+        """K and V (``[heads, len(groups) · tpp, D]``) of consecutive page ``groups`` of
+        every head of a row."""
+        ks, vs = [], []
+        for h in range(len(self.ranges[i])):
+            data = self._read(i, self._lba(b, layer, h, i, 2 * PAGE * groups[0]), 2 * PAGE * len(groups))
+            pairs = data.view(len(groups), 2, self.tpp, self.head_dim)
+            ks.append(pairs[:, 0].reshape(-1, self.head_dim))
+            vs.append(pairs[:, 1].reshape(-1, self.head_dim))
+        return torch.stack(ks), torch.stack(vs)
 
     def _sparf_split(self, layer, qg, k, v, scale):
         """SparF over a token split with the pages chosen over the whole sequence, as the
@@ -333,7 +419,8 @@ class FlexGenStore(KVStore):
     def _read(self, i: int, lba: int, nbytes: int) -> torch.Tensor:
         nlb = math.ceil(nbytes / BLOCK)
         data = self.sessions[i].read(NSID, lba, nlb)
-        self._media[i] += nlb * BLOCK
+        with self._media_lock:  # a target's worker and its prefetch thread both read
+            self._media[i] += nlb * BLOCK
         return torch.from_numpy(np.frombuffer(data, dtype="<f4", count=nbytes // 4).copy())
 
     # -- the rest --------------------------------------------------------------------------
@@ -352,6 +439,13 @@ class FlexGenStore(KVStore):
 
     def close(self):
         err = None
+        for w in self.prefetchers:
+            try:
+                w.drain()
+            except Exception:  # noqa: BLE001 - a read ahead that failed is not needed any more
+                pass
+            w.close()
+        self.prefetchers, self._ahead = [], {}
         for w in self.workers:
             try:
                 w.drain()

@@ -36,9 +36,11 @@ pages kept on it; the parts merge exactly. SparQ keeps the per-share selection. 
 paper's mix with the mean of V weighs the whole sequence, which no target holds, so
 ``mean_v`` uses the head split.
 
-``kv_dtype`` (``"f32"`` or ``"f16"``) is the element type of the targets' pages: f16
-halves the flash bytes per token (and doubles the tokens per page); the link still
-carries f32, and the engine computes in f64 from the stored values.
+``kv_dtype`` (``"f32"`` or ``"f16"``) is the element type of the targets' pages and of the
+vectors on the link (queries, the new token's K and V, the outputs): f16 halves the flash
+bytes per token (and doubles the tokens per page) and the link bytes per step, as a host
+whose model runs in half precision sends them; the engine computes in f64 from the stored
+values. f32 keeps every step exact against in-memory attention.
 """
 
 from __future__ import annotations
@@ -157,7 +159,7 @@ class TargetStore(KVStore):
         if layer == 0:
             self.tokens = [n + 1 for n in self.tokens]
         qg = q.reshape(B, self.kv_heads, self.group, D)
-        if self.split == "tokens" and self.method == "sparf" and len(self.targets) > 1:
+        if self.split == "tokens" and self.method == "sparf" and len(self.targets) > 1 and self._params(max(self.tokens)).pages:
             return self._sparf_split(layer, qg, k, v, scale).float().reshape(B, hq, D).to(q.device)
         futures = []
         if self.split == "tokens":
@@ -222,6 +224,7 @@ class TargetStore(KVStore):
             None if v is None else f32_bytes(v),
             page_scores=True,
             result_len=48 + 4 * B + 4 * h * G * groups,
+            vectors=self.kv_dtype,
         )
         self._media[i] += res[1]["media_bytes"]
         counts, flat = res[0], np.frombuffer(res[2], dtype="<f4")
@@ -233,7 +236,7 @@ class TargetStore(KVStore):
 
     def _attend_groups(self, i, layer, q, scale, groups):
         B, h, G, D = q.shape
-        res = self.targets[i].attend(layer, self.seqs, f32_bytes(q), G, scale, "dense", partial=True, groups=groups)
+        res = self.targets[i].attend(layer, self.seqs, f32_bytes(q), G, scale, "dense", partial=True, groups=groups, vectors=self.kv_dtype)
         self._media[i] += res[1]["media_bytes"]
         out = torch.from_numpy(np.frombuffer(res[0], dtype="<f4").copy()).view(B, h, G, D)
         return out, torch.from_numpy(np.frombuffer(res[2], dtype="<f8").copy()).view(B, h, G)
@@ -266,6 +269,7 @@ class TargetStore(KVStore):
             p.pages if self.method == "sparf" else 0,
             p.mean_v,
             partial,
+            vectors=self.kv_dtype,
         )
         self._media[i] += res[1]["media_bytes"]
         out = torch.from_numpy(np.frombuffer(res[0], dtype="<f4").copy()).view(B, h, G, D)
