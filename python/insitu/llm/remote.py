@@ -158,7 +158,9 @@ class TargetStore(KVStore):
         B, hq, D = q.shape
         if layer == 0:
             self.tokens = [n + 1 for n in self.tokens]
-        qg = q.reshape(B, self.kv_heads, self.group, D)
+        # On the host once, not once per target (a GPU model would sync per copy).
+        qg = q.detach().reshape(B, self.kv_heads, self.group, D).to("cpu", torch.float32)
+        k, v = k.detach().to("cpu", torch.float32), v.detach().to("cpu", torch.float32)
         if self.split == "tokens" and self.method == "sparf" and len(self.targets) > 1 and self._params(max(self.tokens)).pages:
             return self._sparf_split(layer, qg, k, v, scale).float().reshape(B, hq, D).to(q.device)
         futures = []
