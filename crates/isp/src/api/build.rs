@@ -158,8 +158,8 @@ pub async fn build(rt: &Arc<Runtime>, t: &Target, req: Request<Incoming>) -> Res
         return error(500, &format!("cannot spool the build context: {e}"));
     }
     drop(file);
-    let context = builder.scratch_dir().join("context");
-    let _ = std::fs::remove_dir_all(&context);
+    // A directory of its own: a build waiting for the builder keeps its context meanwhile.
+    let context = builder.scratch_dir().join(spooled.file_name().map_or_else(|| "context".into(), |n| n.to_string_lossy().replace(".tar", "")));
     let unpacked = crate::runtime::archive::unpack_checked(&spooled, &context);
     let _ = std::fs::remove_file(&spooled);
     if let Err(m) = unpacked {

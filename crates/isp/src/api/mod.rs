@@ -19,11 +19,11 @@
 
 pub(crate) mod archive;
 mod body;
-mod build;
+pub(crate) mod build;
 pub(crate) mod containers;
 pub(crate) mod create;
 pub(crate) mod detach;
-mod distribution;
+pub(crate) mod distribution;
 pub(crate) mod exec;
 pub(crate) mod filters;
 pub(crate) mod host_config;

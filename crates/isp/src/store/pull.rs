@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use super::manifest::{self, Descriptor, Manifest};
-use super::registry::Registry;
+use super::registry::{FetchedManifest, Registry};
 use super::{dir_size, hex_of, Image, ImageError, ImageStore, NewImage, Progress, Reference, Staged};
 
 /// A blob fetched for this pull and not yet in place.
@@ -124,7 +124,7 @@ impl ImageStore {
     /// The first source of `r` (mirrors, then its registry) that has the manifest `want`:
     /// the session and the manifest. When none has it, the first "not found" is told, or
     /// else the last error.
-    fn resolve(&self, r: &Reference, want: &str) -> Result<(Registry, (Vec<u8>, String, String)), ImageError> {
+    fn resolve(&self, r: &Reference, want: &str) -> Result<(Registry, FetchedManifest), ImageError> {
         let mut errors = Vec::new();
         for bases in Registry::sources(r, &self.registries, true) {
             let scope = format!("repository:{}:pull", r.repository);

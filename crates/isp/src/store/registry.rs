@@ -21,6 +21,9 @@ application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.docke
 /// Most repositories a catalog listing reads.
 const MAX_CATALOG: usize = 10_000;
 
+/// A manifest as a registry sent it: its bytes, media type and digest.
+pub type FetchedManifest = (Vec<u8>, String, String);
+
 /// A user name and password for a registry (`X-Registry-Auth`, `docker login`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Credentials {
@@ -201,7 +204,7 @@ impl Registry {
     }
 
     /// A manifest by tag or digest: (bytes, media type, digest of the bytes).
-    pub fn manifest(&mut self, r: &Reference, reference: &str) -> Result<(Vec<u8>, String, String), ImageError> {
+    pub fn manifest(&mut self, r: &Reference, reference: &str) -> Result<FetchedManifest, ImageError> {
         let resp = self.get(r, &format!("manifests/{reference}"), Some(ACCEPT))?;
         let ct = resp.content_type().to_string();
         let mut body = Vec::new();
