@@ -196,7 +196,6 @@ impl Builder {
             }
         }
         let internal = format!("localhost/insitu-build-{}", std::process::id());
-        let iid = scratch.join("iid");
         let policy = self.policy();
         let mut args: Vec<String> = vec![
             "bud".into(),
@@ -222,8 +221,6 @@ impl Builder {
             dockerfile.to_string_lossy().into_owned(),
             "-t".into(),
             internal.clone(),
-            "--iidfile".into(),
-            iid.to_string_lossy().into_owned(),
         ];
         if opts.no_cache {
             args.push("--no-cache".into());
