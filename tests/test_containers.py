@@ -61,19 +61,21 @@ class Env:
 
 
 @contextlib.contextmanager
-def busybox_registry(d: Path):
-    """Debian's docker-registry on a free loopback port, its data under `d`, holding a
-    busybox image built offline; yields (registry address, image reference)."""
+def busybox_registry(d: Path, repository: str = "busybox", name: str = "registry"):
+    """Debian's docker-registry on a free loopback port, its data under `d / name`, holding
+    a busybox image built offline as `repository`; yields (registry address, image
+    reference)."""
     port = free_port()
     oci = d / "oci"
-    subprocess.run(["bash", FIXTURES / "busybox-oci.sh", oci, "latest"], check=True, capture_output=True)
-    subprocess.run(["bash", FIXTURES / "registry.sh", "start", d / "registry", str(port)], check=True, capture_output=True)
+    if not oci.exists():
+        subprocess.run(["bash", FIXTURES / "busybox-oci.sh", oci, "latest"], check=True, capture_output=True)
+    subprocess.run(["bash", FIXTURES / "registry.sh", "start", d / name, str(port)], check=True, capture_output=True)
     try:
-        image = f"127.0.0.1:{port}/busybox:latest"
+        image = f"127.0.0.1:{port}/{repository}:latest"
         subprocess.run(["bash", FIXTURES / "push.sh", oci, "latest", image], check=True, capture_output=True)
         yield f"127.0.0.1:{port}", image
     finally:
-        subprocess.run(["bash", FIXTURES / "registry.sh", "stop", d / "registry"], capture_output=True)
+        subprocess.run(["bash", FIXTURES / "registry.sh", "stop", d / name], capture_output=True)
 
 
 @pytest.fixture(scope="module")

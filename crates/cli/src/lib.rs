@@ -312,6 +312,18 @@ enum TargetCmd {
         /// their read-only /data.
         #[arg(long, value_name = "ADDR:PORT")]
         docker: Option<std::net::SocketAddr>,
+        /// A Docker Hub mirror for the container service (repeatable, tried in the order
+        /// given before Docker Hub), as dockerd's: `http[s]://HOST[:PORT]`. Pulls and
+        /// builds of Docker Hub's images (`busybox`, `user/x`) ask it first; `docker search
+        /// TERM` lists its catalog. Plain HTTP only on an insecure registry.
+        #[arg(long = "registry-mirror", value_name = "URL", requires = "docker")]
+        registry_mirrors: Vec<String>,
+        /// A registry the container service may reach over plain HTTP (repeatable):
+        /// `HOST[:PORT]`, or a CIDR its address falls in. Loopback (127.0.0.0/8, ::1/128)
+        /// always is, as with dockerd; every other registry is HTTPS with a trusted
+        /// certificate.
+        #[arg(long = "insecure-registry", value_name = "HOST[:PORT]|CIDR", requires = "docker")]
+        insecure_registries: Vec<String>,
         /// Give the target this IP address, reachable only over its NVMe/TCP connection
         /// (Ether-oN): a TAP device bridged to the host that runs `insitu ethernet up`.
         #[arg(long, value_name = "ADDR/PREFIX")]
@@ -638,9 +650,38 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             }
         },
         Cmd::Demo { size, fs, dir } => return demo::run(&off, parse_size(&size)?, fs.into(), dir, json),
-        Cmd::Target(TargetCmd::Start { listen, nqn, namespaces, private, allow_hosts, metrics, model, foreground, docker, ether, kv_store, direct_reads }) => {
+        Cmd::Target(TargetCmd::Start {
+            listen,
+            nqn,
+            namespaces,
+            private,
+            allow_hosts,
+            metrics,
+            model,
+            foreground,
+            docker,
+            registry_mirrors,
+            insecure_registries,
+            ether,
+            kv_store,
+            direct_reads,
+        }) => {
             let kv_store = kv_store.map(|s| parse_size(&s).map_err(|e| format!("--kv-store: {e}"))).transpose()?;
-            let spec = insitu_daemon::TargetSpec { listen, nqn, namespaces, private, allow_hosts, metrics, model, docker, ether, kv_store, direct_reads };
+            let spec = insitu_daemon::TargetSpec {
+                listen,
+                nqn,
+                namespaces,
+                private,
+                allow_hosts,
+                metrics,
+                model,
+                docker,
+                registry_mirrors,
+                insecure_registries,
+                ether,
+                kv_store,
+                direct_reads,
+            };
             return target_cmd::start(spec, foreground, json);
         }
         Cmd::Target(TargetCmd::Stop { listen }) => return target_cmd::stop(listen, json),

@@ -59,6 +59,10 @@ impl Plan {
         }
         namespaces.extend(fabric_private.iter().map(NamespaceSpec::private));
         let model = spec.model.as_deref().map(insitu_model::parse).transpose().map_err(|e| e.to_string())?;
+        if spec.docker.is_none() && !(spec.registry_mirrors.is_empty() && spec.insecure_registries.is_empty()) {
+            return Err("--registry-mirror and --insecure-registry are settings of the container service: add --docker ADDR:PORT".to_string().into());
+        }
+        let registries = insitu_isp::image::RegistryConfig::new(&spec.registry_mirrors, &spec.insecure_registries)?;
         let containers = spec.docker.map(|listen| insitu_isp::ServiceConfig {
             listen,
             private: spec.private.last().cloned().unwrap_or_default(),
@@ -67,6 +71,7 @@ impl Plan {
             limits: containers::limits(model.as_ref()),
             // Set when the containers start, once the KV store's directory is mounted.
             kv_dir: None,
+            registries,
         });
         let cfg = TargetConfig {
             model,
@@ -87,6 +92,7 @@ impl Plan {
             "listen": s.listen.to_string(), "nqn": s.nqn, "namespaces": s.namespaces, "private": s.private,
             "allow_hosts": s.allow_hosts, "metrics": s.metrics.map(|m| m.to_string()), "model": s.model,
             "docker": s.docker.map(|d| d.to_string()), "kv_store": s.kv_store, "direct_reads": s.direct_reads,
+            "registry_mirrors": s.registry_mirrors, "insecure_registries": s.insecure_registries,
         })
     }
 

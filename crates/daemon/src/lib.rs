@@ -61,6 +61,12 @@ pub struct TargetSpec {
     pub model: Option<String>,
     /// Where to serve the Docker Engine API (the container service).
     pub docker: Option<SocketAddr>,
+    /// Docker Hub mirrors of the container service (`http[s]://HOST[:PORT]`), tried in
+    /// order before Docker Hub.
+    pub registry_mirrors: Vec<String>,
+    /// Registries the container service may reach over plain HTTP (`HOST[:PORT]` or a
+    /// CIDR), besides loopback.
+    pub insecure_registries: Vec<String>,
     /// An Ether-oN interface with this address (`ADDR/PREFIX`).
     pub ether: Option<String>,
     /// Bytes of the first private namespace for the key-value store.

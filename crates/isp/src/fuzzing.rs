@@ -9,6 +9,8 @@
 //! * [`image_reference`]: `[REGISTRY/]REPOSITORY[:TAG][@DIGEST]`.
 //! * [`image_documents`]: what a registry or a `docker load` archive sends: manifests,
 //!   indexes, image configs, an archive's `manifest.json`.
+//! * [`build_inputs`]: a build's query (`POST /build?...`), an `X-Registry-Auth` header,
+//!   a Dockerfile's `FROM` lines, and a target's `--registry-mirror`/`--insecure-registry`.
 //!
 //! Each returns nothing and must not panic on any input; each also asserts what the rest
 //! of the target relies on from what it accepts (a signal that reaches runc's command
@@ -30,6 +32,7 @@ pub fn all(data: &[u8]) {
     json_body(data);
     image_reference(data);
     image_documents(data);
+    build_inputs(data);
 }
 
 /// A request target: `PATH[?QUERY]` as text, and as hyper parses a request line's URI.
@@ -87,11 +90,40 @@ fn check_reference(r: &Reference) {
     assert!(!r.repository.split('/').any(|p| p.is_empty() || p == "." || p == ".."), "repository {:?}", r.repository);
     assert!(r.digest.as_deref().is_none_or(is_sha256), "digest {:?}", r.digest);
     assert!(r.tag.is_some() || r.digest.is_some(), "neither tag nor digest");
-    let _ = (r.api_host(), r.loopback());
+    let _ = r.api_host();
     // What the CLI is shown must read back as a reference.
     if let Err(e) = Reference::parse(&r.familiar()) {
         panic!("{r:?} is shown as {:?}, which does not parse: {e}", r.familiar());
     }
+}
+
+/// What a build and the registry settings read from outside: the query of `POST /build`,
+/// an `X-Registry-Auth` header, a Dockerfile's base images, registry settings (the text's
+/// first line as a mirror, the rest as an insecure registry).
+pub fn build_inputs(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    if let Ok(opts) = crate::api::build::options(&Target::from_parts("/build", Some(&text)), Some(&text)) {
+        // The Dockerfile is opened inside the unpacked context.
+        let p = std::path::Path::new(&opts.dockerfile);
+        assert!(!p.is_absolute() && !p.components().any(|c| c == std::path::Component::ParentDir), "dockerfile {:?} leaves the context", opts.dockerfile);
+        assert!(opts.tags.iter().all(|t| Reference::parse(t).is_ok()), "tags {:?}", opts.tags);
+    }
+    if let Ok(v) = hyper::header::HeaderValue::from_bytes(data) {
+        let mut h = hyper::HeaderMap::new();
+        h.insert("X-Registry-Auth", v);
+        let _ = crate::api::distribution::registry_auth(&h);
+    }
+    let _ = crate::build::base_images(&text);
+    let (mirror, insecure) = text.split_once('\n').unwrap_or((&text, ""));
+    // A plain-HTTP mirror's host is resolved (to see whether it is insecure): not here.
+    if mirror.starts_with("http://") {
+        return;
+    }
+    if let Ok(cfg) = crate::image::RegistryConfig::new(&[mirror.to_string()], &[]) {
+        // A mirror becomes a URL prefix: a scheme and a host, nothing after it.
+        assert!(cfg.mirrors().iter().all(|m| (m.starts_with("http://") || m.starts_with("https://")) && m.ends_with('/')), "{:?}", cfg.mirrors());
+    }
+    let _ = crate::image::RegistryConfig::new(&[], &[insecure.to_string()]);
 }
 
 /// Registry and archive documents: a manifest or index (under each content type a

@@ -6,6 +6,7 @@
 //!   and unpacked layers; pull from an OCI/Docker registry and `docker load`.
 //! * [`runtime`]: containers as runc bundles over an overlayfs of the image's layers, their
 //!   logs and exit codes in the private namespace, and their state machine.
+//! * [`build`]: `docker build` with buildah, its storage in the private namespace.
 //! * [`api`]: the Docker Engine API subset the docker CLI needs, over HTTP.
 //! * [`Service`]: all of it for one target: the private namespace mounted where only the
 //!   target sees it, and the API served on an address.
@@ -13,6 +14,7 @@
 #![recursion_limit = "256"]
 
 pub mod api;
+pub mod build;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use crate::api::DockerServer;
-use crate::image::ImageStore;
+use crate::image::{ImageStore, RegistryConfig};
 use crate::runtime::{Limits, Runtime, SharableView};
 
 /// How to start the service.
@@ -29,6 +29,8 @@ pub struct ServiceConfig {
     /// mounted while the service runs), bound read-write at `/kv` in every container;
     /// `None`: the target has no KV store, and containers get no `/kv`.
     pub kv_dir: Option<PathBuf>,
+    /// Insecure registries and Docker Hub mirrors for pulls, pushes, searches and builds.
+    pub registries: RegistryConfig,
 }
 
 /// A running container service; stopping it stops its containers and unmounts.
@@ -50,7 +52,7 @@ impl Service {
         }
         // Only the target's own root may enter it.
         let _ = std::fs::set_permissions(&mount, std::os::unix::fs::PermissionsExt::from_mode(0o700));
-        let images = Arc::new(ImageStore::open(&mount.join("images")).map_err(|e| e.to_string())?);
+        let images = Arc::new(ImageStore::open(&mount.join("images")).map_err(|e| e.to_string())?.with_registries(cfg.registries));
         let view = match &cfg.sharable {
             Some(p) => {
                 let v = Arc::new(SharableView::new(Some(p), &cfg.state_dir.join("view")).map_err(|e| e.to_string())?);

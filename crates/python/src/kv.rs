@@ -415,6 +415,8 @@ impl EmbeddedTarget {
                 metrics: None,
                 model,
                 docker: None,
+                registry_mirrors: Vec::new(),
+                insecure_registries: Vec::new(),
                 ether: None,
                 kv_store: None,
                 direct_reads: false,

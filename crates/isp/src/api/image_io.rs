@@ -3,15 +3,13 @@
 //! `docker save` (`/images/{name}/get`, `/images/get`) and `docker commit`.
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use serde_json::json;
-use std::io::Write;
 use std::sync::Arc;
 
 use super::body::{error, json, stream, ApiBody};
-use super::images::{line, tempfile_in, MAX_LOAD};
+use super::images::{line, tempfile_in};
 use super::Target;
 use crate::runtime::Runtime;
 
@@ -28,25 +26,10 @@ pub(crate) async fn import(rt: &Arc<Runtime>, t: &Target, req: Request<Incoming>
         (Some(r), None) => Some(r.to_string()),
         _ => None,
     };
-    let (mut file, path) = match tempfile_in(rt) {
-        Ok(f) => f,
-        Err(e) => return error(500, &format!("cannot spool the archive: {e}")),
+    let (file, path, _) = match super::images::spool_request(rt, req, "the archive").await {
+        Ok(s) => s,
+        Err(resp) => return resp,
     };
-    let mut body = req.into_body();
-    let mut total = 0u64;
-    while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else {
-            let _ = std::fs::remove_file(&path);
-            return error(400, "the archive upload broke off");
-        };
-        if let Some(d) = frame.data_ref() {
-            total += d.len() as u64;
-            if total > MAX_LOAD || file.write_all(d).is_err() {
-                let _ = std::fs::remove_file(&path);
-                return error(413, &format!("the archive is larger than {MAX_LOAD} bytes or the private namespace is full"));
-            }
-        }
-    }
     drop(file);
     let mut cfg = json!({"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]});
     for line in changes.iter().filter(|l| !l.trim().is_empty()) {

@@ -106,26 +106,10 @@ fn last_has_tag(name: &str) -> bool {
 
 /// `POST /images/load`: the tarball is spooled to the private namespace, then loaded.
 pub async fn load(rt: &Arc<Runtime>, req: Request<Incoming>) -> Response<ApiBody> {
-    let spool = match tempfile_in(rt) {
-        Ok(f) => f,
-        Err(e) => return error(500, &format!("cannot spool the image: {e}")),
+    let (file, path, _) = match spool_request(rt, req, "the image").await {
+        Ok(s) => s,
+        Err(resp) => return resp,
     };
-    let (mut file, path) = spool;
-    let mut body = req.into_body();
-    let mut total = 0u64;
-    while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else {
-            let _ = std::fs::remove_file(&path);
-            return error(400, "the image upload broke off");
-        };
-        if let Some(d) = frame.data_ref() {
-            total += d.len() as u64;
-            if total > MAX_LOAD || file.write_all(d).is_err() {
-                let _ = std::fs::remove_file(&path);
-                return error(413, &format!("the image is larger than {MAX_LOAD} bytes or the private namespace is full"));
-            }
-        }
-    }
     drop(file);
     let images = rt.images().clone();
     let result = tokio::task::spawn_blocking(move || {
@@ -159,6 +143,29 @@ pub async fn load(rt: &Arc<Runtime>, req: Request<Incoming>) -> Response<ApiBody
         }
         Err(e) => error(500, &e.to_string()),
     }
+}
+
+/// Spools a request's body (at most [`MAX_LOAD`] bytes) to a file of the private
+/// namespace: the open file, its path and length; a response naming `what` when the upload
+/// breaks off or does not fit (nothing is left behind then).
+pub(crate) async fn spool_request(rt: &Runtime, req: Request<Incoming>, what: &str) -> Result<(std::fs::File, std::path::PathBuf, u64), Response<ApiBody>> {
+    let (mut file, path) = tempfile_in(rt).map_err(|e| error(500, &format!("cannot spool {what}: {e}")))?;
+    let mut body = req.into_body();
+    let mut total = 0u64;
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            let _ = std::fs::remove_file(&path);
+            return Err(error(400, &format!("the upload of {what} broke off")));
+        };
+        if let Some(d) = frame.data_ref() {
+            total += d.len() as u64;
+            if total > MAX_LOAD || file.write_all(d).is_err() {
+                let _ = std::fs::remove_file(&path);
+                return Err(error(413, &format!("{what} is larger than {MAX_LOAD} bytes or the private namespace is full")));
+            }
+        }
+    }
+    Ok((file, path, total))
 }
 
 pub(crate) fn tempfile_in(rt: &Runtime) -> std::io::Result<(std::fs::File, std::path::PathBuf)> {

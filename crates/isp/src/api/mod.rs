@@ -13,14 +13,17 @@
 //! The handlers: `create` (every `Config`/`HostConfig` field honoured or refused, with
 //! `host_config`), `inspect`, `containers` (life cycle), `streams` (attach, logs),
 //! `exec`, `manage` (rename, prune, top, stats, update, changes), `archive` (cp,
-//! export), `images`, `image_io` (import, save, commit), `volumes`, `networks`,
+//! export), `images`, `image_io` (import, save, commit), `distribution` (push,
+//! search), `build`, `volumes`, `networks`,
 //! `system` (ping, version, info, events, df); `filters` reads the `filters` parameter.
 
 pub(crate) mod archive;
 mod body;
+pub(crate) mod build;
 pub(crate) mod containers;
 pub(crate) mod create;
 pub(crate) mod detach;
+pub(crate) mod distribution;
 pub(crate) mod exec;
 pub(crate) mod filters;
 pub(crate) mod host_config;
@@ -207,6 +210,9 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::POST, ["images", "load"]) => images::load(&rt, req).await,
         (&Method::POST, ["commit"]) => image_io::commit(&rt, &t, req).await,
         (&Method::POST, ["images", "prune"]) => images::prune(&rt, &t),
+        (&Method::POST, ["build"]) => build::build(&rt, &t, req).await,
+        (&Method::GET, ["images", "search"]) => distribution::search(&rt, &t, req.headers()).await,
+        (&Method::POST, ["images", name @ .., "push"]) if !name.is_empty() => distribution::push(&rt, &name.join("/"), &t, req.headers()),
         (&Method::GET, ["images", "get"]) => image_io::save(&rt, image_io::names_of(req.uri().query())).await,
         (&Method::GET, ["images", name @ .., "get"]) if !name.is_empty() => image_io::save(&rt, vec![name.join("/")]).await,
         (&Method::GET, ["images", "json"]) => images::list(&rt, &t),

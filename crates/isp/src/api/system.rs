@@ -74,7 +74,7 @@ pub fn info(rt: &Runtime) -> Response<ApiBody> {
             "KernelVersion": kernel(), "OperatingSystem": "insitu target", "OSType": "linux", "OSVersion": "",
             "Architecture": std::env::consts::ARCH, "NCPU": ncpu, "MemTotal": mem, "DockerRootDir": "(private namespace)",
             "IndexServerAddress": "https://index.docker.io/v1/",
-            "RegistryConfig": {"InsecureRegistryCIDRs": ["127.0.0.0/8", "::1/128"], "IndexConfigs": {}, "Mirrors": []},
+            "RegistryConfig": rt.images().registries().to_json(),
             "Runtimes": {"runc": {"path": "runc"}}, "DefaultRuntime": "runc",
             "Swarm": {"LocalNodeState": "inactive", "NodeID": "", "NodeAddr": "", "ControlAvailable": false, "Error": "", "RemoteManagers": null},
             "SecurityOptions": ["name=seccomp,profile=insitu-default", "name=no-new-privileges"],

@@ -147,6 +147,22 @@ pub fn check_archive(r: impl Read) -> Result<usize, String> {
     Ok(n)
 }
 
+/// Unpacks the archive at `tar` (plain or gzip) into the directory `dir`, after checking
+/// it whole with [`check_archive`]: an archive with `..`, absolute names or devices is
+/// refused and nothing is written.
+pub fn unpack_checked(tar: &Path, dir: &Path) -> Result<(), String> {
+    let open = || -> Result<Box<dyn Read>, String> {
+        let mut f = std::fs::File::open(tar).map_err(|e| format!("{}: {e}", tar.display()))?;
+        let mut magic = [0u8; 2];
+        let gzip = f.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
+        std::io::Seek::rewind(&mut f).map_err(|e| e.to_string())?;
+        Ok(if gzip { Box::new(flate2::read::GzDecoder::new(f)) } else { Box::new(f) })
+    };
+    check_archive(open()?)?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    unpack(dir, "/", open()?, false)
+}
+
 fn check_name(p: &Path) -> Result<(), String> {
     if p.is_absolute() || p.components().any(|c| matches!(c, Component::ParentDir | Component::Prefix(_) | Component::RootDir)) {
         return Err(format!("archive entry {:?} climbs out of its destination ('..' or an absolute path); nothing was copied", p.display().to_string()));

@@ -19,16 +19,23 @@ mod derive;
 mod load;
 pub(crate) mod manifest;
 mod pull;
+mod push;
 mod reference;
+mod registries;
 mod registry;
 mod save;
+mod search;
 mod tags;
 #[cfg(test)]
 mod tests;
 mod unpack;
 
 pub use manifest::MAX_JSON;
+pub use push::PushProgress;
 pub use reference::Reference;
+pub use registries::RegistryConfig;
+pub use registry::Credentials;
+pub use search::SearchHit;
 pub use tags::layer_size;
 
 use serde::{Deserialize, Serialize};
@@ -56,8 +63,8 @@ pub enum ImageError {
         /// What happened.
         message: String,
     },
-    /// The registry wants credentials (only anonymous pulls are supported).
-    #[error("pull access denied for {0}: the repository does not exist or requires credentials (only anonymous pulls are supported)")]
+    /// The registry wants credentials, or refused the ones given.
+    #[error("access denied for {0}: the repository does not exist or requires credentials (docker login, or X-Registry-Auth)")]
     Unauthorized(String),
     /// Content does not match its digest.
     #[error("{what}: digest mismatch (expected {expected}, got {actual}); nothing was stored")]
@@ -262,6 +269,7 @@ struct WriteLock<'a> {
 pub struct ImageStore {
     root: PathBuf,
     lock: Mutex<()>,
+    registries: RegistryConfig,
 }
 
 fn hex_of(digest: &str) -> &str {
@@ -294,7 +302,7 @@ impl ImageStore {
         for d in [root.join("blobs/sha256"), root.join("layers")] {
             std::fs::create_dir_all(&d).map_err(io_err(&d))?;
         }
-        let s = ImageStore { root: root.to_path_buf(), lock: Mutex::new(()) };
+        let s = ImageStore { root: root.to_path_buf(), lock: Mutex::new(()), registries: RegistryConfig::default() };
         let _w = s.write_lock()?;
         for dir in [root.join("layers"), root.to_path_buf(), root.join("blobs/sha256")] {
             if let Ok(rd) = std::fs::read_dir(&dir) {
@@ -307,6 +315,19 @@ impl ImageStore {
         }
         drop(_w);
         Ok(s)
+    }
+
+    /// The store with these registry settings (insecure registries, mirrors) for pulls
+    /// and pushes; by default only loopback registries are insecure and there are no
+    /// mirrors.
+    pub fn with_registries(mut self, registries: RegistryConfig) -> ImageStore {
+        self.registries = registries;
+        self
+    }
+
+    /// The registry settings.
+    pub fn registries(&self) -> &RegistryConfig {
+        &self.registries
     }
 
     fn write_lock(&self) -> Result<WriteLock<'_>, ImageError> {

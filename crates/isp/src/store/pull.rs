@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use super::manifest::{self, Descriptor, Manifest};
-use super::registry::Registry;
+use super::registry::{FetchedManifest, Registry};
 use super::{dir_size, hex_of, Image, ImageError, ImageStore, NewImage, Progress, Reference, Staged};
 
 /// A blob fetched for this pull and not yet in place.
@@ -30,9 +30,9 @@ impl ImageStore {
     /// `NAME@sha256:...`; Docker Hub short names such as `busybox` normalise to
     /// `docker.io/library/busybox:latest`).
     ///
-    /// Tries HTTPS, and plain HTTP only for loopback registries (`localhost`, `127.0.0.0/8`,
-    /// `[::1]`), as dockerd's default insecure registries; answers anonymous bearer-token
-    /// challenges. Accepts Docker v2 schema 2 and OCI manifests, and manifest lists / OCI
+    /// Tries HTTPS, and plain HTTP only for the target's insecure registries (loopback
+    /// always, as dockerd's default); Docker Hub's images from its mirrors first, the next
+    /// source when one fails; answers anonymous bearer-token challenges. Accepts Docker v2 schema 2 and OCI manifests, and manifest lists / OCI
     /// indexes (linux/amd64 is picked). Every blob's sha256 and every layer's diff id is
     /// verified; blobs are kept and each layer is unpacked once. `progress` hears about it
     /// as it happens. On any error the store is left as it was.
@@ -40,9 +40,8 @@ impl ImageStore {
         let r = Reference::parse(reference)?;
         let what = r.familiar();
         progress(Progress::Resolving { reference: what.clone() });
-        let mut reg = Registry::connect(&r)?;
         let want = r.digest.clone().or(r.tag.clone()).unwrap_or_else(|| "latest".into());
-        let (top_body, ct, top_digest) = reg.manifest(&r, &want)?;
+        let (mut reg, (top_body, ct, top_digest)) = self.resolve(&r, &want)?;
         let mut manifests = vec![(top_digest.clone(), top_body.clone())];
         let (config, layers) = match manifest::parse_manifest(&top_body, &ct, &format!("manifest of {what}"))? {
             Manifest::Image { config, layers } => (config, layers),
@@ -120,6 +119,25 @@ impl ImageStore {
         let repos = self.read_repos()?;
         let rec = repos.images.get(&config.digest).ok_or_else(|| ImageError::NotFound(config.digest.clone()))?;
         self.image(&config.digest, rec)
+    }
+
+    /// The first source of `r` (mirrors, then its registry) that has the manifest `want`:
+    /// the session and the manifest. When none has it, the first "not found" is told, or
+    /// else the last error.
+    fn resolve(&self, r: &Reference, want: &str) -> Result<(Registry, FetchedManifest), ImageError> {
+        let mut errors = Vec::new();
+        for bases in Registry::sources(r, &self.registries, true) {
+            let scope = format!("repository:{}:pull", r.repository);
+            match Registry::connect(r, &bases, None, scope).and_then(|mut reg| reg.manifest(r, want).map(|m| (reg, m))) {
+                Ok(found) => return Ok(found),
+                Err(e) => errors.push(e),
+            }
+        }
+        let first_missing = errors.iter().position(|e| matches!(e, ImageError::NotFound(_)));
+        Err(match first_missing {
+            Some(i) => errors.swap_remove(i),
+            None => errors.pop().unwrap_or_else(|| ImageError::NotFound(r.familiar())),
+        })
     }
 
     /// Puts one layer in place under the writer's lock; returns its unpacked size.

@@ -92,12 +92,6 @@ impl Reference {
             &self.registry
         }
     }
-
-    /// Whether the registry is on loopback, where plain HTTP is allowed (as dockerd does).
-    pub fn loopback(&self) -> bool {
-        let host = self.registry.rsplit_once(':').map_or(self.registry.as_str(), |(h, _)| h);
-        host == "localhost" || host.starts_with("127.") || host == "[::1]"
-    }
 }
 
 #[cfg(test)]
@@ -111,7 +105,6 @@ mod tests {
         assert_eq!(r.familiar(), "busybox:latest");
         let r = Reference::parse("127.0.0.1:5000/tools/bb:1.0").unwrap();
         assert_eq!((r.registry.as_str(), r.repository.as_str(), r.tag.as_deref()), ("127.0.0.1:5000", "tools/bb", Some("1.0")));
-        assert!(r.loopback());
         assert_eq!(r.familiar(), "127.0.0.1:5000/tools/bb:1.0");
         let d = format!("sha256:{}", "a".repeat(64));
         let r = Reference::parse(&format!("localhost:5000/x@{d}")).unwrap();

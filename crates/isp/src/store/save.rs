@@ -7,7 +7,7 @@
 use serde_json::{json, Value};
 use std::io::Write;
 
-use super::{hex_of, ImageError, ImageStore};
+use super::{hex_of, ImageError, ImageStore, Record};
 
 /// One image's part of the archive.
 struct Saved {
@@ -17,7 +17,40 @@ struct Saved {
     tags: Vec<String>,
 }
 
+/// The layer blobs an image manifest names, lowest first.
+pub(super) fn layer_digests(doc: &Value) -> Vec<String> {
+    doc["layers"].as_array().into_iter().flatten().filter_map(|l| l["digest"].as_str().map(str::to_string)).collect()
+}
+
+/// A manifest's media type: its own `mediaType`, or (an OCI manifest may leave it out)
+/// the one its config's media type implies.
+pub(super) fn manifest_media_type(doc: &Value) -> String {
+    match (doc["mediaType"].as_str(), doc["config"]["mediaType"].as_str()) {
+        (Some(m), _) => m.to_string(),
+        (None, Some(c)) if c.starts_with("application/vnd.oci.") => "application/vnd.oci.image.manifest.v1+json".into(),
+        _ => "application/vnd.docker.distribution.manifest.v2+json".into(),
+    }
+}
+
 impl ImageStore {
+    /// The manifest of image `id` as its registry sent it (the blob that names the
+    /// config): (digest, document, bytes). An image loaded from an archive or made here
+    /// has none: refused, naming it (`name`), as it cannot be saved or pushed.
+    pub(super) fn manifest_of(&self, rec: &Record, id: &str, name: &str) -> Result<(String, Value, Vec<u8>), ImageError> {
+        rec.blobs
+            .iter()
+            .find_map(|b| {
+                let bytes = std::fs::read(self.blob_path(b)).ok()?;
+                let v: Value = serde_json::from_slice(&bytes).ok()?;
+                (v["config"]["digest"].as_str() == Some(id)).then(|| (b.clone(), v, bytes))
+            })
+            .ok_or_else(|| {
+                ImageError::Conflict(format!(
+                    "image {name} was loaded from an archive or made on this target: the target keeps its unpacked layers, not their archives, so it cannot be saved or pushed (pull it from a registry first)"
+                ))
+            })
+    }
+
     /// Writes the images named by `names` (tags, ids) as a `docker save` archive to `out`.
     /// An image loaded from an archive keeps its unpacked layers only, not their
     /// archives, and cannot be saved (refused, naming it).
@@ -40,22 +73,13 @@ impl ImageStore {
                 }
                 continue;
             }
-            // The image's manifest: the blob that names this config.
-            let manifest = rec.blobs.iter().find_map(|b| {
-                let bytes = std::fs::read(self.blob_path(b)).ok()?;
-                let v: Value = serde_json::from_slice(&bytes).ok()?;
-                (v["config"]["digest"].as_str() == Some(id.as_str())).then(|| (b.clone(), v, bytes.len() as u64))
-            });
-            let Some((digest, doc, size)) = manifest else {
-                return Err(ImageError::Conflict(format!(
-                    "image {name} was loaded from an archive: the target keeps its unpacked layers, not their archives, so it cannot be saved (pull it from a registry to save it)"
-                )));
-            };
-            let layers: Vec<String> = doc["layers"].as_array().into_iter().flatten().filter_map(|l| l["digest"].as_str().map(str::to_string)).collect();
+            let (digest, doc, bytes) = self.manifest_of(rec, &id, name)?;
+            let size = bytes.len() as u64;
+            let layers = layer_digests(&doc);
             if let Some(missing) = layers.iter().find(|l| !self.blob_path(l).exists()) {
                 return Err(ImageError::NotFound(format!("layer {missing} of image {name}")));
             }
-            let media = doc["mediaType"].as_str().unwrap_or("application/vnd.docker.distribution.manifest.v2+json").to_string();
+            let media = manifest_media_type(&doc);
             images.push(Saved { config: id.clone(), manifest: (digest, media, size), layers, tags });
         }
         let mut ar = tar::Builder::new(out);
