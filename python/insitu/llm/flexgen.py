@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -125,6 +126,9 @@ class FlexGenStore(KVStore):
         self.prefetchers: List[Worker] = []
         self._ahead: Dict[Tuple[int, int], object] = {}
         self._media_lock = threading.Lock()
+        # The reads of a prefetched layer, all in flight together (the sessions are
+        # thread-safe and spread them over their queues).
+        self._readers = ThreadPoolExecutor(max_workers=16, thread_name_prefix="flexgen-read")
         self.rows: List[Dict[Tuple[int, int], _Row]] = []
         self._media = [0] * len(self.ranges)
         self.tokens = [0] * batch
@@ -281,19 +285,33 @@ class FlexGenStore(KVStore):
 
     def _read_layer(self, i, layer):
         """Every sequence's token pages of ``layer`` on target ``i``, as they are now:
-        ``(pages, [heads, groups, 2, tpp, D] f32)`` per sequence, one read each (the
-        target's heads' regions are adjacent)."""
-        out = []
+        ``(pages, [heads, groups, 2, tpp, D] f32)`` per sequence. All the reads are in
+        flight at once (a queue deep enough for every die of the drive): one per
+        sequence spanning its heads' adjacent regions when the unused room between them is
+        at most an eighth of what is read, else one per head (so the link carries no more
+        than the pages)."""
         heads = len(self.ranges[i])
+        jobs = []
         for b in range(self.batch):
             g = self.rows[i][(b, layer)].tok // self.tpp
+            used = 2 * PAGE * g
+            if g == 0:
+                jobs.append((0, []))
+            elif heads == 1 or 8 * (self.region - used) <= used:
+                jobs.append((g, [self._readers.submit(self._read, i, self._lba(b, layer, 0, i), (heads - 1) * self.region + used)]))
+            else:
+                jobs.append((g, [self._readers.submit(self._read, i, self._lba(b, layer, h, i), used) for h in range(heads)]))
+        out = []
+        for g, reads in jobs:
             if g == 0:
                 out.append((0, None))
                 continue
-            span = (heads - 1) * self.region + 2 * PAGE * g
-            data = self._read(i, self._lba(b, layer, 0, i), span)
-            data = torch.nn.functional.pad(data, (0, heads * self.region // 4 - data.numel()))
-            blocks = data.view(heads, self.region // 4)[:, : 2 * PAGE * g // 4]
+            used = 2 * PAGE * g
+            if len(reads) == 1 and heads > 1:
+                data = torch.nn.functional.pad(reads[0].result(), (0, heads * self.region // 4 - (((heads - 1) * self.region + used) // 4)))
+                blocks = data.view(heads, self.region // 4)[:, : used // 4]
+            else:
+                blocks = torch.stack([r.result() for r in reads])
             out.append((g, blocks.reshape(heads, g, 2, self.tpp, self.head_dim)))
         return out
 
@@ -446,6 +464,7 @@ class FlexGenStore(KVStore):
                 pass
             w.close()
         self.prefetchers, self._ahead = [], {}
+        self._readers.shutdown(wait=True)
         for w in self.workers:
             try:
                 w.drain()

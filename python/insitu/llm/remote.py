@@ -60,6 +60,8 @@ __all__ = ["TargetStore", "SPLITS", "KV_DTYPES"]
 
 METHODS = ("dense", "sparf", "sparq")
 KV_DTYPES = {"f32": 4, "f16": 2}
+# The fixed part of a page-scores result (docs/kv-commands.md).
+PAGE_SCORES_HEADER = 48
 
 
 def f32_bytes(t: torch.Tensor) -> bytes:
@@ -225,7 +227,7 @@ class TargetStore(KVStore):
             None if k is None else f32_bytes(k),
             None if v is None else f32_bytes(v),
             page_scores=True,
-            result_len=48 + 4 * B + 4 * h * G * groups,
+            result_len=PAGE_SCORES_HEADER + 4 * B + 4 * h * G * groups,
             vectors=self.kv_dtype,
         )
         self._media[i] += res[1]["media_bytes"]
