@@ -32,12 +32,9 @@ def pool3(tmp_path_factory):
 
 
 def _owners(prefill: int, steps: int, targets: int):
-    """Which target holds each token, by the documented rule: prompt pages in turn, each
-    decode token where the fewest tokens are (ties: the lower target)."""
-    own = [(t // TPP) % targets for t in range(prefill)]
-    for _ in range(steps):
-        own.append(min(range(targets), key=lambda i: (own.count(i), i)))
-    return own
+    """Which target holds each token, by the documented rule: pages in turn, the prompt's
+    tokens and the decode steps' alike."""
+    return [(t // TPP) % targets for t in range(prefill + steps)]
 
 
 def _case(seed: int, tokens: int, rows: int = 1):
@@ -258,21 +255,24 @@ def test_flexgen_splits_tokens_as_the_targets_do(pool3):
 
 def test_every_layer_puts_a_forward_s_tokens_where_layer_0_put_them():
     """A forward of several new tokens calls each layer once per token: the j-th token of
-    every layer goes to the target layer 0 chose for its j-th, so the layers' shares agree."""
+    every layer goes to the target layer 0 chose for its j-th, so the layers' shares agree;
+    each token goes to the target owning its page, sequence by sequence."""
     from insitu.llm.targets import TokenSplit
 
-    split = TokenSplit(3, 1, TPP)
-    split.deal([0], [TPP])  # one page, on target 0
+    split = TokenSplit(3, 2, TPP)
+    split.deal([0, 0], [TPP - 2, TPP])  # sequence 0 short of a page, sequence 1 one page
 
     def placed(layer):
         out = []
         for _ in range(3):
             asked = split.decode(layer)
-            assert split.step_target in asked
-            out.append(split.step_target)
+            assert set(split.step_owners) <= set(asked)
+            assert all(b in split.new_rows(o) for b, o in enumerate(split.step_owners))
+            out.append(list(split.step_owners))
         return out
 
-    assert placed(0) == [1, 2, 1]  # each token where the fewest are
-    assert placed(1) == placed(2) == [1, 2, 1]
-    assert split.held == [[TPP], [2], [1]]  # counted once, at layer 0
-    assert placed(0) == [2, 1, 2]  # the next forward places anew
+    assert placed(0) == [[0, 1], [0, 1], [1, 1]]  # each token on its page's target
+    assert placed(1) == placed(2) == [[0, 1], [0, 1], [1, 1]]
+    assert split.held == [[TPP, TPP], [1, 3], [0, 0]]  # counted once, at layer 0
+    assert split.recent(0, 0, 2) == 1 and split.recent(1, 0, 2) == 1
+    assert placed(0) == [[1, 1], [1, 1], [1, 1]]  # the next forward places anew

@@ -219,8 +219,7 @@ class FlexGenStore(KVStore):
             return self._sparf_split(layer, qg, k, v, scale).reshape(B, hq, D).to(q.device, torch.float32)
         if self.split == "tokens":
             for i in self.split_tokens.decode(layer):
-                new = (k, v) if i == self.split_tokens.step_target else (None, None)
-                futures.append(self.workers[i].submit(self._decode, i, layer, qg, *new, scale))
+                futures.append(self.workers[i].submit(self._decode, i, layer, qg, k, v, scale, self.split_tokens.new_rows(i)))
         elif not self.ratio:
             for i, rng in enumerate(self.ranges):
                 s = slice(rng.start, rng.stop)
@@ -238,16 +237,15 @@ class FlexGenStore(KVStore):
             out = merge([o for o, _ in parts], [lse for _, lse in parts])
         return out.reshape(B, hq, D).to(q.device, torch.float32)
 
-    def _decode(self, i, layer, q, k, v, scale):
+    def _decode(self, i, layer, q, k, v, scale, rows=None):
         """Target ``i``'s part of a layer: appends the new token when given, reads back
         what attention needs and attends; returns the outputs and each query row's
         log-sum-exp (``[B, heads, group]``, −inf for a row with no token here)."""
         q = q.to("cpu", torch.float32)
         out = torch.zeros(q.shape, dtype=torch.float64)
         lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float64)
-        if k is not None:
-            for b in range(q.shape[0]):
-                self._append(i, b, layer, k[b].to("cpu", torch.float32).unsqueeze(1), v[b].to("cpu", torch.float32).unsqueeze(1))
+        for b in range(q.shape[0]) if rows is None else rows:
+            self._append(i, b, layer, k[b].to("cpu", torch.float32).unsqueeze(1), v[b].to("cpu", torch.float32).unsqueeze(1))
         if not self.ratio:
             return self._decode_dense(i, layer, q, scale, out, lse)
         for b in range(q.shape[0]):
@@ -351,8 +349,7 @@ class FlexGenStore(KVStore):
         p = sparf.params(self.ratio, self.head_dim, max(self.tokens), self.tpp)
         futures = {}
         for i in self.split_tokens.decode(layer):
-            new = (k, v) if i == self.split_tokens.step_target else (None, None)
-            futures[i] = self.workers[i].submit(self._page_masses, i, layer, qg, *new, scale, p.r)
+            futures[i] = self.workers[i].submit(self._page_masses, i, layer, qg, k, v, scale, p.r, self.split_tokens.new_rows(i))
         for w in self.workers:
             w.drain()
         lists = self.split_tokens.sparf_pages({i: f.result() for i, f in futures.items()}, p.local, p.pages)
@@ -360,14 +357,14 @@ class FlexGenStore(KVStore):
         parts = [f.result() for f in parts]
         return merge([o for o, _ in parts], [lse for _, lse in parts])
 
-    def _page_masses(self, i, layer, q, k, v, scale, r):
+    def _page_masses(self, i, layer, q, k, v, scale, r, rows):
         """Target ``i``'s page log-masses (per sequence, ``[heads][rows][pages]``) from
         the dimension columns of the ``r`` components the rows share; appends first."""
         q = q.to("cpu", torch.float32)
         out = []
+        for b in rows:
+            self._append(i, b, layer, k[b].to("cpu", torch.float32).unsqueeze(1), v[b].to("cpu", torch.float32).unsqueeze(1))
         for b in range(q.shape[0]):
-            if k is not None:
-                self._append(i, b, layer, k[b].to("cpu", torch.float32).unsqueeze(1), v[b].to("cpu", torch.float32).unsqueeze(1))
             row = self.rows[i][(b, layer)]
             heads = []
             for h in range(q.shape[1]):

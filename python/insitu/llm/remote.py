@@ -4,10 +4,10 @@
 How a pool of targets shares the cache (``split``):
 
 * ``"tokens"`` (the default with two or more targets; split-K): every target holds every
-  KV head for a share of each sequence's tokens. Prefill deals the prompt out in whole
-  flash pages, target after target (page ``g`` of a row goes to target ``g mod N``), and
-  each decode step's new token goes to the target holding the fewest tokens, so the
-  targets stay even however many KV heads the model has (SmolLM2-135M has 3: a head split
+  KV head for a share of each sequence's tokens, dealt out in whole flash pages, target
+  after target (page ``g`` of a row goes to target ``g mod N``), the prompt's tokens and
+  each decode step's new token alike, so the targets stay even however many KV heads the
+  model has (SmolLM2-135M has 3: a head split
   leaves a fourth target idle). Each target returns, per query row, its softmax-weighted
   sum of V over its tokens and the log-sum-exp of its scores, and the host merges the
   parts exactly (:class:`insitu.llm.targets.TokenSplit`, :func:`insitu.llm.targets.merge`): dense
@@ -18,8 +18,8 @@ How a pool of targets shares the cache (``split``):
 Prefill appends a layer's K and V with ``KvTarget.append`` from the target's worker
 thread, so the transfer of layer ``i`` overlaps the host's computation of layer ``i + 1``
 (InstInfer Section IV-D). A decode step sends, per layer and target, one ``KvTarget.attend``
-with every row's queries (and the new token's k and v to the target that stores it, which
-appends before it attends), all targets at once, and gets the outputs back: one exchange
+with every row's queries (and the new token's k and v to the target that owns its page,
+which appends before it attends), all targets at once, and gets the outputs back: one exchange
 per layer per target, the link carrying q, k, v and the outputs, never the cache.
 
 SparF (``method="sparf"``) takes ``r``, ``k``, ``local`` and the page cap from
@@ -168,14 +168,14 @@ class TargetStore(KVStore):
         futures = []
         if self.split == "tokens":
             for i in self.split_tokens.decode(layer):
-                new = (k, v) if i == self.split_tokens.step_target else (None, None)
+                rows = self.split_tokens.new_rows(i)
                 p = self._params(max(self.held[i]))  # SparF at the ratio over this share
-                futures.append(self.workers[i].submit(self._attend, i, layer, qg, *new, scale, p, True))
+                futures.append(self.workers[i].submit(self._attend, i, layer, qg, k, v, rows, scale, p, True))
         else:
             for i, rng in enumerate(self.ranges):
                 s = slice(rng.start, rng.stop)
                 p = self._params(max(self.tokens))
-                futures.append(self.workers[i].submit(self._attend, i, layer, qg[:, s], k[:, s], v[:, s], scale, p, False))
+                futures.append(self.workers[i].submit(self._attend, i, layer, qg[:, s], k[:, s], v[:, s], list(range(B)), scale, p, False))
         self.exchanges += len(futures)
         for w in self.workers:
             w.drain()  # raises the first error of this step or of an earlier prefill append
@@ -195,8 +195,7 @@ class TargetStore(KVStore):
         asked = self.split_tokens.decode(layer)
         futures = {}
         for i in asked:
-            new = (k, v) if i == self.split_tokens.step_target else (None, None)
-            futures[i] = self.workers[i].submit(self._page_scores, i, layer, qg, *new, scale, p.r)
+            futures[i] = self.workers[i].submit(self._page_scores, i, layer, qg, k, v, self.split_tokens.new_rows(i), scale, p.r)
         self.exchanges += len(futures)
         for w in self.workers:
             w.drain()
@@ -210,8 +209,9 @@ class TargetStore(KVStore):
         parts = [f.result() for f in parts]
         return merge([o for o, _ in parts], [lse for _, lse in parts])
 
-    def _page_scores(self, i, layer, q, k, v, scale, r):
+    def _page_scores(self, i, layer, q, k, v, rows, scale, r):
         B, h, G, D = q.shape
+        k, v = self._step_kv(i, layer, k, v, rows)
         held = [self.split_tokens.held[i][b] for b in range(B)]
         groups = sum(-(-n // self.tokens_per_page) for n in held)
         res = self.targets[i].attend(
@@ -224,8 +224,8 @@ class TargetStore(KVStore):
             r,
             1,
             0,
-            None if k is None else f32_bytes(k),
-            None if v is None else f32_bytes(v),
+            k,
+            v,
             page_scores=True,
             result_len=PAGE_SCORES_HEADER + 4 * B + 4 * h * G * groups,
             vectors=self.kv_dtype,
@@ -256,8 +256,19 @@ class TargetStore(KVStore):
             return SparseParams(0, 0, 0)
         return params(self.ratio, self.head_dim, tokens, self.tokens_per_page, paged=self.method == "sparf", mean_v=self.mean_v)
 
-    def _attend(self, i, layer, q, k, v, scale, p, partial):
+    def _step_kv(self, i, layer, k, v, rows):
+        """The step token's K and V bytes to send with target ``i``'s request when it
+        stores every sequence's; else the sequences in ``rows`` get theirs appended on
+        their own first, and none ride along."""
+        if len(rows) == k.shape[0]:
+            return f32_bytes(k), f32_bytes(v)
+        for b in rows:
+            self.targets[i].append(self.seqs[b], layer, 1, f32_bytes(k[b]), f32_bytes(v[b]))
+        return None, None
+
+    def _attend(self, i, layer, q, k, v, rows, scale, p, partial):
         B, h, G, D = q.shape
+        k, v = self._step_kv(i, layer, k, v, rows)
         res = self.targets[i].attend(
             layer,
             self.seqs,
@@ -268,8 +279,8 @@ class TargetStore(KVStore):
             p.r,
             p.k,
             p.local,
-            None if k is None else f32_bytes(k),
-            None if v is None else f32_bytes(v),
+            k,
+            v,
             p.pages if self.method == "sparf" else 0,
             p.mean_v,
             partial,

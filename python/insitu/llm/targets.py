@@ -3,10 +3,10 @@
 targets, and how a cache is split across them.
 
 * **Tokens** (:class:`TokenSplit`, split-K): every target holds every KV head for a share
-  of each sequence's tokens: the prompt dealt out in whole pages, target after target, and
-  each decode step's token on the target holding the fewest. Each target attends over its
-  share and the host merges the parts by their log-sum-exp (:func:`merge`), exactly. The
-  targets stay even whatever the number of KV heads.
+  of each sequence's tokens, in whole pages dealt target after target: the prompt's and
+  the decode steps' tokens alike go to the target owning their page. Each target attends
+  over its share and the host merges the parts by their log-sum-exp (:func:`merge`),
+  exactly. The targets stay even whatever the number of KV heads.
 * **Heads** (:func:`partition`): KV heads in contiguous ranges, one per target, as even as
   possible with the first targets taking one more (3 heads over 2 targets: ``[0, 1]`` and
   ``[2]``): each target stores and attends its heads on its own (InstInfer Section IV-D,
@@ -81,12 +81,13 @@ def head_ranges(split: str, heads: int, targets: int) -> List[range]:
 class TokenSplit:
     """Where each token of ``batch`` sequences lives over ``targets`` targets (split-K).
 
-    A prompt is dealt out in whole pages of ``tokens_per_page``, target after target: page
-    ``g`` of a sequence (its tokens ``g·tpp …``) on target ``g mod N``, so every target's
-    share looks like the whole (recent and old tokens alike) and fills whole pages. Each
-    decode step's token, for every sequence at once, goes to the target holding the fewest
-    tokens over the batch (ties: the lower target), so the shares stay within a page of
-    each other and one request per target carries the step.
+    A sequence is dealt out in whole pages of ``tokens_per_page``, target after target:
+    page ``g`` of a sequence (its tokens ``g·tpp …``) on target ``g mod N``, the prompt's
+    tokens and each decode step's alike, so every target's share looks like the whole
+    (recent and old tokens alike), the shares stay within a page of each other, and a
+    target's page is a page of the whole sequence (SparF over the split reads the pages it
+    reads on one target). A decode step's token of sequence ``b`` goes to the target
+    owning its page; the sequences of a batch at the same length share it.
     """
 
     def __init__(self, targets: int, batch: int, tokens_per_page: int):
@@ -98,12 +99,13 @@ class TokenSplit:
         #: ``positions[i][b]``: the positions in sequence ``b`` of its tokens on target
         #: ``i``, in the order the target stores them (ascending).
         self.positions: List[List[List[int]]] = [[[] for _ in range(batch)] for _ in range(targets)]
-        #: The target storing the current decode step's token (see :meth:`decode`).
-        self.step_target = 0
+        #: Per sequence, the target storing the current decode step's token (see
+        #: :meth:`decode`).
+        self.step_owners: List[int] = [0] * batch
         self._dealt: List[List[torch.Tensor]] = []
         # Where the tokens of the current forward went (placed at layer 0, one per call),
         # and how many of them each later layer has sent so far.
-        self._placed: List[int] = []
+        self._placed: List[List[int]] = []
         self._sent: Dict[int, int] = {}
 
     def prefill(self, layer: int, starts: Sequence[int], rows: Sequence[Optional[torch.Tensor]], width: int) -> List[List[torch.Tensor]]:
@@ -116,20 +118,24 @@ class TokenSplit:
         return [[d if sel is None else sel[d] for d, sel in zip(dealt, rows)] for dealt in self._dealt]
 
     def decode(self, layer: int) -> List[int]:
-        """The targets a decode step's layer asks: the one storing the step's token
-        (:attr:`step_target`, placed at layer 0) and every one holding a token. A forward
+        """The targets a decode step's layer asks: those storing a sequence's step token
+        (:attr:`step_owners`, placed at layer 0) and every one holding a token. A forward
         of several new tokens calls each layer once per token, in order: every layer puts
         its ``j``-th token where layer 0 put its ``j``-th."""
         if layer == 0:
             if self._sent:  # the later layers ran: a new forward begins
                 self._placed, self._sent = [], {}
             self._placed.append(self.step())
-            self.step_target = self._placed[-1]
+            self.step_owners = self._placed[-1]
         else:
             j = self._sent.get(layer, 0)
             self._sent[layer] = j + 1
-            self.step_target = self._placed[j]
-        return [i for i, held in enumerate(self.held) if i == self.step_target or max(held)]
+            self.step_owners = self._placed[j]
+        return [i for i, held in enumerate(self.held) if i in self.step_owners or max(held)]
+
+    def new_rows(self, i: int) -> List[int]:
+        """The sequences whose current step token target ``i`` stores."""
+        return [b for b, owner in enumerate(self.step_owners) if owner == i]
 
     def deal(self, starts: Sequence[int], counts: Sequence[int]) -> List[List[torch.Tensor]]:
         """Adds ``counts[b]`` prompt tokens to each sequence ``b`` (positions ``starts[b]
@@ -145,13 +151,17 @@ class TokenSplit:
                 self.positions[i][b].extend((start + part[-1]).tolist())
         return out
 
-    def step(self) -> int:
-        """The target that stores the next decode token of every sequence (counted)."""
-        i = min(range(len(self.held)), key=lambda t: (sum(self.held[t]), t))
-        for b, pos in enumerate(self.positions[i]):
-            pos.append(sum(held[b] for held in self.held))
-        self.held[i] = [n + 1 for n in self.held[i]]
-        return i
+    def step(self) -> List[int]:
+        """Per sequence, the target that stores its next decode token: the owner of its
+        page (counted)."""
+        owners = []
+        for b in range(len(self.held[0])):
+            total = sum(held[b] for held in self.held)
+            i = (total // self.tokens_per_page) % len(self.held)
+            self.positions[i][b].append(total)
+            self.held[i][b] += 1
+            owners.append(i)
+        return owners
 
     def recent(self, i: int, b: int, last: int) -> int:
         """How many of sequence ``b``'s ``last`` most recent tokens target ``i`` holds

@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 
-use super::kernels::{axpy, dot, exp_shifted_lse, softmax, top_k};
+use super::kernels::{axpy, axpy_rows, dot, dot_rows, exp_shifted_lse, softmax, top_k};
 use super::{element_stats, v_mean, Count, PagedRows};
 use crate::{AttendStats, HeadPages, Kind, KvError, Loaded};
 
@@ -180,6 +180,9 @@ fn exact(
     out: &mut [f32],
     lse: Option<&mut [f64]>,
 ) -> Result<Loaded, KvError> {
+    if toks.windows(2).all(|w| w[0] == w[1]) {
+        return exact_shared(head, qd, scale, &toks[0], groups, mix, out, lse);
+    }
     let layout = *head.layout();
     let (hd, tpp) = (layout.head_dim, layout.tokens_per_page);
     let rows = qd.len() / hd;
@@ -212,6 +215,78 @@ fn exact(
             }
         }
     })?;
+    finish(hd, &acc, &sums, mix, out);
+    Ok(pages.loaded)
+}
+
+/// [`exact`] when every row keeps the same tokens (SparF with a page cap keeps every token
+/// of the pages read): each kept token's K row is scored against all query rows at once,
+/// and each page's run of kept V rows is summed into every row with the blocked kernels
+/// dense attention uses.
+#[allow(clippy::too_many_arguments)]
+fn exact_shared(
+    head: &dyn HeadPages,
+    qd: &[f64],
+    scale: f64,
+    toks: &[usize],
+    groups: &[usize],
+    mix: Option<(&[f64], &[f64])>,
+    out: &mut [f32],
+    lse: Option<&mut [f64]>,
+) -> Result<Loaded, KvError> {
+    let layout = *head.layout();
+    let (hd, tpp) = (layout.head_dim, layout.tokens_per_page);
+    let rows = qd.len() / hd;
+    let m = toks.len();
+    let mut pages = PagedRows::new(head, groups);
+    let mut scores = vec![0f64; rows * m];
+    let mut dots = vec![0f64; rows];
+    pages.pass(Kind::K, |batch, buf| {
+        for (&group, page) in batch.iter().zip(buf.chunks_exact(tpp * hd)) {
+            let base = group * tpp;
+            for i in span(toks, base, base + tpp) {
+                dot_rows(qd, &page[(toks[i] - base) * hd..][..hd], &mut dots);
+                for (row, d) in dots.iter().enumerate() {
+                    scores[row * m + i] = d * scale;
+                }
+            }
+        }
+    })?;
+    let (sums, lses): (Vec<f64>, Vec<f64>) = scores.chunks_exact_mut(m.max(1)).map(exp_shifted_lse).unzip();
+    if let Some(lse) = lse {
+        lse.copy_from_slice(&lses);
+    }
+    let mut acc = vec![0f64; rows * hd];
+    pages.pass(Kind::V, |batch, buf| {
+        for (&group, page) in batch.iter().zip(buf.chunks_exact(tpp * hd)) {
+            let base = group * tpp;
+            let sp = span(toks, base, base + tpp);
+            if sp.is_empty() {
+                continue;
+            }
+            let first = toks[sp.start] - base;
+            if toks[sp.end - 1] - base == first + sp.len() - 1 {
+                // The page's kept tokens are one run of its rows.
+                let v = &page[first * hd..(first + sp.len()) * hd];
+                for (row, a) in acc.chunks_exact_mut(hd).enumerate() {
+                    axpy_rows(a, &scores[row * m + sp.start..row * m + sp.end], v);
+                }
+            } else {
+                for i in sp {
+                    let v = &page[(toks[i] - base) * hd..][..hd];
+                    for (row, a) in acc.chunks_exact_mut(hd).enumerate() {
+                        axpy(a, scores[row * m + i], v);
+                    }
+                }
+            }
+        }
+    })?;
+    finish(hd, &acc, &sums, mix, out);
+    Ok(pages.loaded)
+}
+
+/// Step 11 for every row: `out = α · acc / sum + (1 − α) · mean(V)`, or `acc / sum`.
+fn finish(hd: usize, acc: &[f64], sums: &[f64], mix: Option<(&[f64], &[f64])>, out: &mut [f32]) {
     for (row, ((o, a), sum)) in out.chunks_exact_mut(hd).zip(acc.chunks_exact(hd)).zip(sums).enumerate() {
         match mix {
             Some((mean, alpha)) => {
@@ -221,7 +296,6 @@ fn exact(
             None => o.iter_mut().zip(a).for_each(|(o, a)| *o = (a / sum) as f32),
         }
     }
-    Ok(pages.loaded)
 }
 
 /// SparF's first phase over a part of a sequence split across targets: the shared choice
