@@ -714,14 +714,18 @@ def test_export_and_predefined_networks(client, env: Env):
     finally:
         c.remove(force=True)
     nets = {n.name: n for n in client.networks.list()}
-    assert set(nets) == {"bridge", "host", "none"}
+    assert {"bridge", "host", "none"} <= set(nets)
     assert client.networks.get(nets["host"].id).attrs["Driver"] == "host"
     assert [n.name for n in client.networks.list(names=["bridge"])] == ["bridge"]
+    for driver in ("host", "overlay", "macvlan"):
+        with pytest.raises(docker.errors.APIError) as e:
+            client.networks.create("sdk-bad-driver", driver=driver)
+        assert e.value.status_code == 400 and driver in str(e.value)
     with pytest.raises(docker.errors.APIError) as e:
-        client.networks.create("mynet", driver="bridge")
-    assert e.value.status_code == 400 and "network" in str(e.value)
+        client.networks.create("bridge")
+    assert e.value.status_code == 403
     with pytest.raises(docker.errors.NotFound):
-        client.networks.get("mynet")
+        client.networks.get("sdk-bad-driver")
 
 
 def test_commit_makes_an_image_of_the_changes(client, env: Env):
@@ -817,3 +821,87 @@ def test_query_options_are_honoured_or_refused(client, env: Env):
         client.api.remove_container(c.id, link=True)
     assert e.value.status_code == 400
     c.remove()
+
+
+def _netns() -> set[str]:
+    return set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+
+
+def test_user_network_reaches_containers_by_name_and_alias(client, env: Env):
+    netns_before, links_before = _netns(), set(os.listdir("/sys/class/net"))
+    net = client.networks.create("sdk-net", labels={"k": "v"}, ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet="10.77.0.0/24")]))
+    alias = {"sdk-net": client.api.create_endpoint_config(aliases=["web-alias"])}
+    server = client.containers.run(env.image, ["httpd", "-f", "-p", "8080", "-h", "/etc"], detach=True, name="sdk-web", network="sdk-net", networking_config=alias)
+    idle = client.containers.run(env.image, ["sleep", "300"], detach=True, name="sdk-idle")
+    try:
+        a = net.attrs
+        assert a["Driver"] == "bridge" and a["Labels"] == {"k": "v"} and a["IPAM"]["Config"][0]["Subnet"] == "10.77.0.0/24"
+        assert [n.id for n in client.networks.list(filters={"label": "k=v"})] == [net.id]
+        assert [n.name for n in client.networks.list(filters={"type": "custom"})] == ["sdk-net"]
+        ip = server.attrs["NetworkSettings"]["Networks"]["sdk-net"]["IPAddress"]
+        assert ip.startswith("10.77.0."), server.attrs["NetworkSettings"]["Networks"]
+        # By name and by alias, from a container on the same network.
+        out = client.containers.run(
+            env.image, ["sh", "-c", "wget -q -O- http://sdk-web:8080/passwd | head -1; ping -c1 -W2 web-alias >/dev/null && echo alias-ok"], network="sdk-net", remove=True
+        )
+        lines = out.decode().splitlines()
+        assert lines[0].startswith("root:") and lines[-1] == "alias-ok", lines
+        # A container on the default network reaches nothing of it until connected.
+        code, text = idle.exec_run(["ping", "-c1", "-W1", ip])
+        assert code != 0, text
+        net.connect(idle, aliases=["idler"])
+        net.reload()
+        assert set(net.attrs["Containers"]) == {server.id, idle.id}
+        code, text = idle.exec_run(["ping", "-c1", "-W2", ip])
+        assert code == 0, text
+        code, text = server.exec_run(["ping", "-c1", "-W2", "idler"])
+        assert code == 0, text
+        with pytest.raises(docker.errors.APIError):
+            net.connect(idle)
+        with pytest.raises(docker.errors.APIError) as e:
+            net.remove()
+        assert e.value.status_code == 403
+        net.disconnect(idle)
+        code, text = idle.exec_run(["ping", "-c1", "-W1", ip])
+        assert code != 0, text
+        code, text = server.exec_run(["ping", "-c1", "-W1", "idler"])
+        assert code != 0, text
+    finally:
+        for c in (server, idle):
+            c.remove(force=True)
+    # The containers' namespaces went with them; the network's bridge goes with it; the
+    # target's own namespace never had a link added.
+    assert len(_netns() - netns_before) <= 1
+    assert client.networks.prune()["NetworksDeleted"] == ["sdk-net"]
+    assert _netns() == netns_before and set(os.listdir("/sys/class/net")) == links_before
+    with pytest.raises(docker.errors.NotFound):
+        client.networks.get("sdk-net")
+
+
+def test_network_requests_are_checked(client, env: Env):
+    with pytest.raises(docker.errors.APIError) as e:
+        client.networks.create("sdk-v6", enable_ipv6=True)
+    assert e.value.status_code == 400 and "EnableIPv6" in str(e.value)
+    with pytest.raises(docker.errors.APIError) as e:
+        client.networks.create("sdk-sub", ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet="10.78.0.0/33")]))
+    assert e.value.status_code == 400 and "10.78.0.0/33" in str(e.value)
+    net = client.networks.create("sdk-dup")
+    try:
+        with pytest.raises(docker.errors.APIError) as e:
+            client.networks.create("sdk-dup")
+        assert e.value.status_code == 409
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.create(env.image, ["true"], network="sdk-missing")
+        for hc in ({"NetworkMode": "host"}, {"NetworkMode": "none"}):
+            c = client.api.create_container(env.image, ["sleep", "30"], host_config=client.api.create_host_config(network_mode=hc["NetworkMode"]))
+            try:
+                with pytest.raises(docker.errors.APIError) as e:
+                    net.connect(c["Id"])
+                assert e.value.status_code == 400 and hc["NetworkMode"] in str(e.value)
+            finally:
+                client.api.remove_container(c["Id"], force=True)
+        bad = client.api._post_json(client.api._url("/networks/{0}/connect", net.id), data={"Container": "x", "EndpointConfig": {"IPAMConfig": {"IPv6Address": "2001:db8::5"}}})
+        assert bad.status_code == 400 and "IPv6Address" in bad.text
+    finally:
+        net.remove()
+    assert "sdk-dup" not in [n.name for n in client.networks.list()]

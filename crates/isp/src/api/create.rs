@@ -68,12 +68,7 @@ pub(crate) fn create_spec(body: &Value) -> Result<CreateSpec, String> {
             return Err(format!("Config.{field} is not supported on this target: {why}"));
         }
     }
-    if let Some(h) = body.get("Healthcheck").filter(|v| !is_default(v)) {
-        let none = h.get("Test").and_then(Value::as_array).is_some_and(|t| t.first().and_then(Value::as_str) == Some("NONE"));
-        if !none {
-            return Err("Config.Healthcheck is not supported on this target: health checks are not run".into());
-        }
-    }
+    let health = crate::runtime::health::HealthSpec::parse(body.get("Healthcheck").unwrap_or(&Value::Null))?;
     let nano = number(&hc, "NanoCpus")?.filter(|&n| n > 0);
     let quota = number(&hc, "CpuQuota")?.filter(|&n| n > 0);
     let period = number(&hc, "CpuPeriod")?.filter(|&n| n > 0).unwrap_or(100_000);
@@ -111,6 +106,11 @@ pub(crate) fn create_spec(body: &Value) -> Result<CreateSpec, String> {
     if network_disabled {
         network = NetworkMode::None;
     }
+    let mut endpoints = super::networks::endpoints(body.get("NetworkingConfig"))?;
+    if network == NetworkMode::User {
+        let name = hc.get("NetworkMode").and_then(Value::as_str).unwrap_or_default().to_string();
+        endpoints.entry(name).or_default();
+    }
     let config: Map<String, Value> = CONFIG_FIELDS.iter().filter_map(|k| body.get(*k).map(|v| (k.to_string(), v.clone()))).collect();
     Ok(CreateSpec {
         image,
@@ -127,6 +127,8 @@ pub(crate) fn create_spec(body: &Value) -> Result<CreateSpec, String> {
         auto_remove: flag(&hc, "AutoRemove")?,
         labels,
         network,
+        endpoints,
+        health,
         ports: port_bindings(body, &hc)?,
         exposed: exposed_ports(body)?,
         options,
@@ -253,7 +255,9 @@ mod tests {
         let net = create_spec(&json!({"Image": "b", "ExposedPorts": {"80/tcp": {}}, "HostConfig": {"NetworkMode": "default", "PortBindings": {"80/tcp": [{"HostIp": "127.0.0.1", "HostPort": "18080"}]}}})).unwrap();
         assert_eq!((net.network, net.ports.len(), net.exposed.clone()), (NetworkMode::Default, 1, vec![80]));
         assert_eq!(create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "host"}})).unwrap().network, NetworkMode::Host);
-        assert!(create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "mynet"}})).unwrap_err().contains("not supported"));
+        let user = create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "mynet"}})).unwrap();
+        assert_eq!((user.network, user.endpoints.keys().collect::<Vec<_>>()), (NetworkMode::User, vec![&"mynet".to_string()]));
+        assert!(create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "container:x"}})).unwrap_err().contains("not supported"));
         assert!(create_spec(&json!({"Image": "b", "HostConfig": {"PortBindings": {"53/udp": [{"HostPort": "53"}]}}})).unwrap_err().contains("TCP only"));
         assert!(create_spec(&json!({"Image": "b", "ExposedPorts": {"x/tcp": {}}})).unwrap_err().contains("invalid port"));
         for bad in [json!([1]), json!([1, -1]), json!([70000, 1]), json!("40x120"), json!([1.5, 2])] {

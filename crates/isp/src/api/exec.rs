@@ -134,9 +134,14 @@ pub async fn start(rt: &Runtime, id: &str, mut req: Request<Incoming>) -> Respon
         Ok(d) => d,
         Err(m) => return error(400, &m),
     };
-    if matches!(body.get("Tty"), Some(Value::Bool(t)) if *t != e.spec.tty) {
-        return error(400, "Tty at start must match Tty at create");
-    }
+    // The stream's framing follows the start request, as Docker's: raw with `Tty`, else
+    // multiplexed, whether or not the process got a terminal at create (a terminal's
+    // output then comes framed as standard output). Absent, it follows create.
+    let raw = match body.get("Tty") {
+        None | Some(Value::Null) => e.spec.tty,
+        Some(Value::Bool(t)) => *t,
+        Some(_) => return error(400, "Tty must be a boolean"),
+    };
     let start_size = match size(&body) {
         Ok(s) => s,
         Err(m) => return error(400, &m),
@@ -160,7 +165,7 @@ pub async fn start(rt: &Runtime, id: &str, mut req: Request<Incoming>) -> Respon
     let tty = e.spec.tty;
     let (want_out, want_err) = (e.spec.attach_stdout, e.spec.attach_stderr);
     let keys = detach::keys_of(Some(&e.spec.detach_keys).filter(|k| !k.is_empty()).map(String::as_str)).unwrap_or_default();
-    let ct = if tty { "application/vnd.docker.raw-stream" } else { "application/vnd.docker.multiplexed-stream" };
+    let ct = if raw { "application/vnd.docker.raw-stream" } else { "application/vnd.docker.multiplexed-stream" };
     let Some(upgrade) = upgrade else {
         // No upgrade asked for: the output is the response body.
         let (resp, tx) = super::body::stream(StatusCode::OK, ct);
@@ -172,7 +177,7 @@ pub async fn start(rt: &Runtime, id: &str, mut req: Request<Incoming>) -> Respon
                 if (s == crate::runtime::STDOUT && !want_out) || (s == crate::runtime::STDERR && !want_err) {
                     continue;
                 }
-                let b = if tty { d } else { Bytes::from(frame(s, &d)) };
+                let b = if raw { d } else { Bytes::from(frame(s, &d)) };
                 if tx.send(b).await.is_err() {
                     return;
                 }
@@ -213,7 +218,7 @@ pub async fn start(rt: &Runtime, id: &str, mut req: Request<Incoming>) -> Respon
             })
         });
         let mut out = io.output;
-        let output = super::streams::pump_output(&mut out, &mut wr, tty, want_out, want_err);
+        let output = super::streams::pump_output(&mut out, &mut wr, raw, want_out, want_err);
         match input {
             // The detach sequence ends the attach; the process keeps running.
             Some(input) if tty => {

@@ -52,7 +52,7 @@ pub(crate) const REFUSED_HOST: &[(&str, &str)] = &[
     ("DnsSearch", "containers have loopback only: there is no DNS to configure"),
     ("ExtraHosts", "containers have loopback only: there are no other hosts"),
     ("Init", "the target has no init binary to run as the container's first process"),
-    ("Links", "legacy links are not offered (the API's networks are not either)"),
+    ("Links", "legacy links are not offered: put the containers on a user-defined network, where they find one another by name"),
     ("MaskedPaths", "the masked paths are the target's, fixed"),
     ("ReadonlyPaths", "the read-only paths are the target's, fixed"),
     ("Privileged", "a privileged container would own the drive"),
@@ -108,7 +108,7 @@ pub(crate) const HONOURED_HOST: &[&str] = &[
 /// `Config` fields refused unless left at their default, and why.
 pub(crate) const REFUSED_CONFIG: &[(&str, &str)] = &[
     ("Domainname", "containers have loopback only: a domain name would name nothing"),
-    ("MacAddress", "containers have no network interface of their own but loopback"),
+    ("MacAddress", "the default network has loopback only; give a MAC address in a user-defined network's endpoint settings"),
     ("OnBuild", "a build option"),
 ];
 

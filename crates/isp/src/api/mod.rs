@@ -228,12 +228,12 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::GET, ["containers", id, "archive"]) => archive::get(&rt, id, &t).await,
         (&Method::PUT, ["containers", id, "archive"]) => archive::put(&rt, id, &t, req).await,
         (&Method::GET, ["networks"]) => networks::list(&rt, &t),
-        (&Method::POST, ["networks", "create"]) => networks::refused("creating networks"),
-        (&Method::POST, ["networks", "prune"]) => json_ok_empty_prune(),
+        (&Method::POST, ["networks", "create"]) => networks::create(&rt, req).await,
+        (&Method::POST, ["networks", "prune"]) => networks::prune(&rt, &t),
         (&Method::GET, ["networks", id]) => networks::inspect(&rt, id),
-        (&Method::POST, ["networks", _, "connect"]) => networks::refused("connecting a container to a network"),
-        (&Method::POST, ["networks", _, "disconnect"]) => networks::refused("disconnecting a container from a network"),
-        (&Method::DELETE, ["networks", _]) => networks::refused("removing a network (the predefined ones stay)"),
+        (&Method::POST, ["networks", id, "connect"]) => networks::connect(&rt, id, req).await,
+        (&Method::POST, ["networks", id, "disconnect"]) => networks::disconnect(&rt, id, req).await,
+        (&Method::DELETE, ["networks", id]) => networks::remove(&rt, id),
         (&Method::GET, ["volumes"]) => volumes::list(&rt, &t),
         (&Method::POST, ["volumes", "create"]) => volumes::create(&rt, req).await,
         (&Method::POST, ["volumes", "prune"]) => volumes::prune(&rt, &t),
@@ -260,11 +260,6 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         _ => error(404, &format!("page not found: {} {} is not part of the API this target serves", m, req_path(&t))),
     };
     Ok(resp)
-}
-
-/// `POST /networks/prune`: there are no user-defined networks to prune.
-fn json_ok_empty_prune() -> Response<ApiBody> {
-    body::json(hyper::StatusCode::OK, &serde_json::json!({"NetworksDeleted": []}))
 }
 
 fn req_path(t: &Target) -> String {

@@ -54,12 +54,20 @@ pub struct CreateSpec {
     /// `--network`.
     #[serde(default)]
     pub network: NetworkMode,
+    /// `NetworkingConfig.EndpointsConfig` by network name as given (with `--network
+    /// NAME`, that network's at least): the user-defined ones are joined at create, the
+    /// predefined ones' settings are shown by inspect.
+    #[serde(default)]
+    pub endpoints: BTreeMap<String, super::networks::EndpointConfig>,
     /// `-p`: the ports to publish.
     #[serde(default)]
     pub ports: Vec<PortBinding>,
     /// `ExposedPorts` (`--expose`, and those of `-p`), TCP.
     #[serde(default)]
     pub exposed: Vec<u16>,
+    /// `Config.Healthcheck`: the check run while the container runs.
+    #[serde(default)]
+    pub health: Option<super::health::HealthSpec>,
     /// The other options honoured (user, restart policy, finer limits, tmpfs, ...).
     #[serde(default)]
     pub options: Options,
