@@ -831,7 +831,9 @@ def test_user_network_reaches_containers_by_name_and_alias(client, env: Env):
     netns_before, links_before = _netns(), set(os.listdir("/sys/class/net"))
     net = client.networks.create("sdk-net", labels={"k": "v"}, ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet="10.77.0.0/24")]))
     alias = {"sdk-net": client.api.create_endpoint_config(aliases=["web-alias"])}
-    server = client.containers.run(env.image, ["httpd", "-f", "-p", "8080", "-h", "/etc"], detach=True, name="sdk-web", network="sdk-net", networking_config=alias)
+    server = client.containers.run(
+        env.image, ["httpd", "-f", "-p", "8080", "-h", "/etc"], detach=True, name="sdk-web", network="sdk-net", networking_config=alias
+    )
     idle = client.containers.run(env.image, ["sleep", "300"], detach=True, name="sdk-idle")
     try:
         a = net.attrs
@@ -842,7 +844,10 @@ def test_user_network_reaches_containers_by_name_and_alias(client, env: Env):
         assert ip.startswith("10.77.0."), server.attrs["NetworkSettings"]["Networks"]
         # By name and by alias, from a container on the same network.
         out = client.containers.run(
-            env.image, ["sh", "-c", "wget -q -O- http://sdk-web:8080/passwd | head -1; ping -c1 -W2 web-alias >/dev/null && echo alias-ok"], network="sdk-net", remove=True
+            env.image,
+            ["sh", "-c", "wget -q -O- http://sdk-web:8080/passwd | head -1; ping -c1 -W2 web-alias >/dev/null && echo alias-ok"],
+            network="sdk-net",
+            remove=True,
         )
         lines = out.decode().splitlines()
         assert lines[0].startswith("root:") and lines[-1] == "alias-ok", lines
@@ -900,8 +905,106 @@ def test_network_requests_are_checked(client, env: Env):
                 assert e.value.status_code == 400 and hc["NetworkMode"] in str(e.value)
             finally:
                 client.api.remove_container(c["Id"], force=True)
-        bad = client.api._post_json(client.api._url("/networks/{0}/connect", net.id), data={"Container": "x", "EndpointConfig": {"IPAMConfig": {"IPv6Address": "2001:db8::5"}}})
+        bad = client.api._post_json(
+            client.api._url("/networks/{0}/connect", net.id), data={"Container": "x", "EndpointConfig": {"IPAMConfig": {"IPv6Address": "2001:db8::5"}}}
+        )
         assert bad.status_code == 400 and "IPv6Address" in bad.text
     finally:
         net.remove()
     assert "sdk-dup" not in [n.name for n in client.networks.list()]
+
+
+def test_health_checks_run_and_report(client, env: Env):
+    second = 1_000_000_000
+    ok = client.containers.run(env.image, ["sleep", "60"], detach=True, healthcheck={"test": ["CMD", "true"], "interval": second, "retries": 1})
+    bad = client.containers.run(env.image, ["sleep", "60"], detach=True, healthcheck={"test": "exit 3", "interval": second, "retries": 2})
+    try:
+        assert ok.attrs["Config"]["Healthcheck"]["Test"] == ["CMD", "true"]
+        assert bad.attrs["Config"]["Healthcheck"]["Test"] == ["CMD-SHELL", "exit 3"]
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            ok.reload(), bad.reload()
+            if ok.attrs["State"]["Health"]["Status"] == "healthy" and bad.attrs["State"]["Health"]["Status"] == "unhealthy":
+                break
+            time.sleep(0.3)
+        assert ok.attrs["State"]["Health"]["Status"] == "healthy", ok.attrs["State"]
+        h = bad.attrs["State"]["Health"]
+        assert h["Status"] == "unhealthy" and h["FailingStreak"] >= 2 and h["Log"][-1]["ExitCode"] == 3, h
+        assert [c.id for c in client.containers.list(filters={"health": "unhealthy"})] == [bad.id]
+        assert "(healthy)" in client.api.containers(filters={"id": ok.id})[0]["Status"]
+    finally:
+        ok.remove(force=True)
+        bad.remove(force=True)
+    with pytest.raises(docker.errors.APIError) as e:
+        client.containers.create(env.image, ["true"], healthcheck={"test": ["BOGUS"]})
+    assert e.value.status_code == 400 and "Healthcheck" in str(e.value)
+
+
+def test_anonymous_volumes_are_made_and_removed_with_the_container(client, env: Env):
+    c = client.api.create_container(env.image, ["sh", "-c", "echo kept > /anon/f"], volumes=["/anon"])
+    client.api.start(c["Id"])
+    assert client.api.wait(c["Id"], timeout=60)["StatusCode"] == 0
+    mounts = client.api.inspect_container(c["Id"])["Mounts"]
+    names = [m["Name"] for m in mounts if m["Destination"] == "/anon"]
+    assert len(names) == 1 and client.volumes.get(names[0])
+    # Copying into it reaches the volume.
+    assert client.api.get_archive(c["Id"], "/anon/f")[1]["size"] == 5
+    # Another container binds the same volumes with VolumesFrom (read-only when asked).
+    out = client.containers.run(env.image, ["sh", "-c", "cat /anon/f; touch /anon/g 2>/dev/null || echo ro"], volumes_from=[f"{c['Id']}:ro"], remove=True)
+    assert out.split() == [b"kept", b"ro"]
+    client.api.remove_container(c["Id"], v=True)
+    with pytest.raises(docker.errors.NotFound):
+        client.volumes.get(names[0])
+    with pytest.raises(docker.errors.APIError) as e:
+        client.api.create_container(env.image, ["true"], volumes=["rel/path"])
+    assert e.value.status_code == 400 and "rel/path" in str(e.value)
+
+
+def test_exec_framing_follows_start_and_missing_commands_exit_127(client, env: Env):
+    c = client.containers.run(env.image, ["sleep", "60"], detach=True)
+    try:
+        # A terminal at create, a multiplexed stream at start: the output comes framed.
+        e = client.api.exec_create(c.id, ["echo", "framed"], tty=True)
+        out = client.api.exec_start(e["Id"], tty=False, demux=True)
+        assert out[0].strip() == b"framed", out
+        code, _ = c.exec_run(["no-such-command"])
+        assert code == 127
+    finally:
+        c.remove(force=True)
+
+
+def test_lifecycle_edges_answer_as_docker(client, env: Env):
+    # A container its restart policy starts again cannot be removed without force.
+    c = client.api.create_container(env.image, ["sleep", "1"], host_config=client.api.create_host_config(restart_policy={"Name": "always"}))
+    client.api.start(c["Id"])
+    client.api.wait(c["Id"], timeout=60)
+    with pytest.raises(docker.errors.APIError) as e:
+        client.api.remove_container(c["Id"])
+    assert e.value.status_code == 409 and "stop the container before" in str(e.value)
+    client.api.remove_container(c["Id"], force=True)
+    # Committing a container whose process has just ended needs no pause.
+    c = client.containers.run(env.image, ["touch", "/committed"], detach=True)
+    try:
+        img = c.commit(repository="sdk-committed")
+        assert img.id
+    finally:
+        c.remove(force=True)
+        client.images.remove("sdk-committed")
+    # The none log driver keeps nothing, and says so; an unknown driver is named.
+    assert client.containers.run(env.image, ["echo", "hi"], log_config={"type": "none"}, remove=True) is None
+    c = client.containers.run(env.image, ["echo", "hi"], log_config={"type": "none"}, detach=True)
+    try:
+        c.wait(timeout=60)
+        with pytest.raises(docker.errors.APIError) as e:
+            c.logs()
+        assert e.value.status_code == 501 and "none" in str(e.value)
+    finally:
+        c.remove(force=True)
+    with pytest.raises(docker.errors.APIError) as e:
+        client.containers.create(env.image, ["true"], log_config={"type": "asdf"})
+    assert e.value.status_code == 400 and "asdf" in str(e.value)
+    # Swarm endpoints answer as a Docker host outside a swarm.
+    assert client.api.leave_swarm(force=True) is True
+    with pytest.raises(docker.errors.APIError) as e:
+        client.api.services()
+    assert e.value.status_code == 503

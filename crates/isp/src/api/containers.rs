@@ -310,9 +310,16 @@ pub async fn pause(rt: &Runtime, id: &str, pause: bool) -> Response<ApiBody> {
 }
 
 /// `DELETE /containers/{id}?force=1`.
-pub async fn remove(rt: &Runtime, id: &str, force: bool) -> Response<ApiBody> {
+/// With `volumes` (`v=1`), the container's anonymous volumes go too.
+pub async fn remove(rt: &Runtime, id: &str, force: bool, volumes: bool) -> Response<ApiBody> {
+    let c = rt.get(id).ok();
     match rt.remove(id, force).await {
-        Ok(()) => empty(StatusCode::NO_CONTENT),
+        Ok(()) => {
+            if let Some(c) = c.filter(|_| volumes) {
+                rt.remove_anonymous_volumes(&c);
+            }
+            empty(StatusCode::NO_CONTENT)
+        }
         Err(e) => fail(e),
     }
 }

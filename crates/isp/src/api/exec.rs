@@ -219,19 +219,30 @@ pub async fn start(rt: &Runtime, id: &str, mut req: Request<Incoming>) -> Respon
         });
         let mut out = io.output;
         let output = super::streams::pump_output(&mut out, &mut wr, raw, want_out, want_err);
-        match input {
-            // The detach sequence ends the attach; the process keeps running.
+        let detached = match input {
+            // The detach sequence ends the attach at once; the process keeps running.
             Some(input) if tty => {
                 tokio::pin!(input);
                 tokio::select! {
-                    _ = output => {}
-                    r = &mut input => if !matches!(r, Ok(true)) { output_rest(&mut out).await },
+                    _ = output => false,
+                    r = &mut input => {
+                        let detached = matches!(r, Ok(true));
+                        if !detached {
+                            output_rest(&mut out).await;
+                        }
+                        detached
+                    }
                 }
             }
-            _ => output.await,
+            _ => {
+                output.await;
+                false
+            }
+        };
+        if !detached {
+            // The exit code is known before the client, seeing the end, asks for it.
+            let _ = ended.wait_for(|s| matches!(s, ExecState::Exited { .. })).await;
         }
-        // The exit code is known before the client, seeing the end, asks for it.
-        let _ = ended.wait_for(|s| matches!(s, ExecState::Exited { .. })).await;
         let _ = wr.flush().await;
         let _ = wr.shutdown().await;
     });

@@ -60,7 +60,6 @@ pub(crate) const REFUSED_HOST: &[(&str, &str)] = &[
     ("StorageOpt", "the overlay root has no per-container options"),
     ("Sysctls", "the kernel's settings are the target's"),
     ("UsernsMode", "user namespaces are not offered"),
-    ("VolumesFrom", "sharing another container's volumes is not offered; bind a named volume"),
 ];
 
 /// `HostConfig` fields honoured (each parsed by [`create_spec`] and applied by the
@@ -103,6 +102,7 @@ pub(crate) const HONOURED_HOST: &[&str] = &[
     "UTSMode",
     "Ulimits",
     "VolumeDriver",
+    "VolumesFrom",
 ];
 
 /// `Config` fields refused unless left at their default, and why.
@@ -357,9 +357,14 @@ pub(crate) fn options(body: &Value, hc: &Value) -> Result<Options, String> {
         None | Some(Value::Null) => {}
         Some(Value::Object(l)) => {
             let ty = l.get("Type").and_then(Value::as_str).unwrap_or("");
-            if !matches!(ty, "" | "json-file" | "local") {
+            const DOCKERS: &[&str] = &["syslog", "journald", "gelf", "fluentd", "awslogs", "splunk", "etwlogs", "gcplogs", "logentries"];
+            if !matches!(ty, "" | "json-file" | "local" | "none") {
+                if !DOCKERS.contains(&ty) {
+                    // Docker's own words for a driver it does not know either.
+                    return Err(format!("logger: no log driver named '{ty}' is registered"));
+                }
                 return Err(format!(
-                    "HostConfig.LogConfig.Type {ty:?} is not supported on this target: use json-file or local (the target keeps each container's log itself)"
+                    "HostConfig.LogConfig.Type {ty:?} is not supported on this target: use json-file, local or none (the target keeps each container's log itself)"
                 ));
             }
             if let Some(k) = l.get("Config").and_then(Value::as_object).and_then(|c| c.keys().next()) {

@@ -52,6 +52,8 @@ pub use body::ApiBody;
 pub const API_VERSION: &str = "1.47";
 /// The oldest API version it accepts from clients.
 pub const MIN_API_VERSION: &str = "1.24";
+/// The endpoints of swarm mode, answered as by a Docker host that is not in a swarm.
+const SWARM: &[&str] = &["swarm", "nodes", "services", "tasks", "secrets", "configs"];
 /// Largest JSON request body (create).
 const MAX_JSON: usize = 1 << 20;
 /// Largest request head: hyper answers a bigger one with an error and closes.
@@ -256,7 +258,12 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::DELETE, ["containers", id]) if t.flag("link") => {
             error(400, &format!("link=true: {id} has no links to remove (legacy links are not offered)"))
         }
-        (&Method::DELETE, ["containers", id]) => containers::remove(&rt, id, t.flag("force")).await,
+        (&Method::DELETE, ["containers", id]) => containers::remove(&rt, id, t.flag("force"), t.flag("v")).await,
+        // As a Docker host that is no swarm member answers them.
+        (_, [first, ..]) if SWARM.contains(first) => error(
+            503,
+            "This node is not part of a swarm: a drive is not a cluster member, so swarm, nodes, services, tasks, secrets and configs are not offered",
+        ),
         _ => error(404, &format!("page not found: {} {} is not part of the API this target serves", m, req_path(&t))),
     };
     Ok(resp)

@@ -109,6 +109,9 @@ pub(crate) fn container_networks(rt: &Runtime, c: &crate::runtime::Container) ->
         dns.extend(cfg.aliases.iter().cloned());
         dns.push(c.id[..12].to_string());
         s["DNSNames"] = json!(dns);
+        if let Some(m) = &cfg.mac {
+            s["MacAddress"] = json!(m);
+        }
         if let Some(a) = rt.networks().attachment(&c.id, &n.id) {
             s["EndpointID"] = json!(endpoint_id(&c.id, &n.id));
             s["Gateway"] = json!(n.gateway.to_string());
@@ -215,8 +218,8 @@ pub(crate) fn network_request(body: &Value) -> Result<NetworkRequest, String> {
     if name.is_empty() {
         return Err("Name is required".into());
     }
-    if !name.starts_with(|c: char| c.is_ascii_alphanumeric()) || !name.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) || name.len() > 128 {
-        return Err(format!("invalid network name {name:?}: only [a-zA-Z0-9][a-zA-Z0-9_.-] are allowed"));
+    if name.len() > 128 || name.chars().any(|c| c.is_control() || c == '/' || c == ':') {
+        return Err(format!("invalid network name {name:?}: at most 128 characters, without '/', ':' or control characters"));
     }
     match text(body, "Driver")? {
         "" | "bridge" => {}
@@ -458,6 +461,7 @@ mod tests {
             (json!({"Name": "n", "IPAM": {"Config": [{"Subnet": "2001:db8::/64"}]}}), "IPv6"),
             (json!({"Name": "n", "IPAM": {"Config": [{"Gateway": "10.0.0.1"}]}}), "Subnet"),
             (json!({"Name": "bad/name"}), "invalid network name"),
+            (json!({"Name": "container:x"}), "invalid network name"),
             (json!({}), "Name is required"),
             (json!([]), "JSON object"),
         ] {

@@ -65,6 +65,14 @@ pub struct CreateSpec {
     /// `ExposedPorts` (`--expose`, and those of `-p`), TCP.
     #[serde(default)]
     pub exposed: Vec<u16>,
+    /// The volumes made for `Config.Volumes` mount points not bound otherwise; removed
+    /// with the container by `rm -v`, or when it was started with `--rm`.
+    #[serde(default)]
+    pub anonymous_volumes: Vec<String>,
+    /// `HostConfig.VolumesFrom`: `CONTAINER[:ro|:rw]` whose volumes and binds this one
+    /// binds too (resolved into `binds` at create).
+    #[serde(default)]
+    pub volumes_from: Vec<String>,
     /// `Config.Healthcheck`: the check run while the container runs.
     #[serde(default)]
     pub health: Option<super::health::HealthSpec>,
@@ -380,10 +388,18 @@ impl Container {
         use std::io::Write;
         // Under the lock, so a follower sees each frame once: in the file or on its channel.
         let mut g = self.lock();
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()) {
-            let _ = f.write_all(&super::log::encode(stream, &data, SystemTime::now()));
+        if !self.log_discarded() {
+            if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()) {
+                let _ = f.write_all(&super::log::encode(stream, &data, SystemTime::now()));
+            }
         }
         g.subscribers.retain(|s| s.send((stream, data.clone())).is_ok());
+    }
+
+    /// Whether the container's output is kept in no log (`--log-driver none`): attached
+    /// clients still get it.
+    pub fn log_discarded(&self) -> bool {
+        self.spec.host_config.pointer("/LogConfig/Type").and_then(serde_json::Value::as_str) == Some("none")
     }
 
     /// For `logs --follow`: the log's length now and, if the container runs, a channel of

@@ -435,6 +435,9 @@ impl Runtime {
                 }
             )));
         }
+        for from in spec.volumes_from.clone() {
+            spec.binds.extend(self.binds_of(&from)?);
+        }
         let files: Vec<_> = self
             .binds(&spec)?
             .into_iter()
@@ -472,6 +475,27 @@ impl Runtime {
         self.all().insert(id, c.clone());
         self.container_event(&c, "create", &[]);
         Ok(c)
+    }
+
+    /// The binds (volumes and paths) of the container `from` names (`CONTAINER[:ro|:rw]`),
+    /// with the mode it asks for, for `VolumesFrom`.
+    fn binds_of(&self, from: &str) -> Result<Vec<String>, RuntimeError> {
+        let (name, mode) = match from.rsplit_once(':') {
+            Some((n, m @ ("ro" | "rw"))) => (n, Some(m)),
+            _ => (from, None),
+        };
+        let other = self.get(name).map_err(|_| RuntimeError::BadRequest(format!("HostConfig.VolumesFrom {from:?}: no such container: {name}")))?;
+        let mut out = Vec::new();
+        for b in &other.spec.binds {
+            let (src, dst, ro) = parse_bind(b).map_err(RuntimeError::BadRequest)?;
+            let src = match src {
+                BindSource::Volume(v) => v,
+                BindSource::Sharable(rel) => format!("/{rel}"),
+            };
+            let ro = mode.map_or(ro == Some(true), |m| m == "ro");
+            out.push(format!("{src}:{dst}{}", if ro { ":ro" } else { "" }));
+        }
+        Ok(out)
     }
 
     /// `docker start`: starts a created or exited container (a running one is left alone).
@@ -603,6 +627,17 @@ impl Runtime {
     /// `docker rm`: refuses a running container unless `force` (which kills it first).
     pub async fn remove(&self, key: &str, force: bool) -> Result<(), RuntimeError> {
         let c = self.get(key)?;
+        // One its restart policy is about to start again counts as running, as with Docker.
+        if !force && c.restarting() {
+            return Err(RuntimeError::Conflict(format!(
+                "cannot remove container \"/{}\": container is restarting: stop the container before removing or force remove",
+                c.name()
+            )));
+        }
+        if force && c.restarting() {
+            c.lock().restarting = false;
+            c.lock().stopped_by_client = true;
+        }
         if matches!(c.state(), RunState::Running { .. }) {
             if !force {
                 return Err(RuntimeError::Conflict(format!(

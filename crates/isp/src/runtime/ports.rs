@@ -52,9 +52,7 @@ impl NetworkMode {
             "" | "default" | "bridge" => Ok(NetworkMode::Default),
             "none" => Ok(NetworkMode::None),
             "host" => Ok(NetworkMode::Host),
-            other if other.starts_with(|c: char| c.is_ascii_alphanumeric()) && other.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) => {
-                Ok(NetworkMode::User)
-            }
+            other if other.len() <= 128 && !other.chars().any(|c| c.is_control() || c == '/' || c == ':') => Ok(NetworkMode::User),
             other => Err(format!(
                 "network mode {other:?} is not supported by this target: use --network none, --network host, a user-defined \
                  network's name, or none at all (a namespace of the container's own, reachable through its published ports)"

@@ -226,7 +226,9 @@ async fn finish(rt: &Arc<Runtime>, c: &Arc<Container>, code: i32) {
     c.exited(code);
     rt.container_event(c, "die", &[("exitCode", code.to_string())]);
     if c.spec.auto_remove {
-        let _ = rt.remove(&c.id, true).await;
+        if rt.remove(&c.id, true).await.is_ok() {
+            rt.remove_anonymous_volumes(c);
+        }
     } else if again {
         supervise(rt, c);
     }
