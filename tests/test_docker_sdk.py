@@ -840,6 +840,7 @@ def test_user_network_reaches_containers_by_name_and_alias(client, env: Env):
         assert a["Driver"] == "bridge" and a["Labels"] == {"k": "v"} and a["IPAM"]["Config"][0]["Subnet"] == "10.77.0.0/24"
         assert [n.id for n in client.networks.list(filters={"label": "k=v"})] == [net.id]
         assert [n.name for n in client.networks.list(filters={"type": "custom"})] == ["sdk-net"]
+        server.reload()
         ip = server.attrs["NetworkSettings"]["Networks"]["sdk-net"]["IPAddress"]
         assert ip.startswith("10.77.0."), server.attrs["NetworkSettings"]["Networks"]
         # By name and by alias, from a container on the same network.
@@ -1003,6 +1004,20 @@ def test_lifecycle_edges_answer_as_docker(client, env: Env):
     with pytest.raises(docker.errors.APIError) as e:
         client.containers.create(env.image, ["true"], log_config={"type": "asdf"})
     assert e.value.status_code == 400 and "asdf" in str(e.value)
+    # max-size and max-file bound the log as Docker's rotation does: the newest lines stay.
+    rotated = docker.types.LogConfig(type="json-file", config={"max-size": "1k", "max-file": "2"})
+    c = client.containers.run(env.image, ["sh", "-c", "i=0; while [ $i -lt 500 ]; do echo line $i; i=$((i+1)); done"], log_config=rotated, detach=True)
+    try:
+        c.wait(timeout=60)
+        assert c.attrs["HostConfig"]["LogConfig"] == {"Type": "json-file", "Config": {"max-size": "1k", "max-file": "2"}}
+        logs = c.logs()
+        assert 0 < len(logs) <= 2048 and logs.endswith(b"line 499\n") and b"line 0\n" not in logs, len(logs)
+    finally:
+        c.remove(force=True)
+    for bad in ({"compress": "true"}, {"max-size": "lots"}):
+        with pytest.raises(docker.errors.APIError) as e:
+            client.containers.create(env.image, ["true"], log_config=docker.types.LogConfig(type="json-file", config=bad))
+        assert e.value.status_code == 400 and next(iter(bad)) in str(e.value)
     # Swarm endpoints answer as a Docker host outside a swarm.
     assert client.api.leave_swarm(force=True) is True
     with pytest.raises(docker.errors.APIError) as e:

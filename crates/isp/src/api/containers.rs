@@ -148,7 +148,7 @@ pub fn list(rt: &Runtime, t: &Target) -> Response<ApiBody> {
             "Id": c.id, "Names": [format!("/{}", c.name())], "Image": image_name(&c), "ImageID": c.image_id,
             "Command": c.args.join(" "), "Created": secs(c.created), "Ports": ps_ports(&c), "Labels": c.spec.labels,
             "State": state, "Status": status, "HostConfig": {"NetworkMode": super::networks::mode_name(&c)},
-            "NetworkSettings": {"Networks": super::networks::container_networks(rt, &c)}, "Mounts": mounts(&c),
+            "NetworkSettings": {"Networks": super::networks::container_networks(rt, &c)}, "Mounts": mounts(rt, &c),
         });
         if t.flag("size") {
             row["SizeRw"] = json!(crate::image::layer_size(&c.upper_dir()));
@@ -216,17 +216,33 @@ pub(crate) fn port_bindings_asked(c: &Container) -> Value {
     Value::Object(m)
 }
 
-pub(crate) fn mounts(c: &Container) -> Value {
-    Value::Array(
-        c.spec
-            .binds
-            .iter()
-            .map(|b| {
-                let mut p = b.split(':');
-                json!({"Source": p.next().unwrap_or(""), "Destination": p.next().unwrap_or(""), "RW": p.next() == Some("rw")})
-            })
-            .collect(),
-    )
+pub(crate) fn mounts(rt: &Runtime, c: &Container) -> Value {
+    use crate::runtime::{parse_bind, BindSource};
+    let mut out: Vec<Value> = c
+        .spec
+        .binds
+        .iter()
+        .filter_map(|b| parse_bind(b).ok())
+        .map(|(src, dst, ro)| {
+            let rw = ro != Some(true);
+            let mode = match ro {
+                Some(true) => "ro",
+                Some(false) => "rw",
+                None => "",
+            };
+            match src {
+                BindSource::Volume(v) => {
+                    let at = rt.volume_get(&v).map(|x| x.mountpoint.display().to_string()).unwrap_or_default();
+                    json!({"Type": "volume", "Name": v, "Source": at, "Destination": dst, "Driver": "local", "Mode": mode, "RW": rw, "Propagation": ""})
+                }
+                BindSource::Sharable(rel) => {
+                    json!({"Type": "bind", "Source": format!("/{rel}"), "Destination": dst, "Mode": mode, "RW": rw, "Propagation": "rprivate"})
+                }
+            }
+        })
+        .collect();
+    out.extend(c.spec.options.tmpfs.keys().map(|dst| json!({"Type": "tmpfs", "Source": "", "Destination": dst, "Mode": "", "RW": true, "Propagation": ""})));
+    Value::Array(out)
 }
 
 /// `POST /containers/{id}/start`.

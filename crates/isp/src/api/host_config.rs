@@ -367,8 +367,15 @@ pub(crate) fn options(body: &Value, hc: &Value) -> Result<Options, String> {
                     "HostConfig.LogConfig.Type {ty:?} is not supported on this target: use json-file, local or none (the target keeps each container's log itself)"
                 ));
             }
-            if let Some(k) = l.get("Config").and_then(Value::as_object).and_then(|c| c.keys().next()) {
-                return Err(format!("HostConfig.LogConfig.Config {k:?} is not supported on this target: the log is kept whole until the container is removed"));
+            match l.get("Config") {
+                None | Some(Value::Null) => {}
+                Some(Value::Object(c)) if ty == "none" && !c.is_empty() => {
+                    return Err("HostConfig.LogConfig.Config: the none driver takes no options".into());
+                }
+                Some(Value::Object(c)) => {
+                    crate::runtime::log::Rotation::parse(c)?;
+                }
+                Some(_) => return Err("HostConfig.LogConfig.Config must be an object of strings".into()),
             }
         }
         Some(_) => return Err("HostConfig.LogConfig must be {\"Type\", \"Config\"}".into()),

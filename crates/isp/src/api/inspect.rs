@@ -140,7 +140,7 @@ pub fn inspect(rt: &Runtime, id: &str) -> Response<ApiBody> {
             "State": state,
             "Image": c.image_id, "ResolvConfPath": "", "HostnamePath": "", "HostsPath": "", "LogPath": c.log_path(),
             "Name": format!("/{}", c.name()), "RestartCount": c.restarts(), "Driver": "overlay", "Platform": "linux",
-            "MountLabel": "", "ProcessLabel": "", "AppArmorProfile": "", "ExecIDs": c.exec_ids(), "Mounts": mounts(&c),
+            "MountLabel": "", "ProcessLabel": "", "AppArmorProfile": "", "ExecIDs": c.exec_ids(), "Mounts": mounts(rt, &c),
             "HostConfig": host_config(&c), "Config": config(&c),
             "GraphDriver": {"Name": "overlay", "Data": null},
             "NetworkSettings": {"Bridge": "", "SandboxID": "", "SandboxKey": "", "HairpinMode": false, "LinkLocalIPv6Address": "",

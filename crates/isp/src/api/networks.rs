@@ -81,7 +81,7 @@ fn user_doc(rt: &Runtime, n: &Network) -> Value {
         .collect();
     json!({
         "Name": n.name, "Id": n.id, "Created": rfc3339(n.created as i64), "Scope": "local", "Driver": "bridge",
-        "EnableIPv4": true, "EnableIPv6": false, "IPAM": {"Driver": "default", "Options": {}, "Config": [ipam_config(n)]},
+        "EnableIPv4": true, "EnableIPv6": false, "IPAM": {"Driver": "default", "Options": null, "Config": [ipam_config(n)]},
         "Internal": n.internal, "Attachable": n.attachable, "Ingress": false, "ConfigFrom": {"Network": ""}, "ConfigOnly": false,
         "Containers": containers, "Options": {}, "Labels": n.labels,
     })

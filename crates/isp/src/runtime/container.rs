@@ -391,9 +391,18 @@ impl Container {
         if !self.log_discarded() {
             if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()) {
                 let _ = f.write_all(&super::log::encode(stream, &data, SystemTime::now()));
+                if let Some(r) = self.log_rotation() {
+                    let _ = r.enforce(&self.log_path());
+                }
             }
         }
         g.subscribers.retain(|s| s.send((stream, data.clone())).is_ok());
+    }
+
+    /// The log's `max-size`/`max-file`, if given (checked at create).
+    fn log_rotation(&self) -> Option<super::log::Rotation> {
+        let c = self.spec.host_config.pointer("/LogConfig/Config").and_then(serde_json::Value::as_object)?;
+        super::log::Rotation::parse(c).ok().flatten()
     }
 
     /// Whether the container's output is kept in no log (`--log-driver none`): attached
