@@ -65,7 +65,10 @@ pub(crate) fn exec_spec(v: &Value) -> Result<ExecSpec, String> {
     if flag(v, "Privileged")? {
         return Err("Privileged is not supported on this target: an exec keeps the container's capabilities".into());
     }
-    let detach_keys = text(v, "DetachKeys")?.unwrap_or_default();
+    // Docker reads JSON field names regardless of case, and clients send this one as
+    // `detachKeys` (the Docker SDK for Python, from its configuration file).
+    let detach_field = v.as_object().and_then(|m| m.keys().find(|k| k.eq_ignore_ascii_case("DetachKeys")).cloned()).unwrap_or_else(|| "DetachKeys".into());
+    let detach_keys = text(v, &detach_field)?.unwrap_or_default();
     detach::keys_of(Some(&detach_keys).filter(|k| !k.is_empty()).map(String::as_str))?;
     let cmd = strings(v, "Cmd")?;
     if cmd.is_empty() {
@@ -314,6 +317,8 @@ mod tests {
         assert!(exec_spec(&json!({"Cmd": ["x"], "Privileged": true})).unwrap_err().contains("Privileged"));
         assert!(exec_spec(&json!({"Cmd": ["x"], "Env": ["=x"]})).unwrap_err().contains("environment"));
         assert!(exec_spec(&json!({"Cmd": ["x"], "DetachKeys": "ctrl-"})).is_err());
+        assert!(exec_spec(&json!({"Cmd": ["x"], "detachKeys": "ctrl-"})).is_err());
+        assert_eq!(exec_spec(&json!({"Cmd": ["x"], "detachKeys": "ctrl-p"})).unwrap().detach_keys, "ctrl-p");
         assert!(exec_spec(&json!({"Cmd": ["x"], "User": "a b"})).is_err());
         assert!(exec_spec(&json!([1])).is_err());
     }
