@@ -430,7 +430,10 @@ impl Networks {
                 names.extend(cfg.aliases.iter().cloned());
                 let peer_names = names.clone();
                 names.extend(
-                    links.iter().filter(|(target, _)| peer_names.contains(target) || peer.starts_with(target.as_str())).map(|(_, alias)| alias.clone()),
+                    links
+                        .iter()
+                        .filter(|(target, _)| peer_names.contains(target) || (target.len() >= 12 && peer.starts_with(target.as_str())))
+                        .map(|(_, alias)| alias.clone()),
                 );
                 names.push(peer[..12.min(peer.len())].to_string());
                 names.dedup();
