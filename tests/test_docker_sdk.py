@@ -649,6 +649,9 @@ def test_save_and_load_back(client, env: Env):
         manifest = json.loads(t.extractfile("manifest.json").read())
     assert "index.json" in names and "oci-layout" in names
     assert manifest[0]["RepoTags"] == [env.image]
+    # Saved by id, as Docker saves it: no tags, loaded back as the image alone.
+    with tarfile.open(fileobj=io.BytesIO(b"".join(img.save(named=False)))) as t:
+        assert json.loads(t.extractfile("manifest.json").read())[0]["RepoTags"] == []
     # Loaded back under another name after the original is gone.
     holder = client.containers.create(env.image, ["true"])  # keeps the layers in use
     try:
