@@ -193,10 +193,12 @@ def test_bad_port_requests_get_clear_errors(env):
         ({"PortBindings": ["80:80"]}, "PortBindings"),
         ({"NetworkMode": "host", "PortBindings": {"80/tcp": [{"HostPort": "8080"}]}}, "conflicting options"),
         ({"NetworkMode": "none", "PortBindings": {"80/tcp": [{"HostPort": "8080"}]}}, "conflicting options"),
-        ({"NetworkMode": "mynet"}, "not supported"),
+        ({"NetworkMode": "container:other"}, "not supported"),
     ]:
         status, text = create(hc)
         assert status == 400 and why in text, (hc, status, text)
+    status, text = create({"NetworkMode": "no-such-net"})
+    assert status == 404 and "network no-such-net not found" in text, (status, text)
     status, text = create({}, ExposedPorts={"80/sctp": {}})
     assert status == 400 and "TCP only" in text
     # The stock CLI reaches the same refusal for UDP.

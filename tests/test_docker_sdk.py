@@ -649,6 +649,9 @@ def test_save_and_load_back(client, env: Env):
         manifest = json.loads(t.extractfile("manifest.json").read())
     assert "index.json" in names and "oci-layout" in names
     assert manifest[0]["RepoTags"] == [env.image]
+    # Saved by id, as Docker saves it: no tags, loaded back as the image alone.
+    with tarfile.open(fileobj=io.BytesIO(b"".join(img.save(named=False)))) as t:
+        assert json.loads(t.extractfile("manifest.json").read())[0]["RepoTags"] == []
     # Loaded back under another name after the original is gone.
     holder = client.containers.create(env.image, ["true"])  # keeps the layers in use
     try:
@@ -714,14 +717,18 @@ def test_export_and_predefined_networks(client, env: Env):
     finally:
         c.remove(force=True)
     nets = {n.name: n for n in client.networks.list()}
-    assert set(nets) == {"bridge", "host", "none"}
+    assert {"bridge", "host", "none"} <= set(nets)
     assert client.networks.get(nets["host"].id).attrs["Driver"] == "host"
     assert [n.name for n in client.networks.list(names=["bridge"])] == ["bridge"]
+    for driver in ("host", "overlay", "macvlan"):
+        with pytest.raises(docker.errors.APIError) as e:
+            client.networks.create("sdk-bad-driver", driver=driver)
+        assert e.value.status_code == 400 and driver in str(e.value)
     with pytest.raises(docker.errors.APIError) as e:
-        client.networks.create("mynet", driver="bridge")
-    assert e.value.status_code == 400 and "network" in str(e.value)
+        client.networks.create("bridge")
+    assert e.value.status_code == 403
     with pytest.raises(docker.errors.NotFound):
-        client.networks.get("mynet")
+        client.networks.get("sdk-bad-driver")
 
 
 def test_commit_makes_an_image_of_the_changes(client, env: Env):
@@ -817,3 +824,208 @@ def test_query_options_are_honoured_or_refused(client, env: Env):
         client.api.remove_container(c.id, link=True)
     assert e.value.status_code == 400
     c.remove()
+
+
+def _netns() -> set[str]:
+    return set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
+
+
+def test_user_network_reaches_containers_by_name_and_alias(client, env: Env):
+    links_before = set(os.listdir("/sys/class/net"))
+    net = client.networks.create("sdk-net", labels={"k": "v"}, ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet="10.77.0.0/24")]))
+    alias = {"sdk-net": client.api.create_endpoint_config(aliases=["web-alias"])}
+    server = client.containers.run(
+        env.image, ["httpd", "-f", "-p", "8080", "-h", "/etc"], detach=True, name="sdk-web", network="sdk-net", networking_config=alias
+    )
+    idle = client.containers.run(env.image, ["sleep", "300"], detach=True, name="sdk-idle")
+    try:
+        a = net.attrs
+        assert a["Driver"] == "bridge" and a["Labels"] == {"k": "v"} and a["IPAM"]["Config"][0]["Subnet"] == "10.77.0.0/24"
+        assert [n.id for n in client.networks.list(filters={"label": "k=v"})] == [net.id]
+        assert [n.name for n in client.networks.list(filters={"type": "custom"})] == ["sdk-net"]
+        server.reload()
+        ip = server.attrs["NetworkSettings"]["Networks"]["sdk-net"]["IPAddress"]
+        # The target's hub namespace, and the container's own beside it.
+        hub = next(n for n in _netns() if n.endswith("-" + server.id[:12]))[: -len(server.id[:12]) - 1]
+        assert hub in _netns()
+        assert ip.startswith("10.77.0."), server.attrs["NetworkSettings"]["Networks"]
+        # By name and by alias, from a container on the same network.
+        out = client.containers.run(
+            env.image,
+            ["sh", "-c", "wget -q -O- http://sdk-web:8080/passwd | head -1; ping -c1 -W2 web-alias >/dev/null && echo alias-ok"],
+            network="sdk-net",
+            remove=True,
+        )
+        lines = out.decode().splitlines()
+        assert lines[0].startswith("root:") and lines[-1] == "alias-ok", lines
+        # A container on the default network reaches nothing of it until connected.
+        code, text = idle.exec_run(["ping", "-c1", "-W1", ip])
+        assert code != 0, text
+        net.connect(idle, aliases=["idler"])
+        net.reload()
+        assert set(net.attrs["Containers"]) == {server.id, idle.id}
+        code, text = idle.exec_run(["ping", "-c1", "-W2", ip])
+        assert code == 0, text
+        code, text = server.exec_run(["ping", "-c1", "-W2", "idler"])
+        assert code == 0, text
+        with pytest.raises(docker.errors.APIError):
+            net.connect(idle)
+        with pytest.raises(docker.errors.APIError) as e:
+            net.remove()
+        assert e.value.status_code == 403
+        net.disconnect(idle)
+        code, text = idle.exec_run(["ping", "-c1", "-W1", ip])
+        assert code != 0, text
+        code, text = server.exec_run(["ping", "-c1", "-W1", "idler"])
+        assert code != 0, text
+    finally:
+        for c in (server, idle):
+            c.remove(force=True)
+    # The containers' namespaces went with them; the network's bridge goes with it; the
+    # target's own namespace never had a link added.
+    assert not [n for n in _netns() if n.endswith((server.id[:12], idle.id[:12]))]
+    assert client.networks.prune()["NetworksDeleted"] == ["sdk-net"]
+    assert hub not in _netns() and set(os.listdir("/sys/class/net")) == links_before
+    with pytest.raises(docker.errors.NotFound):
+        client.networks.get("sdk-net")
+
+
+def test_network_requests_are_checked(client, env: Env):
+    with pytest.raises(docker.errors.APIError) as e:
+        client.networks.create("sdk-v6", enable_ipv6=True)
+    assert e.value.status_code == 400 and "EnableIPv6" in str(e.value)
+    with pytest.raises(docker.errors.APIError) as e:
+        client.networks.create("sdk-sub", ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet="10.78.0.0/33")]))
+    assert e.value.status_code == 400 and "10.78.0.0/33" in str(e.value)
+    net = client.networks.create("sdk-dup")
+    try:
+        with pytest.raises(docker.errors.APIError) as e:
+            client.networks.create("sdk-dup")
+        assert e.value.status_code == 409
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.create(env.image, ["true"], network="sdk-missing")
+        for hc in ({"NetworkMode": "host"}, {"NetworkMode": "none"}):
+            c = client.api.create_container(env.image, ["sleep", "30"], host_config=client.api.create_host_config(network_mode=hc["NetworkMode"]))
+            try:
+                with pytest.raises(docker.errors.APIError) as e:
+                    net.connect(c["Id"])
+                assert e.value.status_code == 400 and hc["NetworkMode"] in str(e.value)
+            finally:
+                client.api.remove_container(c["Id"], force=True)
+        bad = client.api._post_json(
+            client.api._url("/networks/{0}/connect", net.id), data={"Container": "x", "EndpointConfig": {"IPAMConfig": {"IPv6Address": "2001:db8::5"}}}
+        )
+        assert bad.status_code == 400 and "IPv6Address" in bad.text
+    finally:
+        net.remove()
+    assert "sdk-dup" not in [n.name for n in client.networks.list()]
+
+
+def test_health_checks_run_and_report(client, env: Env):
+    second = 1_000_000_000
+    ok = client.containers.run(env.image, ["sleep", "60"], detach=True, healthcheck={"test": ["CMD", "true"], "interval": second, "retries": 1})
+    bad = client.containers.run(env.image, ["sleep", "60"], detach=True, healthcheck={"test": "exit 3", "interval": second, "retries": 2})
+    try:
+        assert ok.attrs["Config"]["Healthcheck"]["Test"] == ["CMD", "true"]
+        assert bad.attrs["Config"]["Healthcheck"]["Test"] == ["CMD-SHELL", "exit 3"]
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            ok.reload(), bad.reload()
+            if ok.attrs["State"]["Health"]["Status"] == "healthy" and bad.attrs["State"]["Health"]["Status"] == "unhealthy":
+                break
+            time.sleep(0.3)
+        assert ok.attrs["State"]["Health"]["Status"] == "healthy", ok.attrs["State"]
+        h = bad.attrs["State"]["Health"]
+        assert h["Status"] == "unhealthy" and h["FailingStreak"] >= 2 and h["Log"][-1]["ExitCode"] == 3, h
+        assert [c.id for c in client.containers.list(filters={"health": "unhealthy"})] == [bad.id]
+        assert "(healthy)" in client.api.containers(filters={"id": ok.id})[0]["Status"]
+    finally:
+        ok.remove(force=True)
+        bad.remove(force=True)
+    with pytest.raises(docker.errors.APIError) as e:
+        client.containers.create(env.image, ["true"], healthcheck={"test": ["BOGUS"]})
+    assert e.value.status_code == 400 and "Healthcheck" in str(e.value)
+
+
+def test_anonymous_volumes_are_made_and_removed_with_the_container(client, env: Env):
+    c = client.api.create_container(env.image, ["sh", "-c", "echo kept > /anon/f"], volumes=["/anon"])
+    client.api.start(c["Id"])
+    assert client.api.wait(c["Id"], timeout=60)["StatusCode"] == 0
+    mounts = client.api.inspect_container(c["Id"])["Mounts"]
+    names = [m["Name"] for m in mounts if m["Destination"] == "/anon"]
+    assert len(names) == 1 and client.volumes.get(names[0])
+    # Copying into it reaches the volume.
+    assert client.api.get_archive(c["Id"], "/anon/f")[1]["size"] == 5
+    # Another container binds the same volumes with VolumesFrom (read-only when asked).
+    out = client.containers.run(env.image, ["sh", "-c", "cat /anon/f; touch /anon/g 2>/dev/null || echo ro"], volumes_from=[f"{c['Id']}:ro"], remove=True)
+    assert out.split() == [b"kept", b"ro"]
+    client.api.remove_container(c["Id"], v=True)
+    with pytest.raises(docker.errors.NotFound):
+        client.volumes.get(names[0])
+    with pytest.raises(docker.errors.APIError) as e:
+        client.api.create_container(env.image, ["true"], volumes=["rel/path"])
+    assert e.value.status_code == 400 and "rel/path" in str(e.value)
+
+
+def test_exec_framing_follows_start_and_missing_commands_exit_127(client, env: Env):
+    c = client.containers.run(env.image, ["sleep", "60"], detach=True)
+    try:
+        # A terminal at create, a multiplexed stream at start: the output comes framed.
+        e = client.api.exec_create(c.id, ["echo", "framed"], tty=True)
+        out = client.api.exec_start(e["Id"], tty=False, demux=True)
+        assert out[0].strip() == b"framed", out
+        code, _ = c.exec_run(["no-such-command"])
+        assert code == 127
+    finally:
+        c.remove(force=True)
+
+
+def test_lifecycle_edges_answer_as_docker(client, env: Env):
+    # A container its restart policy starts again cannot be removed without force.
+    c = client.api.create_container(env.image, ["sleep", "1"], host_config=client.api.create_host_config(restart_policy={"Name": "always"}))
+    client.api.start(c["Id"])
+    client.api.wait(c["Id"], timeout=60)
+    with pytest.raises(docker.errors.APIError) as e:
+        client.api.remove_container(c["Id"])
+    assert e.value.status_code == 409 and "stop the container before" in str(e.value)
+    client.api.remove_container(c["Id"], force=True)
+    # Committing a container whose process has just ended needs no pause.
+    c = client.containers.run(env.image, ["touch", "/committed"], detach=True)
+    try:
+        img = c.commit(repository="sdk-committed")
+        assert img.id
+    finally:
+        c.remove(force=True)
+        client.images.remove("sdk-committed")
+    # The none log driver keeps nothing, and says so; an unknown driver is named.
+    assert client.containers.run(env.image, ["echo", "hi"], log_config={"type": "none"}, remove=True) is None
+    c = client.containers.run(env.image, ["echo", "hi"], log_config={"type": "none"}, detach=True)
+    try:
+        c.wait(timeout=60)
+        with pytest.raises(docker.errors.APIError) as e:
+            c.logs()
+        assert e.value.status_code == 501 and "none" in str(e.value)
+    finally:
+        c.remove(force=True)
+    with pytest.raises(docker.errors.APIError) as e:
+        client.containers.create(env.image, ["true"], log_config={"type": "asdf"})
+    assert e.value.status_code == 400 and "asdf" in str(e.value)
+    # max-size and max-file bound the log as Docker's rotation does: the newest lines stay.
+    rotated = docker.types.LogConfig(type="json-file", config={"max-size": "1k", "max-file": "2"})
+    c = client.containers.run(env.image, ["sh", "-c", "i=0; while [ $i -lt 500 ]; do echo line $i; i=$((i+1)); done"], log_config=rotated, detach=True)
+    try:
+        c.wait(timeout=60)
+        assert c.attrs["HostConfig"]["LogConfig"] == {"Type": "json-file", "Config": {"max-size": "1k", "max-file": "2"}}
+        logs = c.logs()
+        assert 0 < len(logs) <= 2048 and logs.endswith(b"line 499\n") and b"line 0\n" not in logs, len(logs)
+    finally:
+        c.remove(force=True)
+    for bad in ({"compress": "true"}, {"max-size": "lots"}):
+        with pytest.raises(docker.errors.APIError) as e:
+            client.containers.create(env.image, ["true"], log_config=docker.types.LogConfig(type="json-file", config=bad))
+        assert e.value.status_code == 400 and next(iter(bad)) in str(e.value)
+    # Swarm endpoints answer as a Docker host outside a swarm.
+    assert client.api.leave_swarm(force=True) is True
+    with pytest.raises(docker.errors.APIError) as e:
+        client.api.services()
+    assert e.value.status_code == 503

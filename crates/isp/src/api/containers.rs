@@ -33,11 +33,20 @@ fn ago(t: SystemTime) -> String {
 }
 
 /// The state word of `ps` and its filters, and the status line.
-pub(crate) fn status(c: &Container) -> (&'static str, String) {
+/// ` (healthy)` and the like, after a running container's status, as `docker ps` shows.
+fn health_note(rt: &Runtime, c: &Container) -> String {
+    match (c.spec.health.is_some(), rt.health(&c.id)) {
+        (false, _) => String::new(),
+        (true, Some(h)) if h.status != "starting" => format!(" ({})", h.status),
+        (true, _) => " (health: starting)".into(),
+    }
+}
+
+pub(crate) fn status(rt: &Runtime, c: &Container) -> (&'static str, String) {
     match c.state() {
         RunState::Created => ("created", "Created".into()),
         RunState::Running { started, .. } if c.paused() => ("paused", format!("Up {} (Paused)", ago(started))),
-        RunState::Running { started, .. } => ("running", format!("Up {}", ago(started))),
+        RunState::Running { started, .. } => ("running", format!("Up {}{}", ago(started), health_note(rt, c))),
         RunState::Exited { code, finished, .. } if c.restarting() => ("restarting", format!("Restarting ({code}) {} ago", ago(finished))),
         RunState::Exited { code, finished, .. } => ("exited", format!("Exited ({code}) {} ago", ago(finished))),
     }
@@ -52,7 +61,7 @@ pub(crate) fn image_name(c: &Container) -> &str {
 /// `expose`, `publish`, `health`, `is-task`); `before`/`since` name other containers of
 /// `rt`.
 pub(crate) fn passes(rt: &Runtime, c: &Container, f: &Filters) -> Result<bool, String> {
-    let (state, _) = status(c);
+    let (state, _) = status(rt, c);
     let any = |k: &str, ok: &dyn Fn(&str) -> bool| {
         let v = f.values(k);
         v.is_empty() || v.iter().any(|x| ok(x))
@@ -72,12 +81,20 @@ pub(crate) fn passes(rt: &Runtime, c: &Container, f: &Filters) -> Result<bool, S
         && any("exited", &|x| x.parse::<i32>().ok().is_some_and(|n| code == Some(n)))
         && any("ancestor", &|x| c.spec.image == x || c.image_id == x || rt.images().get(x).is_ok_and(|i| i.id == c.image_id))
         && f.labels_match("label", &c.spec.labels)
-        && any("network", &|x| x == c.spec.network.name() || (x == "bridge" && c.spec.network.name() == "default"))
+        && any("network", &|x| {
+            x == c.spec.network.name()
+                || (x == "bridge" && c.spec.network.name() == "default")
+                || rt.networks().of_container(&c.id).iter().any(|(n, _)| n.name == x || n.id.starts_with(x))
+        })
         && any("volume", &|x| c.spec.binds.iter().any(|b| b.split(':').take(2).any(|p| p == x)))
         && any("expose", &|x| port_of(x).is_some_and(|p| exposed(c).contains(&p)))
         && any("publish", &|x| port_of(x).is_some_and(|p| c.spec.ports.iter().any(|b| b.container_port == p)))
         // No container has a health check (they are refused at create) or is a task.
-        && any("health", &|x| x == "none")
+        && any("health", &|x| match (c.spec.health.is_some(), rt.health(&c.id)) {
+            (false, _) => x == "none",
+            (true, Some(h)) if matches!(c.state(), RunState::Running { .. }) => x == h.status,
+            (true, _) => x == "starting",
+        })
         && any("is-task", &|x| x == "false");
     for (k, newer) in [("before", false), ("since", true)] {
         for other in f.values(k) {
@@ -126,12 +143,12 @@ pub fn list(rt: &Runtime, t: &Target) -> Response<ApiBody> {
             Ok(false) => continue,
             Err(m) => return error(400, &m),
         }
-        let (state, status) = status(&c);
+        let (state, status) = status(rt, &c);
         let mut row = json!({
             "Id": c.id, "Names": [format!("/{}", c.name())], "Image": image_name(&c), "ImageID": c.image_id,
             "Command": c.args.join(" "), "Created": secs(c.created), "Ports": ps_ports(&c), "Labels": c.spec.labels,
-            "State": state, "Status": status, "HostConfig": {"NetworkMode": c.spec.network.name()},
-            "NetworkSettings": {"Networks": {}}, "Mounts": mounts(&c),
+            "State": state, "Status": status, "HostConfig": {"NetworkMode": super::networks::mode_name(&c)},
+            "NetworkSettings": {"Networks": super::networks::container_networks(rt, &c)}, "Mounts": mounts(rt, &c),
         });
         if t.flag("size") {
             row["SizeRw"] = json!(crate::image::layer_size(&c.upper_dir()));
@@ -199,17 +216,33 @@ pub(crate) fn port_bindings_asked(c: &Container) -> Value {
     Value::Object(m)
 }
 
-pub(crate) fn mounts(c: &Container) -> Value {
-    Value::Array(
-        c.spec
-            .binds
-            .iter()
-            .map(|b| {
-                let mut p = b.split(':');
-                json!({"Source": p.next().unwrap_or(""), "Destination": p.next().unwrap_or(""), "RW": p.next() == Some("rw")})
-            })
-            .collect(),
-    )
+pub(crate) fn mounts(rt: &Runtime, c: &Container) -> Value {
+    use crate::runtime::{parse_bind, BindSource};
+    let mut out: Vec<Value> = c
+        .spec
+        .binds
+        .iter()
+        .filter_map(|b| parse_bind(b).ok())
+        .map(|(src, dst, ro)| {
+            let rw = ro != Some(true);
+            let mode = match ro {
+                Some(true) => "ro",
+                Some(false) => "rw",
+                None => "",
+            };
+            match src {
+                BindSource::Volume(v) => {
+                    let at = rt.volume_get(&v).map(|x| x.mountpoint.display().to_string()).unwrap_or_default();
+                    json!({"Type": "volume", "Name": v, "Source": at, "Destination": dst, "Driver": "local", "Mode": mode, "RW": rw, "Propagation": ""})
+                }
+                BindSource::Sharable(rel) => {
+                    json!({"Type": "bind", "Source": format!("/{rel}"), "Destination": dst, "Mode": mode, "RW": rw, "Propagation": "rprivate"})
+                }
+            }
+        })
+        .collect();
+    out.extend(c.spec.options.tmpfs.keys().map(|dst| json!({"Type": "tmpfs", "Source": "", "Destination": dst, "Mode": "", "RW": true, "Propagation": ""})));
+    Value::Array(out)
 }
 
 /// `POST /containers/{id}/start`.
@@ -293,9 +326,16 @@ pub async fn pause(rt: &Runtime, id: &str, pause: bool) -> Response<ApiBody> {
 }
 
 /// `DELETE /containers/{id}?force=1`.
-pub async fn remove(rt: &Runtime, id: &str, force: bool) -> Response<ApiBody> {
+/// With `volumes` (`v=1`), the container's anonymous volumes go too.
+pub async fn remove(rt: &Runtime, id: &str, force: bool, volumes: bool) -> Response<ApiBody> {
+    let c = rt.get(id).ok();
     match rt.remove(id, force).await {
-        Ok(()) => empty(StatusCode::NO_CONTENT),
+        Ok(()) => {
+            if let Some(c) = c.filter(|_| volumes) {
+                rt.remove_anonymous_volumes(&c);
+            }
+            empty(StatusCode::NO_CONTENT)
+        }
         Err(e) => fail(e),
     }
 }

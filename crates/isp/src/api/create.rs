@@ -68,12 +68,7 @@ pub(crate) fn create_spec(body: &Value) -> Result<CreateSpec, String> {
             return Err(format!("Config.{field} is not supported on this target: {why}"));
         }
     }
-    if let Some(h) = body.get("Healthcheck").filter(|v| !is_default(v)) {
-        let none = h.get("Test").and_then(Value::as_array).is_some_and(|t| t.first().and_then(Value::as_str) == Some("NONE"));
-        if !none {
-            return Err("Config.Healthcheck is not supported on this target: health checks are not run".into());
-        }
-    }
+    let health = crate::runtime::health::HealthSpec::parse(body.get("Healthcheck").unwrap_or(&Value::Null))?;
     let nano = number(&hc, "NanoCpus")?.filter(|&n| n > 0);
     let quota = number(&hc, "CpuQuota")?.filter(|&n| n > 0);
     let period = number(&hc, "CpuPeriod")?.filter(|&n| n > 0).unwrap_or(100_000);
@@ -92,15 +87,25 @@ pub(crate) fn create_spec(body: &Value) -> Result<CreateSpec, String> {
     let mut options = options(body, &hc)?;
     let mut binds = strings(&hc, "Binds")?.unwrap_or_default();
     mounts(&hc, &mut binds, &mut options.tmpfs)?;
-    // Config.Volumes lists mount points; each must be bound (anonymous volumes are not
-    // made), which is what clients send along with their binds.
-    if let Some(Value::Object(v)) = body.get("Volumes") {
-        for dst in v.keys() {
-            let bound = binds.iter().any(|b| b.split(':').nth(1) == Some(dst.as_str())) || options.tmpfs.contains_key(dst);
-            if !bound {
-                return Err(format!("Config.Volumes {dst:?}: anonymous volumes are not supported on this target; bind a named volume (NAME:{dst})"));
+    // Config.Volumes lists mount points; one not bound otherwise gets a volume of its own
+    // (an anonymous one: a random name, removed with the container by `rm -v` or `--rm`).
+    let mut anonymous_volumes = Vec::new();
+    match body.get("Volumes") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(v)) => {
+            for dst in v.keys() {
+                if !dst.starts_with('/') || dst.contains(':') || dst.split('/').any(|p| p == "..") {
+                    return Err(format!("Config.Volumes {dst:?}: a mount point is an absolute path without ':' or '..'"));
+                }
+                let bound = binds.iter().any(|b| b.split(':').nth(1) == Some(dst.as_str())) || options.tmpfs.contains_key(dst);
+                if !bound {
+                    let name = crate::runtime::random_id();
+                    binds.push(format!("{name}:{dst}"));
+                    anonymous_volumes.push(name);
+                }
             }
         }
+        Some(_) => return Err("Config.Volumes must be an object of mount points".into()),
     }
     let network_disabled = flag(body, "NetworkDisabled")?;
     let mut network = NetworkMode::parse(match hc.get("NetworkMode") {
@@ -110,6 +115,11 @@ pub(crate) fn create_spec(body: &Value) -> Result<CreateSpec, String> {
     })?;
     if network_disabled {
         network = NetworkMode::None;
+    }
+    let mut endpoints = super::networks::endpoints(body.get("NetworkingConfig"))?;
+    if network == NetworkMode::User {
+        let name = hc.get("NetworkMode").and_then(Value::as_str).unwrap_or_default().to_string();
+        endpoints.entry(name).or_default();
     }
     let config: Map<String, Value> = CONFIG_FIELDS.iter().filter_map(|k| body.get(*k).map(|v| (k.to_string(), v.clone()))).collect();
     Ok(CreateSpec {
@@ -127,6 +137,10 @@ pub(crate) fn create_spec(body: &Value) -> Result<CreateSpec, String> {
         auto_remove: flag(&hc, "AutoRemove")?,
         labels,
         network,
+        endpoints,
+        health,
+        anonymous_volumes,
+        volumes_from: strings(&hc, "VolumesFrom")?.unwrap_or_default(),
         ports: port_bindings(body, &hc)?,
         exposed: exposed_ports(body)?,
         options,
@@ -253,7 +267,9 @@ mod tests {
         let net = create_spec(&json!({"Image": "b", "ExposedPorts": {"80/tcp": {}}, "HostConfig": {"NetworkMode": "default", "PortBindings": {"80/tcp": [{"HostIp": "127.0.0.1", "HostPort": "18080"}]}}})).unwrap();
         assert_eq!((net.network, net.ports.len(), net.exposed.clone()), (NetworkMode::Default, 1, vec![80]));
         assert_eq!(create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "host"}})).unwrap().network, NetworkMode::Host);
-        assert!(create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "mynet"}})).unwrap_err().contains("not supported"));
+        let user = create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "mynet"}})).unwrap();
+        assert_eq!((user.network, user.endpoints.keys().collect::<Vec<_>>()), (NetworkMode::User, vec![&"mynet".to_string()]));
+        assert!(create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "container:x"}})).unwrap_err().contains("not supported"));
         assert!(create_spec(&json!({"Image": "b", "HostConfig": {"PortBindings": {"53/udp": [{"HostPort": "53"}]}}})).unwrap_err().contains("TCP only"));
         assert!(create_spec(&json!({"Image": "b", "ExposedPorts": {"x/tcp": {}}})).unwrap_err().contains("invalid port"));
         for bad in [json!([1]), json!([1, -1]), json!([70000, 1]), json!("40x120"), json!([1.5, 2])] {
@@ -309,6 +325,9 @@ mod tests {
         assert_eq!((o.cpu_shares, o.memory_swap, o.restart.max_retries), (Some(512), Some(16777216), 2));
         assert_eq!(o.cap_drop, ["CAP_NET_RAW"]);
         assert_eq!(s.binds, ["vol:/v"]);
+        let anon = create_spec(&json!({"Image": "b", "Volumes": {"/anon": {}}, "Healthcheck": {"Test": ["CMD", "true"]}})).unwrap();
+        assert_eq!((anon.binds.len(), anon.anonymous_volumes.len(), anon.health.is_some()), (1, 1, true));
+        assert_eq!(anon.binds[0], format!("{}:/anon", anon.anonymous_volumes[0]));
         assert_eq!(o.tmpfs.get("/m").map(String::as_str), Some("size=1024"));
         assert_eq!(s.host_config["CpuShares"], 512);
         for bad in [
@@ -318,8 +337,9 @@ mod tests {
             json!({"HostConfig": {"Tmpfs": {"rel": ""}}}),
             json!({"HostConfig": {"CpusetCpus": "a-b"}}),
             json!({"HostConfig": {"Ulimits": [{"Name": "nofile", "Soft": 3, "Hard": 2}]}}),
-            json!({"Volumes": {"/anon": {}}}),
-            json!({"Healthcheck": {"Test": ["CMD", "true"]}}),
+            json!({"Volumes": {"rel": {}}}),
+            json!({"Volumes": ["/anon"]}),
+            json!({"Healthcheck": {"Test": ["BOGUS", "true"]}}),
         ] {
             let mut b = bad.clone();
             b["Image"] = json!("b");

@@ -65,7 +65,10 @@ pub(crate) fn exec_spec(v: &Value) -> Result<ExecSpec, String> {
     if flag(v, "Privileged")? {
         return Err("Privileged is not supported on this target: an exec keeps the container's capabilities".into());
     }
-    let detach_keys = text(v, "DetachKeys")?.unwrap_or_default();
+    // Docker reads JSON field names regardless of case, and clients send this one as
+    // `detachKeys` (the Docker SDK for Python, from its configuration file).
+    let detach_field = v.as_object().and_then(|m| m.keys().find(|k| k.eq_ignore_ascii_case("DetachKeys")).cloned()).unwrap_or_else(|| "DetachKeys".into());
+    let detach_keys = text(v, &detach_field)?.unwrap_or_default();
     detach::keys_of(Some(&detach_keys).filter(|k| !k.is_empty()).map(String::as_str))?;
     let cmd = strings(v, "Cmd")?;
     if cmd.is_empty() {
@@ -134,9 +137,14 @@ pub async fn start(rt: &Runtime, id: &str, mut req: Request<Incoming>) -> Respon
         Ok(d) => d,
         Err(m) => return error(400, &m),
     };
-    if matches!(body.get("Tty"), Some(Value::Bool(t)) if *t != e.spec.tty) {
-        return error(400, "Tty at start must match Tty at create");
-    }
+    // The stream's framing follows the start request, as Docker's: raw with `Tty`, else
+    // multiplexed, whether or not the process got a terminal at create (a terminal's
+    // output then comes framed as standard output). Absent, it follows create.
+    let raw = match body.get("Tty") {
+        None | Some(Value::Null) => e.spec.tty,
+        Some(Value::Bool(t)) => *t,
+        Some(_) => return error(400, "Tty must be a boolean"),
+    };
     let start_size = match size(&body) {
         Ok(s) => s,
         Err(m) => return error(400, &m),
@@ -160,7 +168,7 @@ pub async fn start(rt: &Runtime, id: &str, mut req: Request<Incoming>) -> Respon
     let tty = e.spec.tty;
     let (want_out, want_err) = (e.spec.attach_stdout, e.spec.attach_stderr);
     let keys = detach::keys_of(Some(&e.spec.detach_keys).filter(|k| !k.is_empty()).map(String::as_str)).unwrap_or_default();
-    let ct = if tty { "application/vnd.docker.raw-stream" } else { "application/vnd.docker.multiplexed-stream" };
+    let ct = if raw { "application/vnd.docker.raw-stream" } else { "application/vnd.docker.multiplexed-stream" };
     let Some(upgrade) = upgrade else {
         // No upgrade asked for: the output is the response body.
         let (resp, tx) = super::body::stream(StatusCode::OK, ct);
@@ -172,7 +180,7 @@ pub async fn start(rt: &Runtime, id: &str, mut req: Request<Incoming>) -> Respon
                 if (s == crate::runtime::STDOUT && !want_out) || (s == crate::runtime::STDERR && !want_err) {
                     continue;
                 }
-                let b = if tty { d } else { Bytes::from(frame(s, &d)) };
+                let b = if raw { d } else { Bytes::from(frame(s, &d)) };
                 if tx.send(b).await.is_err() {
                     return;
                 }
@@ -213,20 +221,31 @@ pub async fn start(rt: &Runtime, id: &str, mut req: Request<Incoming>) -> Respon
             })
         });
         let mut out = io.output;
-        let output = super::streams::pump_output(&mut out, &mut wr, tty, want_out, want_err);
-        match input {
-            // The detach sequence ends the attach; the process keeps running.
+        let output = super::streams::pump_output(&mut out, &mut wr, raw, want_out, want_err);
+        let detached = match input {
+            // The detach sequence ends the attach at once; the process keeps running.
             Some(input) if tty => {
                 tokio::pin!(input);
                 tokio::select! {
-                    _ = output => {}
-                    r = &mut input => if !matches!(r, Ok(true)) { output_rest(&mut out).await },
+                    _ = output => false,
+                    r = &mut input => {
+                        let detached = matches!(r, Ok(true));
+                        if !detached {
+                            output_rest(&mut out).await;
+                        }
+                        detached
+                    }
                 }
             }
-            _ => output.await,
+            _ => {
+                output.await;
+                false
+            }
+        };
+        if !detached {
+            // The exit code is known before the client, seeing the end, asks for it.
+            let _ = ended.wait_for(|s| matches!(s, ExecState::Exited { .. })).await;
         }
-        // The exit code is known before the client, seeing the end, asks for it.
-        let _ = ended.wait_for(|s| matches!(s, ExecState::Exited { .. })).await;
         let _ = wr.flush().await;
         let _ = wr.shutdown().await;
     });
@@ -298,6 +317,8 @@ mod tests {
         assert!(exec_spec(&json!({"Cmd": ["x"], "Privileged": true})).unwrap_err().contains("Privileged"));
         assert!(exec_spec(&json!({"Cmd": ["x"], "Env": ["=x"]})).unwrap_err().contains("environment"));
         assert!(exec_spec(&json!({"Cmd": ["x"], "DetachKeys": "ctrl-"})).is_err());
+        assert!(exec_spec(&json!({"Cmd": ["x"], "detachKeys": "ctrl-"})).is_err());
+        assert_eq!(exec_spec(&json!({"Cmd": ["x"], "detachKeys": "ctrl-p"})).unwrap().detach_keys, "ctrl-p");
         assert!(exec_spec(&json!({"Cmd": ["x"], "User": "a b"})).is_err());
         assert!(exec_spec(&json!([1])).is_err());
     }

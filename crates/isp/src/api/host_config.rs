@@ -52,7 +52,7 @@ pub(crate) const REFUSED_HOST: &[(&str, &str)] = &[
     ("DnsSearch", "containers have loopback only: there is no DNS to configure"),
     ("ExtraHosts", "containers have loopback only: there are no other hosts"),
     ("Init", "the target has no init binary to run as the container's first process"),
-    ("Links", "legacy links are not offered (the API's networks are not either)"),
+    ("Links", "legacy links are not offered: put the containers on a user-defined network, where they find one another by name"),
     ("MaskedPaths", "the masked paths are the target's, fixed"),
     ("ReadonlyPaths", "the read-only paths are the target's, fixed"),
     ("Privileged", "a privileged container would own the drive"),
@@ -60,7 +60,6 @@ pub(crate) const REFUSED_HOST: &[(&str, &str)] = &[
     ("StorageOpt", "the overlay root has no per-container options"),
     ("Sysctls", "the kernel's settings are the target's"),
     ("UsernsMode", "user namespaces are not offered"),
-    ("VolumesFrom", "sharing another container's volumes is not offered; bind a named volume"),
 ];
 
 /// `HostConfig` fields honoured (each parsed by [`create_spec`] and applied by the
@@ -103,12 +102,13 @@ pub(crate) const HONOURED_HOST: &[&str] = &[
     "UTSMode",
     "Ulimits",
     "VolumeDriver",
+    "VolumesFrom",
 ];
 
 /// `Config` fields refused unless left at their default, and why.
 pub(crate) const REFUSED_CONFIG: &[(&str, &str)] = &[
     ("Domainname", "containers have loopback only: a domain name would name nothing"),
-    ("MacAddress", "containers have no network interface of their own but loopback"),
+    ("MacAddress", "the default network has loopback only; give a MAC address in a user-defined network's endpoint settings"),
     ("OnBuild", "a build option"),
 ];
 
@@ -357,13 +357,25 @@ pub(crate) fn options(body: &Value, hc: &Value) -> Result<Options, String> {
         None | Some(Value::Null) => {}
         Some(Value::Object(l)) => {
             let ty = l.get("Type").and_then(Value::as_str).unwrap_or("");
-            if !matches!(ty, "" | "json-file" | "local") {
+            const DOCKERS: &[&str] = &["syslog", "journald", "gelf", "fluentd", "awslogs", "splunk", "etwlogs", "gcplogs", "logentries"];
+            if !matches!(ty, "" | "json-file" | "local" | "none") {
+                if !DOCKERS.contains(&ty) {
+                    // Docker's own words for a driver it does not know either.
+                    return Err(format!("logger: no log driver named '{ty}' is registered"));
+                }
                 return Err(format!(
-                    "HostConfig.LogConfig.Type {ty:?} is not supported on this target: use json-file or local (the target keeps each container's log itself)"
+                    "HostConfig.LogConfig.Type {ty:?} is not supported on this target: use json-file, local or none (the target keeps each container's log itself)"
                 ));
             }
-            if let Some(k) = l.get("Config").and_then(Value::as_object).and_then(|c| c.keys().next()) {
-                return Err(format!("HostConfig.LogConfig.Config {k:?} is not supported on this target: the log is kept whole until the container is removed"));
+            match l.get("Config") {
+                None | Some(Value::Null) => {}
+                Some(Value::Object(c)) if ty == "none" && !c.is_empty() => {
+                    return Err("HostConfig.LogConfig.Config: the none driver takes no options".into());
+                }
+                Some(Value::Object(c)) => {
+                    crate::runtime::log::Rotation::parse(c)?;
+                }
+                Some(_) => return Err("HostConfig.LogConfig.Config must be an object of strings".into()),
             }
         }
         Some(_) => return Err("HostConfig.LogConfig must be {\"Type\", \"Config\"}".into()),

@@ -55,7 +55,7 @@ fn overlay(base: &mut Value, given: &Value) {
 pub(crate) fn host_config(c: &Container) -> Value {
     let mut hc = host_config_defaults();
     overlay(&mut hc, &c.spec.host_config);
-    hc["NetworkMode"] = json!(c.spec.network.name());
+    hc["NetworkMode"] = json!(super::networks::mode_name(c));
     hc["PortBindings"] = port_bindings_asked(c);
     hc["Binds"] = if c.spec.binds.is_empty() { Value::Null } else { json!(c.spec.binds) };
     hc["AutoRemove"] = json!(c.spec.auto_remove);
@@ -98,6 +98,19 @@ pub(crate) fn config(c: &Container) -> Value {
     cfg
 }
 
+/// `State.Health` of a container with a health check: `starting` until its first probe.
+fn health(rt: &Runtime, c: &Container) -> Value {
+    let nanos = |t: std::time::SystemTime| {
+        let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        format!("{}.{:09}Z", rfc3339(d.as_secs() as i64).trim_end_matches('Z'), d.subsec_nanos())
+    };
+    match rt.health(&c.id) {
+        Some(h) => json!({"Status": h.status, "FailingStreak": h.failing_streak,
+            "Log": h.log.iter().map(|p| json!({"Start": nanos(p.start), "End": nanos(p.end), "ExitCode": p.exit_code, "Output": p.output})).collect::<Vec<_>>()}),
+        None => json!({"Status": "starting", "FailingStreak": 0, "Log": []}),
+    }
+}
+
 /// `GET /containers/{id}/json`.
 pub fn inspect(rt: &Runtime, id: &str) -> Response<ApiBody> {
     let c = match rt.get(id) {
@@ -114,21 +127,20 @@ pub fn inspect(rt: &Runtime, id: &str) -> Response<ApiBody> {
         }
     };
     let args = if c.args.len() > 1 { c.args[1..].to_vec() } else { Vec::new() };
-    let networks = match c.spec.network.name() {
-        "none" | "host" => json!({}),
-        _ => json!({"bridge": {"IPAMConfig": null, "Links": null, "Aliases": null, "NetworkID": "", "EndpointID": "", "Gateway": "",
-                               "IPAddress": "", "IPPrefixLen": 0, "IPv6Gateway": "", "GlobalIPv6Address": "", "GlobalIPv6PrefixLen": 0,
-                               "MacAddress": "", "DriverOpts": null, "DNSNames": null}}),
-    };
+    let networks = super::networks::container_networks(rt, &c);
+    let mut state = json!({"Status": status_word, "Running": running, "Paused": paused, "Restarting": c.restarting(), "OOMKilled": false,
+                           "Dead": false, "Pid": pid, "ExitCode": code, "Error": c.error(), "StartedAt": started, "FinishedAt": finished});
+    if c.spec.health.is_some() {
+        state["Health"] = health(rt, &c);
+    }
     json(
         StatusCode::OK,
         &json!({
             "Id": c.id, "Created": rfc3339(secs(c.created)), "Path": c.args.first(), "Args": args,
-            "State": {"Status": status_word, "Running": running, "Paused": paused, "Restarting": c.restarting(), "OOMKilled": false,
-                      "Dead": false, "Pid": pid, "ExitCode": code, "Error": c.error(), "StartedAt": started, "FinishedAt": finished},
+            "State": state,
             "Image": c.image_id, "ResolvConfPath": "", "HostnamePath": "", "HostsPath": "", "LogPath": c.log_path(),
             "Name": format!("/{}", c.name()), "RestartCount": c.restarts(), "Driver": "overlay", "Platform": "linux",
-            "MountLabel": "", "ProcessLabel": "", "AppArmorProfile": "", "ExecIDs": c.exec_ids(), "Mounts": mounts(&c),
+            "MountLabel": "", "ProcessLabel": "", "AppArmorProfile": "", "ExecIDs": c.exec_ids(), "Mounts": mounts(rt, &c),
             "HostConfig": host_config(&c), "Config": config(&c),
             "GraphDriver": {"Name": "overlay", "Data": null},
             "NetworkSettings": {"Bridge": "", "SandboxID": "", "SandboxKey": "", "HairpinMode": false, "LinkLocalIPv6Address": "",

@@ -55,6 +55,8 @@ pub use body::ApiBody;
 pub const API_VERSION: &str = "1.47";
 /// The oldest API version it accepts from clients.
 pub const MIN_API_VERSION: &str = "1.24";
+/// The endpoints of swarm mode, answered as by a Docker host that is not in a swarm.
+const SWARM: &[&str] = &["swarm", "nodes", "services", "tasks", "secrets", "configs"];
 /// Largest JSON request body (create).
 const MAX_JSON: usize = 1 << 20;
 /// Largest request head: hyper answers a bigger one with an error and closes.
@@ -234,12 +236,12 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::GET, ["containers", id, "archive"]) => archive::get(&rt, id, &t).await,
         (&Method::PUT, ["containers", id, "archive"]) => archive::put(&rt, id, &t, req).await,
         (&Method::GET, ["networks"]) => networks::list(&rt, &t),
-        (&Method::POST, ["networks", "create"]) => networks::refused("creating networks"),
-        (&Method::POST, ["networks", "prune"]) => json_ok_empty_prune(),
+        (&Method::POST, ["networks", "create"]) => networks::create(&rt, req).await,
+        (&Method::POST, ["networks", "prune"]) => networks::prune(&rt, &t),
         (&Method::GET, ["networks", id]) => networks::inspect(&rt, id),
-        (&Method::POST, ["networks", _, "connect"]) => networks::refused("connecting a container to a network"),
-        (&Method::POST, ["networks", _, "disconnect"]) => networks::refused("disconnecting a container from a network"),
-        (&Method::DELETE, ["networks", _]) => networks::refused("removing a network (the predefined ones stay)"),
+        (&Method::POST, ["networks", id, "connect"]) => networks::connect(&rt, id, req).await,
+        (&Method::POST, ["networks", id, "disconnect"]) => networks::disconnect(&rt, id, req).await,
+        (&Method::DELETE, ["networks", id]) => networks::remove(&rt, id),
         (&Method::GET, ["volumes"]) => volumes::list(&rt, &t),
         (&Method::POST, ["volumes", "create"]) => volumes::create(&rt, req).await,
         (&Method::POST, ["volumes", "prune"]) => volumes::prune(&rt, &t),
@@ -262,15 +264,15 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::DELETE, ["containers", id]) if t.flag("link") => {
             error(400, &format!("link=true: {id} has no links to remove (legacy links are not offered)"))
         }
-        (&Method::DELETE, ["containers", id]) => containers::remove(&rt, id, t.flag("force")).await,
+        (&Method::DELETE, ["containers", id]) => containers::remove(&rt, id, t.flag("force"), t.flag("v")).await,
+        // As a Docker host that is no swarm member answers them.
+        (_, [first, ..]) if SWARM.contains(first) => error(
+            503,
+            "This node is not part of a swarm: a drive is not a cluster member, so swarm, nodes, services, tasks, secrets and configs are not offered",
+        ),
         _ => error(404, &format!("page not found: {} {} is not part of the API this target serves", m, req_path(&t))),
     };
     Ok(resp)
-}
-
-/// `POST /networks/prune`: there are no user-defined networks to prune.
-fn json_ok_empty_prune() -> Response<ApiBody> {
-    body::json(hyper::StatusCode::OK, &serde_json::json!({"NetworksDeleted": []}))
 }
 
 fn req_path(t: &Target) -> String {

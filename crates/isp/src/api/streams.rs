@@ -204,6 +204,9 @@ pub async fn logs(rt: &Runtime, id: &str, t: &Target) -> Response<ApiBody> {
         Ok(f) => f,
         Err(m) => return error(400, &m),
     };
+    if c.log_discarded() {
+        return error(501, &format!("configured logging driver does not support reading: container {} logs with the none driver", c.name()));
+    }
     let (follow, stamps) = (t.flag("follow"), t.flag("timestamps"));
     let (len, live) = if follow { c.follow_log() } else { (u64::MAX, None) };
     let records = filter.apply(c.log_records(len));

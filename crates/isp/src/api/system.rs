@@ -185,11 +185,11 @@ pub fn df(rt: &Runtime) -> Response<ApiBody> {
     let container_rows: Vec<_> = containers
         .iter()
         .map(|c| {
-            let (state, status) = super::containers::status(c);
+            let (state, status) = super::containers::status(rt, c);
             json!({"Id": c.id, "Names": [format!("/{}", c.name())], "Image": c.spec.image, "ImageID": c.image_id,
                    "Command": c.args.join(" "), "Created": super::containers::secs(c.created), "State": state, "Status": status,
                    "SizeRw": size_rw(c), "SizeRootFs": size_rw(c) + images.iter().find(|i| i.id == c.image_id).map_or(0, |i| i.size),
-                   "Labels": c.spec.labels, "Mounts": super::containers::mounts(c)})
+                   "Labels": c.spec.labels, "Mounts": super::containers::mounts(rt, c)})
         })
         .collect();
     let volume_rows: Vec<_> = rt

@@ -172,9 +172,18 @@ impl Runtime {
         let mut history = doc["history"].as_array().cloned().unwrap_or_default();
         history.push(json!({"created": now, "created_by": format!("commit of container {}", c.name()), "author": spec.author, "comment": spec.comment}));
         doc["history"] = json!(history);
-        let paused_here = spec.pause && matches!(c.state(), super::RunState::Running { .. }) && !c.paused();
+        let mut paused_here = spec.pause && matches!(c.state(), super::RunState::Running { .. }) && !c.paused();
         if paused_here {
-            self.set_paused(&c, true).await?;
+            if let Err(e) = self.set_paused(&c, true).await {
+                // A process that has just ended is gone from runc a moment before its exit
+                // is recorded here: then there is nothing to pause.
+                let mut exits = c.exits();
+                let running = || matches!(c.state(), super::RunState::Running { .. });
+                if tokio::time::timeout(std::time::Duration::from_secs(2), exits.wait_for(|_| !running())).await.is_err() {
+                    return Err(e);
+                }
+                paused_here = false;
+            }
         }
         let spool = self.spool_dir();
         let made = (|| {

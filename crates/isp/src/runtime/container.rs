@@ -54,12 +54,28 @@ pub struct CreateSpec {
     /// `--network`.
     #[serde(default)]
     pub network: NetworkMode,
+    /// `NetworkingConfig.EndpointsConfig` by network name as given (with `--network
+    /// NAME`, that network's at least): the user-defined ones are joined at create, the
+    /// predefined ones' settings are shown by inspect.
+    #[serde(default)]
+    pub endpoints: BTreeMap<String, super::networks::EndpointConfig>,
     /// `-p`: the ports to publish.
     #[serde(default)]
     pub ports: Vec<PortBinding>,
     /// `ExposedPorts` (`--expose`, and those of `-p`), TCP.
     #[serde(default)]
     pub exposed: Vec<u16>,
+    /// The volumes made for `Config.Volumes` mount points not bound otherwise; removed
+    /// with the container by `rm -v`, or when it was started with `--rm`.
+    #[serde(default)]
+    pub anonymous_volumes: Vec<String>,
+    /// `HostConfig.VolumesFrom`: `CONTAINER[:ro|:rw]` whose volumes and binds this one
+    /// binds too (resolved into `binds` at create).
+    #[serde(default)]
+    pub volumes_from: Vec<String>,
+    /// `Config.Healthcheck`: the check run while the container runs.
+    #[serde(default)]
+    pub health: Option<super::health::HealthSpec>,
     /// The other options honoured (user, restart policy, finer limits, tmpfs, ...).
     #[serde(default)]
     pub options: Options,
@@ -372,10 +388,27 @@ impl Container {
         use std::io::Write;
         // Under the lock, so a follower sees each frame once: in the file or on its channel.
         let mut g = self.lock();
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()) {
-            let _ = f.write_all(&super::log::encode(stream, &data, SystemTime::now()));
+        if !self.log_discarded() {
+            if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()) {
+                let _ = f.write_all(&super::log::encode(stream, &data, SystemTime::now()));
+                if let Some(r) = self.log_rotation() {
+                    let _ = r.enforce(&self.log_path());
+                }
+            }
         }
         g.subscribers.retain(|s| s.send((stream, data.clone())).is_ok());
+    }
+
+    /// The log's `max-size`/`max-file`, if given (checked at create).
+    fn log_rotation(&self) -> Option<super::log::Rotation> {
+        let c = self.spec.host_config.pointer("/LogConfig/Config").and_then(serde_json::Value::as_object)?;
+        super::log::Rotation::parse(c).ok().flatten()
+    }
+
+    /// Whether the container's output is kept in no log (`--log-driver none`): attached
+    /// clients still get it.
+    pub fn log_discarded(&self) -> bool {
+        self.spec.host_config.pointer("/LogConfig/Type").and_then(serde_json::Value::as_str) == Some("none")
     }
 
     /// For `logs --follow`: the log's length now and, if the container runs, a channel of

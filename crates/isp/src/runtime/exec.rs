@@ -109,6 +109,21 @@ impl Exec {
     }
 }
 
+/// The exit code of an exec whose runc ended with `code` and standard error `err_tail`:
+/// when runc could not start the process, 127 for a command not found and 126 for one
+/// that cannot be run, as Docker's shells and daemon answer.
+fn start_failure_code(code: i32, err_tail: &[u8]) -> i32 {
+    let text = String::from_utf8_lossy(err_tail);
+    if code != 255 || !text.contains("unable to start container process") {
+        return code;
+    }
+    if text.contains("executable file not found") || text.contains("no such file or directory") {
+        127
+    } else {
+        126
+    }
+}
+
 impl Runtime {
     /// `docker exec` (create): records an exec of a running container.
     pub fn exec_create(&self, key: &str, spec: ExecSpec) -> Result<Arc<Exec>, RuntimeError> {
@@ -196,6 +211,8 @@ impl Runtime {
             });
             tx
         });
+        // runc's own error, when it cannot start the process, ends standard error.
+        let err_tail = Arc::new(Mutex::new(Vec::new()));
         let pumps: Vec<_> = [
             (child.stdout.take().map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>), STDOUT),
             (child.stderr.take().map(|o| Box::new(o) as _), STDERR),
@@ -204,12 +221,19 @@ impl Runtime {
         .filter_map(|(r, s)| r.map(|r| (r, s)))
         .map(|(mut r, s)| {
             let tx = out_tx.clone();
+            let err_tail = err_tail.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 32 * 1024];
                 loop {
                     match r.read(&mut buf).await {
                         Ok(0) | Err(_) => return,
                         Ok(n) => {
+                            if s == STDERR {
+                                let mut t = err_tail.lock().unwrap_or_else(|e| e.into_inner());
+                                t.extend_from_slice(&buf[..n]);
+                                let cut = t.len().saturating_sub(1024);
+                                t.drain(..cut);
+                            }
                             let _ = tx.send((s, Bytes::copy_from_slice(&buf[..n])));
                         }
                     }
@@ -231,6 +255,7 @@ impl Runtime {
                 }),
                 Err(_) => 126,
             };
+            let code = start_failure_code(code, &err_tail.lock().unwrap_or_else(|e| e.into_inner()));
             let _ = std::fs::remove_dir_all(&dir);
             e2.state.send_replace(ExecState::Exited { code });
         });
@@ -345,4 +370,17 @@ fn exec_process(c: &Container, spec: &ExecSpec) -> Result<Value, RuntimeError> {
         }
     }
     Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn runcs_start_failures_become_127_and_126() {
+        let f = |code, err: &str| super::start_failure_code(code, err.as_bytes());
+        let msg = "runc exec failed: unable to start container process: exec: \"x\": executable file not found in $PATH";
+        assert_eq!(f(255, msg), 127);
+        assert_eq!(f(255, "unable to start container process: exec: \"/etc\": permission denied"), 126);
+        assert_eq!(f(255, "the program's own complaint"), 255);
+        assert_eq!(f(1, msg), 1);
+    }
 }

@@ -57,6 +57,64 @@ pub fn decode(mut b: &[u8]) -> Vec<Record> {
     v
 }
 
+/// How much of a log `json-file`'s `max-size` and `max-file` let it keep, as Docker's
+/// rotation does: up to `max_size × max_file` bytes; past that the oldest lines go,
+/// down to `max_size × (max_file − 1)` (the files Docker would keep after rotating).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Rotation {
+    /// `max-size`, bytes.
+    pub max_size: u64,
+    /// `max-file`.
+    pub max_file: u64,
+}
+
+impl Rotation {
+    /// Parses `LogConfig.Config`: `max-size` (bytes, or with `k`, `m`, `g`, binary) and
+    /// `max-file` (at least 1, default 1); `None` without `max-size` (kept whole).
+    /// Other options are an error naming them.
+    pub fn parse(config: &serde_json::Map<String, serde_json::Value>) -> Result<Option<Rotation>, String> {
+        let text = |k: &str| config.get(k).map(|v| v.as_str().map(str::to_string).ok_or_else(|| format!("HostConfig.LogConfig.Config {k:?} must be a string")));
+        if let Some(k) = config.keys().find(|k| !matches!(k.as_str(), "max-size" | "max-file")) {
+            return Err(format!("HostConfig.LogConfig.Config {k:?} is not supported on this target: only max-size and max-file"));
+        }
+        let max_file = match text("max-file").transpose()? {
+            None => 1,
+            Some(f) => f.parse::<u64>().ok().filter(|&n| n >= 1).ok_or_else(|| format!("invalid max-file {f:?}: a whole number from 1"))?,
+        };
+        let Some(size) = text("max-size").transpose()? else { return Ok(None) };
+        let lower = size.to_ascii_lowercase();
+        let (digits, unit) = lower.trim_end_matches('b').split_at(lower.trim_end_matches('b').trim_end_matches(['k', 'm', 'g']).len());
+        let shift = match unit {
+            "" => 0,
+            "k" => 10,
+            "m" => 20,
+            "g" => 30,
+            _ => return Err(format!("invalid max-size {size:?}: bytes, or a number with k, m or g")),
+        };
+        let n = digits.parse::<u64>().ok().and_then(|n| n.checked_mul(1 << shift)).filter(|&n| n > 0);
+        let max_size = n.ok_or_else(|| format!("invalid max-size {size:?}: bytes, or a number with k, m or g"))?;
+        Ok(Some(Rotation { max_size, max_file }))
+    }
+
+    /// After an append: drops the oldest records of the log at `path` when it has grown
+    /// past what this rotation keeps.
+    pub fn enforce(&self, path: &Path) -> std::io::Result<()> {
+        let limit = self.max_size.saturating_mul(self.max_file);
+        if std::fs::metadata(path)?.len() <= limit {
+            return Ok(());
+        }
+        let b = std::fs::read(path)?;
+        let keep = self.max_size.saturating_mul(self.max_file - 1) as usize;
+        let mut at = 0;
+        while at + HEADER <= b.len() && b.len() - at > keep {
+            at += HEADER + u32::from_be_bytes([b[at + 4], b[at + 5], b[at + 6], b[at + 7]]) as usize;
+        }
+        let tmp = path.with_extension("rotating");
+        std::fs::write(&tmp, b.get(at..).unwrap_or_default())?;
+        std::fs::rename(&tmp, path)
+    }
+}
+
 /// Records from the multiplexed frames older targets logged, split into lines.
 fn decode_frames(mut b: &[u8]) -> Vec<Record> {
     let mut v = Vec::new();
@@ -161,6 +219,48 @@ fn parse_rfc3339(s: &str) -> Option<SystemTime> {
     let days = era * 146_097 + doe - 719_468;
     let secs = days * 86_400 + h * 3600 + mi * 60 + sec;
     Some(SystemTime::UNIX_EPOCH + Duration::new(u64::try_from(secs).ok()?, nanos))
+}
+
+#[cfg(test)]
+mod rotation_tests {
+    use super::*;
+
+    #[test]
+    fn rotation_keeps_the_newest_lines_within_its_bounds() {
+        let cfg = |v: serde_json::Value| v.as_object().cloned().unwrap();
+        assert_eq!(Rotation::parse(&cfg(serde_json::json!({"max-file": "3"}))).unwrap(), None);
+        let r = Rotation::parse(&cfg(serde_json::json!({"max-size": "1k", "max-file": "2"}))).unwrap().unwrap();
+        assert_eq!((r.max_size, r.max_file), (1024, 2));
+        for bad in [
+            serde_json::json!({"max-size": "1x"}),
+            serde_json::json!({"max-file": "0"}),
+            serde_json::json!({"compress": "true"}),
+            serde_json::json!({"max-size": 5}),
+        ] {
+            assert!(Rotation::parse(&cfg(bad.clone())).is_err(), "{bad}");
+        }
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join(LOG_FILE);
+        let mut all = Vec::new();
+        for i in 0..200 {
+            all.extend(encode(1, format!("line {i:04}\n").as_bytes(), SystemTime::now()));
+            std::fs::write(&p, &all).unwrap();
+            r.enforce(&p).unwrap();
+            all = std::fs::read(&p).unwrap();
+            assert!(all.len() as u64 <= 2048);
+        }
+        let lines = decode(&all);
+        assert!(lines.len() > 20 && lines.last().unwrap().line == b"line 0199\n", "{}", lines.len());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn random_options_never_panic(k in "[a-z-]{0,9}", v in "\\PC{0,12}") {
+            let mut m = serde_json::Map::new();
+            m.insert(k, serde_json::Value::String(v));
+            let _ = Rotation::parse(&m);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@
 
 pub mod archive;
 mod binds;
+mod bridge;
 pub mod cgroup;
 pub mod changes;
 pub mod commit;
@@ -29,8 +30,10 @@ pub mod events;
 mod exec;
 mod extents;
 mod files;
+pub mod health;
 pub mod log;
 mod manage;
+pub mod networks;
 pub mod options;
 mod ports;
 mod process;
@@ -75,6 +78,12 @@ pub enum RuntimeError {
     /// The request is malformed or asks for something not offered.
     #[error("{0}")]
     BadRequest(String),
+    /// Something other than a container (a network, ...) is not there; the message names it.
+    #[error("{0}")]
+    Missing(String),
+    /// The request is understood but not allowed in the current state (a network in use).
+    #[error("{0}")]
+    Forbidden(String),
     /// Setting up or driving the container failed on the target.
     #[error("{0}")]
     Setup(String),
@@ -96,7 +105,8 @@ impl RuntimeError {
     /// The HTTP status of this error in the Docker Engine API.
     pub fn http_status(&self) -> u16 {
         match self {
-            RuntimeError::NotFound(_) => 404,
+            RuntimeError::NotFound(_) | RuntimeError::Missing(_) => 404,
+            RuntimeError::Forbidden(_) => 403,
             RuntimeError::Conflict(_) => 409,
             RuntimeError::BadRequest(_) => 400,
             _ => 500,
@@ -235,6 +245,10 @@ pub struct Runtime {
     fence: Mutex<Option<Arc<dyn BlockFence>>>,
     /// Where ports are published when a binding names no address.
     publish_ip: Mutex<std::net::IpAddr>,
+    /// User-defined networks.
+    networks: networks::Networks,
+    /// Containers' health, from their checks' probes.
+    health: Mutex<BTreeMap<String, health::Health>>,
 }
 
 impl Runtime {
@@ -253,7 +267,15 @@ impl Runtime {
         for d in [root, runc_root] {
             std::fs::create_dir_all(d).map_err(|e| RuntimeError::io(d, e))?;
         }
+        // Unique per target (its runc state directory is), short enough for link names.
+        let prefix = {
+            use sha2::Digest;
+            format!("isn-{}", &hex::encode(sha2::Sha256::digest(runc_root.as_os_str().as_encoded_bytes()))[..10])
+        };
+        let networks = networks::Networks::open(&root.parent().unwrap_or(root).join("networks"), &prefix)?;
         let rt = Runtime {
+            networks,
+            health: Mutex::new(BTreeMap::new()),
             root: root.into(),
             runc_root: runc_root.into(),
             images,
@@ -402,7 +424,7 @@ impl Runtime {
         if !cwd.starts_with('/') {
             return Err(RuntimeError::BadRequest(format!("the working directory {cwd:?} is invalid: it needs to be an absolute path")));
         }
-        if !spec.ports.is_empty() && spec.network != NetworkMode::Default {
+        if !spec.ports.is_empty() && !matches!(spec.network, NetworkMode::Default | NetworkMode::User) {
             return Err(RuntimeError::BadRequest(format!(
                 "conflicting options: port publishing (-p) and --network {}: {}",
                 spec.network.name(),
@@ -412,6 +434,9 @@ impl Runtime {
                     "a container without a network has no ports to publish"
                 }
             )));
+        }
+        for from in spec.volumes_from.clone() {
+            spec.binds.extend(self.binds_of(&from)?);
         }
         let files: Vec<_> = self
             .binds(&spec)?
@@ -430,15 +455,47 @@ impl Runtime {
                 self.probe(rel, src, dst)?;
             }
         }
+        if spec.network == NetworkMode::User && spec.endpoints.keys().all(|n| networks::PREDEFINED.contains(&n.as_str())) {
+            return Err(RuntimeError::BadRequest("a container on a user-defined network needs that network's endpoint settings".into()));
+        }
+        let joins = self.endpoint_networks(&spec)?;
         let dir = self.root.join(&id);
         std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::io(&dir, e))?;
         let created = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
         let meta = Meta { id: id.clone(), name, image_id: image.id.clone(), created, spec, args, env, cwd, entrypoint, cmd };
         meta.write(&dir)?;
         let c = Container::new(meta, image.layers, dir);
+        for (nid, cfg) in joins {
+            if let Err(e) = self.networks.join(&id, &nid, cfg, false) {
+                self.networks.forget(&id);
+                let _ = std::fs::remove_dir_all(&c.dir);
+                return Err(e);
+            }
+        }
         self.all().insert(id, c.clone());
         self.container_event(&c, "create", &[]);
         Ok(c)
+    }
+
+    /// The binds (volumes and paths) of the container `from` names (`CONTAINER[:ro|:rw]`),
+    /// with the mode it asks for, for `VolumesFrom`.
+    fn binds_of(&self, from: &str) -> Result<Vec<String>, RuntimeError> {
+        let (name, mode) = match from.rsplit_once(':') {
+            Some((n, m @ ("ro" | "rw"))) => (n, Some(m)),
+            _ => (from, None),
+        };
+        let other = self.get(name).map_err(|_| RuntimeError::BadRequest(format!("HostConfig.VolumesFrom {from:?}: no such container: {name}")))?;
+        let mut out = Vec::new();
+        for b in &other.spec.binds {
+            let (src, dst, ro) = parse_bind(b).map_err(RuntimeError::BadRequest)?;
+            let src = match src {
+                BindSource::Volume(v) => v,
+                BindSource::Sharable(rel) => format!("/{rel}"),
+            };
+            let ro = mode.map_or(ro == Some(true), |m| m == "ro");
+            out.push(format!("{src}:{dst}{}", if ro { ":ro" } else { "" }));
+        }
+        Ok(out)
     }
 
     /// `docker start`: starts a created or exited container (a running one is left alone).
@@ -459,6 +516,7 @@ impl Runtime {
             g.error = started.as_ref().err().map(|e| e.to_string()).unwrap_or_default();
         }
         if started.is_err() {
+            self.network_down(&c.id);
             c.lock().view_pin = None;
             c.unpublish();
             self.release_files(&c);
@@ -470,6 +528,7 @@ impl Runtime {
         }
         if started.is_ok() {
             self.container_event(&c, "start", &[]);
+            self.watch_health(&c);
         }
         started.map(|_| true)
     }
@@ -568,6 +627,17 @@ impl Runtime {
     /// `docker rm`: refuses a running container unless `force` (which kills it first).
     pub async fn remove(&self, key: &str, force: bool) -> Result<(), RuntimeError> {
         let c = self.get(key)?;
+        // One its restart policy is about to start again counts as running, as with Docker.
+        if !force && c.restarting() {
+            return Err(RuntimeError::Conflict(format!(
+                "cannot remove container \"/{}\": container is restarting: stop the container before removing or force remove",
+                c.name()
+            )));
+        }
+        if force && c.restarting() {
+            c.lock().restarting = false;
+            c.lock().stopped_by_client = true;
+        }
         if matches!(c.state(), RunState::Running { .. }) {
             if !force {
                 return Err(RuntimeError::Conflict(format!(
@@ -587,6 +657,8 @@ impl Runtime {
         }
         let _ = process::unmount(&c.dir.join("rootfs"));
         let _ = std::fs::remove_dir_all(&c.dir);
+        self.networks.forget(&c.id);
+        self.health.lock().unwrap_or_else(|e| e.into_inner()).remove(&c.id);
         c.exits.send_modify(|e| e.removed = true);
         self.container_event(&c, "destroy", &[]);
         Ok(())
@@ -599,6 +671,7 @@ impl Runtime {
             let _ = self.stop(&c.id, Some(Duration::from_secs(2)), None).await;
         }
         drop(self.files.lock().unwrap_or_else(|e| e.into_inner()).take());
+        self.networks.shutdown();
         if let Some(v) = &self.view {
             v.close();
         }
@@ -613,7 +686,8 @@ pub(super) fn valid_name(n: &str) -> Result<String, RuntimeError> {
     Ok(n.to_string())
 }
 
-pub(super) fn random_id() -> String {
+/// 64 random hex digits: a new container's or network's id.
+pub(crate) fn random_id() -> String {
     let mut b = [0u8; 32];
     // SAFETY: getrandom(2) writes at most b.len() bytes into b.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };

@@ -40,6 +40,9 @@ pub enum NetworkMode {
     None,
     /// `host`: the target daemon's own namespace; ports need no publishing.
     Host,
+    /// A user-defined network (named in the container's endpoints): a namespace of its
+    /// own linked to the network's bridge, reachable through published ports too.
+    User,
 }
 
 impl NetworkMode {
@@ -49,19 +52,22 @@ impl NetworkMode {
             "" | "default" | "bridge" => Ok(NetworkMode::Default),
             "none" => Ok(NetworkMode::None),
             "host" => Ok(NetworkMode::Host),
+            other if other.len() <= 128 && !other.chars().any(|c| c.is_control() || c == '/' || c == ':') => Ok(NetworkMode::User),
             other => Err(format!(
-                "network mode {other:?} is not supported by this target: use --network none, --network host, or none at all \
-                 (a namespace of the container's own, reachable through its published ports)"
+                "network mode {other:?} is not supported by this target: use --network none, --network host, a user-defined \
+                 network's name, or none at all (a namespace of the container's own, reachable through its published ports)"
             )),
         }
     }
 
-    /// The name `inspect` reports.
+    /// The name `inspect` reports (for [`NetworkMode::User`], the network's name is
+    /// reported instead).
     pub fn name(self) -> &'static str {
         match self {
             NetworkMode::Default => "default",
             NetworkMode::None => "none",
             NetworkMode::Host => "host",
+            NetworkMode::User => "user",
         }
     }
 }

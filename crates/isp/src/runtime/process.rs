@@ -40,7 +40,13 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
         let _g = c.fs_lock();
         mount_rootfs(&c.layers, &dir, &rootfs)?;
     }
-    let binds = rt.mounts(c)?;
+    let mut binds = rt.mounts(c)?;
+    let (netns, hosts) = rt.network_up(c).inspect_err(|_| {
+        let _ = unmount(&rootfs);
+    })?;
+    if let Some(h) = hosts {
+        binds.push((h.to_string_lossy().into_owned(), "/etc/hosts".into(), false));
+    }
     let short = &c.id[..12];
     let cgroup = format!("/insitu/{}", c.id);
     let user = super::options::resolve_user(&rootfs, c.spec.options.user.as_deref(), &c.spec.options.group_add).map_err(|e| {
@@ -63,6 +69,7 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
         tty: c.spec.tty,
         console_size: c.spec.console_size,
         host_network: c.spec.network == super::NetworkMode::Host,
+        netns: netns.as_deref(),
         data_read_bps: rt.limits.data_read_bps.zip(rt.view.as_ref().and_then(|v| v.device())).map(|(bps, (major, minor))| (major, minor, bps)),
     });
     c.spec.options.apply(&mut config, &user);
@@ -113,6 +120,7 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     c.set_state(RunState::Running { started: SystemTime::now(), pid: child.id().unwrap_or(0) as i32 });
+    rt.network_announce(&c.id);
     let (c1, c2, c3, rt3) = (c.clone(), c.clone(), c.clone(), rt.clone());
     let p1 = tokio::spawn(async move { pump(out, STDOUT, &c1).await });
     let p2 = tokio::spawn(async move { pump(err, STDERR, &c2).await });
@@ -175,6 +183,7 @@ async fn start_with_terminal(rt: &Arc<Runtime>, c: &Arc<Container>, dir: &Path) 
         });
     }
     c.set_state(RunState::Running { started: SystemTime::now(), pid });
+    rt.network_announce(&c.id);
     let (c1, c2, rt2) = (c.clone(), c.clone(), rt.clone());
     let output = tokio::spawn(async move {
         let mut buf = vec![0u8; 32 * 1024];
@@ -208,6 +217,7 @@ async fn finish(rt: &Arc<Runtime>, c: &Arc<Container>, code: i32) {
     // files back.
     rt.release_files(c);
     c.unpublish();
+    rt.network_down(&c.id);
     let again = {
         let g = c.lock();
         let policy = c.restart_policy_locked(&g);
@@ -216,7 +226,9 @@ async fn finish(rt: &Arc<Runtime>, c: &Arc<Container>, code: i32) {
     c.exited(code);
     rt.container_event(c, "die", &[("exitCode", code.to_string())]);
     if c.spec.auto_remove {
-        let _ = rt.remove(&c.id, true).await;
+        if rt.remove(&c.id, true).await.is_ok() {
+            rt.remove_anonymous_volumes(c);
+        }
     } else if again {
         supervise(rt, c);
     }

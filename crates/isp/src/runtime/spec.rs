@@ -45,6 +45,9 @@ pub struct SpecInput<'a> {
     /// Whether the container shares the target daemon's network namespace
     /// (`--network host`) instead of having one of its own with loopback only.
     pub host_network: bool,
+    /// A network namespace made for the container to join (on a user-defined network, or
+    /// one that may be connected to one); `None`: runc makes one with loopback only.
+    pub netns: Option<&'a Path>,
 }
 
 /// Docker's default capabilities: enough for ordinary programs, nothing that administers
@@ -179,6 +182,8 @@ pub fn runtime_config(s: &SpecInput) -> Value {
     ];
     if s.host_network {
         namespaces.retain(|n| n["type"] != "network");
+    } else if let Some(p) = s.netns {
+        namespaces[1] = json!({"type": "network", "path": p});
     }
     let mut config = json!({
         "ociVersion": "1.0.2",
@@ -237,6 +242,7 @@ mod tests {
             console_size: None,
             data_read_bps: None,
             host_network: false,
+            netns: None,
         }
     }
 

@@ -105,6 +105,16 @@ impl Runtime {
             .collect()
     }
 
+    /// Removes the anonymous volumes of removed container `c` (`rm -v`, `--rm`); one
+    /// another container binds too is kept.
+    pub fn remove_anonymous_volumes(&self, c: &super::Container) {
+        for v in &c.spec.anonymous_volumes {
+            if self.volume_users(v).is_empty() {
+                let _ = self.volume_remove(v, false);
+            }
+        }
+    }
+
     /// `docker volume rm`: refused while a container binds it (unless `force` and none
     /// runs); returns the bytes it held.
     pub fn volume_remove(&self, name: &str, force: bool) -> Result<u64, RuntimeError> {

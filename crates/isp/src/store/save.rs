@@ -51,7 +51,8 @@ impl ImageStore {
             })
     }
 
-    /// Writes the images named by `names` (tags, ids) as a `docker save` archive to `out`.
+    /// Writes the images named by `names` (tags, ids) as a `docker save` archive to `out`;
+    /// an image named by a tag carries that tag, one named by its id none.
     /// An image loaded from an archive keeps its unpacked layers only, not their
     /// archives, and cannot be saved (refused, naming it).
     pub fn save(&self, names: &[String], out: impl Write) -> Result<(), ImageError> {
@@ -60,10 +61,11 @@ impl ImageStore {
         for name in names {
             let (id, named) = self.find(&repos, name)?;
             let rec = &repos.images[&id];
+            // As Docker: an image named by a tag is saved with that tag; one named by its
+            // id or a digest with none (it loads back untagged).
             let tags = match named {
                 Some(t) if !t.contains('@') => vec![t],
-                Some(_) => Vec::new(),
-                None => rec.repo_tags.clone(),
+                _ => Vec::new(),
             };
             if let Some(s) = images.iter_mut().find(|s| s.config == id) {
                 for t in tags {
