@@ -252,9 +252,9 @@ class FlexGenStore(KVStore):
             row = self.rows[i][(b, layer)]
             if row.n == 0:
                 continue
-            p = sparf.params(self.ratio, self.head_dim, row.n, self.tpp, mean_v=self.mean_v) if self.ratio else None
+            p = sparf.params(self.ratio, self.head_dim, row.n, self.tpp, mean_v=self.mean_v)
             for h in range(q.shape[1]):
-                if p is None or p.k >= row.n:
+                if p.k >= row.n:
                     K, V = self._read_tokens(i, b, layer, h, range(row.tok // self.tpp))
                     out[b, h] = sparf.dense(q[b, h], K, V, scale)
                     lse[b, h] = sparf.log_sum_exp(q[b, h], K, scale)
@@ -323,23 +323,12 @@ class FlexGenStore(KVStore):
             parts_k.append(blocks[:, :, 0].reshape(blocks.shape[0], -1, self.head_dim))
             parts_v.append(blocks[:, :, 1].reshape(blocks.shape[0], -1, self.head_dim))
         if row.tok // self.tpp > g:  # pages written after the read began: read them now
-            K, V = self._read_tokens_heads(i, b, layer, range(g, row.tok // self.tpp))
-            parts_k.append(K)
-            parts_v.append(V)
+            late = [self._read_tokens(i, b, layer, h, range(g, row.tok // self.tpp)) for h in range(len(self.ranges[i]))]
+            parts_k.append(torch.stack([K[g * self.tpp : row.tok] for K, _ in late]))
+            parts_v.append(torch.stack([V[g * self.tpp : row.tok] for _, V in late]))
         parts_k.append(row.k)
         parts_v.append(row.v)
         return torch.cat(parts_k, 1).double(), torch.cat(parts_v, 1).double()
-
-    def _read_tokens_heads(self, i, b, layer, groups):
-        """K and V (``[heads, len(groups) · tpp, D]``) of consecutive page ``groups`` of
-        every head of a row."""
-        ks, vs = [], []
-        for h in range(len(self.ranges[i])):
-            data = self._read(i, self._lba(b, layer, h, i, 2 * PAGE * groups[0]), 2 * PAGE * len(groups))
-            pairs = data.view(len(groups), 2, self.tpp, self.head_dim)
-            ks.append(pairs[:, 0].reshape(-1, self.head_dim))
-            vs.append(pairs[:, 1].reshape(-1, self.head_dim))
-        return torch.stack(ks), torch.stack(vs)
 
     def _sparf_split(self, layer, qg, k, v, scale):
         """SparF over a token split with the pages chosen over the whole sequence, as the

@@ -239,11 +239,8 @@ class TargetStore(KVStore):
         return per_seq
 
     def _attend_groups(self, i, layer, q, scale, groups):
-        B, h, G, D = q.shape
-        res = self.targets[i].attend(layer, self.seqs, f32_bytes(q), G, scale, "dense", partial=True, groups=groups, vectors=self.kv_dtype)
-        self._media[i] += res[1]["media_bytes"]
-        out = torch.from_numpy(np.frombuffer(res[0], dtype="<f4").copy()).view(B, h, G, D)
-        return out, torch.from_numpy(np.frombuffer(res[2], dtype="<f8").copy()).view(B, h, G)
+        res = self.targets[i].attend(layer, self.seqs, f32_bytes(q), q.shape[2], scale, "dense", partial=True, groups=groups, vectors=self.kv_dtype)
+        return self._outputs(i, res, q.shape, True)
 
     @property
     def held(self) -> List[List[int]]:
@@ -267,7 +264,7 @@ class TargetStore(KVStore):
         return None, None
 
     def _attend(self, i, layer, q, k, v, rows, scale, p, partial):
-        B, h, G, D = q.shape
+        G = q.shape[2]
         k, v = self._step_kv(i, layer, k, v, rows)
         res = self.targets[i].attend(
             layer,
@@ -286,11 +283,17 @@ class TargetStore(KVStore):
             partial,
             vectors=self.kv_dtype,
         )
+        return self._outputs(i, res, q.shape, partial)
+
+    def _outputs(self, i, res, shape, partial):
+        """Target ``i``'s answer to an attention request as tensors: the outputs (of the
+        queries' ``shape``) and, for a partial result, each row's log-sum-exp; its media
+        bytes counted."""
         self._media[i] += res[1]["media_bytes"]
-        out = torch.from_numpy(np.frombuffer(res[0], dtype="<f4").copy()).view(B, h, G, D)
+        out = torch.from_numpy(np.frombuffer(res[0], dtype="<f4").copy()).view(*shape)
         if not partial:
             return out
-        return out, torch.from_numpy(np.frombuffer(res[2], dtype="<f8").copy()).view(B, h, G)
+        return out, torch.from_numpy(np.frombuffer(res[2], dtype="<f8").copy()).view(*shape[:-1])
 
     # -- the rest --------------------------------------------------------------------------
 
