@@ -134,9 +134,20 @@ def _device_model(name: Optional[str]) -> Optional[dict]:
     return json.loads(_native.device_model_json(name))
 
 
-def sweep(m, points, targets_list, steps: int, budget: int, device_model: Optional[str], directory: str, progress: bool = True, kv_dtype: str = "f32") -> Dict:
-    """Runs every backend at every (batch, context) point and target count; the in-storage
-    backends keep their pages as ``kv_dtype``."""
+def sweep(
+    m,
+    points,
+    targets_list,
+    steps: int,
+    budget: int,
+    device_model: Optional[str],
+    directory: str,
+    progress: bool = True,
+    kv_dtype: str = "f32",
+    backends: Optional[List[str]] = None,
+) -> Dict:
+    """Runs every backend (or those labelled in ``backends``) at every (batch, context) point
+    and target count; the in-storage backends keep their pages as ``kv_dtype``."""
     from .targets import TargetPool
 
     kv_per_token = m.layers * m.kv_heads * 2 * m.head_dim * 4
@@ -147,6 +158,8 @@ def sweep(m, points, targets_list, steps: int, budget: int, device_model: Option
             prefills[context] = _prefill(m, context)
         for n in targets_list:
             for label, attention, ratio in BACKENDS:
+                if backends is not None and label not in backends:
+                    continue
                 if attention == "memory" and (n != targets_list[0] or kv > budget):
                     continue
                 pool = None
@@ -218,12 +231,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         default="f16",
         help="element type of the in-storage backends' KV pages (default: %(default)s; the other backends keep f32)",
     )
+    ap.add_argument(
+        "--backends",
+        default=",".join(b[0] for b in BACKENDS),
+        metavar="NAME,...",
+        help="backends to run (default: %(default)s)",
+    )
     ap.add_argument("--dir", default=os.path.join(".insitu", "bench"), help="target images (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     a = ap.parse_args(argv)
     from . import run
 
     budget = parse_size(a.host_budget)
+    backends = [b.strip() for b in a.backends.split(",") if b.strip()]
+    unknown = sorted(set(backends) - {b[0] for b in BACKENDS})
+    if unknown or not backends:
+        ap.error(f"--backends: unknown backend(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(b[0] for b in BACKENDS)}")
     dm = None if a.device_model == "none" else a.device_model
     try:
         device_model = _device_model(dm)  # before the sweep: a bad spec fails at once
@@ -238,7 +261,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if int(b) * int(s) * kv_per_token > budget:
             break  # the first point over the budget ends the sweep
     t0 = time.perf_counter()
-    r = sweep(m, points, [int(n) for n in a.targets.split(",")], a.steps, budget, dm, a.dir, kv_dtype=a.kv_dtype)
+    r = sweep(m, points, [int(n) for n in a.targets.split(",")], a.steps, budget, dm, a.dir, kv_dtype=a.kv_dtype, backends=backends)
     r.update(
         {
             "model": m.path,
@@ -251,6 +274,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "points": points,
             "device_model": device_model,
             "sparf_ratio": 0.125,
+            "backends": backends,
             "kv_dtype": a.kv_dtype,
             "split": "tokens",
             "seconds": time.perf_counter() - t0,

@@ -121,6 +121,11 @@ impl Seq {
 /// stripes consecutive pages over its dies, so a head whose next page comes from the class
 /// after its last one has its pages spread over every die (for any die count dividing
 /// `STRIPE`), and one head's read is served by all channels at once (InstInfer IV-C).
+///
+/// Each new list starts one class after the list before it. Sparse attention reads some
+/// pages of every list more than others (the first, the most recent); if every list began
+/// on the same channel, those pages would all queue on a few channels while the others
+/// idle. Staggered starts spread them over all channels as evenly as dense reads are.
 const STRIPE: usize = 64;
 
 struct State {
@@ -129,6 +134,8 @@ struct State {
     /// Per class, free pages in descending order (the lowest is popped first).
     free: Vec<Vec<u32>>,
     free_count: u64,
+    /// The class the next new list starts from.
+    next_start: usize,
     journal: Journal,
 }
 
@@ -137,13 +144,18 @@ impl State {
         self.free_count
     }
 
-    /// A free page for a list whose last page is `after`: from the next class when it has
-    /// one, else the lowest free page.
+    /// A free page for a list whose last page is `after`: from the class after it, or for a
+    /// new list from the class after the last new list's; else from the next class with a
+    /// free page.
     fn alloc(&mut self, after: Option<u32>) -> u32 {
-        let class = match after.map(|p| (p as usize + 1) % STRIPE) {
-            Some(c) if !self.free[c].is_empty() => c,
-            _ => (0..STRIPE).filter(|c| !self.free[*c].is_empty()).min_by_key(|c| self.free[*c].last()).expect("space was checked before allocating"),
+        let want = match after {
+            Some(p) => (p as usize + 1) % STRIPE,
+            None => {
+                self.next_start = (self.next_start + 1) % STRIPE;
+                self.next_start
+            }
         };
+        let class = (0..STRIPE).map(|i| (want + i) % STRIPE).find(|c| !self.free[*c].is_empty()).expect("space was checked before allocating");
         let p = self.free[class].pop().expect("class is not empty");
         self.free_count -= 1;
         self.refs[p as usize] = 1;
@@ -211,7 +223,8 @@ impl KvCache {
         let data_pages = u32::try_from(total - 1 - journal_pages).map_err(|_| bad("private namespace too large for 32-bit page numbers"))?;
         let journal = Journal::open(media.clone(), base, page_bytes, journal_pages as usize)?;
         let data_base = base + (1 + journal_pages) * page_bytes as u64;
-        let mut state = State { seqs: HashMap::new(), refs: vec![0; data_pages as usize], free: vec![Vec::new(); STRIPE], free_count: 0, journal };
+        let mut state =
+            State { seqs: HashMap::new(), refs: vec![0; data_pages as usize], free: vec![Vec::new(); STRIPE], free_count: 0, next_start: STRIPE - 1, journal };
         let records = state.journal.replay()?;
         for r in records {
             apply(&mut state.seqs, r, page_bytes)?;

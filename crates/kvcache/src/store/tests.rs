@@ -384,3 +384,26 @@ mod model {
         }
     }
 }
+
+#[test]
+fn the_first_and_last_pages_of_the_lists_spread_over_the_channels() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path(), 16 << 20);
+    let heads = 8;
+    s.create(1, 1, heads, D, Dtype::F32, 1).unwrap();
+    // 64 tokens a page: four whole pages in every K and V list.
+    let t = 256;
+    s.append(1, 0, t, &rows(heads * t * D, 1.0), &rows(heads * t * D, 2.0)).unwrap();
+    let st = s.state.lock().unwrap();
+    let channels = 8;
+    let lists: Vec<&Vec<u32>> = st.seqs[&1].heads.iter().flat_map(|h| [&h.k_pages, &h.v_pages]).collect();
+    for (what, pick) in [("first", 0usize), ("last", 3)] {
+        let mut load = vec![0; channels];
+        for l in &lists {
+            assert_eq!(l.len(), 4);
+            load[l[pick] as usize % channels] += 1;
+        }
+        let (lo, hi) = (load.iter().min().unwrap(), load.iter().max().unwrap());
+        assert!(hi - lo <= 1, "the {what} pages of the lists fall unevenly on the channels: {load:?}");
+    }
+}
