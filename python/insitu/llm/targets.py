@@ -82,12 +82,18 @@ class TokenSplit:
     """Where each token of ``batch`` sequences lives over ``targets`` targets (split-K).
 
     A sequence is dealt out in whole pages of ``tokens_per_page``, target after target:
-    page ``g`` of a sequence (its tokens ``g·tpp …``) on target ``g mod N``, the prompt's
-    tokens and each decode step's alike, so every target's share looks like the whole
-    (recent and old tokens alike), the shares stay within a page of each other, and a
-    target's page is a page of the whole sequence (SparF over the split reads the pages it
-    reads on one target). A decode step's token of sequence ``b`` goes to the target
-    owning its page; the sequences of a batch at the same length share it.
+    page ``g`` of sequence ``b`` (its tokens ``g·tpp …``) on target ``(g + b) mod N``
+    (:meth:`owner`), the prompt's tokens and each decode step's alike, so every target's
+    share looks like the whole (recent and old tokens alike), the shares stay within a
+    page of each other, and a target's page is a page of the whole sequence (SparF over
+    the split reads the pages it reads on one target). A decode step's token of sequence
+    ``b`` goes to the target owning its page.
+
+    The deal starts at target ``b mod N`` because SparF reads some pages of every
+    sequence whatever the query (the first, the most recent): dealt from target 0 for
+    every sequence, the sequences of a batch at the same length would all put those pages
+    on the same targets, and every layer would wait for those targets while the others
+    idle.
     """
 
     def __init__(self, targets: int, batch: int, tokens_per_page: int):
@@ -133,6 +139,10 @@ class TokenSplit:
             self.step_owners = self._placed[j]
         return [i for i, held in enumerate(self.held) if i in self.step_owners or max(held)]
 
+    def owner(self, b: int, page: int) -> int:
+        """The target storing page ``page`` of sequence ``b``."""
+        return (page + b) % len(self.held)
+
     def new_rows(self, i: int) -> List[int]:
         """The sequences whose current step token target ``i`` stores."""
         return [b for b, owner in enumerate(self.step_owners) if owner == i]
@@ -144,7 +154,7 @@ class TokenSplit:
         out: List[List[torch.Tensor]] = [[] for _ in self.held]
         for b, (start, n) in enumerate(zip(starts, counts)):
             j = torch.arange(n)
-            owner = ((start + j) // self.tokens_per_page) % len(self.held)
+            owner = self.owner(b, (start + j) // self.tokens_per_page)
             for i, part in enumerate(out):
                 part.append(j[owner == i])
                 self.held[i][b] += len(part[-1])
@@ -157,7 +167,7 @@ class TokenSplit:
         owners = []
         for b in range(len(self.held[0])):
             total = sum(held[b] for held in self.held)
-            i = (total // self.tokens_per_page) % len(self.held)
+            i = self.owner(b, total // self.tokens_per_page)
             self.positions[i][b].append(total)
             self.held[i][b] += 1
             owners.append(i)
@@ -181,7 +191,7 @@ class TokenSplit:
             for i in masses:
                 n = self.recent(i, b, local)
                 local_from[i] = (self.held[i][b] - n) // self.tokens_per_page if n else None
-            chosen = choose_pages({i: m[b] for i, m in masses.items()}, local_from, budget)
+            chosen = choose_pages({i: m[b] for i, m in masses.items()}, local_from, budget, sink=self.owner(b, 0))
             for i, per_head in chosen.items():
                 lists[i].extend(per_head)
         return lists
@@ -198,10 +208,10 @@ def merge(outs: List[torch.Tensor], lses: List[torch.Tensor]) -> torch.Tensor:
     return (w[..., None] * torch.stack([o.double() for o in outs])).sum(0)
 
 
-def choose_pages(masses: Dict[int, np.ndarray], local_from: Dict[int, Optional[int]], budget: int) -> Dict[int, List[List[int]]]:
+def choose_pages(masses: Dict[int, np.ndarray], local_from: Dict[int, Optional[int]], budget: int, sink: int = 0) -> Dict[int, List[List[int]]]:
     """SparF's page choice for one sequence whose pages are spread over targets, made as
-    one target holding them all makes it (``sparse.rs``): the first page (the first
-    target's first), every page holding one of the last ``local`` tokens (on target ``i``
+    one target holding them all makes it (``sparse.rs``): the first page (the first of
+    target ``sink``, which holds the sequence's first), every page holding one of the last ``local`` tokens (on target ``i``
     its pages from ``local_from[i]``, None for none), and the ``budget`` other pages on
     which some query row of the KV head puts the most approximate mass, normalised over
     the whole sequence; only pages before a target's local ones compete, as on one target.
@@ -223,7 +233,7 @@ def choose_pages(masses: Dict[int, np.ndarray], local_from: Dict[int, Optional[i
     compete = np.ones(lm.shape[2], dtype=bool)
     at = 0
     for i, w in zip(order, widths):
-        if i == 0 and w:
+        if i == sink and w:
             fixed[at] = True  # the attention sink
             compete[at] = False
         if local_from[i] is not None:
