@@ -357,7 +357,8 @@ impl Session {
         Ok(if size == 8 { u64::from(cqe.dw0) | u64::from(cqe.dw1) << 32 } else { u64::from(cqe.dw0) })
     }
 
-    pub(crate) fn lba_size(&self, nsid: u32) -> Result<u32, InitiatorError> {
+    /// The logical block size of namespace `nsid`, in bytes (asked once, then remembered).
+    pub fn lba_size(&self, nsid: u32) -> Result<u32, InitiatorError> {
         if let Some(&s) = self.inner.lba_sizes.lock().unwrap_or_else(PoisonError::into_inner).get(&nsid) {
             return Ok(s);
         }

@@ -72,8 +72,11 @@ impl Session {
 
     /// Reads `nlb` logical blocks from `slba`.
     fn read<'py>(&self, py: Python<'py>, nsid: u32, slba: u64, nlb: u32) -> PyResult<Bound<'py, PyBytes>> {
-        let data = py.allow_threads(|| self.inner.read(nsid, slba, nlb)).map_err(to_py)?;
-        Ok(PyBytes::new(py, &data))
+        let lba = py.allow_threads(|| self.inner.lba_size(nsid)).map_err(to_py)?;
+        let len = usize::try_from(u64::from(nlb) * u64::from(lba)).map_err(|_| RequestError::new_err("read too large"))?;
+        // Straight into the bytes object Python gets: a large read (a FlexGen layer) is
+        // copied once on its way from the socket, not twice.
+        PyBytes::new_with(py, len, |buf| py.allow_threads(|| self.inner.read_into(nsid, slba, buf)).map_err(to_py))
     }
 
     /// Writes whole logical blocks at `slba`.

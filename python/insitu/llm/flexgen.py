@@ -275,11 +275,32 @@ class FlexGenStore(KVStore):
             row = self.rows[i][(b, layer)]
             if row.n == 0:
                 continue
-            K, V = self._dense_rows(i, b, layer, pages[b])
-            scores = (q[b].double() @ K.transpose(1, 2)) * scale  # [heads, group, n]
-            lse[b] = torch.logsumexp(scores, dim=-1)
-            out[b] = torch.softmax(scores, dim=-1) @ V
+            g, blocks = pages[b]
+            if row.tok // self.tpp > g:  # pages written after the read began: gathered anew
+                K, V = self._dense_rows(i, b, layer, pages[b])
+                scores = (q[b].double() @ K.transpose(1, 2)) * scale  # [heads, group, n]
+                lse[b] = torch.logsumexp(scores, dim=-1)
+                out[b] = torch.softmax(scores, dim=-1) @ V
+            else:
+                out[b], lse[b] = self._attend_read(q[b], blocks, row, scale)
         return out, lse
+
+    def _attend_read(self, q, blocks, row, scale):
+        """Dense attention of one row's queries (``[heads, group, D]``) over its pages as
+        read (``[heads, groups, 2, tpp, D]``, or None) and its host tail, in f32: K and V
+        are gathered once each into their final place (FlexGen computes in the model's
+        precision on what it loaded)."""
+        H, n = q.shape[0], row.n
+        K, V = torch.empty(H, n, self.head_dim), torch.empty(H, n, self.head_dim)
+        paged = 0
+        if blocks is not None:
+            paged = blocks.shape[1] * self.tpp
+            K[:, :paged].view(blocks.shape[:2] + blocks.shape[3:]).copy_(blocks[:, :, 0])
+            V[:, :paged].view(blocks.shape[:2] + blocks.shape[3:]).copy_(blocks[:, :, 1])
+        K[:, paged:], V[:, paged:] = row.k, row.v
+        scores = (q @ K.transpose(1, 2)) * scale  # [heads, group, n]
+        lse = torch.logsumexp(scores, dim=-1)
+        return torch.exp(scores - lse.unsqueeze(-1)) @ V, lse
 
     def _read_layer(self, i, layer):
         """Every sequence's token pages of ``layer`` on target ``i``, as they are now:
@@ -304,13 +325,15 @@ class FlexGenStore(KVStore):
             if g == 0:
                 out.append((0, None))
                 continue
-            used = 2 * PAGE * g
             if len(reads) == 1 and heads > 1:
-                data = torch.nn.functional.pad(reads[0].result(), (0, heads * self.region // 4 - (((heads - 1) * self.region + used) // 4)))
-                blocks = data.view(heads, self.region // 4)[:, : used // 4]
+                # The heads' pages inside the one read: a strided view, no copy.
+                data = reads[0].result()
+                blocks = data.as_strided(
+                    (heads, g, 2, self.tpp, self.head_dim), (self.region // 4, 2 * self.tpp * self.head_dim, self.tpp * self.head_dim, self.head_dim, 1)
+                )
             else:
-                blocks = torch.stack([r.result() for r in reads])
-            out.append((g, blocks.reshape(heads, g, 2, self.tpp, self.head_dim)))
+                blocks = torch.stack([r.result() for r in reads]).view(heads, g, 2, self.tpp, self.head_dim)
+            out.append((g, blocks))
         return out
 
     def _dense_rows(self, i, b, layer, read):
