@@ -216,6 +216,18 @@ def test_partial_requests_and_bad_split_options(pool3):
         with pytest.raises(insitu.TargetError, match="malformed"):
             kv.attend(0, [77], f32_bytes(q[:1]), 2, SCALE, "sparf", 2, 4, 1, mean_v=True, partial=True)
         assert kv.info(77)["tokens"] == [20] and kv.info(78)["tokens"] == [0]
+        # A new token for sequence 78 alone rides with the request for both.
+        k1 = torch.randn(1, 1, D)
+        out, _, lse = kv.attend(0, [77, 78], f32_bytes(q), 2, SCALE, new_k=f32_bytes(k1), new_v=f32_bytes(k1), partial=True, new_rows=[1])
+        assert kv.info(77)["tokens"] == [20] and kv.info(78)["tokens"] == [1]
+        o = torch.frombuffer(bytearray(out), dtype=torch.float32).view(2, 2, D)
+        assert torch.allclose(o[1], k1[0].expand(2, D)), "one token: its V is the output"
+        for rows, why in [([1, 0], "ascending"), ([2], "ascending"), ([], "at least one")]:
+            with pytest.raises(insitu.RequestError, match=why):
+                kv.attend(0, [77, 78], f32_bytes(q), 2, SCALE, new_k=f32_bytes(k1), new_v=f32_bytes(k1), partial=True, new_rows=rows)
+        with pytest.raises(insitu.TargetError):  # one token's K for two sequences
+            kv.attend(0, [77, 78], f32_bytes(q), 2, SCALE, new_k=f32_bytes(k1), new_v=f32_bytes(k1), partial=True, new_rows=[0, 1])
+        assert kv.info(77)["tokens"] == [20] and kv.info(78)["tokens"] == [1], "a refused request appends nothing"
     finally:
         kv.free(77)
         kv.free(78)

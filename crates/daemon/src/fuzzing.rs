@@ -166,6 +166,7 @@ pub fn seed_inputs() -> Vec<(&'static str, Vec<u8>)> {
                 seqs: vec![1],
                 q: vals(heads * 2 * d, 0.7),
                 new_kv: Some((vals(heads * d, 0.3), vals(heads * d, 0.5))),
+                new_entries: None,
                 groups: None,
                 vectors: Dtype::F32,
             };

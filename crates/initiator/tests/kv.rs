@@ -111,6 +111,7 @@ fn attention_over_the_fabric_equals_a_host_computation() {
         seqs: vec![7],
         q: q.clone(),
         new_kv: None,
+        new_entries: None,
         groups: None,
         vectors: Dtype::F32,
     };
@@ -169,6 +170,7 @@ fn bad_requests_get_their_own_status_and_change_nothing() {
         seqs: vec![1, 42],
         q: values(2 * HEADS * D, 0.0),
         new_kv: Some((values(2 * HEADS * D, 0.0), values(2 * HEADS * D, 0.0))),
+        new_entries: None,
         groups: None,
         vectors: Dtype::F32,
     };
@@ -193,6 +195,7 @@ fn a_restarted_target_keeps_every_flushed_page() {
             seqs: vec![3],
             q: q.clone(),
             new_kv: None,
+            new_entries: None,
             groups: None,
             vectors: Dtype::F32,
         };
@@ -250,6 +253,7 @@ fn a_result_asked_for_before_its_attention_arrives_with_its_log_sum_exp() {
         seqs: vec![4],
         q: q.clone(),
         new_kv: None,
+        new_entries: None,
         groups: None,
         vectors: Dtype::F32,
     };

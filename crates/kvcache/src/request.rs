@@ -95,7 +95,8 @@ impl KvCache {
     }
 
     /// Refuses a sequence named twice, appends the decode step's new token of every entry
-    /// when `a` carries one, and returns every (entry, KV head)'s view, entry-major.
+    /// (or of the entries `a.new_entries` lists) when `a` carries one, and returns every
+    /// (entry, KV head)'s view, entry-major.
     fn prepare(&self, a: &Attend) -> Result<Vec<crate::HeadView>, KvError> {
         for (i, s) in a.seqs.iter().enumerate() {
             if a.seqs[..i].contains(s) {
@@ -109,8 +110,12 @@ impl KvCache {
         }
         if let Some((k, v)) = &a.new_kv {
             let n = a.heads * a.head_dim;
-            for (i, s) in a.seqs.iter().enumerate() {
-                self.append(*s, a.layer, 1, &k[i * n..(i + 1) * n], &v[i * n..(i + 1) * n])?;
+            let entries: Vec<usize> = a.new_entries.clone().unwrap_or_else(|| (0..a.seqs.len()).collect());
+            if entries.iter().any(|&e| e >= a.seqs.len()) || k.len() != entries.len() * n || v.len() != k.len() {
+                return Err(KvError::BadRequest(format!("new K and V of {} values for {} entries x {n}", k.len(), entries.len())));
+            }
+            for (j, e) in entries.into_iter().enumerate() {
+                self.append(a.seqs[e], a.layer, 1, &k[j * n..(j + 1) * n], &v[j * n..(j + 1) * n])?;
             }
         }
         a.seqs.iter().flat_map(|s| (0..a.heads).map(move |h| self.head(*s, a.layer, h))).collect()

@@ -376,6 +376,10 @@ pub struct Attend {
     /// The new token's keys and values, `[entries][heads][head_dim]` each, appended before
     /// attending (decode step), when present.
     pub new_kv: Option<(Vec<f32>, Vec<f32>)>,
+    /// The entries `new_kv` holds a token for, strictly ascending (its rows in that
+    /// order); `None`: every entry. A host that splits sequences over targets sends each
+    /// target the new tokens it stores, which differ by sequence, in the same request.
+    pub new_entries: Option<Vec<usize>>,
     /// With [`Method::Dense`] only: per (entry, KV head), entry-major, the token groups
     /// (flash pages of the token-indexed copy, ascending) to attend over instead of every
     /// token: the second phase of SparF over a sequence split across targets, the host
@@ -395,6 +399,8 @@ const FLAG_NO_MEAN_V: u8 = 2;
 const FLAG_GROUPS: u8 = 4;
 /// The queries and the new token's K and V are f16, and so are the result's outputs.
 const FLAG_F16_VECTORS: u8 = 8;
+/// With [`FLAG_APPEND`]: the new tokens are for some entries only, listed after the queries.
+const FLAG_SOME_ENTRIES: u8 = 16;
 /// Most token groups in one list (a 4 KiB page of 8 f32 tokens each: 2^27 tokens).
 pub const MAX_GROUPS: usize = 1 << 24;
 
@@ -413,7 +419,8 @@ impl Attend {
         b[6] = if self.new_kv.is_some() { FLAG_APPEND } else { 0 }
             | if mean_v { 0 } else { FLAG_NO_MEAN_V }
             | if self.groups.is_some() { FLAG_GROUPS } else { 0 }
-            | if self.vectors == Dtype::F16 { FLAG_F16_VECTORS } else { 0 };
+            | if self.vectors == Dtype::F16 { FLAG_F16_VECTORS } else { 0 }
+            | if self.new_kv.is_some() && self.new_entries.is_some() { FLAG_SOME_ENTRIES } else { 0 };
         b[8..10].copy_from_slice(&(self.layer as u16).to_le_bytes());
         b[10..12].copy_from_slice(&(self.heads as u16).to_le_bytes());
         b[12..14].copy_from_slice(&(self.group as u16).to_le_bytes());
@@ -424,10 +431,15 @@ impl Attend {
         b[24..28].copy_from_slice(&(local as u32).to_le_bytes());
         b[28..32].copy_from_slice(&self.scale.to_le_bytes());
         b[32..36].copy_from_slice(&(pages as u32).to_le_bytes());
+        let listed = self.new_kv.as_ref().and(self.new_entries.as_ref());
+        b[36..40].copy_from_slice(&(listed.map_or(0, Vec::len) as u32).to_le_bytes());
         for s in &self.seqs {
             b.extend_from_slice(&s.to_le_bytes());
         }
         put_vectors(&mut b, &self.q, self.vectors);
+        for e in listed.into_iter().flatten() {
+            b.extend_from_slice(&(*e as u32).to_le_bytes());
+        }
         if let Some((k, v)) = &self.new_kv {
             put_vectors(&mut b, k, self.vectors);
             put_vectors(&mut b, v, self.vectors);
@@ -445,7 +457,7 @@ impl Attend {
         if b[4] != VERSION {
             return Err(bad(format!("KV attention request version {} (this target speaks {VERSION})", b[4])));
         }
-        if b[6] & !(FLAG_APPEND | FLAG_NO_MEAN_V | FLAG_GROUPS | FLAG_F16_VECTORS) != 0 {
+        if b[6] & !(FLAG_APPEND | FLAG_NO_MEAN_V | FLAG_GROUPS | FLAG_F16_VECTORS | FLAG_SOME_ENTRIES) != 0 {
             return Err(bad(format!("unknown KV attention flags {:#04x}", b[6])));
         }
         let mean_v = b[6] & FLAG_NO_MEAN_V == 0;
@@ -481,11 +493,23 @@ impl Attend {
         if with_groups && append {
             return Err(bad("KV attention flag 0x04 (token groups) cannot come with a new token (flag 0x01): the groups are chosen over what is stored"));
         }
+        let some = b[6] & FLAG_SOME_ENTRIES != 0;
+        if some && !append {
+            return Err(bad("KV attention flag 0x10 (new tokens for some entries) needs flag 0x01 (new tokens)"));
+        }
+        let listed = if some { u32_at(b, 36) as usize } else { 0 };
+        if some && !(1..=entries).contains(&listed) {
+            return Err(bad(format!("KV attention request lists {listed} entries with a new token; it has {entries}")));
+        }
         let nq = entries * heads * group * head_dim;
-        let nkv = if append { entries * heads * head_dim } else { 0 };
+        let nkv = match (append, some) {
+            (false, _) => 0,
+            (true, false) => entries * heads * head_dim,
+            (true, true) => listed * heads * head_dim,
+        };
         let vectors = if b[6] & FLAG_F16_VECTORS != 0 { Dtype::F16 } else { Dtype::F32 };
         let size = vectors.size();
-        let want = ATTEND_HEADER_LEN as u64 + 8 * entries as u64 + (size * (nq + 2 * nkv)) as u64;
+        let want = ATTEND_HEADER_LEN as u64 + 8 * entries as u64 + 4 * listed as u64 + (size * (nq + 2 * nkv)) as u64;
         let fixed_ok = if with_groups { b.len() as u64 >= want } else { b.len() as u64 == want };
         if !fixed_ok {
             return Err(bad(format!("KV attention request for {entries} entries x {heads} heads x {group} x {head_dim} needs {want} bytes, got {}", b.len())));
@@ -496,8 +520,18 @@ impl Attend {
         o += 8 * entries;
         let q = read_vectors(&b[o..o + size * nq], vectors);
         o += size * nq;
+        let new_entries = if some {
+            let list: Vec<usize> = (0..listed).map(|i| u32_at(b, o + 4 * i) as usize).collect();
+            if list.windows(2).any(|w| w[0] >= w[1]) || list.last().is_some_and(|&e| e >= entries) {
+                return Err(bad(format!("KV attention request: the entries with a new token must be strictly ascending and below {entries}, got {list:?}")));
+            }
+            o += 4 * listed;
+            Some(list)
+        } else {
+            None
+        };
         let new_kv = append.then(|| (read_vectors(&b[o..o + size * nkv], vectors), read_vectors(&b[o + size * nkv..o + 2 * size * nkv], vectors)));
-        Ok(Attend { layer: usize::from(u16_at(b, 8)), heads, group, head_dim, method, scale, seqs, q, new_kv, groups, vectors })
+        Ok(Attend { layer: usize::from(u16_at(b, 8)), heads, group, head_dim, method, scale, seqs, q, new_kv, new_entries, groups, vectors })
     }
 }
 
@@ -808,10 +842,22 @@ mod tests {
             seqs: vec![4, 5],
             q: (0..48).map(|x| x as f32).collect(),
             new_kv: Some((vec![1.0; 16], vec![2.0; 16])),
+            new_entries: None,
             groups: None,
             vectors: Dtype::F32,
         };
         assert_eq!(Attend::decode(&at.encode()).unwrap(), at);
+        // A new token for the second entry only: its K and V rows alone follow the list.
+        let some = Attend { new_kv: Some((vec![1.0; 8], vec![2.0; 8])), new_entries: Some(vec![1]), ..at.clone() };
+        assert_eq!(some.encode().len(), at.encode().len() + 4 - 2 * 4 * 8);
+        assert_eq!(Attend::decode(&some.encode()).unwrap(), some);
+        for (list, why) in [(vec![1, 1], "ascending"), (vec![2], "below 2"), (vec![], "lists 0 entries")] {
+            let mut b = Attend { new_kv: Some((vec![1.0; 8 * list.len()], vec![2.0; 8 * list.len()])), new_entries: Some(list), ..at.clone() }.encode();
+            let e = Attend::decode(&b).unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+            b[6] &= !FLAG_APPEND;
+            assert!(Attend::decode(&b).is_err());
+        }
         for method in [
             Method::SparF { r: 2, k: 8, local: 2, pages: 3, mean_v: false },
             Method::SparQ { r: 1, k: 3, local: 0, mean_v: false },
@@ -900,6 +946,7 @@ mod tests {
             seqs: vec![1],
             q: vec![0.0; 4],
             new_kv: None,
+            new_entries: None,
             groups: None,
             vectors: Dtype::F32,
         };
@@ -912,7 +959,7 @@ mod tests {
         let mut b = at.encode();
         b[6] = FLAG_NO_MEAN_V; // dense has no mean of V to leave out
         assert!(Attend::decode(&b).unwrap_err().to_string().contains("needs a sparse method"));
-        b[6] = 16;
+        b[6] = 32;
         assert!(Attend::decode(&b).unwrap_err().to_string().contains("unknown KV attention flags"));
         // Token-group lists: only with dense, each one whole and ascending, nothing after.
         let listed = Attend { groups: Some(vec![vec![1, 2]]), ..at.clone() };

@@ -207,8 +207,10 @@ impl KvTarget {
     /// attends over those token groups only. `result_len` is the result's expected size in
     /// bytes when the caller knows it (it saves a round trip). `vectors="f16"` carries the
     /// queries, the new K and V and the outputs as f16 on the link (half the bytes; the
-    /// buffers given and returned stay f32).
-    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None, pages=0, mean_v=true, partial=false, page_scores=false, groups=None, result_len=0, vectors="f32"))]
+    /// buffers given and returned stay f32). `new_rows`, with `new_k`/`new_v`: the
+    /// entries (indices into `seqs`, ascending) the new K and V rows belong to, when only
+    /// some sequences get a token here (`new_k` then `[len(new_rows)][kv_heads][head_dim]`).
+    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None, pages=0, mean_v=true, partial=false, page_scores=false, groups=None, result_len=0, vectors="f32", new_rows=None))]
     #[allow(clippy::too_many_arguments)]
     fn attend<'py>(
         &self,
@@ -231,6 +233,7 @@ impl KvTarget {
         groups: Option<Vec<Vec<u32>>>,
         result_len: usize,
         vectors: &str,
+        new_rows: Option<Vec<usize>>,
     ) -> PyResult<Bound<'py, PyTuple>> {
         let vectors = match vectors {
             "f32" => Dtype::F32,
@@ -253,6 +256,15 @@ impl KvTarget {
             (None, None) => None,
             _ => return Err(bad("give both new_k and new_v, or neither")),
         };
+        if new_rows.is_some() && new_kv.is_none() {
+            return Err(bad("new_rows needs new_k and new_v"));
+        }
+        if let Some(rows) = &new_rows {
+            if rows.is_empty() || rows.windows(2).any(|w| w[0] >= w[1]) || rows.iter().any(|&r| r >= entries) {
+                return Err(bad(format!("new_rows must be ascending indices into seqs, at least one, got {rows:?}")));
+            }
+        }
+        let new_entries = new_rows;
         let result = py.allow_threads(|| {
             let (heads, head_dim) = self.info_shape(seqs[0])?;
             if q.len() != entries * heads * group * head_dim {
@@ -262,7 +274,7 @@ impl KvTarget {
                     seqs[0]
                 )));
             }
-            let req = Attend { layer, heads, group, head_dim, method, scale, seqs, q, new_kv, groups, vectors };
+            let req = Attend { layer, heads, group, head_dim, method, scale, seqs, q, new_kv, new_entries, groups, vectors };
             if req.layer > 0xFFFF {
                 return Err(bad("layer out of range"));
             }

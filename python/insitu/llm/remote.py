@@ -211,7 +211,7 @@ class TargetStore(KVStore):
 
     def _page_scores(self, i, layer, q, k, v, rows, scale, r):
         B, h, G, D = q.shape
-        k, v = self._step_kv(i, layer, k, v, rows)
+        new = self._step_kv(k, v, rows)
         held = [self.split_tokens.held[i][b] for b in range(B)]
         groups = sum(-(-n // self.tokens_per_page) for n in held)
         res = self.targets[i].attend(
@@ -224,11 +224,10 @@ class TargetStore(KVStore):
             r,
             1,
             0,
-            k,
-            v,
             page_scores=True,
             result_len=PAGE_SCORES_HEADER + 4 * B + 4 * h * G * groups,
             vectors=self.kv_dtype,
+            **new,
         )
         self._media[i] += res[1]["media_bytes"]
         counts, flat = res[0], np.frombuffer(res[2], dtype="<f4")
@@ -253,19 +252,18 @@ class TargetStore(KVStore):
             return SparseParams(0, 0, 0)
         return params(self.ratio, self.head_dim, tokens, self.tokens_per_page, paged=self.method == "sparf", mean_v=self.mean_v)
 
-    def _step_kv(self, i, layer, k, v, rows):
-        """The step token's K and V bytes to send with target ``i``'s request when it
-        stores every sequence's; else the sequences in ``rows`` get theirs appended on
-        their own first, and none ride along."""
+    def _step_kv(self, k, v, rows):
+        """What of the step's tokens rides with a target's request: the K and V bytes of
+        the sequences in ``rows`` (those whose token it stores) and, when that is not
+        every sequence, their indices (``new_rows``); nothing when ``rows`` is empty."""
+        if not rows:
+            return {}
         if len(rows) == k.shape[0]:
-            return f32_bytes(k), f32_bytes(v)
-        for b in rows:
-            self.targets[i].append(self.seqs[b], layer, 1, f32_bytes(k[b]), f32_bytes(v[b]))
-        return None, None
+            return {"new_k": f32_bytes(k), "new_v": f32_bytes(v)}
+        return {"new_k": f32_bytes(k[rows]), "new_v": f32_bytes(v[rows]), "new_rows": rows}
 
     def _attend(self, i, layer, q, k, v, rows, scale, p, partial):
         G = q.shape[2]
-        k, v = self._step_kv(i, layer, k, v, rows)
         res = self.targets[i].attend(
             layer,
             self.seqs,
@@ -276,12 +274,11 @@ class TargetStore(KVStore):
             p.r,
             p.k,
             p.local,
-            k,
-            v,
-            p.pages if self.method == "sparf" else 0,
-            p.mean_v,
-            partial,
+            pages=p.pages if self.method == "sparf" else 0,
+            mean_v=p.mean_v,
+            partial=partial,
             vectors=self.kv_dtype,
+            **self._step_kv(k, v, rows),
         )
         return self._outputs(i, res, q.shape, partial)
 
