@@ -33,12 +33,15 @@ pub(crate) struct Read {
 
 /// Makes every read of `reads` (regions of `buf` that do not overlap) and returns the bytes
 /// each got (fewer than asked only at the end of the file). The first error is returned
-/// after every read queued has completed, so no read is left writing into `buf`.
-pub(crate) fn read_all(file: &File, reads: &[Read], buf: &mut [u8]) -> io::Result<Vec<usize>> {
+/// after every read queued has completed, so no read is left writing into `buf`. With
+/// `in_memory` (a file on tmpfs) the reads are plain copies on this thread: io_uring would
+/// hand each to a kernel worker thread (tmpfs cannot read without blocking), paying a
+/// thread switch per read for no overlap a copy could gain.
+pub(crate) fn read_all(file: &File, reads: &[Read], buf: &mut [u8], in_memory: bool) -> io::Result<Vec<usize>> {
     for r in reads {
         assert!(r.at + r.len <= buf.len(), "a batch read outside its buffer");
     }
-    if reads.len() > 1 {
+    if reads.len() > 1 && !in_memory {
         let done = RING.with(|cell| {
             let mut slot = cell.borrow_mut();
             let ring = slot.get_or_insert_with(|| IoUring::new(RING_DEPTH).ok());

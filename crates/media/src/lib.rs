@@ -251,7 +251,7 @@ impl Backing {
             *buf = AlignedBuf::new(at);
         }
         let deadline = self.pacing.as_ref().map(|p| (p, spans.iter().map(|&(o, l)| p.on_read(o, l as u64, purpose)).max()));
-        let got = batch::read_all(&self.direct, &reads, buf.as_mut_slice())?;
+        let got = batch::read_all(&self.direct, &reads, buf.as_mut_slice(), self.in_memory)?;
         for (r, got) in reads.iter().zip(got) {
             self.counters.read_bytes.fetch_add(got as u64, Ordering::Relaxed);
             whole_read(r.offset, got, (self.len.min(r.offset + r.len as u64) - r.offset) as usize)?;

@@ -79,10 +79,17 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, ou
 
     // Steps 5-7: the `k` best tokens by ŝ, the last `local` first (the paper's ŝ + m), and
     // α, the approximate weight they carry.
+    // Only tokens in reach are candidates (with a page budget, a few pages' worth of the
+    // sequence): the selection runs over them, not over every token of every row.
+    let cand: Vec<usize> = (0..n).filter(|&t| reach[t]).collect();
     let mut toks = Vec::with_capacity(rows);
     let mut alpha = Vec::with_capacity(rows);
     for s in shat.chunks_exact(n) {
-        top_k(n, k, &mut order, |a, b| reach[b].cmp(&reach[a]).then((b >= first_local).cmp(&(a >= first_local))).then(s[b].total_cmp(&s[a])).then(a.cmp(&b)));
+        top_k(cand.len(), k, &mut order, |a, b| {
+            let (a, b) = (cand[a], cand[b]);
+            (b >= first_local).cmp(&(a >= first_local)).then(s[b].total_cmp(&s[a])).then(a.cmp(&b))
+        });
+        order.iter_mut().for_each(|i| *i = cand[*i]); // ascending still: `cand` is
         alpha.push(order.iter().map(|&t| s[t]).sum::<f64>());
         toks.push(order.clone());
     }

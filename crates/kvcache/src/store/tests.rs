@@ -407,3 +407,14 @@ fn the_first_and_last_pages_of_the_lists_spread_over_the_channels() {
         assert!(hi - lo <= 1, "the {what} pages of the lists fall unevenly on the channels: {load:?}");
     }
 }
+
+#[test]
+fn f16_pages_decode_as_each_value_alone_would() {
+    for n in [1usize, 255, 256, 257, 1000] {
+        let vals: Vec<half::f16> = (0..n).map(|i| half::f16::from_f32(((i as f32) * 0.731).sin() * 1000.0)).collect();
+        let bytes: Vec<u8> = vals.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut out = vec![f32::NAN; n];
+        decode(Dtype::F16, &bytes, &mut out);
+        assert!(vals.iter().zip(&out).all(|(a, b)| a.to_f32() == *b), "{n} values");
+    }
+}
