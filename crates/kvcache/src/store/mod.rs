@@ -178,6 +178,16 @@ impl State {
     }
 }
 
+thread_local! {
+    /// Each attention thread's buffer for page reads, kept between reads: a fresh one per
+    /// read cost an allocation and the zeroing of every byte the read then overwrites.
+    static READ_BUF: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::new(0));
+}
+
+/// The most a thread keeps of [`READ_BUF`] (larger reads, a long head read densely, get a
+/// buffer of their own): each of the attention threads (four per core) keeps at most this.
+const READ_BUF_KEPT: usize = 2 << 20;
+
 /// The KV cache kept in one private namespace.
 pub struct KvCache {
     media: Arc<Backing>,
@@ -604,12 +614,24 @@ impl HeadView {
             }
         }
         let spans: Vec<(u64, usize)> = runs.iter().map(|&(_, p, n)| (self.data_base + u64::from(p) * pb as u64, n * pb)).collect();
-        let mut buf = AlignedBuf::new(spans.iter().map(|s| s.1).sum::<usize>() + 2 * insitu_media::DIRECT_ALIGN * spans.len());
-        let read = self.media.read_batch_for(&spans, &mut buf, ReadPurpose::Offload)?;
-        for (&(slot, _, n), bytes) in runs.iter().zip(read) {
-            decode(self.layout.dtype, bytes, &mut out[slot * per..(slot + n) * per]);
+        let need = spans.iter().map(|s| s.1).sum::<usize>() + 2 * insitu_media::DIRECT_ALIGN * spans.len();
+        let mut fill = |buf: &mut AlignedBuf| -> Result<Loaded, KvError> {
+            let read = self.media.read_batch_for(&spans, buf, ReadPurpose::Offload)?;
+            for (&(slot, _, n), bytes) in runs.iter().zip(read) {
+                decode(self.layout.dtype, bytes, &mut out[slot * per..(slot + n) * per]);
+            }
+            Ok(Loaded { pages: pages.len() as u64, bytes: (pages.len() * pb) as u64 })
+        };
+        if need > READ_BUF_KEPT {
+            return fill(&mut AlignedBuf::new(need));
         }
-        Ok(Loaded { pages: pages.len() as u64, bytes: (pages.len() * pb) as u64 })
+        READ_BUF.with(|cell| {
+            let mut buf = cell.borrow_mut();
+            if buf.len() < need {
+                *buf = AlignedBuf::new(READ_BUF_KEPT);
+            }
+            fill(&mut buf)
+        })
     }
 
     /// Token groups `groups` of each of `kinds`, one batch of reads: kind `kinds[j]`'s group
