@@ -64,7 +64,7 @@ def markdown(r: dict) -> str:
     rows = sorted(r["rows"], key=lambda x: (x["batch"] * x["context"], x["targets"], ORDER.index(x["backend"])))
     for x in rows:
         bound = "" if x.get("model_bound_s") is None else f"{x['model_bound_s']:.4f}"
-        over = "" if x.get("step_over_bound") is None else f"{x['step_over_bound']:.1f}"
+        over = "" if x.get("step_over_bound") is None else f"{x['step_over_bound']:.2f}"
         att = "" if x.get("attention_s") is None else f"{x['attention_s']:.3f}"
         budget = " (over budget)" if x.get("over_budget") else ""
         s += f"| {x['batch']} x {x['context']} | {x['kv_cache_bytes'] / 2**20:.0f} MiB{budget} | {x['targets'] or '-'} | {x['backend']} | "

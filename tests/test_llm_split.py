@@ -31,10 +31,10 @@ def pool3(tmp_path_factory):
         yield p
 
 
-def _owners(prefill: int, steps: int, targets: int, row: int = 0):
-    """Which target holds each token of batch row ``row``, by the documented rule: pages
-    in turn from target ``row mod N``, the prompt's tokens and the decode steps' alike."""
-    return [(t // TPP + row) % targets for t in range(prefill + steps)]
+def _owners(prefill: int, steps: int, targets: int):
+    """Which target holds each token, by the documented rule: pages in turn, the prompt's
+    tokens and the decode steps' alike."""
+    return [(t // TPP) % targets for t in range(prefill + steps)]
 
 
 def _case(seed: int, tokens: int, rows: int = 1):
@@ -100,8 +100,8 @@ def test_sparf_over_a_token_split_reads_the_pages_one_target_would(pool3, tokens
     page, the last tokens' pages and the best others up to one target's page budget; the
     merged output is exact attention over the tokens of exactly those pages (checked
     against torch choosing them from the whole cache), and the three targets read what
-    one target holding the sequence reads, give or take a dimension page each. Row 1 of
-    the batch (checked) has its pages dealt from target 1, so its first page is there."""
+    one target holding the sequence reads, give or take a dimension page each. Two rows
+    of the same sequence choose the same pages."""
     g, K, V = _case(tokens, tokens)
     rows = 2
     K, V = K.expand(rows, -1, -1, -1).contiguous(), V.expand(rows, -1, -1, -1).contiguous()
@@ -124,7 +124,7 @@ def test_sparf_over_a_token_split_reads_the_pages_one_target_would(pool3, tokens
     assert torch.equal(out[0], out[1]), "the same row dealt from another target chooses the same pages"
     Kf, Vf = torch.cat([K[1], k1[1][:, None]], 1), torch.cat([V[1], v1[1][:, None]], 1)
     total = tokens + 1
-    owner = torch.tensor(_owners(tokens, 1, 3, row=1))
+    owner = torch.tensor(_owners(tokens, 1, 3))
     p = sparf.params(0.125, D, total, TPP)
     # Each target's pages: its tokens in the order it stores them, TPP at a time.
     pages = []  # (target, tokens of the page)
@@ -139,7 +139,7 @@ def test_sparf_over_a_token_split_reads_the_pages_one_target_would(pool3, tokens
         keep, compete = set(), []
         local_seen = {i: False for i in range(3)}
         for j, (i, t) in enumerate(pages):
-            if i == 1 and t[0] == 0:
+            if i == 0 and t[0] == 0:
                 keep.add(j)
             elif any(x in recent for x in t.tolist()):
                 keep.add(j)
@@ -288,27 +288,8 @@ def test_every_layer_puts_a_forward_s_tokens_where_layer_0_put_them():
             out.append(list(split.step_owners))
         return out
 
-    # Each token on its page's target; sequence 1's pages are dealt from target 1.
-    assert placed(0) == [[0, 2], [0, 2], [1, 2]]
-    assert placed(1) == placed(2) == [[0, 2], [0, 2], [1, 2]]
-    assert split.held == [[TPP, 0], [1, TPP], [0, 3]]  # counted once, at layer 0
+    assert placed(0) == [[0, 1], [0, 1], [1, 1]]  # each token on its page's target
+    assert placed(1) == placed(2) == [[0, 1], [0, 1], [1, 1]]
+    assert split.held == [[TPP, TPP], [1, 3], [0, 0]]  # counted once, at layer 0
     assert split.recent(0, 0, 2) == 1 and split.recent(1, 0, 2) == 1
-    assert placed(0) == [[1, 2], [1, 2], [1, 2]]  # the next forward places anew
-
-
-def test_the_pages_sparf_always_reads_spread_over_the_targets():
-    """The first and the most recent page of a batch's sequences, which SparF reads
-    whatever the query, fall on every target alike, so no target holds up a layer."""
-    from insitu.llm.targets import TokenSplit
-
-    targets, batch, pages = 4, 8, 5
-    split = TokenSplit(targets, batch, TPP)
-    split.deal([0] * batch, [pages * TPP] * batch)
-    for page in (0, pages - 1):
-        load = [0] * targets
-        for b in range(batch):
-            owner = [i for i in range(targets) if page * TPP in split.positions[i][b]]
-            assert owner == [split.owner(b, page)]
-            load[owner[0]] += 1
-        assert load == [batch // targets] * targets, (page, load)
-    assert [sum(held) for held in split.held] == [batch * pages * TPP // targets] * targets
+    assert placed(0) == [[1, 1], [1, 1], [1, 1]]  # the next forward places anew

@@ -5,7 +5,7 @@ How a pool of targets shares the cache (``split``):
 
 * ``"tokens"`` (the default with two or more targets; split-K): every target holds every
   KV head for a share of each sequence's tokens, dealt out in whole flash pages, target
-  after target (page ``g`` of row ``b`` goes to target ``(g + b) mod N``), the prompt's tokens and
+  after target (page ``g`` of a row goes to target ``g mod N``), the prompt's tokens and
   each decode step's new token alike, so the targets stay even however many KV heads the
   model has (SmolLM2-135M has 3: a head split
   leaves a fourth target idle). Each target returns, per query row, its softmax-weighted
@@ -45,6 +45,7 @@ values. f32 keeps every step exact against in-memory attention.
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Dict, List, Optional
 
@@ -238,8 +239,20 @@ class TargetStore(KVStore):
         return per_seq
 
     def _attend_groups(self, i, layer, q, scale, groups):
-        res = self.targets[i].attend(layer, self.seqs, f32_bytes(q), q.shape[2], scale, "dense", partial=True, groups=groups, vectors=self.kv_dtype)
-        return self._outputs(i, res, q.shape, True)
+        """Target ``i``'s part over the pages picked on it (``groups``, per sequence and KV
+        head): only the sequences with a page picked here are asked (their queries go up,
+        their outputs come back); the others are empty parts."""
+        h = q.shape[1]
+        asked = [b for b in range(q.shape[0]) if any(groups[b * h : (b + 1) * h])]
+        lists = [g for b in asked for g in groups[b * h : (b + 1) * h]]
+        sub = q[asked]
+        res = self.targets[i].attend(layer, [self.seqs[b] for b in asked], f32_bytes(sub), q.shape[2], scale, "dense", partial=True, groups=lists, vectors=self.kv_dtype)
+        o, lse = self._outputs(i, res, sub.shape, True)
+        if len(asked) == q.shape[0]:
+            return o, lse
+        out, full = torch.zeros(q.shape), torch.full(q.shape[:-1], -math.inf, dtype=torch.float64)
+        out[asked], full[asked] = o, lse
+        return out, full
 
     @property
     def held(self) -> List[List[int]]:
