@@ -246,7 +246,9 @@ class TargetStore(KVStore):
         asked = [b for b in range(q.shape[0]) if any(groups[b * h : (b + 1) * h])]
         lists = [g for b in asked for g in groups[b * h : (b + 1) * h]]
         sub = q[asked]
-        res = self.targets[i].attend(layer, [self.seqs[b] for b in asked], f32_bytes(sub), q.shape[2], scale, "dense", partial=True, groups=lists, vectors=self.kv_dtype)
+        res = self.targets[i].attend(
+            layer, [self.seqs[b] for b in asked], f32_bytes(sub), q.shape[2], scale, "dense", partial=True, groups=lists, vectors=self.kv_dtype
+        )
         o, lse = self._outputs(i, res, sub.shape, True)
         if len(asked) == q.shape[0]:
             return o, lse
