@@ -15,6 +15,9 @@ import datetime
 import io
 import json
 import os
+import shutil
+import socket
+import subprocess
 import tarfile
 import time
 from pathlib import Path
@@ -454,13 +457,13 @@ def test_rename_top_stats_and_prune(client, env: Env):
             x.remove(force=True)
 
 
-def _tar(entries: dict[str, bytes]) -> bytes:
+def _tar(entries: dict[str, bytes], mode: int = 0o644) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as t:
         for name, data in entries.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
-            info.mode = 0o644
+            info.mode = mode
             t.addfile(info, io.BytesIO(data))
     return out.getvalue()
 
@@ -810,6 +813,94 @@ def test_list_filters_by_network_volume_and_ports(client, env: Env):
         a.remove(force=True)
         b.remove(force=True)
         client.volumes.get("sdk-filter-vol").remove()
+
+
+# A UDP echo server for the busybox image, whose nc speaks TCP only: answers each
+# datagram with "echo:" and the datagram, to the address it came from.
+UDP_ECHO_C = r"""
+#include <arpa/inet.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+int main(int argc, char **argv) {
+    int s = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[1]))};
+    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) < 0) return 1;
+    for (;;) {
+        char buf[2048] = "echo:";
+        struct sockaddr_in from;
+        socklen_t len = sizeof from;
+        ssize_t n = recvfrom(s, buf + 5, sizeof buf - 5, 0, (struct sockaddr *)&from, &len);
+        if (n >= 0) sendto(s, buf, n + 5, 0, (struct sockaddr *)&from, len);
+    }
+}
+"""
+
+
+def _static_binary(tmp_path: Path, source: str, name: str) -> bytes:
+    """`source` compiled statically (no library needed in the image), as a tar of /NAME."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("a C compiler (which Rust's builds need anyway) builds the UDP server")
+    (tmp_path / f"{name}.c").write_text(source)
+    subprocess.run([cc, "-static", "-O2", "-o", tmp_path / name, tmp_path / f"{name}.c"], check=True)
+    return _tar({name: (tmp_path / name).read_bytes()}, mode=0o755)
+
+
+def test_published_udp_and_tcp_ports(client, env: Env, tmp_path):
+    """-p PORT/udp is carried as docker-proxy carries it: datagrams in, answers back to
+    each client from the published port; TCP and UDP share a host port; inspect, port and
+    ps show both; the sockets close with the container."""
+    api = client.api
+    c = api.create_container(
+        env.image,
+        ["/udp-echo", "5353"],
+        ports=[(5353, "udp"), 5353],
+        host_config=api.create_host_config(port_bindings={"5353/udp": ("127.0.0.1", None), "5353/tcp": ("127.0.0.1", None)}),
+    )
+    try:
+        assert api.put_archive(c["Id"], "/", _static_binary(tmp_path, UDP_ECHO_C, "udp-echo"))
+        api.start(c["Id"])
+        udp = api.port(c["Id"], "5353/udp")
+        tcp = api.port(c["Id"], "5353/tcp")
+        assert udp[0]["HostIp"] == "127.0.0.1" and tcp[0]["HostIp"] == "127.0.0.1", (udp, tcp)
+        port = int(udp[0]["HostPort"])
+        doc = api.inspect_container(c["Id"])
+        assert set(doc["NetworkSettings"]["Ports"]) == {"5353/udp", "5353/tcp"}
+        assert doc["HostConfig"]["PortBindings"]["5353/udp"] == [{"HostIp": "127.0.0.1", "HostPort": ""}]
+        assert "5353/udp" in doc["Config"]["ExposedPorts"]
+        row = api.containers(filters={"id": c["Id"]})[0]
+        assert {(p["PrivatePort"], p["Type"]) for p in row["Ports"]} == {(5353, "udp"), (5353, "tcp")}
+        assert [x["Id"] for x in api.containers(filters={"publish": "5353/udp"})] == [c["Id"]]
+        # Two clients at once, each answered on its own socket, many datagrams each.
+        socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+        try:
+            for s in socks:
+                s.settimeout(0.5)
+            end = time.time() + 20
+            while True:  # until the server in the container is up
+                socks[0].sendto(b"ping", ("127.0.0.1", port))
+                try:
+                    if socks[0].recvfrom(2048)[0] == b"echo:ping":
+                        break
+                except TimeoutError:
+                    pass
+                assert time.time() < end, "the UDP server never answered through the proxy"
+            for i in range(20):
+                for k, s in enumerate(socks):
+                    s.sendto(f"{k}-{i}".encode(), ("127.0.0.1", port))
+                    data, src = s.recvfrom(2048)
+                    assert data == f"echo:{k}-{i}".encode() and src == ("127.0.0.1", port)
+        finally:
+            for s in socks:
+                s.close()
+        api.stop(c["Id"], timeout=1)
+        assert api.port(c["Id"], "5353/udp") in (None, [])
+        # Closed with the container: the port can be bound again.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", port))
+    finally:
+        api.remove_container(c["Id"], force=True)
 
 
 def test_query_options_are_honoured_or_refused(client, env: Env):

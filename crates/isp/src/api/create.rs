@@ -265,12 +265,15 @@ mod tests {
         assert_eq!(tty.console_size, Some((40, 120)));
         assert_eq!(create_spec(&json!({"Image": "b", "HostConfig": {"ConsoleSize": [0, 0]}})).unwrap().console_size, None);
         let net = create_spec(&json!({"Image": "b", "ExposedPorts": {"80/tcp": {}}, "HostConfig": {"NetworkMode": "default", "PortBindings": {"80/tcp": [{"HostIp": "127.0.0.1", "HostPort": "18080"}]}}})).unwrap();
-        assert_eq!((net.network, net.ports.len(), net.exposed.clone()), (NetworkMode::Default, 1, vec![80]));
+        assert_eq!((net.network, net.ports.len(), net.exposed.clone()), (NetworkMode::Default, 1, vec![crate::runtime::PortKey::tcp(80)]));
         assert_eq!(create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "host"}})).unwrap().network, NetworkMode::Host);
         let user = create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "mynet"}})).unwrap();
         assert_eq!((user.network, user.endpoints.keys().collect::<Vec<_>>()), (NetworkMode::User, vec![&"mynet".to_string()]));
         assert!(create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "container:x"}})).unwrap_err().contains("not supported"));
-        assert!(create_spec(&json!({"Image": "b", "HostConfig": {"PortBindings": {"53/udp": [{"HostPort": "53"}]}}})).unwrap_err().contains("TCP only"));
+        assert_eq!(create_spec(&json!({"Image": "b", "HostConfig": {"PortBindings": {"53/udp": [{"HostPort": "53"}]}}})).unwrap().ports.len(), 1);
+        assert!(create_spec(&json!({"Image": "b", "HostConfig": {"PortBindings": {"53/sctp": [{"HostPort": "53"}]}}}))
+            .unwrap_err()
+            .contains("TCP and UDP only"));
         assert!(create_spec(&json!({"Image": "b", "ExposedPorts": {"x/tcp": {}}})).unwrap_err().contains("invalid port"));
         for bad in [json!([1]), json!([1, -1]), json!([70000, 1]), json!("40x120"), json!([1.5, 2])] {
             let e = create_spec(&json!({"Image": "b", "HostConfig": {"ConsoleSize": bad}})).unwrap_err();

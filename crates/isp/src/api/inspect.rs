@@ -93,7 +93,7 @@ pub(crate) fn config(c: &Container) -> Value {
     cfg["Labels"] = json!(c.spec.labels);
     let ports = exposed(c);
     if !ports.is_empty() {
-        cfg["ExposedPorts"] = Value::Object(ports.iter().map(|p| (format!("{p}/tcp"), json!({}))).collect());
+        cfg["ExposedPorts"] = Value::Object(ports.iter().map(|p| (p.to_string(), json!({}))).collect());
     }
     cfg
 }

@@ -62,9 +62,9 @@ pub struct CreateSpec {
     /// `-p`: the ports to publish.
     #[serde(default)]
     pub ports: Vec<PortBinding>,
-    /// `ExposedPorts` (`--expose`, and those of `-p`), TCP.
+    /// `ExposedPorts` (`--expose`, and those of `-p`).
     #[serde(default)]
-    pub exposed: Vec<u16>,
+    pub exposed: Vec<ports::PortKey>,
     /// The volumes made for `Config.Volumes` mount points not bound otherwise; removed
     /// with the container by `rm -v`, or when it was started with `--rm`.
     #[serde(default)]

@@ -45,7 +45,7 @@ pub mod volumes;
 pub use container::{Container, CreateSpec, ExitEvent, RunState};
 pub use exec::{Exec, ExecIo, ExecSpec, ExecState};
 pub use extents::Unfit;
-pub use ports::{exposed_ports, parse_host_ip, parse_host_port, parse_port_key, port_bindings, NetworkMode, PortBinding, Published};
+pub use ports::{exposed_ports, parse_host_ip, parse_host_port, parse_port_key, port_bindings, NetworkMode, PortBinding, PortKey, Proto, Published};
 pub use process::{frame, STDERR, STDOUT};
 pub use view::{SharableView, ViewPin};
 
