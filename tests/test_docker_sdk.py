@@ -981,6 +981,49 @@ def test_user_network_reaches_containers_by_name_and_alias(client, env: Env):
         client.networks.get("sdk-net")
 
 
+def _hub_dns_sockets(hub: str) -> list[str]:
+    """The UDP sockets bound to port 53 in the target's hub namespace."""
+    out = subprocess.run(["ip", "netns", "exec", hub, "ss", "-Huln", "sport", "= :53"], capture_output=True, text=True)
+    return out.stdout.splitlines()
+
+
+def test_user_network_dns_resolves_names_aliases_and_links(client, env: Env):
+    """Containers on a user-defined network ask its DNS server (the gateway's port 53 in
+    the target's hub namespace, named by their /etc/resolv.conf): container names,
+    aliases, the asker's links and reverse lookups resolve; on an internal network other
+    names fail at once (SERVFAIL) instead of leaving the target."""
+    net = client.networks.create("sdk-dns", internal=True, ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet="10.78.0.0/24")]))
+    ep = lambda **kw: {"sdk-dns": client.api.create_endpoint_config(**kw)}  # noqa: E731
+    a = client.containers.run(env.image, ["sleep", "300"], detach=True, name="sdk-dns-a", network="sdk-dns", networking_config=ep(aliases=["alpha"]))
+    b = client.containers.run(env.image, ["sleep", "300"], detach=True, name="sdk-dns-b", network="sdk-dns", networking_config=ep(links=[("sdk-dns-a", "bar")]))
+    try:
+        a.reload()
+        ip_a = a.attrs["NetworkSettings"]["Networks"]["sdk-dns"]["IPAddress"]
+        gateway = net.attrs["IPAM"]["Config"][0]["Gateway"]
+        code, text = b.exec_run(["cat", "/etc/resolv.conf"])
+        assert code == 0 and f"nameserver {gateway}" in text.decode(), text
+        # busybox's nslookup asks the server named in resolv.conf, never /etc/hosts.
+        for name in ["sdk-dns-a", "alpha", "bar", "ALPHA", a.id[:12]]:
+            code, text = b.exec_run(["nslookup", name])
+            assert code == 0 and ip_a in text.decode(), (name, text)
+        code, text = b.exec_run(["nslookup", ip_a])
+        assert code == 0 and "sdk-dns-a" in text.decode(), text
+        # Links are the asker's own: a does not know "bar".
+        code, text = a.exec_run(["nslookup", "bar"])
+        assert code != 0, text
+        start = time.time()
+        code, text = b.exec_run(["nslookup", "no-such-name.example"])
+        assert code != 0 and time.time() - start < 5, text
+        hub = next(n for n in _netns() if n.endswith("-" + a.id[:12]))[: -len(a.id[:12]) - 1]
+        assert [line for line in _hub_dns_sockets(hub) if f"{gateway}:53" in line], _hub_dns_sockets(hub)
+    finally:
+        for c in (a, b):
+            c.remove(force=True)
+    net.remove()
+    # The server went with the network (and the hub with the last network).
+    assert hub not in _netns() or not [line for line in _hub_dns_sockets(hub) if f"{gateway}:53" in line]
+
+
 def test_network_requests_are_checked(client, env: Env):
     with pytest.raises(docker.errors.APIError) as e:
         client.networks.create("sdk-v6", enable_ipv6=True)

@@ -48,6 +48,11 @@ impl Plumbing {
         PathBuf::from(NETNS_DIR).join(self.sandbox(cid))
     }
 
+    /// The path of the hub namespace.
+    pub fn hub_path(&self) -> PathBuf {
+        PathBuf::from(NETNS_DIR).join(self.hub())
+    }
+
     fn sandbox(&self, cid: &str) -> String {
         format!("{}-{}", self.prefix, &cid[..12.min(cid.len())])
     }

@@ -26,6 +26,7 @@ pub mod changes;
 pub mod commit;
 mod console;
 mod container;
+pub(crate) mod dns;
 pub mod events;
 mod exec;
 mod extents;
@@ -247,6 +248,8 @@ pub struct Runtime {
     publish_ip: Mutex<std::net::IpAddr>,
     /// User-defined networks.
     networks: networks::Networks,
+    /// The running DNS servers of user-defined networks, by network id.
+    dns: Mutex<std::collections::BTreeMap<String, tokio::task::JoinHandle<()>>>,
     /// Containers' health, from their checks' probes.
     health: Mutex<BTreeMap<String, health::Health>>,
 }
@@ -275,6 +278,7 @@ impl Runtime {
         let networks = networks::Networks::open(&root.parent().unwrap_or(root).join("networks"), &prefix)?;
         let rt = Runtime {
             networks,
+            dns: Mutex::new(BTreeMap::new()),
             health: Mutex::new(BTreeMap::new()),
             root: root.into(),
             runc_root: runc_root.into(),
@@ -671,6 +675,7 @@ impl Runtime {
             let _ = self.stop(&c.id, Some(Duration::from_secs(2)), None).await;
         }
         drop(self.files.lock().unwrap_or_else(|e| e.into_inner()).take());
+        self.dns_down_all();
         self.networks.shutdown();
         if let Some(v) = &self.view {
             v.close();

@@ -408,13 +408,7 @@ async fn carry_udp(l: Arc<tokio::net::UdpSocket>, port: u16, netns: InNamespace,
     let mut buf = vec![0u8; UDP_MAX];
     loop {
         while tasks.try_join_next().is_some() {}
-        let (n, client) = match l.recv_from(&mut buf).await {
-            Ok(x) => x,
-            Err(_) => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
+        let (n, client) = recv_from(&l, &mut buf).await;
         let known = flows.lock().unwrap_or_else(|e| e.into_inner()).get(&client).cloned();
         let upstream = match known {
             Some(u) => u,
@@ -464,6 +458,17 @@ async fn container_netns(runc_root: &Path, id: &str) -> Option<File> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     None
+}
+
+/// The next datagram on `sock`; an error (out of buffers or descriptors, most likely)
+/// waits a little rather than spin.
+pub(crate) async fn recv_from(sock: &tokio::net::UdpSocket, buf: &mut [u8]) -> (usize, SocketAddr) {
+    loop {
+        match sock.recv_from(buf).await {
+            Ok(x) => return x,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
 }
 
 /// A thread living in a network namespace (a container's, a network's hub) that runs

@@ -41,11 +41,14 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
         mount_rootfs(&c.layers, &dir, &rootfs)?;
     }
     let mut binds = rt.mounts(c)?;
-    let (netns, hosts) = rt.network_up(c).inspect_err(|_| {
+    let net = rt.network_up(c).inspect_err(|_| {
         let _ = unmount(&rootfs);
     })?;
-    if let Some(h) = hosts {
-        binds.push((h.to_string_lossy().into_owned(), "/etc/hosts".into(), false));
+    let netns = net.netns;
+    for (file, at) in [(net.hosts, "/etc/hosts"), (net.resolv, "/etc/resolv.conf")] {
+        if let Some(f) = file {
+            binds.push((f.to_string_lossy().into_owned(), at.into(), false));
+        }
     }
     let short = &c.id[..12];
     let cgroup = format!("/insitu/{}", c.id);
