@@ -1024,6 +1024,53 @@ def test_user_network_dns_resolves_names_aliases_and_links(client, env: Env):
     assert hub not in _netns() or not [line for line in _hub_dns_sockets(hub) if f"{gateway}:53" in line]
 
 
+def test_legacy_links_give_hosts_env_and_a_wire(client, env: Env):
+    """--link on the default network, as Docker's default bridge: the linked container must
+    run; the linking one reaches it by alias over a wire of its own, finds it in
+    /etc/hosts and in ALIAS_* variables; inspect and ps show the link; DELETE ?link=1
+    removes it and leaves both containers."""
+    api = client.api
+    child = api.create_container(env.image, ["httpd", "-f", "-p", "8080", "-h", "/etc"], ports=[8080], environment={"FOO": "1"}, name="sdk-link-db")
+    parent = api.create_container(
+        env.image,
+        ["sh", "-c", "env; cat /etc/hosts; wget -q -O- http://db:8080/passwd | head -1; sleep 300"],
+        name="sdk-link-app",
+        host_config=api.create_host_config(links={"sdk-link-db": "db"}),
+    )
+    try:
+        # Docker's words when the linked container does not run.
+        with pytest.raises(docker.errors.APIError) as e:
+            api.start(parent)
+        assert e.value.status_code == 409 and "Cannot link to a non running container" in str(e.value)
+        api.start(child)
+        api.start(parent)
+        end = time.time() + 20
+        while "root:" not in (logs := api.logs(parent).decode()) and time.time() < end:
+            time.sleep(0.2)
+        lines = logs.splitlines()
+        assert "DB_NAME=/sdk-link-app/db" in lines and "DB_ENV_FOO=1" in lines, logs
+        addr = next(x.split("=", 1)[1] for x in lines if x.startswith("DB_PORT_8080_TCP_ADDR="))
+        assert f"DB_PORT=tcp://{addr}:8080" in lines and "DB_PORT_8080_TCP_PROTO=tcp" in lines, logs
+        assert any(x.startswith(addr) and "db" in x.split() and "sdk-link-db" in x.split() for x in lines), logs
+        assert lines[-1].startswith("root:"), logs
+        assert api.inspect_container(parent)["HostConfig"]["Links"] == ["/sdk-link-db:/sdk-link-app/db"]
+        assert "/sdk-link-app/db" in api.containers(filters={"id": child["Id"]})[0]["Names"]
+        # The link goes, the containers stay; the wire and the hosts entry with it.
+        api.remove_container("sdk-link-app/db", link=True)
+        assert api.inspect_container(parent)["HostConfig"]["Links"] is None
+        assert api.containers(filters={"id": child["Id"]})[0]["Names"] == ["/sdk-link-db"]
+        out = api.exec_start(api.exec_create(parent, ["sh", "-c", f"grep -w db /etc/hosts; wget -q -T 2 -O- http://{addr}:8080/passwd"])["Id"])
+        assert b"root:" not in out and b" db " not in out, out
+        with pytest.raises(docker.errors.NotFound):
+            api.remove_container("sdk-link-app/db", link=True)
+        with pytest.raises(docker.errors.APIError) as e:
+            api.create_container(env.image, ["true"], host_config=api.create_host_config(links={"no-such-ctr": "x"}))
+        assert e.value.status_code == 400 and "Links" in str(e.value)
+    finally:
+        for c in (parent, child):
+            api.remove_container(c, force=True)
+
+
 def test_network_requests_are_checked(client, env: Env):
     with pytest.raises(docker.errors.APIError) as e:
         client.networks.create("sdk-v6", enable_ipv6=True)

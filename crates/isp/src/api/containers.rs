@@ -141,7 +141,7 @@ pub fn list(rt: &Runtime, t: &Target) -> Response<ApiBody> {
         }
         let (state, status) = status(rt, &c);
         let mut row = json!({
-            "Id": c.id, "Names": [format!("/{}", c.name())], "Image": image_name(&c), "ImageID": c.image_id,
+            "Id": c.id, "Names": std::iter::once(format!("/{}", c.name())).chain(rt.link_names(&c)).collect::<Vec<_>>(), "Image": image_name(&c), "ImageID": c.image_id,
             "Command": c.args.join(" "), "Created": secs(c.created), "Ports": ps_ports(&c), "Labels": c.spec.labels,
             "State": state, "Status": status, "HostConfig": {"NetworkMode": super::networks::mode_name(&c)},
             "NetworkSettings": {"Networks": super::networks::container_networks(rt, &c)}, "Mounts": mounts(rt, &c),
@@ -334,6 +334,14 @@ pub async fn remove(rt: &Runtime, id: &str, force: bool, volumes: bool) -> Respo
             }
             empty(StatusCode::NO_CONTENT)
         }
+        Err(e) => fail(e),
+    }
+}
+
+/// `DELETE /containers/PARENT/ALIAS?link=1`: removes a legacy link, not a container.
+pub fn remove_link(rt: &Runtime, name: &str) -> Response<ApiBody> {
+    match rt.remove_link(name) {
+        Ok(()) => empty(StatusCode::NO_CONTENT),
         Err(e) => fail(e),
     }
 }

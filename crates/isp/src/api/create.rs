@@ -141,6 +141,7 @@ pub(crate) fn create_spec(body: &Value) -> Result<CreateSpec, String> {
         health,
         anonymous_volumes,
         volumes_from: strings(&hc, "VolumesFrom")?.unwrap_or_default(),
+        links: crate::runtime::links::parse_links(&strings(&hc, "Links")?.unwrap_or_default())?,
         ports: port_bindings(body, &hc)?,
         exposed: exposed_ports(body)?,
         options,

@@ -261,9 +261,8 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::POST, ["containers", id, "attach"]) => streams::attach(&rt, &parked, id, &t, req),
         (&Method::POST, ["containers", id, "resize"]) => containers::resize(&rt, id, &t),
         (&Method::GET, ["containers", id, "logs"]) => streams::logs(&rt, id, &t).await,
-        (&Method::DELETE, ["containers", id]) if t.flag("link") => {
-            error(400, &format!("link=true: {id} has no links to remove (legacy links are not offered)"))
-        }
+        (&Method::DELETE, ["containers", id]) if t.flag("link") => containers::remove_link(&rt, id),
+        (&Method::DELETE, ["containers", parent, alias]) if t.flag("link") => containers::remove_link(&rt, &format!("{parent}/{alias}")),
         (&Method::DELETE, ["containers", id]) => containers::remove(&rt, id, t.flag("force"), t.flag("v")).await,
         // As a Docker host that is no swarm member answers them.
         (_, [first, ..]) if SWARM.contains(first) => error(

@@ -69,6 +69,10 @@ pub struct CreateSpec {
     /// with the container by `rm -v`, or when it was started with `--rm`.
     #[serde(default)]
     pub anonymous_volumes: Vec<String>,
+    /// `HostConfig.Links`: the containers this one is linked to (see
+    /// [`links`](super::links)).
+    #[serde(default)]
+    pub links: Vec<super::links::LegacyLink>,
     /// `HostConfig.VolumesFrom`: `CONTAINER[:ro|:rw]` whose volumes and binds this one
     /// binds too (resolved into `binds` at create).
     #[serde(default)]

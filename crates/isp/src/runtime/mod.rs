@@ -32,6 +32,7 @@ mod exec;
 mod extents;
 mod files;
 pub mod health;
+pub mod links;
 pub mod log;
 mod manage;
 pub mod networks;
@@ -248,6 +249,8 @@ pub struct Runtime {
     publish_ip: Mutex<std::net::IpAddr>,
     /// User-defined networks.
     networks: networks::Networks,
+    /// The legacy links wired for the current runs.
+    wires: Mutex<Vec<links::Wire>>,
     /// The running DNS servers of user-defined networks, by network id.
     dns: Mutex<std::collections::BTreeMap<String, tokio::task::JoinHandle<()>>>,
     /// Containers' health, from their checks' probes.
@@ -279,6 +282,7 @@ impl Runtime {
         let rt = Runtime {
             networks,
             dns: Mutex::new(BTreeMap::new()),
+            wires: Mutex::new(Vec::new()),
             health: Mutex::new(BTreeMap::new()),
             root: root.into(),
             runc_root: runc_root.into(),
@@ -462,6 +466,7 @@ impl Runtime {
         if spec.network == NetworkMode::User && spec.endpoints.keys().all(|n| networks::PREDEFINED.contains(&n.as_str())) {
             return Err(RuntimeError::BadRequest("a container on a user-defined network needs that network's endpoint settings".into()));
         }
+        self.resolve_links(&mut spec)?;
         let joins = self.endpoint_networks(&spec)?;
         let dir = self.root.join(&id);
         std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::io(&dir, e))?;

@@ -459,6 +459,17 @@ impl Networks {
         self.lock().live.iter().find(|((_, n), a)| n == nid && a.ip == ip).map(|((c, _), _)| c.clone())
     }
 
+    /// A legacy link's wire between two running containers' namespaces (see
+    /// [`links`](super::links)).
+    pub fn wire(&self, parent: &str, child: &str, parent_ip: Ipv4Addr, child_ip: Ipv4Addr) -> Result<(), RuntimeError> {
+        self.plumbing.wire(parent, child, parent_ip, child_ip)
+    }
+
+    /// Cuts a legacy link's wire.
+    pub fn unwire(&self, parent: &str, child: &str) {
+        self.plumbing.unwire(parent, child)
+    }
+
     /// The hub namespace's path (where the networks' bridges and DNS servers live).
     pub fn hub_path(&self) -> PathBuf {
         self.plumbing.hub_path()
@@ -476,10 +487,12 @@ impl Networks {
 pub(super) struct NetworkFiles {
     /// The network namespace runc joins (the default network and user-defined ones).
     pub netns: Option<PathBuf>,
-    /// `/etc/hosts`, when it is on a user-defined network.
+    /// `/etc/hosts`, when it is on a user-defined network or has legacy links.
     pub hosts: Option<PathBuf>,
     /// `/etc/resolv.conf`, naming its networks' DNS server, likewise.
     pub resolv: Option<PathBuf>,
+    /// The variables its legacy links give it.
+    pub env: Vec<String>,
 }
 
 /// The predefined networks' names: endpoints that name one join nothing (their settings
@@ -550,8 +563,9 @@ impl Runtime {
             return Ok(NetworkFiles::default());
         }
         let netns = self.networks.sandbox_up(&c.id)?;
+        let env = self.links_up(c).inspect_err(|_| self.networks.sandbox_down(&c.id))?;
         let mine = self.networks.of_container(&c.id);
-        if mine.is_empty() {
+        if mine.is_empty() && env.is_empty() {
             return Ok(NetworkFiles { netns: Some(netns), ..Default::default() });
         }
         let (hosts, resolv) = (c.dir.join("hosts"), c.dir.join("resolv.conf"));
@@ -560,13 +574,21 @@ impl Runtime {
                 self.dns_up(n)?;
             }
             std::fs::write(&hosts, self.hosts_text(c)).map_err(|e| RuntimeError::io(&hosts, e))?;
-            std::fs::write(&resolv, super::dns::resolv_conf(mine[0].0.gateway)).map_err(|e| RuntimeError::io(&resolv, e))
+            match mine.first() {
+                Some((n, _)) => {
+                    std::fs::write(&resolv, super::dns::resolv_conf(n.gateway)).map(|_| Some(resolv.clone())).map_err(|e| RuntimeError::io(&resolv, e))
+                }
+                None => Ok(None),
+            }
         })();
-        if let Err(e) = written {
-            self.networks.sandbox_down(&c.id);
-            return Err(e);
+        match written {
+            Ok(resolv) => Ok(NetworkFiles { netns: Some(netns), hosts: Some(hosts), resolv, env }),
+            Err(e) => {
+                self.links_down(&c.id);
+                self.networks.sandbox_down(&c.id);
+                Err(e)
+            }
         }
-        Ok(NetworkFiles { netns: Some(netns), hosts: Some(hosts), resolv: Some(resolv) })
     }
 
     /// Starts network `n`'s DNS server (UDP port 53 of its gateway address, in the hub
@@ -639,7 +661,8 @@ impl Runtime {
     /// After container `cid`'s run, or when its start failed: its namespace goes, and
     /// the containers it shared networks with forget it.
     pub(super) fn network_down(&self, cid: &str) {
-        let before = self.networks.neighbours(cid);
+        let mut before = self.networks.neighbours(cid);
+        before.extend(self.links_down(cid));
         self.networks.sandbox_down(cid);
         self.write_hosts(&before);
     }
@@ -658,12 +681,12 @@ impl Runtime {
     }
 
     fn hosts_text(&self, c: &Container) -> String {
-        self.networks.hosts(&c.id, &self.own_names(c), &|id| self.get(id).ok().map(|p| p.name()))
+        self.networks.hosts(&c.id, &self.own_names(c), &|id| self.get(id).ok().map(|p| p.name())) + &self.link_hosts(&c.id)
     }
 
     /// Rewrites, in place (the file is bound into the container), the `/etc/hosts` of
     /// each running container of `cids` that has one of ours.
-    fn write_hosts(&self, cids: &[String]) {
+    pub(super) fn write_hosts(&self, cids: &[String]) {
         for id in cids {
             let Ok(c) = self.get(id) else { continue };
             let path = c.dir.join("hosts");

@@ -45,6 +45,7 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
         let _ = unmount(&rootfs);
     })?;
     let netns = net.netns;
+    let link_env = net.env;
     for (file, at) in [(net.hosts, "/etc/hosts"), (net.resolv, "/etc/resolv.conf")] {
         if let Some(f) = file {
             binds.push((f.to_string_lossy().into_owned(), at.into(), false));
@@ -57,7 +58,7 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
         RuntimeError::BadRequest(format!("container {short}: {e}"))
     })?;
     // A variable given without `=VALUE` is unset, as Docker treats it.
-    let env: Vec<String> = c.env.iter().filter(|e| e.contains('=')).cloned().collect();
+    let env: Vec<String> = c.env.iter().filter(|e| e.contains('=')).cloned().chain(link_env).collect();
     let mut config = runtime_config(&SpecInput {
         rootfs: &rootfs,
         args: &c.args,
