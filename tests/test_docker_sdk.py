@@ -1071,6 +1071,39 @@ def test_legacy_links_give_hosts_env_and_a_wire(client, env: Env):
             api.remove_container(c, force=True)
 
 
+def test_init_runs_as_pid_1_and_uts_host_shares_the_hostname(client, env: Env):
+    """Init: Debian's tini-static at /sbin/docker-init is PID 1 with the command as its
+    child, so SIGTERM reaches a command that would ignore it as PID 1; UTSMode host: the
+    target's hostname. PidMode host is refused (the container could signal the daemon)."""
+    api = client.api
+    c = api.create_container(
+        env.image,
+        ["sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline; echo; hostname; exec sleep 300"],
+        host_config=api.create_host_config(init=True, uts_mode="host"),
+    )
+    try:
+        hc = api.inspect_container(c)["HostConfig"]
+        assert hc["Init"] is True and hc["UTSMode"] == "host"
+        api.start(c)
+        end = time.time() + 20
+        while len(api.logs(c).splitlines()) < 2 and time.time() < end:
+            time.sleep(0.1)
+        pid1, hostname = api.logs(c).decode().splitlines()[:2]
+        assert pid1.startswith("/sbin/docker-init -- sh -c"), pid1
+        assert hostname == socket.gethostname()
+        # sh as PID 1 would ignore SIGTERM until the 10 s timeout; tini passes it on.
+        start = time.time()
+        api.stop(c, timeout=10)
+        assert time.time() - start < 5 and api.inspect_container(c)["State"]["ExitCode"] == 143
+    finally:
+        api.remove_container(c, force=True)
+    for hc, field in [({"PidMode": "host"}, "PidMode"), ({"Init": "yes"}, "Init"), ({"UTSMode": "other"}, "UTSMode")]:
+        r = api._post_json(api._url("/containers/create"), data={"Image": env.image, "Cmd": ["true"], "HostConfig": hc})
+        assert r.status_code == 400 and field in r.json()["message"], (hc, r.text)
+    r = api._post_json(api._url("/containers/create"), data={"Image": env.image, "Hostname": "h", "HostConfig": {"UTSMode": "host"}})
+    assert r.status_code == 400 and "conflicting options" in r.json()["message"], r.text
+
+
 def test_network_requests_are_checked(client, env: Env):
     with pytest.raises(docker.errors.APIError) as e:
         client.networks.create("sdk-v6", enable_ipv6=True)

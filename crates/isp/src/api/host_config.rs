@@ -51,7 +51,6 @@ pub(crate) const REFUSED_HOST: &[(&str, &str)] = &[
     ("DnsOptions", "containers have loopback only: there is no DNS to configure"),
     ("DnsSearch", "containers have loopback only: there is no DNS to configure"),
     ("ExtraHosts", "containers have loopback only: there are no other hosts"),
-    ("Init", "the target has no init binary to run as the container's first process"),
     ("MaskedPaths", "the masked paths are the target's, fixed"),
     ("ReadonlyPaths", "the read-only paths are the target's, fixed"),
     ("Privileged", "a privileged container would own the drive"),
@@ -77,6 +76,7 @@ pub(crate) const HONOURED_HOST: &[&str] = &[
     "CpusetCpus",
     "CpusetMems",
     "GroupAdd",
+    "Init",
     "IpcMode",
     "Isolation",
     "Links",
@@ -380,9 +380,23 @@ pub(crate) fn options(body: &Value, hc: &Value) -> Result<Options, String> {
         }
         Some(_) => return Err("HostConfig.LogConfig must be {\"Type\", \"Config\"}".into()),
     }
+    if text(hc, "PidMode")?.as_deref() == Some("host") {
+        return Err("HostConfig.PidMode \"host\" is not supported on this target: a container runs as root with CAP_KILL, so in the \
+                    target's process namespace it could signal the target daemon and every other container on the drive; use \"private\""
+            .into());
+    }
     own_namespace(hc, "PidMode", &["private"])?;
     own_namespace(hc, "IpcMode", &["private", "shareable"])?;
-    own_namespace(hc, "UTSMode", &["private"])?;
+    own_namespace(hc, "UTSMode", &["private", "host"])?;
+    o.uts_host = text(hc, "UTSMode")?.as_deref() == Some("host");
+    if o.uts_host && o.hostname.as_deref().is_some_and(|h| !h.is_empty()) {
+        return Err("conflicting options: Config.Hostname and HostConfig.UTSMode \"host\" (the container has the target's hostname)".into());
+    }
+    o.init = match hc.get("Init") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err("HostConfig.Init must be true, false or null".into()),
+    };
     own_namespace(hc, "CgroupnsMode", &["private"])?;
     for (field, allowed) in [("Runtime", "runc"), ("Isolation", "default"), ("VolumeDriver", "local")] {
         if let Some(v) = text(hc, field)?.filter(|v| v != allowed) {

@@ -79,7 +79,11 @@ pub(crate) fn host_config(rt: &Runtime, c: &Container) -> Value {
 /// container runs them.
 pub(crate) fn config(c: &Container) -> Value {
     let mut cfg = json!({
-        "Hostname": c.spec.options.hostname.clone().unwrap_or_else(|| c.id[..12].to_string()), "Domainname": "", "User": "",
+        "Hostname": if c.spec.options.uts_host {
+            std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string()
+        } else {
+            c.spec.options.hostname.clone().unwrap_or_else(|| c.id[..12].to_string())
+        }, "Domainname": "", "User": "",
         "AttachStdin": false, "AttachStdout": false, "AttachStderr": false, "Tty": false, "OpenStdin": false, "StdinOnce": false,
         "Env": [], "Cmd": null, "Image": "", "Volumes": null, "WorkingDir": "", "Entrypoint": null, "OnBuild": null, "Labels": {},
     });

@@ -466,6 +466,12 @@ impl Runtime {
         if spec.network == NetworkMode::User && spec.endpoints.keys().all(|n| networks::PREDEFINED.contains(&n.as_str())) {
             return Err(RuntimeError::BadRequest("a container on a user-defined network needs that network's endpoint settings".into()));
         }
+        if spec.options.init && !std::path::Path::new(options::INIT_BINARY).is_file() {
+            return Err(RuntimeError::BadRequest(format!(
+                "HostConfig.Init: the target has no init binary ({} is missing: install Debian's tini, as `make deps` does)",
+                options::INIT_BINARY
+            )));
+        }
         self.resolve_links(&mut spec)?;
         let joins = self.endpoint_networks(&spec)?;
         let dir = self.root.join(&id);

@@ -51,6 +51,9 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
             binds.push((f.to_string_lossy().into_owned(), at.into(), false));
         }
     }
+    if c.spec.options.init {
+        binds.push((super::options::INIT_BINARY.into(), super::options::INIT_PATH.into(), true));
+    }
     let short = &c.id[..12];
     let cgroup = format!("/insitu/{}", c.id);
     let user = super::options::resolve_user(&rootfs, c.spec.options.user.as_deref(), &c.spec.options.group_add).map_err(|e| {
