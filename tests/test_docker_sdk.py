@@ -553,6 +553,40 @@ def test_volumes_create_inspect_list_remove_prune(client, env: Env):
         client.volumes.get("sdk-unused")
 
 
+def test_volume_prune_takes_unused_anonymous_volumes_only(client, env: Env):
+    """As moby's API 1.42 and later: a volume made without a name (by the API, or for a
+    container's Config.Volumes) is labelled com.docker.volume.anonymous; prune without
+    all=true takes the unused ones of those, and named volumes only with all=true (or an
+    older API version); one a container uses stays. Only the local driver is offered."""
+    api = client.api
+    anon = api.create_volume()["Name"]
+    named = api.create_volume("sdk-prune-named")["Name"]
+    c = api.create_container(env.image, ["true"], volumes=["/anon-in-use"])
+    try:
+        used = next(m["Name"] for m in api.inspect_container(c)["Mounts"] if m["Destination"] == "/anon-in-use")
+        assert api.inspect_volume(anon)["Labels"] == {"com.docker.volume.anonymous": ""}
+        assert api.inspect_volume(used)["Labels"] == {"com.docker.volume.anonymous": ""}
+        assert api.inspect_volume(named)["Labels"] in (None, {})
+        deleted = api.prune_volumes()["VolumesDeleted"]
+        assert anon in deleted and named not in deleted and used not in deleted, deleted
+        assert {v["Name"] for v in api.volumes()["Volumes"]} >= {named, used}
+        # API 1.41 prunes every unused volume, as Docker's did.
+        old = docker.APIClient(base_url=f"tcp://{env.api}", version="1.41")
+        try:
+            assert named in old.prune_volumes()["VolumesDeleted"]
+        finally:
+            old.close()
+    finally:
+        api.remove_container(c, v=True, force=True)
+    assert used not in {v["Name"] for v in api.volumes()["Volumes"] or []}
+    with pytest.raises(docker.errors.APIError) as e:
+        api.create_container(env.image, ["true"], host_config=api.create_host_config(volume_driver="nfs"))
+    assert e.value.status_code == 400 and "VolumeDriver" in str(e.value)
+    c = api.create_container(env.image, ["true"], host_config=api.create_host_config(volume_driver="local"))
+    assert api.inspect_container(c)["HostConfig"]["VolumeDriver"] == "local"
+    api.remove_container(c)
+
+
 def _mixed_calls(api: str, image: str, i: int) -> str:
     """Ten API calls of one client (run = create + start, exec = create + start +
     inspect, ...), from a process of its own; returns the container's id."""

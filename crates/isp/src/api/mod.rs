@@ -131,6 +131,9 @@ impl Drop for DockerServer {
 pub(crate) struct Target {
     pub segs: Vec<String>,
     pub query: HashMap<String, String>,
+    /// The API version of the path's `/vMAJOR.MINOR` prefix; `None`: none given (the
+    /// newest).
+    pub version: Option<(u32, u32)>,
 }
 
 impl Target {
@@ -141,9 +144,12 @@ impl Target {
     /// A request target from its path and query, as they came (percent-encoded).
     pub(crate) fn from_parts(path: &str, raw_query: Option<&str>) -> Target {
         let mut path = path;
+        let mut version = None;
         if let Some(rest) = path.strip_prefix("/v") {
             if let Some(i) = rest.find('/') {
                 if rest[..i].split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())) {
+                    let mut parts = rest[..i].split('.').map(|p| p.parse::<u32>().unwrap_or(u32::MAX));
+                    version = Some((parts.next().unwrap_or(0), parts.next().unwrap_or(0)));
                     path = &rest[i..];
                 }
             }
@@ -156,7 +162,7 @@ impl Target {
             let dec = |s: &str| urlencoding::decode(&s.replace('+', " ")).map(|c| c.into_owned()).unwrap_or_default();
             query.insert(dec(k), dec(v));
         }
-        Target { segs, query }
+        Target { segs, query, version }
     }
 
     /// Checks a `platform` parameter: containers on a target run linux/amd64 images only
@@ -166,6 +172,12 @@ impl Target {
             None | Some("linux") | Some("linux/amd64") | Some("linux/x86_64") => Ok(()),
             Some(p) => Err(format!("platform {p:?} is not supported on this target: it runs linux/amd64 images")),
         }
+    }
+
+    /// Whether the request speaks API `major.minor` or later (one without a version
+    /// speaks the newest).
+    pub fn at_least(&self, major: u32, minor: u32) -> bool {
+        self.version.is_none_or(|v| v >= (major, minor))
     }
 
     /// A boolean query parameter (`1`, `true`, or present without a value).

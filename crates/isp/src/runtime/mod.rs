@@ -487,6 +487,15 @@ impl Runtime {
                 return Err(e);
             }
         }
+        // As moby: a container's anonymous volumes are made with it, labelled anonymous.
+        for v in &c.spec.anonymous_volumes {
+            if let Err(e) = self.anonymous_volume(v) {
+                self.networks.forget(&id);
+                self.remove_anonymous_volumes(&c);
+                let _ = std::fs::remove_dir_all(&c.dir);
+                return Err(e);
+            }
+        }
         self.all().insert(id, c.clone());
         self.container_event(&c, "create", &[]);
         Ok(c)
