@@ -782,6 +782,24 @@ def test_commit_makes_an_image_of_the_changes(client, env: Env):
             c.commit(repository="sdk-bad", changes=["RUN true"])
         assert e.value.status_code == 400 and "RUN" in str(e.value)
         assert [i for i in client.images.list(name="sdk-bad")] == []
+        # Parent is the container's image, as moby records it; history shows the chain.
+        base = client.images.get(env.image)
+        assert img.attrs["Parent"] == base.id
+        assert client.api.images(name="sdk-committed")[0]["ParentId"] == base.id
+        rows = client.api.history(img.id)
+        assert rows[0]["Id"] == img.id and rows[0]["Tags"] == ["sdk-committed:v1"]
+        assert rows[1]["Id"] == base.id, rows
+        # A committed image of a committed image: its parent is the first.
+        c2 = client.containers.run("sdk-committed:v1", ["touch", "/second"], detach=True)
+        c2.wait(timeout=60)
+        img2 = c2.commit(repository="sdk-committed", tag="v2")
+        c2.remove()
+        assert img2.attrs["Parent"] == img.id and [r["Id"] for r in client.api.history(img2.id)[:3]] == [img2.id, img.id, base.id]
+        # The parent of an image cannot be deleted by id while the child is there.
+        with pytest.raises(docker.errors.APIError) as e:
+            client.api.remove_image(img.id, force=True)
+        assert e.value.status_code == 409 and "dependent child images" in str(e.value)
+        client.images.remove("sdk-committed:v2")
     finally:
         c.remove(force=True)
     assert "sha256:" in env.ok("commit", "--change", "CMD echo cli", env.ok("create", env.image, "true").strip(), "sdk-cli-committed")
