@@ -609,8 +609,32 @@ def _mixed_calls(api: str, image: str, i: int) -> str:
         c.close()
 
 
+def _target_pid(env: Env) -> int:
+    """The target daemon's pid, from its state file (/run/insitu/target-ADDR_PORT.json)."""
+    return json.loads(Path(f"/run/insitu/target-{env.target_listen.replace(':', '_')}.json").read_text())["pid"]
+
+
+def _rss(pid: int) -> int:
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(status["VmRSS"].split()[0]) * 1024
+
+
+def _loops_of(env: Env) -> set[str]:
+    """The loop devices backed by this test's files (other programs on the machine may
+    attach their own meanwhile)."""
+    out = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True).stdout
+    return {line.split(":", 1)[0] for line in out.splitlines() if str(env.d) in line}
+
+
+# How much the daemon's resident memory may grow over the 100 calls below: a leak of a
+# container's worth of state per call (buffers, logs, pumps) would pass it.
+RSS_GROWTH_BOUND = 32 << 20
+
+
 def test_concurrent_clients_leak_nothing(client, env: Env):
-    """100 mixed API calls from 8 clients at once leave no process, mount or cgroup."""
+    """100 mixed API calls from 8 clients at once leave no process, mount, cgroup or loop
+    device, and the daemon's memory stays flat (after a warm-up round, which fills its
+    caches and thread pools, it grows by less than RSS_GROWTH_BOUND)."""
     ids: list[str] = []
 
     def leftovers(cid: str) -> list[str]:
@@ -626,11 +650,22 @@ def test_concurrent_clients_leak_nothing(client, env: Env):
         left += [str(p) for p in root.glob(f"*/insitu/{cid}")] + [str(p) for p in root.glob(f"insitu/{cid}")]
         return left
 
+    pid = _target_pid(env)
     with concurrent.futures.ProcessPoolExecutor(max_workers=8) as pool:
+        warm = [f.result() for f in [pool.submit(_mixed_calls, env.api, env.image, 100 + i) for i in range(8)]]
+        time.sleep(1)
+        rss_before, loops_before = _rss(pid), _loops_of(env)
         ids += [f.result() for f in [pool.submit(_mixed_calls, env.api, env.image, i) for i in range(10)]]
+    time.sleep(1)
+    rss_after, loops_after = _rss(pid), _loops_of(env)
+    print(f"daemon RSS {rss_before / 2**20:.1f} MiB -> {rss_after / 2**20:.1f} MiB; loop devices {sorted(loops_before)} -> {sorted(loops_after)}")
     assert not [x for x in client.containers.list(all=True) if x.name.startswith("conc-")]
     assert len(ids) == 10
-    assert {cid[:12]: leftovers(cid) for cid in ids if leftovers(cid)} == {}
+    assert {cid[:12]: leftovers(cid) for cid in ids + warm if leftovers(cid)} == {}
+    # The view's loop devices are replaced as containers start (each start sees the host's
+    # latest data), so their names change; their number must not grow.
+    assert len(loops_after) <= len(loops_before), f"new loop devices: {loops_after - loops_before}"
+    assert rss_after - rss_before < RSS_GROWTH_BOUND, f"the daemon grew by {(rss_after - rss_before) / 2**20:.1f} MiB"
 
 
 def test_system_df_and_image_prune(client, env: Env):
