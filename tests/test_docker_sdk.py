@@ -1191,6 +1191,28 @@ def test_init_runs_as_pid_1_and_uts_host_shares_the_hostname(client, env: Env):
     assert r.status_code == 400 and "conflicting options" in r.json()["message"], r.text
 
 
+def test_config_mac_address_is_the_user_network_interfaces(client, env: Env):
+    """Config.MacAddress (the CLI's --mac-address) sets the MAC of the interface on the
+    user-defined network NetworkMode names, as moby from API 1.44; on the default network,
+    which gives loopback only, it is refused by name."""
+    api = client.api
+    mac = "02:42:ac:11:00:0a"
+    net = client.networks.create("sdk-mac")
+    c = api.create_container(env.image, ["sleep", "300"], mac_address=mac, host_config=api.create_host_config(network_mode="sdk-mac"))
+    try:
+        api.start(c)
+        assert api.inspect_container(c)["NetworkSettings"]["Networks"]["sdk-mac"]["MacAddress"] == mac
+        out = api.exec_start(api.exec_create(c, ["cat", "/sys/class/net/eth0/address"])["Id"])
+        assert out.decode().strip() == mac
+    finally:
+        api.remove_container(c, force=True)
+        net.remove()
+    for bad, why in [("02:42:ac:11:00:0a", "loopback only"), ("zz", "MacAddress")]:
+        with pytest.raises(docker.errors.APIError) as e:
+            api.create_container(env.image, ["true"], mac_address=bad)
+        assert e.value.status_code == 400 and why in str(e.value) and "MacAddress" in str(e.value)
+
+
 def test_network_requests_are_checked(client, env: Env):
     with pytest.raises(docker.errors.APIError) as e:
         client.networks.create("sdk-v6", enable_ipv6=True)

@@ -117,9 +117,25 @@ pub(crate) fn create_spec(body: &Value) -> Result<CreateSpec, String> {
         network = NetworkMode::None;
     }
     let mut endpoints = super::networks::endpoints(body.get("NetworkingConfig"))?;
+    let mac = text(body, "MacAddress")?.map(|m| crate::runtime::networks::parse_mac(&m).map_err(|e| format!("Config.MacAddress: {e}"))).transpose()?;
     if network == NetworkMode::User {
         let name = hc.get("NetworkMode").and_then(Value::as_str).unwrap_or_default().to_string();
-        endpoints.entry(name).or_default();
+        let ep = endpoints.entry(name).or_default();
+        // As moby from API 1.44: the deprecated Config.MacAddress is the endpoint's of the
+        // network NetworkMode names.
+        match (&ep.mac, mac) {
+            (Some(a), Some(b)) if *a != b => {
+                return Err(format!("conflicting options: Config.MacAddress {b} and the endpoint settings' MacAddress {a}"));
+            }
+            (_, Some(b)) => ep.mac = Some(b),
+            (_, None) => {}
+        }
+    } else if mac.is_some() {
+        return Err(format!(
+            "Config.MacAddress is not supported with --network {}: the default network gives a container loopback only, which has no MAC \
+             address to set; run it on a user-defined network, whose interface takes the address",
+            network.name()
+        ));
     }
     let config: Map<String, Value> = CONFIG_FIELDS.iter().filter_map(|k| body.get(*k).map(|v| (k.to_string(), v.clone()))).collect();
     Ok(CreateSpec {

@@ -106,11 +106,8 @@ pub(crate) const HONOURED_HOST: &[&str] = &[
 ];
 
 /// `Config` fields refused unless left at their default, and why.
-pub(crate) const REFUSED_CONFIG: &[(&str, &str)] = &[
-    ("Domainname", "containers have loopback only: a domain name would name nothing"),
-    ("MacAddress", "the default network has loopback only; give a MAC address in a user-defined network's endpoint settings"),
-    ("OnBuild", "a build option"),
-];
+pub(crate) const REFUSED_CONFIG: &[(&str, &str)] =
+    &[("Domainname", "containers have loopback only: a domain name would name nothing"), ("OnBuild", "a build option")];
 
 /// Whether `v` is the default of a field: null, false, 0, "", an empty list or object,
 /// or an object all of whose fields are defaults.
