@@ -27,6 +27,10 @@ pub(crate) const DEFAULT_CAPS: &[&str] = &[
     "AUDIT_WRITE",
 ];
 
+/// Why `Dns`, `DnsOptions` and `DnsSearch` are refused.
+const DNS_WHY: &str = "a container on the default network has loopback only, and one on a user-defined network asks that network's DNS server, \
+                       which forwards to the target's resolvers: no other is configured";
+
 /// `HostConfig` fields refused unless left at their default, and why.
 pub(crate) const REFUSED_HOST: &[(&str, &str)] = &[
     ("Annotations", "OCI annotations are not passed to the runtime"),
@@ -47,9 +51,9 @@ pub(crate) const REFUSED_HOST: &[(&str, &str)] = &[
     ("Devices", "containers reach no device of the target"),
     ("DeviceCgroupRules", "containers reach no device of the target"),
     ("DeviceRequests", "the target has no devices to hand out"),
-    ("Dns", "containers have loopback only: there is no DNS to configure"),
-    ("DnsOptions", "containers have loopback only: there is no DNS to configure"),
-    ("DnsSearch", "containers have loopback only: there is no DNS to configure"),
+    ("Dns", DNS_WHY),
+    ("DnsOptions", DNS_WHY),
+    ("DnsSearch", DNS_WHY),
     ("ExtraHosts", "containers have loopback only: there are no other hosts"),
     ("MaskedPaths", "the masked paths are the target's, fixed"),
     ("ReadonlyPaths", "the read-only paths are the target's, fixed"),
