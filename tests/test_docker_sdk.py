@@ -1213,6 +1213,74 @@ def test_config_mac_address_is_the_user_network_interfaces(client, env: Env):
         assert e.value.status_code == 400 and why in str(e.value) and "MacAddress" in str(e.value)
 
 
+def _ws_frames(sock: socket.socket) -> list[tuple[int, bytes]]:
+    """Reads websocket frames (a server's: unmasked) until a close frame or the end;
+    (opcode, payload) each."""
+    data, frames = b"", []
+
+    def take(n: int) -> bytes:
+        nonlocal data
+        while len(data) < n:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise EOFError
+            data += chunk
+        out, data = data[:n], data[n:]
+        return out
+
+    try:
+        while True:
+            b0, b1 = take(2)
+            n = b1 & 0x7F
+            if n == 126:
+                n = int.from_bytes(take(2), "big")
+            elif n == 127:
+                n = int.from_bytes(take(8), "big")
+            frames.append((b0 & 0x0F, take(n)))
+            if b0 & 0x0F == 8:
+                return frames
+    except EOFError:
+        return frames
+
+
+def test_websocket_attach_carries_the_output(client, env: Env):
+    """GET /containers/{id}/attach/ws: RFC 6455's handshake, then the output unframed,
+    one binary message per write (text before API 1.42), with logs replayed; a close frame
+    at the end of the run. A request that is no websocket handshake gets a 400."""
+    import base64
+    import hashlib
+
+    api = client.api
+    c = api.create_container(env.image, ["sh", "-c", "printf 'one two'; sleep 1; printf ' three' >&2"])
+    try:
+        host, port = env.api.rsplit(":", 1)
+        key = base64.b64encode(os.urandom(16)).decode()
+        with socket.create_connection((host, int(port)), timeout=20) as s:
+            s.sendall(
+                (
+                    f"GET /v1.47/containers/{c['Id']}/attach/ws?stream=1&stdout=1&stderr=1&logs=1 HTTP/1.1\r\nHost: x\r\n"
+                    f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+                ).encode()
+            )
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += s.recv(1)
+            lines = head.decode().split("\r\n")
+            assert lines[0].startswith("HTTP/1.1 101"), lines
+            want = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+            headers = {k.strip().lower(): v.strip() for k, v in (x.split(":", 1) for x in lines[1:] if ":" in x)}
+            assert headers["sec-websocket-accept"] == want and headers["upgrade"].lower() == "websocket", headers
+            api.start(c)
+            frames = _ws_frames(s)
+        assert frames[-1][0] == 8, frames
+        assert {op for op, _ in frames[:-1]} == {2}, frames
+        assert b"".join(p for _, p in frames[:-1]) == b"one two three"
+        status, text = env.request("GET", f"/containers/{c['Id']}/attach/ws?stream=1")
+        assert status == 400 and b"websocket handshake" in text, (status, text)
+    finally:
+        api.remove_container(c, force=True)
+
+
 def test_network_requests_are_checked(client, env: Env):
     with pytest.raises(docker.errors.APIError) as e:
         client.networks.create("sdk-v6", enable_ipv6=True)

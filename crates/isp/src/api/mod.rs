@@ -18,6 +18,7 @@
 //! `system` (ping, version, info, events, df); `filters` reads the `filters` parameter.
 
 pub(crate) mod archive;
+mod attach_ws;
 mod body;
 pub(crate) mod build;
 pub(crate) mod containers;
@@ -271,6 +272,7 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::POST, ["containers", id, "kill"]) => containers::kill(&rt, id, &t).await,
         (&Method::POST, ["containers", id, "wait"]) => containers::wait(&rt, id, &t),
         (&Method::POST, ["containers", id, "attach"]) => streams::attach(&rt, &parked, id, &t, req),
+        (&Method::GET, ["containers", id, "attach", "ws"]) => attach_ws::attach_ws(&rt, &parked, id, &t, req),
         (&Method::POST, ["containers", id, "resize"]) => containers::resize(&rt, id, &t),
         (&Method::GET, ["containers", id, "logs"]) => streams::logs(&rt, id, &t).await,
         (&Method::DELETE, ["containers", id]) if t.flag("link") => containers::remove_link(&rt, id),
