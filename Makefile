@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-stamp
-APT_PACKAGES := e2fsprogs xfsprogs util-linux zstd b3sum coreutils grep tshark runc docker-registry umoci skopeo buildah busybox-static iproute2 swift swift-proxy swift-account swift-container swift-object memcached python3-pyeclib liberasurecode1 libisal2 libisal-dev
+APT_PACKAGES := e2fsprogs xfsprogs util-linux zstd b3sum coreutils grep tshark runc docker-registry umoci skopeo buildah busybox-static tini iproute2 swift swift-proxy swift-account swift-container swift-object memcached python3-pyeclib liberasurecode1 libisal2 libisal-dev
 PY_PACKAGES := maturin>=1.5,<2 pytest crc32c xxhash ruff docker
 LLM_PACKAGES := torch "transformers>=5,<6" gguf accelerate numpy tqdm
 export CARGO_TERM_COLOR := never

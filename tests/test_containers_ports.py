@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Container networking on a target, driven by the stock docker CLI: published TCP ports
+"""Container networking on a target, driven by the stock docker CLI: published ports
 (`-p`, carried by the target daemon's userspace proxy into the container's network
 namespace), `--network host` and `--network none` (docs/containers.md).
 
@@ -185,7 +185,7 @@ def test_bad_port_requests_get_clear_errors(env):
 
     before = set(env.ok("ps", "-aq", "--no-trunc").split())
     for hc, why in [
-        ({"PortBindings": {"53/udp": [{"HostIp": "127.0.0.1", "HostPort": "5353"}]}}, "TCP only"),
+        ({"PortBindings": {"53/sctp": [{"HostIp": "127.0.0.1", "HostPort": "5353"}]}}, "TCP and UDP only"),
         ({"PortBindings": {"0/tcp": [{"HostPort": "1"}]}}, "invalid port"),
         ({"PortBindings": {"80/tcp": [{"HostPort": "70000"}]}}, "invalid host port"),
         ({"PortBindings": {"80/tcp": [{"HostIp": "localhost", "HostPort": "8080"}]}}, "invalid host IP"),
@@ -200,10 +200,10 @@ def test_bad_port_requests_get_clear_errors(env):
     status, text = create({"NetworkMode": "no-such-net"})
     assert status == 404 and "network no-such-net not found" in text, (status, text)
     status, text = create({}, ExposedPorts={"80/sctp": {}})
-    assert status == 400 and "TCP only" in text
-    # The stock CLI reaches the same refusal for UDP.
-    r = env.docker("run", "--rm", "-p", "127.0.0.1:5353:53/udp", env.image, "true")
-    assert r.returncode != 0 and "TCP only" in r.stderr
+    assert status == 400 and "TCP and UDP only" in text
+    # The stock CLI reaches the same refusal for SCTP.
+    r = env.docker("run", "--rm", "-p", "127.0.0.1:5353:53/sctp", env.image, "true")
+    assert r.returncode != 0 and "TCP and UDP only" in r.stderr
     assert set(env.ok("ps", "-aq", "--no-trunc").split()) == before
 
     # A host port in use: the start fails with a clear message, nothing runs.

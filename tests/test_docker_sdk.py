@@ -15,6 +15,9 @@ import datetime
 import io
 import json
 import os
+import shutil
+import socket
+import subprocess
 import tarfile
 import time
 from pathlib import Path
@@ -454,13 +457,13 @@ def test_rename_top_stats_and_prune(client, env: Env):
             x.remove(force=True)
 
 
-def _tar(entries: dict[str, bytes]) -> bytes:
+def _tar(entries: dict[str, bytes], mode: int = 0o644) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w") as t:
         for name, data in entries.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
-            info.mode = 0o644
+            info.mode = mode
             t.addfile(info, io.BytesIO(data))
     return out.getvalue()
 
@@ -550,6 +553,40 @@ def test_volumes_create_inspect_list_remove_prune(client, env: Env):
         client.volumes.get("sdk-unused")
 
 
+def test_volume_prune_takes_unused_anonymous_volumes_only(client, env: Env):
+    """As moby's API 1.42 and later: a volume made without a name (by the API, or for a
+    container's Config.Volumes) is labelled com.docker.volume.anonymous; prune without
+    all=true takes the unused ones of those, and named volumes only with all=true (or an
+    older API version); one a container uses stays. Only the local driver is offered."""
+    api = client.api
+    anon = api.create_volume()["Name"]
+    named = api.create_volume("sdk-prune-named")["Name"]
+    c = api.create_container(env.image, ["true"], volumes=["/anon-in-use"])
+    try:
+        used = next(m["Name"] for m in api.inspect_container(c)["Mounts"] if m["Destination"] == "/anon-in-use")
+        assert api.inspect_volume(anon)["Labels"] == {"com.docker.volume.anonymous": ""}
+        assert api.inspect_volume(used)["Labels"] == {"com.docker.volume.anonymous": ""}
+        assert api.inspect_volume(named)["Labels"] in (None, {})
+        deleted = api.prune_volumes()["VolumesDeleted"]
+        assert anon in deleted and named not in deleted and used not in deleted, deleted
+        assert {v["Name"] for v in api.volumes()["Volumes"]} >= {named, used}
+        # API 1.41 prunes every unused volume, as Docker's did.
+        old = docker.APIClient(base_url=f"tcp://{env.api}", version="1.41")
+        try:
+            assert named in old.prune_volumes()["VolumesDeleted"]
+        finally:
+            old.close()
+    finally:
+        api.remove_container(c, v=True, force=True)
+    assert used not in {v["Name"] for v in api.volumes()["Volumes"] or []}
+    with pytest.raises(docker.errors.APIError) as e:
+        api.create_container(env.image, ["true"], host_config=api.create_host_config(volume_driver="nfs"))
+    assert e.value.status_code == 400 and "VolumeDriver" in str(e.value)
+    c = api.create_container(env.image, ["true"], host_config=api.create_host_config(volume_driver="local"))
+    assert api.inspect_container(c)["HostConfig"]["VolumeDriver"] == "local"
+    api.remove_container(c)
+
+
 def _mixed_calls(api: str, image: str, i: int) -> str:
     """Ten API calls of one client (run = create + start, exec = create + start +
     inspect, ...), from a process of its own; returns the container's id."""
@@ -572,8 +609,32 @@ def _mixed_calls(api: str, image: str, i: int) -> str:
         c.close()
 
 
+def _target_pid(env: Env) -> int:
+    """The target daemon's pid, from its state file (/run/insitu/target-ADDR_PORT.json)."""
+    return json.loads(Path(f"/run/insitu/target-{env.target_listen.replace(':', '_')}.json").read_text())["pid"]
+
+
+def _rss(pid: int) -> int:
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(status["VmRSS"].split()[0]) * 1024
+
+
+def _loops_of(env: Env) -> set[str]:
+    """The loop devices backed by this test's files (other programs on the machine may
+    attach their own meanwhile)."""
+    out = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True).stdout
+    return {line.split(":", 1)[0] for line in out.splitlines() if str(env.d) in line}
+
+
+# How much the daemon's resident memory may grow over the 100 calls below: a leak of a
+# container's worth of state per call (buffers, logs, pumps) would pass it.
+RSS_GROWTH_BOUND = 32 << 20
+
+
 def test_concurrent_clients_leak_nothing(client, env: Env):
-    """100 mixed API calls from 8 clients at once leave no process, mount or cgroup."""
+    """100 mixed API calls from 8 clients at once leave no process, mount, cgroup or loop
+    device, and the daemon's memory stays flat (after a warm-up round, which fills its
+    caches and thread pools, it grows by less than RSS_GROWTH_BOUND)."""
     ids: list[str] = []
 
     def leftovers(cid: str) -> list[str]:
@@ -589,11 +650,22 @@ def test_concurrent_clients_leak_nothing(client, env: Env):
         left += [str(p) for p in root.glob(f"*/insitu/{cid}")] + [str(p) for p in root.glob(f"insitu/{cid}")]
         return left
 
+    pid = _target_pid(env)
     with concurrent.futures.ProcessPoolExecutor(max_workers=8) as pool:
+        warm = [f.result() for f in [pool.submit(_mixed_calls, env.api, env.image, 100 + i) for i in range(8)]]
+        time.sleep(1)
+        rss_before, loops_before = _rss(pid), _loops_of(env)
         ids += [f.result() for f in [pool.submit(_mixed_calls, env.api, env.image, i) for i in range(10)]]
+    time.sleep(1)
+    rss_after, loops_after = _rss(pid), _loops_of(env)
+    print(f"daemon RSS {rss_before / 2**20:.1f} MiB -> {rss_after / 2**20:.1f} MiB; loop devices {sorted(loops_before)} -> {sorted(loops_after)}")
     assert not [x for x in client.containers.list(all=True) if x.name.startswith("conc-")]
     assert len(ids) == 10
-    assert {cid[:12]: leftovers(cid) for cid in ids if leftovers(cid)} == {}
+    assert {cid[:12]: leftovers(cid) for cid in ids + warm if leftovers(cid)} == {}
+    # The view's loop devices are replaced as containers start (each start sees the host's
+    # latest data), so their names change; their number must not grow.
+    assert len(loops_after) <= len(loops_before), f"new loop devices: {loops_after - loops_before}"
+    assert rss_after - rss_before < RSS_GROWTH_BOUND, f"the daemon grew by {(rss_after - rss_before) / 2**20:.1f} MiB"
 
 
 def test_system_df_and_image_prune(client, env: Env):
@@ -745,6 +817,24 @@ def test_commit_makes_an_image_of_the_changes(client, env: Env):
             c.commit(repository="sdk-bad", changes=["RUN true"])
         assert e.value.status_code == 400 and "RUN" in str(e.value)
         assert [i for i in client.images.list(name="sdk-bad")] == []
+        # Parent is the container's image, as moby records it; history shows the chain.
+        base = client.images.get(env.image)
+        assert img.attrs["Parent"] == base.id
+        assert client.api.images(name="sdk-committed")[0]["ParentId"] == base.id
+        rows = client.api.history(img.id)
+        assert rows[0]["Id"] == img.id and rows[0]["Tags"] == ["sdk-committed:v1"]
+        assert rows[1]["Id"] == base.id, rows
+        # A committed image of a committed image: its parent is the first.
+        c2 = client.containers.run("sdk-committed:v1", ["touch", "/second"], detach=True)
+        c2.wait(timeout=60)
+        img2 = c2.commit(repository="sdk-committed", tag="v2")
+        c2.remove()
+        assert img2.attrs["Parent"] == img.id and [r["Id"] for r in client.api.history(img2.id)[:3]] == [img2.id, img.id, base.id]
+        # The parent of an image cannot be deleted by id while the child is there.
+        with pytest.raises(docker.errors.APIError) as e:
+            client.api.remove_image(img.id, force=True)
+        assert e.value.status_code == 409 and "dependent child images" in str(e.value)
+        client.images.remove("sdk-committed:v2")
     finally:
         c.remove(force=True)
     assert "sha256:" in env.ok("commit", "--change", "CMD echo cli", env.ok("create", env.image, "true").strip(), "sdk-cli-committed")
@@ -810,6 +900,94 @@ def test_list_filters_by_network_volume_and_ports(client, env: Env):
         a.remove(force=True)
         b.remove(force=True)
         client.volumes.get("sdk-filter-vol").remove()
+
+
+# A UDP echo server for the busybox image, whose nc speaks TCP only: answers each
+# datagram with "echo:" and the datagram, to the address it came from.
+UDP_ECHO_C = r"""
+#include <arpa/inet.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+int main(int argc, char **argv) {
+    int s = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[1]))};
+    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) < 0) return 1;
+    for (;;) {
+        char buf[2048] = "echo:";
+        struct sockaddr_in from;
+        socklen_t len = sizeof from;
+        ssize_t n = recvfrom(s, buf + 5, sizeof buf - 5, 0, (struct sockaddr *)&from, &len);
+        if (n >= 0) sendto(s, buf, n + 5, 0, (struct sockaddr *)&from, len);
+    }
+}
+"""
+
+
+def _static_binary(tmp_path: Path, source: str, name: str) -> bytes:
+    """`source` compiled statically (no library needed in the image), as a tar of /NAME."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("a C compiler (which Rust's builds need anyway) builds the UDP server")
+    (tmp_path / f"{name}.c").write_text(source)
+    subprocess.run([cc, "-static", "-O2", "-o", tmp_path / name, tmp_path / f"{name}.c"], check=True)
+    return _tar({name: (tmp_path / name).read_bytes()}, mode=0o755)
+
+
+def test_published_udp_and_tcp_ports(client, env: Env, tmp_path):
+    """-p PORT/udp is carried as docker-proxy carries it: datagrams in, answers back to
+    each client from the published port; TCP and UDP share a host port; inspect, port and
+    ps show both; the sockets close with the container."""
+    api = client.api
+    c = api.create_container(
+        env.image,
+        ["/udp-echo", "5353"],
+        ports=[(5353, "udp"), 5353],
+        host_config=api.create_host_config(port_bindings={"5353/udp": ("127.0.0.1", None), "5353/tcp": ("127.0.0.1", None)}),
+    )
+    try:
+        assert api.put_archive(c["Id"], "/", _static_binary(tmp_path, UDP_ECHO_C, "udp-echo"))
+        api.start(c["Id"])
+        udp = api.port(c["Id"], "5353/udp")
+        tcp = api.port(c["Id"], "5353/tcp")
+        assert udp[0]["HostIp"] == "127.0.0.1" and tcp[0]["HostIp"] == "127.0.0.1", (udp, tcp)
+        port = int(udp[0]["HostPort"])
+        doc = api.inspect_container(c["Id"])
+        assert set(doc["NetworkSettings"]["Ports"]) == {"5353/udp", "5353/tcp"}
+        assert doc["HostConfig"]["PortBindings"]["5353/udp"] == [{"HostIp": "127.0.0.1", "HostPort": ""}]
+        assert "5353/udp" in doc["Config"]["ExposedPorts"]
+        row = api.containers(filters={"id": c["Id"]})[0]
+        assert {(p["PrivatePort"], p["Type"]) for p in row["Ports"]} == {(5353, "udp"), (5353, "tcp")}
+        assert [x["Id"] for x in api.containers(filters={"publish": "5353/udp"})] == [c["Id"]]
+        # Two clients at once, each answered on its own socket, many datagrams each.
+        socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2)]
+        try:
+            for s in socks:
+                s.settimeout(0.5)
+            end = time.time() + 20
+            while True:  # until the server in the container is up
+                socks[0].sendto(b"ping", ("127.0.0.1", port))
+                try:
+                    if socks[0].recvfrom(2048)[0] == b"echo:ping":
+                        break
+                except TimeoutError:
+                    pass
+                assert time.time() < end, "the UDP server never answered through the proxy"
+            for i in range(20):
+                for k, s in enumerate(socks):
+                    s.sendto(f"{k}-{i}".encode(), ("127.0.0.1", port))
+                    data, src = s.recvfrom(2048)
+                    assert data == f"echo:{k}-{i}".encode() and src == ("127.0.0.1", port)
+        finally:
+            for s in socks:
+                s.close()
+        api.stop(c["Id"], timeout=1)
+        assert api.port(c["Id"], "5353/udp") in (None, [])
+        # Closed with the container: the port can be bound again.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", port))
+    finally:
+        api.remove_container(c["Id"], force=True)
 
 
 def test_query_options_are_honoured_or_refused(client, env: Env):
@@ -888,6 +1066,219 @@ def test_user_network_reaches_containers_by_name_and_alias(client, env: Env):
     assert hub not in _netns() and set(os.listdir("/sys/class/net")) == links_before
     with pytest.raises(docker.errors.NotFound):
         client.networks.get("sdk-net")
+
+
+def _hub_dns_sockets(hub: str) -> list[str]:
+    """The UDP sockets bound to port 53 in the target's hub namespace."""
+    out = subprocess.run(["ip", "netns", "exec", hub, "ss", "-Huln", "sport", "= :53"], capture_output=True, text=True)
+    return out.stdout.splitlines()
+
+
+def test_user_network_dns_resolves_names_aliases_and_links(client, env: Env):
+    """Containers on a user-defined network ask its DNS server (the gateway's port 53 in
+    the target's hub namespace, named by their /etc/resolv.conf): container names,
+    aliases, the asker's links and reverse lookups resolve; on an internal network other
+    names fail at once (SERVFAIL) instead of leaving the target."""
+    net = client.networks.create("sdk-dns", internal=True, ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet="10.78.0.0/24")]))
+    ep = lambda **kw: {"sdk-dns": client.api.create_endpoint_config(**kw)}  # noqa: E731
+    a = client.containers.run(env.image, ["sleep", "300"], detach=True, name="sdk-dns-a", network="sdk-dns", networking_config=ep(aliases=["alpha"]))
+    b = client.containers.run(env.image, ["sleep", "300"], detach=True, name="sdk-dns-b", network="sdk-dns", networking_config=ep(links=[("sdk-dns-a", "bar")]))
+    try:
+        a.reload()
+        ip_a = a.attrs["NetworkSettings"]["Networks"]["sdk-dns"]["IPAddress"]
+        gateway = net.attrs["IPAM"]["Config"][0]["Gateway"]
+        code, text = b.exec_run(["cat", "/etc/resolv.conf"])
+        assert code == 0 and f"nameserver {gateway}" in text.decode(), text
+        # busybox's nslookup asks the server named in resolv.conf, never /etc/hosts.
+        for name in ["sdk-dns-a", "alpha", "bar", "ALPHA", a.id[:12]]:
+            code, text = b.exec_run(["nslookup", name])
+            assert code == 0 and ip_a in text.decode(), (name, text)
+        code, text = b.exec_run(["nslookup", ip_a])
+        assert code == 0 and "sdk-dns-a" in text.decode(), text
+        # Links are the asker's own: a does not know "bar".
+        code, text = a.exec_run(["nslookup", "bar"])
+        assert code != 0, text
+        start = time.time()
+        code, text = b.exec_run(["nslookup", "no-such-name.example"])
+        assert code != 0 and time.time() - start < 5, text
+        hub = next(n for n in _netns() if n.endswith("-" + a.id[:12]))[: -len(a.id[:12]) - 1]
+        assert [line for line in _hub_dns_sockets(hub) if f"{gateway}:53" in line], _hub_dns_sockets(hub)
+    finally:
+        for c in (a, b):
+            c.remove(force=True)
+    net.remove()
+    # The server went with the network (and the hub with the last network).
+    assert hub not in _netns() or not [line for line in _hub_dns_sockets(hub) if f"{gateway}:53" in line]
+
+
+def test_legacy_links_give_hosts_env_and_a_wire(client, env: Env):
+    """--link on the default network, as Docker's default bridge: the linked container must
+    run; the linking one reaches it by alias over a wire of its own, finds it in
+    /etc/hosts and in ALIAS_* variables; inspect and ps show the link; DELETE ?link=1
+    removes it and leaves both containers."""
+    api = client.api
+    child = api.create_container(env.image, ["httpd", "-f", "-p", "8080", "-h", "/etc"], ports=[8080], environment={"FOO": "1"}, name="sdk-link-db")
+    parent = api.create_container(
+        env.image,
+        ["sh", "-c", "env; cat /etc/hosts; wget -q -O- http://db:8080/passwd | head -1; sleep 300"],
+        name="sdk-link-app",
+        host_config=api.create_host_config(links={"sdk-link-db": "db"}),
+    )
+    try:
+        # Docker's words when the linked container does not run.
+        with pytest.raises(docker.errors.APIError) as e:
+            api.start(parent)
+        assert e.value.status_code == 409 and "Cannot link to a non running container" in str(e.value)
+        api.start(child)
+        api.start(parent)
+        end = time.time() + 20
+        while "root:" not in (logs := api.logs(parent).decode()) and time.time() < end:
+            time.sleep(0.2)
+        lines = logs.splitlines()
+        assert "DB_NAME=/sdk-link-app/db" in lines and "DB_ENV_FOO=1" in lines, logs
+        addr = next(x.split("=", 1)[1] for x in lines if x.startswith("DB_PORT_8080_TCP_ADDR="))
+        assert f"DB_PORT=tcp://{addr}:8080" in lines and "DB_PORT_8080_TCP_PROTO=tcp" in lines, logs
+        assert any(x.startswith(addr) and "db" in x.split() and "sdk-link-db" in x.split() for x in lines), logs
+        assert lines[-1].startswith("root:"), logs
+        assert api.inspect_container(parent)["HostConfig"]["Links"] == ["/sdk-link-db:/sdk-link-app/db"]
+        assert "/sdk-link-app/db" in api.containers(filters={"id": child["Id"]})[0]["Names"]
+        # The link goes, the containers stay; the wire and the hosts entry with it.
+        api.remove_container("sdk-link-app/db", link=True)
+        assert api.inspect_container(parent)["HostConfig"]["Links"] is None
+        assert api.containers(filters={"id": child["Id"]})[0]["Names"] == ["/sdk-link-db"]
+        out = api.exec_start(api.exec_create(parent, ["sh", "-c", f"grep -w db /etc/hosts; wget -q -T 2 -O- http://{addr}:8080/passwd"])["Id"])
+        assert b"root:" not in out and b" db " not in out, out
+        with pytest.raises(docker.errors.NotFound):
+            api.remove_container("sdk-link-app/db", link=True)
+        with pytest.raises(docker.errors.APIError) as e:
+            api.create_container(env.image, ["true"], host_config=api.create_host_config(links={"no-such-ctr": "x"}))
+        assert e.value.status_code == 400 and "Links" in str(e.value)
+    finally:
+        for c in (parent, child):
+            api.remove_container(c, force=True)
+
+
+def test_init_runs_as_pid_1_and_uts_host_shares_the_hostname(client, env: Env):
+    """Init: Debian's tini-static at /sbin/docker-init is PID 1 with the command as its
+    child, so SIGTERM reaches a command that would ignore it as PID 1; UTSMode host: the
+    target's hostname. PidMode host is refused (the container could signal the daemon)."""
+    api = client.api
+    c = api.create_container(
+        env.image,
+        ["sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline; echo; hostname; exec sleep 300"],
+        host_config=api.create_host_config(init=True, uts_mode="host"),
+    )
+    try:
+        hc = api.inspect_container(c)["HostConfig"]
+        assert hc["Init"] is True and hc["UTSMode"] == "host"
+        api.start(c)
+        end = time.time() + 20
+        while len(api.logs(c).splitlines()) < 2 and time.time() < end:
+            time.sleep(0.1)
+        pid1, hostname = api.logs(c).decode().splitlines()[:2]
+        assert pid1.startswith("/sbin/docker-init -- sh -c"), pid1
+        assert hostname == socket.gethostname()
+        # sh as PID 1 would ignore SIGTERM until the 10 s timeout; tini passes it on.
+        start = time.time()
+        api.stop(c, timeout=10)
+        assert time.time() - start < 5 and api.inspect_container(c)["State"]["ExitCode"] == 143
+    finally:
+        api.remove_container(c, force=True)
+    for hc, field in [({"PidMode": "host"}, "PidMode"), ({"Init": "yes"}, "Init"), ({"UTSMode": "other"}, "UTSMode")]:
+        r = api._post_json(api._url("/containers/create"), data={"Image": env.image, "Cmd": ["true"], "HostConfig": hc})
+        assert r.status_code == 400 and field in r.json()["message"], (hc, r.text)
+    r = api._post_json(api._url("/containers/create"), data={"Image": env.image, "Hostname": "h", "HostConfig": {"UTSMode": "host"}})
+    assert r.status_code == 400 and "conflicting options" in r.json()["message"], r.text
+
+
+def test_config_mac_address_is_the_user_network_interfaces(client, env: Env):
+    """Config.MacAddress (the CLI's --mac-address) sets the MAC of the interface on the
+    user-defined network NetworkMode names, as moby from API 1.44; on the default network,
+    which gives loopback only, it is refused by name."""
+    api = client.api
+    mac = "02:42:ac:11:00:0a"
+    net = client.networks.create("sdk-mac")
+    c = api.create_container(env.image, ["sleep", "300"], mac_address=mac, host_config=api.create_host_config(network_mode="sdk-mac"))
+    try:
+        api.start(c)
+        assert api.inspect_container(c)["NetworkSettings"]["Networks"]["sdk-mac"]["MacAddress"] == mac
+        out = api.exec_start(api.exec_create(c, ["cat", "/sys/class/net/eth0/address"])["Id"])
+        assert out.decode().strip() == mac
+    finally:
+        api.remove_container(c, force=True)
+        net.remove()
+    for bad, why in [("02:42:ac:11:00:0a", "loopback only"), ("zz", "MacAddress")]:
+        with pytest.raises(docker.errors.APIError) as e:
+            api.create_container(env.image, ["true"], mac_address=bad)
+        assert e.value.status_code == 400 and why in str(e.value) and "MacAddress" in str(e.value)
+
+
+def _ws_frames(sock: socket.socket) -> list[tuple[int, bytes]]:
+    """Reads websocket frames (a server's: unmasked) until a close frame or the end;
+    (opcode, payload) each."""
+    data, frames = b"", []
+
+    def take(n: int) -> bytes:
+        nonlocal data
+        while len(data) < n:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise EOFError
+            data += chunk
+        out, data = data[:n], data[n:]
+        return out
+
+    try:
+        while True:
+            b0, b1 = take(2)
+            n = b1 & 0x7F
+            if n == 126:
+                n = int.from_bytes(take(2), "big")
+            elif n == 127:
+                n = int.from_bytes(take(8), "big")
+            frames.append((b0 & 0x0F, take(n)))
+            if b0 & 0x0F == 8:
+                return frames
+    except EOFError:
+        return frames
+
+
+def test_websocket_attach_carries_the_output(client, env: Env):
+    """GET /containers/{id}/attach/ws: RFC 6455's handshake, then the output unframed,
+    one binary message per write (text before API 1.42), with logs replayed; a close frame
+    at the end of the run. A request that is no websocket handshake gets a 400."""
+    import base64
+    import hashlib
+
+    api = client.api
+    c = api.create_container(env.image, ["sh", "-c", "printf 'one two'; sleep 1; printf ' three' >&2"])
+    try:
+        host, port = env.api.rsplit(":", 1)
+        key = base64.b64encode(os.urandom(16)).decode()
+        with socket.create_connection((host, int(port)), timeout=20) as s:
+            s.sendall(
+                (
+                    f"GET /v1.47/containers/{c['Id']}/attach/ws?stream=1&stdout=1&stderr=1&logs=1 HTTP/1.1\r\nHost: x\r\n"
+                    f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+                ).encode()
+            )
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += s.recv(1)
+            lines = head.decode().split("\r\n")
+            assert lines[0].startswith("HTTP/1.1 101"), lines
+            want = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+            headers = {k.strip().lower(): v.strip() for k, v in (x.split(":", 1) for x in lines[1:] if ":" in x)}
+            assert headers["sec-websocket-accept"] == want and headers["upgrade"].lower() == "websocket", headers
+            api.start(c)
+            frames = _ws_frames(s)
+        assert frames[-1][0] == 8, frames
+        assert {op for op, _ in frames[:-1]} == {2}, frames
+        assert b"".join(p for _, p in frames[:-1]) == b"one two three"
+        status, text = env.request("GET", f"/containers/{c['Id']}/attach/ws?stream=1")
+        assert status == 400 and b"websocket handshake" in text, (status, text)
+    finally:
+        api.remove_container(c, force=True)
 
 
 def test_network_requests_are_checked(client, env: Env):

@@ -11,6 +11,7 @@
 //!   indexes, image configs, an archive's `manifest.json`.
 //! * [`build_inputs`]: a build's query (`POST /build?...`), an `X-Registry-Auth` header,
 //!   a Dockerfile's `FROM` lines, and a target's `--registry-mirror`/`--insecure-registry`.
+//! * [`dns_message`]: a datagram a container sends the DNS server of its network.
 //!
 //! Each returns nothing and must not panic on any input; each also asserts what the rest
 //! of the target relies on from what it accepts (a signal that reaches runc's command
@@ -28,11 +29,34 @@ use crate::image::Reference;
 
 /// Every parser below on the same bytes (what the `docker` fuzz target runs).
 pub fn all(data: &[u8]) {
+    dns_message(data);
     request_target(data);
     json_body(data);
     image_reference(data);
     image_documents(data);
     build_inputs(data);
+}
+
+/// A datagram to a network's DNS server, answered from two containers' names: an answer
+/// carries the query's id, is a response that parses back, and never answers a response
+/// (two servers would answer each other for ever).
+pub fn dns_message(data: &[u8]) {
+    use crate::runtime::dns::{respond, Reply, View};
+    use hickory_proto::op::{Message, MessageType};
+    let names = View::sample();
+    for forward in [true, false] {
+        match respond(data, &names, forward) {
+            Reply::Answer(bytes) => {
+                let m = Message::from_vec(&bytes).expect("an answer parses back");
+                assert_eq!(m.metadata.message_type, MessageType::Response);
+                assert_eq!(bytes[..2], data[..2], "the answer's id is not the query's");
+                assert!(data[2] & 0x80 == 0, "a response was answered");
+                assert!(m.answers.len() <= 16);
+            }
+            Reply::Forward => assert!(forward, "forwarded where forwarding is off"),
+            Reply::Ignore => {}
+        }
+    }
 }
 
 /// A request target: `PATH[?QUERY]` as text, and as hyper parses a request line's URI.

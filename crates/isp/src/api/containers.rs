@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use super::body::{empty, error, json, stream, ApiBody};
 use super::filters::Filters;
 use super::Target;
-use crate::runtime::{Container, RunState, Runtime, RuntimeError};
+use crate::runtime::{parse_port_key, Container, PortKey, RunState, Runtime, RuntimeError};
 
 pub(crate) fn fail(e: RuntimeError) -> Response<ApiBody> {
     error(e.http_status(), &e.to_string())
@@ -88,7 +88,7 @@ pub(crate) fn passes(rt: &Runtime, c: &Container, f: &Filters) -> Result<bool, S
         })
         && any("volume", &|x| c.spec.binds.iter().any(|b| b.split(':').take(2).any(|p| p == x)))
         && any("expose", &|x| port_of(x).is_some_and(|p| exposed(c).contains(&p)))
-        && any("publish", &|x| port_of(x).is_some_and(|p| c.spec.ports.iter().any(|b| b.container_port == p)))
+        && any("publish", &|x| port_of(x).is_some_and(|p| c.spec.ports.iter().any(|b| b.key() == p)))
         // No container has a health check (they are refused at create) or is a task.
         && any("health", &|x| match (c.spec.health.is_some(), rt.health(&c.id)) {
             (false, _) => x == "none",
@@ -109,13 +109,9 @@ pub(crate) fn passes(rt: &Runtime, c: &Container, f: &Filters) -> Result<bool, S
     Ok(ok)
 }
 
-/// A port of the `expose`/`publish` filters: `80` or `80/tcp`.
-fn port_of(x: &str) -> Option<u16> {
-    match x.split_once('/') {
-        Some((p, "tcp")) => p.parse().ok(),
-        Some(_) => None,
-        None => x.parse().ok(),
-    }
+/// A port of the `expose`/`publish` filters: `80`, `80/tcp` or `80/udp`.
+fn port_of(x: &str) -> Option<PortKey> {
+    parse_port_key(x).ok()
 }
 
 /// `GET /containers/json?all=1&limit=N&filters=...`.
@@ -145,7 +141,7 @@ pub fn list(rt: &Runtime, t: &Target) -> Response<ApiBody> {
         }
         let (state, status) = status(rt, &c);
         let mut row = json!({
-            "Id": c.id, "Names": [format!("/{}", c.name())], "Image": image_name(&c), "ImageID": c.image_id,
+            "Id": c.id, "Names": std::iter::once(format!("/{}", c.name())).chain(rt.link_names(&c)).collect::<Vec<_>>(), "Image": image_name(&c), "ImageID": c.image_id,
             "Command": c.args.join(" "), "Created": secs(c.created), "Ports": ps_ports(&c), "Labels": c.spec.labels,
             "State": state, "Status": status, "HostConfig": {"NetworkMode": super::networks::mode_name(&c)},
             "NetworkSettings": {"Networks": super::networks::container_networks(rt, &c)}, "Mounts": mounts(rt, &c),
@@ -169,19 +165,21 @@ fn ps_ports(c: &Container) -> Value {
         return Value::Array(Vec::new());
     }
     let published = c.published();
-    let mut v: Vec<Value> =
-        published.iter().map(|p| json!({"IP": p.host.ip().to_string(), "PrivatePort": p.container_port, "PublicPort": p.host.port(), "Type": "tcp"})).collect();
+    let mut v: Vec<Value> = published
+        .iter()
+        .map(|p| json!({"IP": p.host.ip().to_string(), "PrivatePort": p.container_port, "PublicPort": p.host.port(), "Type": p.proto.name()}))
+        .collect();
     for port in exposed(c) {
-        if !published.iter().any(|p| p.container_port == port) {
-            v.push(json!({"PrivatePort": port, "Type": "tcp"}));
+        if !published.iter().any(|p| p.container_port == port.port && p.proto == port.proto) {
+            v.push(json!({"PrivatePort": port.port, "Type": port.proto.name()}));
         }
     }
     Value::Array(v)
 }
 
-/// The container's TCP ports: exposed, or to be published.
-pub(crate) fn exposed(c: &Container) -> Vec<u16> {
-    let mut v: Vec<u16> = c.spec.exposed.iter().copied().chain(c.spec.ports.iter().map(|p| p.container_port)).collect();
+/// The container's ports: exposed, or to be published.
+pub(crate) fn exposed(c: &Container) -> Vec<PortKey> {
+    let mut v: Vec<PortKey> = c.spec.exposed.iter().copied().chain(c.spec.ports.iter().map(|p| p.key())).collect();
     v.sort_unstable();
     v.dedup();
     v
@@ -195,10 +193,10 @@ pub(crate) fn network_ports(c: &Container) -> Value {
     for port in exposed(c) {
         let here: Vec<Value> = published
             .iter()
-            .filter(|p| p.container_port == port)
+            .filter(|p| p.container_port == port.port && p.proto == port.proto)
             .map(|p| json!({"HostIp": p.host.ip().to_string(), "HostPort": p.host.port().to_string()}))
             .collect();
-        m.insert(format!("{port}/tcp"), if here.is_empty() { Value::Null } else { Value::Array(here) });
+        m.insert(port.to_string(), if here.is_empty() { Value::Null } else { Value::Array(here) });
     }
     Value::Object(m)
 }
@@ -207,7 +205,7 @@ pub(crate) fn network_ports(c: &Container) -> Value {
 pub(crate) fn port_bindings_asked(c: &Container) -> Value {
     let mut m = serde_json::Map::new();
     for p in &c.spec.ports {
-        let e = m.entry(format!("{}/tcp", p.container_port)).or_insert_with(|| Value::Array(Vec::new()));
+        let e = m.entry(p.key().to_string()).or_insert_with(|| Value::Array(Vec::new()));
         if let Value::Array(a) = e {
             let port = if p.host_port == 0 { String::new() } else { p.host_port.to_string() };
             a.push(json!({"HostIp": p.host_ip.map(|ip| ip.to_string()).unwrap_or_default(), "HostPort": port}));
@@ -336,6 +334,14 @@ pub async fn remove(rt: &Runtime, id: &str, force: bool, volumes: bool) -> Respo
             }
             empty(StatusCode::NO_CONTENT)
         }
+        Err(e) => fail(e),
+    }
+}
+
+/// `DELETE /containers/PARENT/ALIAS?link=1`: removes a legacy link, not a container.
+pub fn remove_link(rt: &Runtime, name: &str) -> Response<ApiBody> {
+    match rt.remove_link(name) {
+        Ok(()) => empty(StatusCode::NO_CONTENT),
         Err(e) => fail(e),
     }
 }

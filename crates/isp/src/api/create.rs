@@ -117,9 +117,25 @@ pub(crate) fn create_spec(body: &Value) -> Result<CreateSpec, String> {
         network = NetworkMode::None;
     }
     let mut endpoints = super::networks::endpoints(body.get("NetworkingConfig"))?;
+    let mac = text(body, "MacAddress")?.map(|m| crate::runtime::networks::parse_mac(&m).map_err(|e| format!("Config.MacAddress: {e}"))).transpose()?;
     if network == NetworkMode::User {
         let name = hc.get("NetworkMode").and_then(Value::as_str).unwrap_or_default().to_string();
-        endpoints.entry(name).or_default();
+        let ep = endpoints.entry(name).or_default();
+        // As moby from API 1.44: the deprecated Config.MacAddress is the endpoint's of the
+        // network NetworkMode names.
+        match (&ep.mac, mac) {
+            (Some(a), Some(b)) if *a != b => {
+                return Err(format!("conflicting options: Config.MacAddress {b} and the endpoint settings' MacAddress {a}"));
+            }
+            (_, Some(b)) => ep.mac = Some(b),
+            (_, None) => {}
+        }
+    } else if mac.is_some() {
+        return Err(format!(
+            "Config.MacAddress is not supported with --network {}: the default network gives a container loopback only, which has no MAC \
+             address to set; run it on a user-defined network, whose interface takes the address",
+            network.name()
+        ));
     }
     let config: Map<String, Value> = CONFIG_FIELDS.iter().filter_map(|k| body.get(*k).map(|v| (k.to_string(), v.clone()))).collect();
     Ok(CreateSpec {
@@ -141,6 +157,7 @@ pub(crate) fn create_spec(body: &Value) -> Result<CreateSpec, String> {
         health,
         anonymous_volumes,
         volumes_from: strings(&hc, "VolumesFrom")?.unwrap_or_default(),
+        links: crate::runtime::links::parse_links(&strings(&hc, "Links")?.unwrap_or_default())?,
         ports: port_bindings(body, &hc)?,
         exposed: exposed_ports(body)?,
         options,
@@ -265,12 +282,15 @@ mod tests {
         assert_eq!(tty.console_size, Some((40, 120)));
         assert_eq!(create_spec(&json!({"Image": "b", "HostConfig": {"ConsoleSize": [0, 0]}})).unwrap().console_size, None);
         let net = create_spec(&json!({"Image": "b", "ExposedPorts": {"80/tcp": {}}, "HostConfig": {"NetworkMode": "default", "PortBindings": {"80/tcp": [{"HostIp": "127.0.0.1", "HostPort": "18080"}]}}})).unwrap();
-        assert_eq!((net.network, net.ports.len(), net.exposed.clone()), (NetworkMode::Default, 1, vec![80]));
+        assert_eq!((net.network, net.ports.len(), net.exposed.clone()), (NetworkMode::Default, 1, vec![crate::runtime::PortKey::tcp(80)]));
         assert_eq!(create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "host"}})).unwrap().network, NetworkMode::Host);
         let user = create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "mynet"}})).unwrap();
         assert_eq!((user.network, user.endpoints.keys().collect::<Vec<_>>()), (NetworkMode::User, vec![&"mynet".to_string()]));
         assert!(create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "container:x"}})).unwrap_err().contains("not supported"));
-        assert!(create_spec(&json!({"Image": "b", "HostConfig": {"PortBindings": {"53/udp": [{"HostPort": "53"}]}}})).unwrap_err().contains("TCP only"));
+        assert_eq!(create_spec(&json!({"Image": "b", "HostConfig": {"PortBindings": {"53/udp": [{"HostPort": "53"}]}}})).unwrap().ports.len(), 1);
+        assert!(create_spec(&json!({"Image": "b", "HostConfig": {"PortBindings": {"53/sctp": [{"HostPort": "53"}]}}}))
+            .unwrap_err()
+            .contains("TCP and UDP only"));
         assert!(create_spec(&json!({"Image": "b", "ExposedPorts": {"x/tcp": {}}})).unwrap_err().contains("invalid port"));
         for bad in [json!([1]), json!([1, -1]), json!([70000, 1]), json!("40x120"), json!([1.5, 2])] {
             let e = create_spec(&json!({"Image": "b", "HostConfig": {"ConsoleSize": bad}})).unwrap_err();

@@ -27,6 +27,10 @@ pub(crate) const DEFAULT_CAPS: &[&str] = &[
     "AUDIT_WRITE",
 ];
 
+/// Why `Dns`, `DnsOptions` and `DnsSearch` are refused.
+const DNS_WHY: &str = "a container on the default network has loopback only, and one on a user-defined network asks that network's DNS server, \
+                       which forwards to the target's resolvers: no other is configured";
+
 /// `HostConfig` fields refused unless left at their default, and why.
 pub(crate) const REFUSED_HOST: &[(&str, &str)] = &[
     ("Annotations", "OCI annotations are not passed to the runtime"),
@@ -47,12 +51,10 @@ pub(crate) const REFUSED_HOST: &[(&str, &str)] = &[
     ("Devices", "containers reach no device of the target"),
     ("DeviceCgroupRules", "containers reach no device of the target"),
     ("DeviceRequests", "the target has no devices to hand out"),
-    ("Dns", "containers have loopback only: there is no DNS to configure"),
-    ("DnsOptions", "containers have loopback only: there is no DNS to configure"),
-    ("DnsSearch", "containers have loopback only: there is no DNS to configure"),
+    ("Dns", DNS_WHY),
+    ("DnsOptions", DNS_WHY),
+    ("DnsSearch", DNS_WHY),
     ("ExtraHosts", "containers have loopback only: there are no other hosts"),
-    ("Init", "the target has no init binary to run as the container's first process"),
-    ("Links", "legacy links are not offered: put the containers on a user-defined network, where they find one another by name"),
     ("MaskedPaths", "the masked paths are the target's, fixed"),
     ("ReadonlyPaths", "the read-only paths are the target's, fixed"),
     ("Privileged", "a privileged container would own the drive"),
@@ -78,8 +80,10 @@ pub(crate) const HONOURED_HOST: &[&str] = &[
     "CpusetCpus",
     "CpusetMems",
     "GroupAdd",
+    "Init",
     "IpcMode",
     "Isolation",
+    "Links",
     "LogConfig",
     "Memory",
     "MemoryReservation",
@@ -106,11 +110,8 @@ pub(crate) const HONOURED_HOST: &[&str] = &[
 ];
 
 /// `Config` fields refused unless left at their default, and why.
-pub(crate) const REFUSED_CONFIG: &[(&str, &str)] = &[
-    ("Domainname", "containers have loopback only: a domain name would name nothing"),
-    ("MacAddress", "the default network has loopback only; give a MAC address in a user-defined network's endpoint settings"),
-    ("OnBuild", "a build option"),
-];
+pub(crate) const REFUSED_CONFIG: &[(&str, &str)] =
+    &[("Domainname", "containers have loopback only: a domain name would name nothing"), ("OnBuild", "a build option")];
 
 /// Whether `v` is the default of a field: null, false, 0, "", an empty list or object,
 /// or an object all of whose fields are defaults.
@@ -380,9 +381,23 @@ pub(crate) fn options(body: &Value, hc: &Value) -> Result<Options, String> {
         }
         Some(_) => return Err("HostConfig.LogConfig must be {\"Type\", \"Config\"}".into()),
     }
+    if text(hc, "PidMode")?.as_deref() == Some("host") {
+        return Err("HostConfig.PidMode \"host\" is not supported on this target: a container runs as root with CAP_KILL, so in the \
+                    target's process namespace it could signal the target daemon and every other container on the drive; use \"private\""
+            .into());
+    }
     own_namespace(hc, "PidMode", &["private"])?;
     own_namespace(hc, "IpcMode", &["private", "shareable"])?;
-    own_namespace(hc, "UTSMode", &["private"])?;
+    own_namespace(hc, "UTSMode", &["private", "host"])?;
+    o.uts_host = text(hc, "UTSMode")?.as_deref() == Some("host");
+    if o.uts_host && o.hostname.as_deref().is_some_and(|h| !h.is_empty()) {
+        return Err("conflicting options: Config.Hostname and HostConfig.UTSMode \"host\" (the container has the target's hostname)".into());
+    }
+    o.init = match hc.get("Init") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err("HostConfig.Init must be true, false or null".into()),
+    };
     own_namespace(hc, "CgroupnsMode", &["private"])?;
     for (field, allowed) in [("Runtime", "runc"), ("Isolation", "default"), ("VolumeDriver", "local")] {
         if let Some(v) = text(hc, field)?.filter(|v| v != allowed) {

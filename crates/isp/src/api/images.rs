@@ -179,7 +179,7 @@ pub(crate) fn tempfile_in(rt: &Runtime) -> std::io::Result<(std::fs::File, std::
 
 fn summary(i: &Image) -> Value {
     json!({
-        "Id": i.id, "ParentId": "", "RepoTags": i.repo_tags, "RepoDigests": i.repo_digests, "Created": i.created,
+        "Id": i.id, "ParentId": i.parent, "RepoTags": i.repo_tags, "RepoDigests": i.repo_digests, "Created": i.created,
         "Size": i.size, "VirtualSize": i.size, "SharedSize": -1, "Labels": i.config.labels, "Containers": -1,
     })
 }
@@ -328,6 +328,21 @@ pub fn history(rt: &Runtime, name: &str) -> Response<ApiBody> {
         top["Id"] = json!(img.id);
         top["Tags"] = json!(img.repo_tags);
     }
+    // As moby walks the parent chain: a committed image's rows below its own top are its
+    // parent's, whose top row carries the parent's id and tags (and so on down).
+    let mut parent = img.parent.clone();
+    let mut seen = vec![img.id.clone()];
+    while let Ok(p) = rt.images().get(&parent) {
+        if seen.contains(&p.id) {
+            break;
+        }
+        let own = rt.images().config_document(&p.id).ok().and_then(|d| d["history"].as_array().map(Vec::len)).filter(|&n| n > 0).unwrap_or(p.layers.len());
+        let Some(row) = rows.len().checked_sub(own).and_then(|i| rows.get_mut(i)) else { break };
+        row["Id"] = json!(p.id);
+        row["Tags"] = json!(p.repo_tags);
+        seen.push(p.id.clone());
+        parent = p.parent.clone();
+    }
     json(StatusCode::OK, &Value::Array(rows))
 }
 
@@ -350,7 +365,7 @@ pub fn inspect(rt: &Runtime, name: &str) -> Response<ApiBody> {
             json(
                 StatusCode::OK,
                 &json!({
-                    "Id": i.id, "RepoTags": i.repo_tags, "RepoDigests": i.repo_digests, "Parent": "", "Comment": doc["comment"].as_str().unwrap_or(""),
+                    "Id": i.id, "RepoTags": i.repo_tags, "RepoDigests": i.repo_digests, "Parent": i.parent, "Comment": doc["comment"].as_str().unwrap_or(""),
                     "Created": created, "DockerVersion": "", "Author": doc["author"].as_str().unwrap_or(""), "Config": cfg, "Architecture": i.architecture,
                     "Os": i.os, "Size": i.size, "VirtualSize": i.size,
                     "GraphDriver": {"Name": "overlay", "Data": null},

@@ -52,7 +52,7 @@ fn overlay(base: &mut Value, given: &Value) {
 }
 
 /// The container's `HostConfig`: the defaults, what was given, and what it runs with.
-pub(crate) fn host_config(c: &Container) -> Value {
+pub(crate) fn host_config(rt: &Runtime, c: &Container) -> Value {
     let mut hc = host_config_defaults();
     overlay(&mut hc, &c.spec.host_config);
     hc["NetworkMode"] = json!(super::networks::mode_name(c));
@@ -62,6 +62,8 @@ pub(crate) fn host_config(c: &Container) -> Value {
     hc["Memory"] = json!(c.spec.memory.unwrap_or(0));
     // What `update` changed since create.
     overlay(&mut hc, &Value::Object(c.updates()));
+    let links = rt.links_shown(c);
+    hc["Links"] = if links.is_empty() { Value::Null } else { json!(links) };
     let policy = c.restart_policy();
     hc["RestartPolicy"] = json!({"Name": if policy.name.is_empty() { "no" } else { &policy.name }, "MaximumRetryCount": policy.max_retries});
     if hc["LogConfig"]["Type"] == "" {
@@ -77,7 +79,11 @@ pub(crate) fn host_config(c: &Container) -> Value {
 /// container runs them.
 pub(crate) fn config(c: &Container) -> Value {
     let mut cfg = json!({
-        "Hostname": c.spec.options.hostname.clone().unwrap_or_else(|| c.id[..12].to_string()), "Domainname": "", "User": "",
+        "Hostname": if c.spec.options.uts_host {
+            std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string()
+        } else {
+            c.spec.options.hostname.clone().unwrap_or_else(|| c.id[..12].to_string())
+        }, "Domainname": "", "User": "",
         "AttachStdin": false, "AttachStdout": false, "AttachStderr": false, "Tty": false, "OpenStdin": false, "StdinOnce": false,
         "Env": [], "Cmd": null, "Image": "", "Volumes": null, "WorkingDir": "", "Entrypoint": null, "OnBuild": null, "Labels": {},
     });
@@ -93,7 +99,7 @@ pub(crate) fn config(c: &Container) -> Value {
     cfg["Labels"] = json!(c.spec.labels);
     let ports = exposed(c);
     if !ports.is_empty() {
-        cfg["ExposedPorts"] = Value::Object(ports.iter().map(|p| (format!("{p}/tcp"), json!({}))).collect());
+        cfg["ExposedPorts"] = Value::Object(ports.iter().map(|p| (p.to_string(), json!({}))).collect());
     }
     cfg
 }
@@ -141,7 +147,7 @@ pub fn inspect(rt: &Runtime, id: &str) -> Response<ApiBody> {
             "Image": c.image_id, "ResolvConfPath": "", "HostnamePath": "", "HostsPath": "", "LogPath": c.log_path(),
             "Name": format!("/{}", c.name()), "RestartCount": c.restarts(), "Driver": "overlay", "Platform": "linux",
             "MountLabel": "", "ProcessLabel": "", "AppArmorProfile": "", "ExecIDs": c.exec_ids(), "Mounts": mounts(rt, &c),
-            "HostConfig": host_config(&c), "Config": config(&c),
+            "HostConfig": host_config(rt, &c), "Config": config(&c),
             "GraphDriver": {"Name": "overlay", "Data": null},
             "NetworkSettings": {"Bridge": "", "SandboxID": "", "SandboxKey": "", "HairpinMode": false, "LinkLocalIPv6Address": "",
                                 "LinkLocalIPv6PrefixLen": 0, "Ports": network_ports(&c), "SecondaryIPAddresses": null,

@@ -18,6 +18,7 @@
 //! `system` (ping, version, info, events, df); `filters` reads the `filters` parameter.
 
 pub(crate) mod archive;
+mod attach_ws;
 mod body;
 pub(crate) mod build;
 pub(crate) mod containers;
@@ -131,6 +132,9 @@ impl Drop for DockerServer {
 pub(crate) struct Target {
     pub segs: Vec<String>,
     pub query: HashMap<String, String>,
+    /// The API version of the path's `/vMAJOR.MINOR` prefix; `None`: none given (the
+    /// newest).
+    pub version: Option<(u32, u32)>,
 }
 
 impl Target {
@@ -141,9 +145,12 @@ impl Target {
     /// A request target from its path and query, as they came (percent-encoded).
     pub(crate) fn from_parts(path: &str, raw_query: Option<&str>) -> Target {
         let mut path = path;
+        let mut version = None;
         if let Some(rest) = path.strip_prefix("/v") {
             if let Some(i) = rest.find('/') {
                 if rest[..i].split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())) {
+                    let mut parts = rest[..i].split('.').map(|p| p.parse::<u32>().unwrap_or(u32::MAX));
+                    version = Some((parts.next().unwrap_or(0), parts.next().unwrap_or(0)));
                     path = &rest[i..];
                 }
             }
@@ -156,7 +163,7 @@ impl Target {
             let dec = |s: &str| urlencoding::decode(&s.replace('+', " ")).map(|c| c.into_owned()).unwrap_or_default();
             query.insert(dec(k), dec(v));
         }
-        Target { segs, query }
+        Target { segs, query, version }
     }
 
     /// Checks a `platform` parameter: containers on a target run linux/amd64 images only
@@ -166,6 +173,12 @@ impl Target {
             None | Some("linux") | Some("linux/amd64") | Some("linux/x86_64") => Ok(()),
             Some(p) => Err(format!("platform {p:?} is not supported on this target: it runs linux/amd64 images")),
         }
+    }
+
+    /// Whether the request speaks API `major.minor` or later (one without a version
+    /// speaks the newest).
+    pub fn at_least(&self, major: u32, minor: u32) -> bool {
+        self.version.is_none_or(|v| v >= (major, minor))
     }
 
     /// A boolean query parameter (`1`, `true`, or present without a value).
@@ -259,11 +272,11 @@ async fn route(rt: Arc<Runtime>, parked: Arc<detach::ParkedStdins>, req: Request
         (&Method::POST, ["containers", id, "kill"]) => containers::kill(&rt, id, &t).await,
         (&Method::POST, ["containers", id, "wait"]) => containers::wait(&rt, id, &t),
         (&Method::POST, ["containers", id, "attach"]) => streams::attach(&rt, &parked, id, &t, req),
+        (&Method::GET, ["containers", id, "attach", "ws"]) => attach_ws::attach_ws(&rt, &parked, id, &t, req),
         (&Method::POST, ["containers", id, "resize"]) => containers::resize(&rt, id, &t),
         (&Method::GET, ["containers", id, "logs"]) => streams::logs(&rt, id, &t).await,
-        (&Method::DELETE, ["containers", id]) if t.flag("link") => {
-            error(400, &format!("link=true: {id} has no links to remove (legacy links are not offered)"))
-        }
+        (&Method::DELETE, ["containers", id]) if t.flag("link") => containers::remove_link(&rt, id),
+        (&Method::DELETE, ["containers", parent, alias]) if t.flag("link") => containers::remove_link(&rt, &format!("{parent}/{alias}")),
         (&Method::DELETE, ["containers", id]) => containers::remove(&rt, id, t.flag("force"), t.flag("v")).await,
         // As a Docker host that is no swarm member answers them.
         (_, [first, ..]) if SWARM.contains(first) => error(

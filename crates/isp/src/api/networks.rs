@@ -11,6 +11,7 @@ use hyper::{Request, Response, StatusCode};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 
 use super::body::{error, json, ApiBody};
 use super::filters::Filters;
@@ -372,14 +373,14 @@ pub fn remove(rt: &Runtime, key: &str) -> Response<ApiBody> {
     if NETWORKS.iter().any(|(n, _, _)| *n == key || id_of(n) == key) {
         return error(403, &format!("{key} is a pre-defined network and cannot be removed"));
     }
-    match rt.networks().remove(key) {
+    match rt.network_remove(key) {
         Ok(_) => super::body::empty(StatusCode::NO_CONTENT),
         Err(e) => fail(e),
     }
 }
 
 /// `POST /networks/{id}/connect`.
-pub async fn connect(rt: &Runtime, key: &str, req: Request<Incoming>) -> Response<ApiBody> {
+pub async fn connect(rt: &Arc<Runtime>, key: &str, req: Request<Incoming>) -> Response<ApiBody> {
     let body = match read_json(req).await {
         Ok(b) => b,
         Err(r) => return r,
@@ -429,7 +430,7 @@ pub fn prune(rt: &Runtime, t: &Target) -> Response<ApiBody> {
     }
     let mut gone = Vec::new();
     for n in rt.networks().list() {
-        if n.members.is_empty() && f.labels_match("label", &n.labels) && until.is_none_or(|u| n.created <= u) && rt.networks().remove(&n.id).is_ok() {
+        if n.members.is_empty() && f.labels_match("label", &n.labels) && until.is_none_or(|u| n.created <= u) && rt.network_remove(&n.id).is_ok() {
             gone.push(n.name);
         }
     }

@@ -127,9 +127,9 @@ const PARKED_INPUT_PATIENCE: std::time::Duration = std::time::Duration::from_sec
 /// container without a terminal (as Docker's `docker run -i` does at the client's end of
 /// input) and parks that of a TTY container (a terminal has no end of input to pass on,
 /// and `docker attach` may come back to it).
-struct StdinLease {
-    tx: Option<mpsc::UnboundedSender<Bytes>>,
-    park: Option<(Arc<ParkedStdins>, String, watch::Receiver<ExitEvent>, u64)>,
+pub(super) struct StdinLease {
+    pub(super) tx: Option<mpsc::UnboundedSender<Bytes>>,
+    pub(super) park: Option<(Arc<ParkedStdins>, String, watch::Receiver<ExitEvent>, u64)>,
 }
 
 impl Drop for StdinLease {

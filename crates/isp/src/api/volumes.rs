@@ -108,26 +108,26 @@ pub fn remove(rt: &Runtime, name: &str, t: &Target) -> Response<ApiBody> {
 }
 
 /// `POST /volumes/prune?filters=...`: removes volumes no container binds. As Docker's
-/// API 1.42 and later, only anonymous volumes go unless `all=true`; the target makes
-/// none, so without it nothing is removed.
+/// API 1.42 and later, only anonymous volumes (those labelled
+/// [`ANONYMOUS_LABEL`](crate::runtime::volumes::ANONYMOUS_LABEL): made without a name)
+/// go unless `all=true`; before 1.42, every unused one.
 pub fn prune(rt: &Runtime, t: &Target) -> Response<ApiBody> {
     let f = match Filters::parse(t.get("filters")).and_then(|f| f.only(&["label", "label!", "all"]).map(|_| f)) {
         Ok(f) => f,
         Err(m) => return error(400, &m),
     };
     let all = match f.bool("all") {
-        Ok(a) => a.unwrap_or(false),
+        Ok(a) => a.unwrap_or(false) || !t.at_least(1, 42),
         Err(m) => return error(400, &m),
     };
     let mut gone = Vec::new();
     let mut space = 0u64;
-    if all {
-        for v in rt.volume_list() {
-            if f.labels_match("label", &v.labels) && rt.volume_users(&v.name).is_empty() {
-                if let Ok(n) = rt.volume_remove(&v.name, false) {
-                    gone.push(v.name.clone());
-                    space += n;
-                }
+    for v in rt.volume_list() {
+        let chosen = all || v.labels.contains_key(crate::runtime::volumes::ANONYMOUS_LABEL);
+        if chosen && f.labels_match("label", &v.labels) && rt.volume_users(&v.name).is_empty() {
+            if let Ok(n) = rt.volume_remove(&v.name, false) {
+                gone.push(v.name.clone());
+                space += n;
             }
         }
     }

@@ -48,6 +48,11 @@ impl Plumbing {
         PathBuf::from(NETNS_DIR).join(self.sandbox(cid))
     }
 
+    /// The path of the hub namespace.
+    pub fn hub_path(&self) -> PathBuf {
+        PathBuf::from(NETNS_DIR).join(self.hub())
+    }
+
     fn sandbox(&self, cid: &str) -> String {
         format!("{}-{}", self.prefix, &cid[..12.min(cid.len())])
     }
@@ -137,6 +142,33 @@ impl Plumbing {
             let _ = ip(&["-n", self.hub(), "link", "del", &veth]);
         }
         rest
+    }
+
+    /// A wire between containers `parent`'s and `child`'s namespaces: `l-CHILD7` with
+    /// `parent_ip/30` in the parent's, `p-PARENT7` with `child_ip/30` in the child's.
+    pub fn wire(&self, parent: &str, child: &str, parent_ip: Ipv4Addr, child_ip: Ipv4Addr) -> Result<(), RuntimeError> {
+        let (psb, csb) = (self.sandbox(parent), self.sandbox(child));
+        let (pend, cend) = (format!("l-{}", &child[..7.min(child.len())]), format!("p-{}", &parent[..7.min(parent.len())]));
+        let _ = ip(&["-n", &psb, "link", "del", &pend]);
+        ip(&["link", "add", &pend, "netns", &psb, "type", "veth", "peer", "name", &cend, "netns", &csb])?;
+        let rest = (|| {
+            ip(&["-n", &psb, "addr", "add", &format!("{parent_ip}/30"), "dev", &pend])?;
+            ip(&["-n", &csb, "addr", "add", &format!("{child_ip}/30"), "dev", &cend])?;
+            ip(&["-n", &psb, "link", "set", &pend, "up"])?;
+            ip(&["-n", &csb, "link", "set", &cend, "up"])
+        })();
+        if rest.is_err() {
+            let _ = ip(&["-n", &psb, "link", "del", &pend]);
+        }
+        rest
+    }
+
+    /// Cuts the wire between `parent` and `child` (both ends go).
+    pub fn unwire(&self, parent: &str, child: &str) {
+        let psb = self.sandbox(parent);
+        if self.exists(&psb) {
+            let _ = ip(&["-n", &psb, "link", "del", &format!("l-{}", &child[..7.min(child.len())])]);
+        }
     }
 
     /// Cuts container `cid`'s link to network `nid` (both ends go).

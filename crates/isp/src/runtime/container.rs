@@ -62,13 +62,17 @@ pub struct CreateSpec {
     /// `-p`: the ports to publish.
     #[serde(default)]
     pub ports: Vec<PortBinding>,
-    /// `ExposedPorts` (`--expose`, and those of `-p`), TCP.
+    /// `ExposedPorts` (`--expose`, and those of `-p`).
     #[serde(default)]
-    pub exposed: Vec<u16>,
+    pub exposed: Vec<ports::PortKey>,
     /// The volumes made for `Config.Volumes` mount points not bound otherwise; removed
     /// with the container by `rm -v`, or when it was started with `--rm`.
     #[serde(default)]
     pub anonymous_volumes: Vec<String>,
+    /// `HostConfig.Links`: the containers this one is linked to (see
+    /// [`links`](super::links)).
+    #[serde(default)]
+    pub links: Vec<super::links::LegacyLink>,
     /// `HostConfig.VolumesFrom`: `CONTAINER[:ro|:rw]` whose volumes and binds this one
     /// binds too (resolved into `binds` at create).
     #[serde(default)]

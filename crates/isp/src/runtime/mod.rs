@@ -26,11 +26,13 @@ pub mod changes;
 pub mod commit;
 mod console;
 mod container;
+pub(crate) mod dns;
 pub mod events;
 mod exec;
 mod extents;
 mod files;
 pub mod health;
+pub mod links;
 pub mod log;
 mod manage;
 pub mod networks;
@@ -45,7 +47,7 @@ pub mod volumes;
 pub use container::{Container, CreateSpec, ExitEvent, RunState};
 pub use exec::{Exec, ExecIo, ExecSpec, ExecState};
 pub use extents::Unfit;
-pub use ports::{exposed_ports, parse_host_ip, parse_host_port, parse_port_key, port_bindings, NetworkMode, PortBinding, Published};
+pub use ports::{exposed_ports, parse_host_ip, parse_host_port, parse_port_key, port_bindings, NetworkMode, PortBinding, PortKey, Proto, Published};
 pub use process::{frame, STDERR, STDOUT};
 pub use view::{SharableView, ViewPin};
 
@@ -247,6 +249,10 @@ pub struct Runtime {
     publish_ip: Mutex<std::net::IpAddr>,
     /// User-defined networks.
     networks: networks::Networks,
+    /// The legacy links wired for the current runs.
+    wires: Mutex<Vec<links::Wire>>,
+    /// The running DNS servers of user-defined networks, by network id.
+    dns: Mutex<std::collections::BTreeMap<String, tokio::task::JoinHandle<()>>>,
     /// Containers' health, from their checks' probes.
     health: Mutex<BTreeMap<String, health::Health>>,
 }
@@ -275,6 +281,8 @@ impl Runtime {
         let networks = networks::Networks::open(&root.parent().unwrap_or(root).join("networks"), &prefix)?;
         let rt = Runtime {
             networks,
+            dns: Mutex::new(BTreeMap::new()),
+            wires: Mutex::new(Vec::new()),
             health: Mutex::new(BTreeMap::new()),
             root: root.into(),
             runc_root: runc_root.into(),
@@ -458,6 +466,13 @@ impl Runtime {
         if spec.network == NetworkMode::User && spec.endpoints.keys().all(|n| networks::PREDEFINED.contains(&n.as_str())) {
             return Err(RuntimeError::BadRequest("a container on a user-defined network needs that network's endpoint settings".into()));
         }
+        if spec.options.init && !std::path::Path::new(options::INIT_BINARY).is_file() {
+            return Err(RuntimeError::BadRequest(format!(
+                "HostConfig.Init: the target has no init binary ({} is missing: install Debian's tini, as `make deps` does)",
+                options::INIT_BINARY
+            )));
+        }
+        self.resolve_links(&mut spec)?;
         let joins = self.endpoint_networks(&spec)?;
         let dir = self.root.join(&id);
         std::fs::create_dir_all(&dir).map_err(|e| RuntimeError::io(&dir, e))?;
@@ -468,6 +483,15 @@ impl Runtime {
         for (nid, cfg) in joins {
             if let Err(e) = self.networks.join(&id, &nid, cfg, false) {
                 self.networks.forget(&id);
+                let _ = std::fs::remove_dir_all(&c.dir);
+                return Err(e);
+            }
+        }
+        // As moby: a container's anonymous volumes are made with it, labelled anonymous.
+        for v in &c.spec.anonymous_volumes {
+            if let Err(e) = self.anonymous_volume(v) {
+                self.networks.forget(&id);
+                self.remove_anonymous_volumes(&c);
                 let _ = std::fs::remove_dir_all(&c.dir);
                 return Err(e);
             }
@@ -671,6 +695,7 @@ impl Runtime {
             let _ = self.stop(&c.id, Some(Duration::from_secs(2)), None).await;
         }
         drop(self.files.lock().unwrap_or_else(|e| e.into_inner()).take());
+        self.dns_down_all();
         self.networks.shutdown();
         if let Some(v) = &self.view {
             v.close();

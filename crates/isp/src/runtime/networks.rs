@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::bridge::Plumbing;
 use super::{Container, CreateSpec, NetworkMode, RunState, Runtime, RuntimeError};
@@ -416,11 +416,12 @@ impl Networks {
         out
     }
 
-    /// `/etc/hosts` for container `cid` (named `own` names): itself, then each running
-    /// container on its networks by name, aliases, links and short id.
-    pub fn hosts(&self, cid: &str, own: &[String], name_of: &dyn Fn(&str) -> Option<String>) -> String {
+    /// The running containers on container `cid`'s networks with their names there
+    /// (itself named `own`): name, aliases, the names `cid`'s links give it, short id.
+    /// What `/etc/hosts` lists and the networks' DNS servers answer.
+    pub fn entries(&self, cid: &str, own: &[String], name_of: &dyn Fn(&str) -> Option<String>) -> Vec<(Ipv4Addr, Vec<String>)> {
         let s = self.lock();
-        let mut out = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+        let mut out = Vec::new();
         for n in s.nets.values().filter(|n| n.members.contains_key(cid)) {
             let links: Vec<(String, String)> =
                 n.members[cid].links.iter().filter_map(|l| l.split_once(':').map(|(a, b)| (a.to_string(), b.to_string()))).collect();
@@ -437,10 +438,41 @@ impl Networks {
                 );
                 names.push(peer[..12.min(peer.len())].to_string());
                 names.dedup();
-                out.push_str(&format!("{}\t{}\n", a.ip, names.join(" ")));
+                out.push((a.ip, names));
             }
         }
         out
+    }
+
+    /// `/etc/hosts` for container `cid` (named `own` names): itself, then each running
+    /// container on its networks by name, aliases, links and short id.
+    pub fn hosts(&self, cid: &str, own: &[String], name_of: &dyn Fn(&str) -> Option<String>) -> String {
+        let mut out = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+        for (ip, names) in self.entries(cid, own, name_of) {
+            out.push_str(&format!("{ip}\t{}\n", names.join(" ")));
+        }
+        out
+    }
+
+    /// The container that has address `ip` on network `nid` now.
+    pub fn member_at(&self, nid: &str, ip: Ipv4Addr) -> Option<String> {
+        self.lock().live.iter().find(|((_, n), a)| n == nid && a.ip == ip).map(|((c, _), _)| c.clone())
+    }
+
+    /// A legacy link's wire between two running containers' namespaces (see
+    /// [`links`](super::links)).
+    pub fn wire(&self, parent: &str, child: &str, parent_ip: Ipv4Addr, child_ip: Ipv4Addr) -> Result<(), RuntimeError> {
+        self.plumbing.wire(parent, child, parent_ip, child_ip)
+    }
+
+    /// Cuts a legacy link's wire.
+    pub fn unwire(&self, parent: &str, child: &str) {
+        self.plumbing.unwire(parent, child)
+    }
+
+    /// The hub namespace's path (where the networks' bridges and DNS servers live).
+    pub fn hub_path(&self) -> PathBuf {
+        self.plumbing.hub_path()
     }
 
     /// Removes every namespace of this target's (at shutdown).
@@ -448,6 +480,19 @@ impl Networks {
         self.lock().live.clear();
         self.plumbing.sweep();
     }
+}
+
+/// The files a container's run gets from its networks.
+#[derive(Debug, Default)]
+pub(super) struct NetworkFiles {
+    /// The network namespace runc joins (the default network and user-defined ones).
+    pub netns: Option<PathBuf>,
+    /// `/etc/hosts`, when it is on a user-defined network or has legacy links.
+    pub hosts: Option<PathBuf>,
+    /// `/etc/resolv.conf`, naming its networks' DNS server, likewise.
+    pub resolv: Option<PathBuf>,
+    /// The variables its legacy links give it.
+    pub env: Vec<String>,
 }
 
 /// The predefined networks' names: endpoints that name one join nothing (their settings
@@ -472,7 +517,7 @@ impl Runtime {
 
     /// `POST /networks/{id}/connect`: a running container is linked at once, and the
     /// containers it now shares the network with find it by name.
-    pub fn network_connect(&self, net: &str, container: &str, cfg: EndpointConfig) -> Result<(), RuntimeError> {
+    pub fn network_connect(self: &Arc<Self>, net: &str, container: &str, cfg: EndpointConfig) -> Result<(), RuntimeError> {
         let c = self.get(container)?;
         if PREDEFINED.contains(&net) {
             return Err(RuntimeError::BadRequest(format!(
@@ -489,6 +534,13 @@ impl Runtime {
         }
         let running = matches!(c.state(), RunState::Running { .. }) && self.networks.has_sandbox(&c.id);
         self.networks.join(&c.id, &n.id, cfg, running)?;
+        if running {
+            // Its names are served from now on; a DNS server that cannot start leaves the
+            // link (the container has /etc/hosts) and says so.
+            if let Err(e) = self.dns_up(&n) {
+                eprintln!("insitu-isp: {e}");
+            }
+        }
         self.write_hosts(&self.networks.neighbours(&c.id));
         Ok(())
     }
@@ -503,29 +555,114 @@ impl Runtime {
         Ok(())
     }
 
-    /// Before container `c` runs: its namespace, linked to its networks, and the
-    /// `/etc/hosts` to bind when it is on one. (namespace path, hosts file)
-    pub(super) fn network_up(&self, c: &Container) -> Result<(Option<PathBuf>, Option<PathBuf>), RuntimeError> {
+    /// Before container `c` runs: its namespace, linked to its networks, and, when it is
+    /// on one, the `/etc/hosts` and `/etc/resolv.conf` to bind (the latter naming the DNS
+    /// server of its first network, started here if it is not yet).
+    pub(super) fn network_up(self: &Arc<Self>, c: &Container) -> Result<NetworkFiles, RuntimeError> {
         if !matches!(c.spec.network, NetworkMode::Default | NetworkMode::User) {
-            return Ok((None, None));
+            return Ok(NetworkFiles::default());
         }
         let netns = self.networks.sandbox_up(&c.id)?;
-        if self.networks.of_container(&c.id).is_empty() {
-            return Ok((Some(netns), None));
+        let env = self.links_up(c).inspect_err(|_| self.networks.sandbox_down(&c.id))?;
+        let mine = self.networks.of_container(&c.id);
+        if mine.is_empty() && env.is_empty() {
+            return Ok(NetworkFiles { netns: Some(netns), ..Default::default() });
         }
-        let hosts = c.dir.join("hosts");
-        let text = self.hosts_text(c);
-        if let Err(e) = std::fs::write(&hosts, text) {
-            self.networks.sandbox_down(&c.id);
-            return Err(RuntimeError::io(&hosts, e));
+        let (hosts, resolv) = (c.dir.join("hosts"), c.dir.join("resolv.conf"));
+        let written = (|| {
+            for (n, _) in &mine {
+                self.dns_up(n)?;
+            }
+            std::fs::write(&hosts, self.hosts_text(c)).map_err(|e| RuntimeError::io(&hosts, e))?;
+            match mine.first() {
+                Some((n, _)) => {
+                    std::fs::write(&resolv, super::dns::resolv_conf(n.gateway)).map(|_| Some(resolv.clone())).map_err(|e| RuntimeError::io(&resolv, e))
+                }
+                None => Ok(None),
+            }
+        })();
+        match written {
+            Ok(resolv) => Ok(NetworkFiles { netns: Some(netns), hosts: Some(hosts), resolv, env }),
+            Err(e) => {
+                self.links_down(&c.id);
+                self.networks.sandbox_down(&c.id);
+                Err(e)
+            }
         }
-        Ok((Some(netns), Some(hosts)))
+    }
+
+    /// Starts network `n`'s DNS server (UDP port 53 of its gateway address, in the hub
+    /// namespace) unless it runs.
+    fn dns_up(self: &Arc<Self>, n: &Network) -> Result<(), RuntimeError> {
+        let mut servers = self.dns.lock().unwrap_or_else(|e| e.into_inner());
+        if servers.get(&n.id).is_some_and(|t| !t.is_finished()) {
+            return Ok(());
+        }
+        let hub = self.networks.hub_path();
+        let ns = std::fs::File::open(&hub).map_err(|e| RuntimeError::io(&hub, e))?;
+        let gateway = n.gateway;
+        // A thread that entered the hub opens the socket, so that it listens there only.
+        let bound = std::thread::scope(|s| {
+            s.spawn(|| {
+                // SAFETY: setns(2) with a descriptor owned by `ns`, open for the call; it
+                // changes the network namespace of this scoped thread only, which opens
+                // one socket and ends.
+                if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let sock = std::net::UdpSocket::bind((gateway, 53))?;
+                sock.set_nonblocking(true)?;
+                Ok(sock)
+            })
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the thread binding the DNS socket panicked")))
+        });
+        let sock = bound
+            .and_then(tokio::net::UdpSocket::from_std)
+            .map_err(|e| RuntimeError::Setup(format!("network {}'s DNS server on {gateway}:53: {e}", n.name)))?;
+        let task = tokio::spawn(super::dns::serve(sock, n.id.clone(), Arc::downgrade(self)));
+        servers.insert(n.id.clone(), task);
+        Ok(())
+    }
+
+    /// What the DNS server of network `nid` answers a container at `src` from: the names
+    /// on every network of the container's (none for an address no container holds), and
+    /// whether the network is `Internal` (nothing is forwarded then).
+    pub(super) fn dns_view(&self, nid: &str, src: Ipv4Addr) -> (super::dns::View, bool) {
+        let internal = self.networks.find(nid).is_some_and(|n| n.internal);
+        let Some(c) = self.networks.member_at(nid, src).and_then(|cid| self.get(&cid).ok()) else {
+            return (super::dns::View { entries: Vec::new() }, internal);
+        };
+        let mut entries = self.networks.entries(&c.id, &self.own_names(&c), &|id| self.get(id).ok().map(|p| p.name()));
+        for (_, names) in &mut entries {
+            for n in names.iter_mut() {
+                n.make_ascii_lowercase();
+            }
+        }
+        (super::dns::View { entries }, internal)
+    }
+
+    /// `DELETE /networks/{id}` (and prune): the network, its bridge and its DNS server go.
+    pub fn network_remove(&self, key: &str) -> Result<Network, RuntimeError> {
+        let n = self.networks.remove(key)?;
+        if let Some(t) = self.dns.lock().unwrap_or_else(|e| e.into_inner()).remove(&n.id) {
+            t.abort();
+        }
+        Ok(n)
+    }
+
+    /// Stops every network's DNS server (at shutdown).
+    pub(super) fn dns_down_all(&self) {
+        for (_, t) in std::mem::take(&mut *self.dns.lock().unwrap_or_else(|e| e.into_inner())) {
+            t.abort();
+        }
     }
 
     /// After container `cid`'s run, or when its start failed: its namespace goes, and
     /// the containers it shared networks with forget it.
     pub(super) fn network_down(&self, cid: &str) {
-        let before = self.networks.neighbours(cid);
+        let mut before = self.networks.neighbours(cid);
+        before.extend(self.links_down(cid));
         self.networks.sandbox_down(cid);
         self.write_hosts(&before);
     }
@@ -535,17 +672,21 @@ impl Runtime {
         self.write_hosts(&self.networks.neighbours(cid));
     }
 
-    fn hosts_text(&self, c: &Container) -> String {
+    fn own_names(&self, c: &Container) -> Vec<String> {
         let mut own = vec![c.name()];
         if let Some(h) = c.spec.options.hostname.clone().filter(|h| !h.is_empty()) {
             own.push(h);
         }
-        self.networks.hosts(&c.id, &own, &|id| self.get(id).ok().map(|p| p.name()))
+        own
+    }
+
+    fn hosts_text(&self, c: &Container) -> String {
+        self.networks.hosts(&c.id, &self.own_names(c), &|id| self.get(id).ok().map(|p| p.name())) + &self.link_hosts(&c.id)
     }
 
     /// Rewrites, in place (the file is bound into the container), the `/etc/hosts` of
     /// each running container of `cids` that has one of ours.
-    fn write_hosts(&self, cids: &[String]) {
+    pub(super) fn write_hosts(&self, cids: &[String]) {
         for id in cids {
             let Ok(c) = self.get(id) else { continue };
             let path = c.dir.join("hosts");

@@ -93,7 +93,18 @@ pub struct Options {
     pub group_add: Vec<String>,
     /// `HostConfig.Ulimits`.
     pub ulimits: Vec<Ulimit>,
+    /// `HostConfig.UTSMode` `host`: the target's hostname, no UTS namespace of its own.
+    pub uts_host: bool,
+    /// `HostConfig.Init`: [`INIT_BINARY`] runs as the container's first process, with the
+    /// command as its child (signals forwarded, orphans reaped), as Docker's docker-init.
+    pub init: bool,
 }
+
+/// The init `HostConfig.Init` runs, Debian's tini-static (static, so it runs in any
+/// image), bound read-only at [`INIT_PATH`] in the container.
+pub const INIT_BINARY: &str = "/usr/bin/tini-static";
+/// Where the init is bound, as Docker binds its docker-init.
+pub const INIT_PATH: &str = "/sbin/docker-init";
 
 /// The user a container's process runs as, resolved against its root file system.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -169,6 +180,20 @@ impl Options {
         }
         if let Some(h) = &self.hostname {
             config["hostname"] = json!(h);
+        }
+        if self.uts_host {
+            // No UTS namespace: the target's hostname, which runc may not set.
+            if let Some(ns) = config["linux"]["namespaces"].as_array_mut() {
+                ns.retain(|n| n["type"] != "uts");
+            }
+            if let Some(c) = config.as_object_mut() {
+                c.remove("hostname");
+            }
+        }
+        if self.init {
+            if let Some(args) = config["process"]["args"].as_array_mut() {
+                args.splice(0..0, [json!(INIT_PATH), json!("--")]);
+            }
         }
         if let Some(adj) = self.oom_score_adj {
             config["process"]["oomScoreAdj"] = json!(adj);
@@ -273,6 +298,15 @@ mod tests {
         assert!(p("always", 0).restarts_after(0, 99));
         assert!(p("on-failure", 2).restarts_after(1, 1) && !p("on-failure", 2).restarts_after(1, 2));
         assert!(!p("on-failure", 0).restarts_after(0, 0));
+    }
+
+    #[test]
+    fn uts_host_and_init_reach_the_runc_configuration() {
+        let mut cfg = json!({"process": {"args": ["sleep", "9"]}, "hostname": "abc", "linux": {"namespaces": [{"type": "pid"}, {"type": "uts"}]}});
+        Options { uts_host: true, init: true, ..Default::default() }.apply(&mut cfg, &User::default());
+        assert_eq!(cfg["linux"]["namespaces"], json!([{"type": "pid"}]));
+        assert!(cfg.get("hostname").is_none());
+        assert_eq!(cfg["process"]["args"], json!([INIT_PATH, "--", "sleep", "9"]));
     }
 
     #[test]

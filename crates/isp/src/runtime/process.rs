@@ -41,11 +41,18 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
         mount_rootfs(&c.layers, &dir, &rootfs)?;
     }
     let mut binds = rt.mounts(c)?;
-    let (netns, hosts) = rt.network_up(c).inspect_err(|_| {
+    let net = rt.network_up(c).inspect_err(|_| {
         let _ = unmount(&rootfs);
     })?;
-    if let Some(h) = hosts {
-        binds.push((h.to_string_lossy().into_owned(), "/etc/hosts".into(), false));
+    let netns = net.netns;
+    let link_env = net.env;
+    for (file, at) in [(net.hosts, "/etc/hosts"), (net.resolv, "/etc/resolv.conf")] {
+        if let Some(f) = file {
+            binds.push((f.to_string_lossy().into_owned(), at.into(), false));
+        }
+    }
+    if c.spec.options.init {
+        binds.push((super::options::INIT_BINARY.into(), super::options::INIT_PATH.into(), true));
     }
     let short = &c.id[..12];
     let cgroup = format!("/insitu/{}", c.id);
@@ -54,7 +61,7 @@ pub(super) async fn start(rt: &Arc<Runtime>, c: &Arc<Container>) -> Result<(), R
         RuntimeError::BadRequest(format!("container {short}: {e}"))
     })?;
     // A variable given without `=VALUE` is unset, as Docker treats it.
-    let env: Vec<String> = c.env.iter().filter(|e| e.contains('=')).cloned().collect();
+    let env: Vec<String> = c.env.iter().filter(|e| e.contains('=')).cloned().chain(link_env).collect();
     let mut config = runtime_config(&SpecInput {
         rootfs: &rootfs,
         args: &c.args,

@@ -17,7 +17,8 @@
 //!   layer see the change (both steps propagate to their copies);
 //! - *stacks* a new layer when a running container started on the top one, so that one
 //!   sees it too;
-//! - collapses the stack to one layer when no container runs at all.
+//! - collapses the stack to one layer when no container runs at all (and so does the
+//!   end of the last running container's run).
 //!
 //! So the view holds one loop device and one mount per layer, and at most one layer more
 //! than there are running containers, whatever containers and locks do. Without
@@ -64,8 +65,17 @@ pub struct ViewPin {
 impl Drop for ViewPin {
     fn drop(&mut self) {
         if let Some(view) = self.view.upgrade() {
-            if let Some(l) = view.lock().stack.iter_mut().find(|l| l.generation == self.generation) {
+            let mut layers = view.lock();
+            if let Some(l) = layers.stack.iter_mut().find(|l| l.generation == self.generation) {
                 l.pins = l.pins.saturating_sub(1);
+            }
+            // The last running container is gone: the layers stacked for the runs go now
+            // (with their loop devices), not at the next refresh, which may never come.
+            if layers.stack.iter().all(|l| l.pins == 0) {
+                let data = view.path();
+                while layers.stack.len() > 1 && unmount_top(&data).is_ok() {
+                    layers.stack.pop();
+                }
             }
         }
     }

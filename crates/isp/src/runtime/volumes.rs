@@ -10,6 +10,10 @@ use std::time::SystemTime;
 
 use super::{parse_bind, BindSource, Runtime, RuntimeError};
 
+/// The label of a volume made without a name (moby's), which `volume prune` takes
+/// without `all=true`.
+pub const ANONYMOUS_LABEL: &str = "com.docker.volume.anonymous";
+
 /// A named volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Volume {
@@ -54,8 +58,12 @@ impl Runtime {
     }
 
     /// `docker volume create`: makes the volume (a name taken already is that volume,
-    /// as with Docker); `None` names it at random.
-    pub fn volume_create(&self, name: Option<&str>, labels: BTreeMap<String, String>) -> Result<Volume, RuntimeError> {
+    /// as with Docker); `None` names it at random and labels it [`ANONYMOUS_LABEL`], as
+    /// moby does, so that `volume prune` takes it.
+    pub fn volume_create(&self, name: Option<&str>, mut labels: BTreeMap<String, String>) -> Result<Volume, RuntimeError> {
+        if name.is_none_or(str::is_empty) {
+            labels.insert(ANONYMOUS_LABEL.into(), String::new());
+        }
         let name = match name.filter(|n| !n.is_empty()) {
             Some(n) if valid(n) => n.to_string(),
             Some(n) => {
@@ -78,6 +86,18 @@ impl Runtime {
         std::fs::write(&p, serde_json::to_vec(&meta).unwrap_or_default()).map_err(|e| RuntimeError::io(&p, e))?;
         self.events.emit("volume", "create", &name, [("driver".to_string(), "local".to_string())].into());
         self.volume(&name).ok_or_else(|| RuntimeError::Setup(format!("volume {name} vanished as it was made")))
+    }
+
+    /// Makes the anonymous volume `name` of a container's `Config.Volumes` (labelled as
+    /// an API volume made without a name) unless it is there.
+    pub(super) fn anonymous_volume(&self, name: &str) -> Result<(), RuntimeError> {
+        if std::fs::metadata(self.volume_meta(name)).is_err() {
+            // Its directory may be there already (binds are checked before); the record
+            // makes it a volume.
+            let _ = std::fs::remove_dir(self.volumes_dir().join(name));
+            self.volume_create(Some(name), [(ANONYMOUS_LABEL.to_string(), String::new())].into())?;
+        }
+        Ok(())
     }
 
     /// Every volume, by name.

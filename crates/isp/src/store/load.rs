@@ -206,7 +206,7 @@ impl ImageStore {
                 loaded.extend(tags.iter().cloned());
             }
             done.push(Progress::Done { id: id.clone(), reference: tags.first().cloned().unwrap_or_else(|| id.clone()) });
-            new.push(NewImage { id: id.clone(), tags, digest_ref: None, diff_ids: cfg.diff_ids, sizes, blobs: vec![id] });
+            new.push(NewImage { id: id.clone(), tags, digest_ref: None, diff_ids: cfg.diff_ids, sizes, blobs: vec![id], parent: None });
         }
         self.commit(new)?;
         done.into_iter().for_each(progress);

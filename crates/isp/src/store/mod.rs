@@ -217,6 +217,9 @@ pub struct Image {
     pub layers: Vec<PathBuf>,
     /// Diff ids of the layers, lowest first.
     pub diff_ids: Vec<String>,
+    /// The image it was made from here (`docker commit`: the container's image), as
+    /// moby records it; empty for pulled, loaded, imported and built images.
+    pub parent: String,
 }
 
 /// One image in `repositories.json`.
@@ -228,6 +231,9 @@ struct Record {
     sizes: Vec<u64>,
     /// Every blob the image holds: config, layers, manifests.
     blobs: Vec<String>,
+    /// The image this one was committed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    parent: Option<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -243,6 +249,8 @@ struct NewImage {
     diff_ids: Vec<String>,
     sizes: Vec<u64>,
     blobs: Vec<String>,
+    /// The image it was committed from.
+    parent: Option<String>,
 }
 
 /// Files and layer directories a pull or load put in place; removed again if it fails
@@ -446,6 +454,9 @@ impl ImageStore {
             }
             rec.diff_ids = n.diff_ids;
             rec.sizes = n.sizes;
+            if n.parent.is_some() {
+                rec.parent = n.parent;
+            }
             for b in n.blobs {
                 if !rec.blobs.contains(&b) {
                     rec.blobs.push(b);
@@ -475,6 +486,7 @@ impl ImageStore {
             config: c.config,
             layers: rec.diff_ids.iter().map(|d| self.layer_path(d)).collect(),
             diff_ids: rec.diff_ids.clone(),
+            parent: rec.parent.clone().unwrap_or_default(),
         })
     }
 
@@ -538,6 +550,7 @@ impl ImageStore {
         let (id, named) = self.find(&repos, name_or_id)?;
         let short = &hex_of(&id)[..12];
         let mut done = Vec::new();
+        let has_children = repos.images.values().any(|r| r.parent.as_deref() == Some(id.as_str()));
         let rec = repos.images.get_mut(&id).expect("found above");
         if let Some(r) = named {
             rec.repo_tags.retain(|x| *x != r);
@@ -549,7 +562,8 @@ impl ImageStore {
                 rec.repo_digests = kept;
                 done.extend(gone.into_iter().map(Removed::Untagged));
             }
-            if !rec.repo_tags.is_empty() || !rec.repo_digests.is_empty() || (in_use(&id) && !force) {
+            // As moby: an image others were committed from stays, untagged, while they do.
+            if !rec.repo_tags.is_empty() || !rec.repo_digests.is_empty() || (in_use(&id) && !force) || has_children {
                 self.write_repos(&repos)?;
                 return Ok(done);
             }
@@ -562,6 +576,11 @@ impl ImageStore {
             }
             if in_use(&id) && !force {
                 return Err(ImageError::InUse { image: short.to_string() });
+            }
+            if has_children {
+                return Err(ImageError::Conflict(format!(
+                    "conflict: unable to delete {short} (cannot be forced) - image has dependent child images (remove the images committed from it first)"
+                )));
             }
             done.extend(rec.repo_tags.drain(..).map(Removed::Untagged));
             done.extend(rec.repo_digests.drain(..).map(Removed::Untagged));

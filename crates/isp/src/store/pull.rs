@@ -108,6 +108,7 @@ impl ImageStore {
                 diff_ids: cfg.diff_ids.clone(),
                 sizes,
                 blobs,
+                parent: None,
             }])
         })();
         if let Err(e) = result {
