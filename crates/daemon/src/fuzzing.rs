@@ -24,8 +24,6 @@ struct World {
     /// Bound, never served: inputs reach it without a socket.
     target: Target,
     cntlid: u16,
-    /// Keeps the files alive.
-    _dir: PathBuf,
 }
 
 fn world() -> &'static World {
@@ -55,7 +53,10 @@ fn world() -> &'static World {
         };
         let target = Target::bind(cfg).expect("fuzzing target");
         let cntlid = insitu_nvmf::fuzzing::ready_controller(target.server(), NQN, HOSTNQN, HOSTID).expect("a first controller");
-        World { target, cntlid, _dir: memory }
+        // The target holds its files open: their names can go now. The world lives as
+        // long as the process, and a static is never dropped to remove them later.
+        let _ = std::fs::remove_dir_all(&memory);
+        World { target, cntlid }
     })
 }
 
