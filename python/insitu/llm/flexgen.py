@@ -275,32 +275,11 @@ class FlexGenStore(KVStore):
             row = self.rows[i][(b, layer)]
             if row.n == 0:
                 continue
-            g, blocks = pages[b]
-            if row.tok // self.tpp > g:  # pages written after the read began: gathered anew
-                K, V = self._dense_rows(i, b, layer, pages[b])
-                scores = (q[b].double() @ K.transpose(1, 2)) * scale  # [heads, group, n]
-                lse[b] = torch.logsumexp(scores, dim=-1)
-                out[b] = torch.softmax(scores, dim=-1) @ V
-            else:
-                out[b], lse[b] = self._attend_read(q[b], blocks, row, scale)
+            K, V = self._dense_rows(i, b, layer, pages[b])
+            scores = (q[b] @ K.transpose(1, 2)) * scale  # [heads, group, n], f32 as the model
+            row_lse = torch.logsumexp(scores, dim=-1)
+            lse[b], out[b] = row_lse, torch.exp(scores - row_lse.unsqueeze(-1)) @ V
         return out, lse
-
-    def _attend_read(self, q, blocks, row, scale):
-        """Dense attention of one row's queries (``[heads, group, D]``) over its pages as
-        read (``[heads, groups, 2, tpp, D]``, or None) and its host tail, in f32: K and V
-        are gathered once each into their final place (FlexGen computes in the model's
-        precision on what it loaded)."""
-        H, n = q.shape[0], row.n
-        K, V = torch.empty(H, n, self.head_dim), torch.empty(H, n, self.head_dim)
-        paged = 0
-        if blocks is not None:
-            paged = blocks.shape[1] * self.tpp
-            K[:, :paged].view(blocks.shape[:2] + blocks.shape[3:]).copy_(blocks[:, :, 0])
-            V[:, :paged].view(blocks.shape[:2] + blocks.shape[3:]).copy_(blocks[:, :, 1])
-        K[:, paged:], V[:, paged:] = row.k, row.v
-        scores = (q @ K.transpose(1, 2)) * scale  # [heads, group, n]
-        lse = torch.logsumexp(scores, dim=-1)
-        return torch.exp(scores - lse.unsqueeze(-1)) @ V, lse
 
     def _read_layer(self, i, layer):
         """Every sequence's token pages of ``layer`` on target ``i``, as they are now:
@@ -337,21 +316,24 @@ class FlexGenStore(KVStore):
         return out
 
     def _dense_rows(self, i, b, layer, read):
-        """K and V (``[heads, n, D]`` f64) of a row: the pages read (and any page written
-        since), then the host tail."""
+        """K and V (``[heads, n, D]`` f32) of a row, each gathered once into its place (as
+        FlexGen computes on what it loaded): the pages read, any page written since the
+        read began (read now), then the host tail."""
         row = self.rows[i][(b, layer)]
         g, blocks = read
-        parts_k, parts_v = [], []
+        H = len(self.ranges[i])
+        K, V = torch.empty(H, row.n, self.head_dim), torch.empty(H, row.n, self.head_dim)
+        at = g * self.tpp
         if g:
-            parts_k.append(blocks[:, :, 0].reshape(blocks.shape[0], -1, self.head_dim))
-            parts_v.append(blocks[:, :, 1].reshape(blocks.shape[0], -1, self.head_dim))
-        if row.tok // self.tpp > g:  # pages written after the read began: read them now
-            late = [self._read_tokens(i, b, layer, h, range(g, row.tok // self.tpp)) for h in range(len(self.ranges[i]))]
-            parts_k.append(torch.stack([K[g * self.tpp : row.tok] for K, _ in late]))
-            parts_v.append(torch.stack([V[g * self.tpp : row.tok] for _, V in late]))
-        parts_k.append(row.k)
-        parts_v.append(row.v)
-        return torch.cat(parts_k, 1).double(), torch.cat(parts_v, 1).double()
+            shape = (H, g, self.tpp, self.head_dim)
+            K[:, :at].view(shape).copy_(blocks[:, :, 0])
+            V[:, :at].view(shape).copy_(blocks[:, :, 1])
+        if row.tok > at:  # pages written after the read began: read them now
+            late = [self._read_tokens(i, b, layer, h, range(g, row.tok // self.tpp)) for h in range(H)]
+            K[:, at : row.tok] = torch.stack([k[at : row.tok] for k, _ in late])
+            V[:, at : row.tok] = torch.stack([v[at : row.tok] for _, v in late])
+        K[:, row.tok :], V[:, row.tok :] = row.k, row.v
+        return K, V
 
     def _sparf_split(self, layer, qg, k, v, scale):
         """SparF over a token split with the pages chosen over the whole sequence, as the
