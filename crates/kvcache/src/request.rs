@@ -6,7 +6,7 @@ use rayon::prelude::*;
 
 use crate::attention::{attend_groups, page_log_mass};
 use crate::{AttendStats, KvCache, KvError, Method, Task};
-use insitu_proto::attention::{Attend, AttendOptions, AttendResult, PageScores};
+use insitu_proto::attention::{check_new_entries, Attend, AttendOptions, AttendResult, PageScores};
 
 impl KvCache {
     /// Runs a decoded attention request whose sequences the caller has checked against
@@ -110,8 +110,14 @@ impl KvCache {
         }
         if let Some((k, v)) = &a.new_kv {
             let n = a.heads * a.head_dim;
-            let entries: Vec<usize> = a.new_entries.clone().unwrap_or_else(|| (0..a.seqs.len()).collect());
-            if entries.iter().any(|&e| e >= a.seqs.len()) || k.len() != entries.len() * n || v.len() != k.len() {
+            let entries: Vec<usize> = match &a.new_entries {
+                Some(list) => {
+                    check_new_entries(list, a.seqs.len())?;
+                    list.clone()
+                }
+                None => (0..a.seqs.len()).collect(),
+            };
+            if k.len() != entries.len() * n || v.len() != k.len() {
                 return Err(KvError::BadRequest(format!("new K and V of {} values for {} entries x {n}", k.len(), entries.len())));
             }
             for (j, e) in entries.into_iter().enumerate() {

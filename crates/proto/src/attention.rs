@@ -522,9 +522,7 @@ impl Attend {
         o += size * nq;
         let new_entries = if some {
             let list: Vec<usize> = (0..listed).map(|i| u32_at(b, o + 4 * i) as usize).collect();
-            if list.windows(2).any(|w| w[0] >= w[1]) || list.last().is_some_and(|&e| e >= entries) {
-                return Err(bad(format!("KV attention request: the entries with a new token must be strictly ascending and below {entries}, got {list:?}")));
-            }
+            check_new_entries(&list, entries)?;
             o += 4 * listed;
             Some(list)
         } else {
@@ -533,6 +531,16 @@ impl Attend {
         let new_kv = append.then(|| (read_vectors(&b[o..o + size * nkv], vectors), read_vectors(&b[o + size * nkv..o + 2 * size * nkv], vectors)));
         Ok(Attend { layer: usize::from(u16_at(b, 8)), heads, group, head_dim, method, scale, seqs, q, new_kv, new_entries, groups, vectors })
     }
+}
+
+/// Refuses a list of the entries with a new token ([`Attend::new_entries`]) of a request
+/// with `entries` entries unless it names at least one, strictly ascending, each below
+/// `entries`.
+pub fn check_new_entries(list: &[usize], entries: usize) -> Result<(), BadRequest> {
+    if list.is_empty() || list.windows(2).any(|w| w[0] >= w[1]) || list.last().is_some_and(|&e| e >= entries) {
+        return Err(bad(format!("the entries with a new token must be at least one, strictly ascending and below {entries}, got {list:?}")));
+    }
+    Ok(())
 }
 
 /// `lists` token-group lists, each a u32 count and that many ascending u32 groups, filling

@@ -5,8 +5,8 @@
 use crate::{RequestError, StorageIOError, TargetError};
 use insitu_fabric::{opcode, Command, SGL_TRANSPORT_DATA_BLOCK};
 use insitu_initiator::{default_hostnqn, ConnectOptions, InitiatorError, Session};
+use insitu_proto::attention::{check_new_entries, Dtype, Method};
 use insitu_proto::attention::{decode_info, Admin, Append, Attend, AttendOptions, AttendResult, PageScores};
-use insitu_proto::attention::{Dtype, Method};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 use std::path::PathBuf;
@@ -260,9 +260,7 @@ impl KvTarget {
             return Err(bad("new_rows needs new_k and new_v"));
         }
         if let Some(rows) = &new_rows {
-            if rows.is_empty() || rows.windows(2).any(|w| w[0] >= w[1]) || rows.iter().any(|&r| r >= entries) {
-                return Err(bad(format!("new_rows must be ascending indices into seqs, at least one, got {rows:?}")));
-            }
+            check_new_entries(rows, entries).map_err(|e| bad(format!("new_rows: {e}")))?;
         }
         let new_entries = new_rows;
         let result = py.allow_threads(|| {
