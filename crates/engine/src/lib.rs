@@ -141,12 +141,13 @@ impl Engine {
         Ok(self.namespaces.len() as Nsid)
     }
 
-    /// Keeps a KV cache (see [`insitu_kvcache`]) in the first private namespace, with flash
-    /// pages of `page_bytes`: recovers the one a previous run left there, or formats it.
+    /// Keeps a KV cache (see [`insitu_kvcache`]) in the first private namespace, with KV
+    /// pages of `page_bytes` on a drive whose flash pages are `flash_page_bytes` (a
+    /// multiple): recovers the one a previous run left there, or formats it.
     /// Does nothing when the target has no private namespace (KV commands are then refused).
-    pub fn open_kv_cache(&mut self, page_bytes: usize) -> Result<(), String> {
+    pub fn open_kv_cache(&mut self, page_bytes: usize, flash_page_bytes: usize) -> Result<(), String> {
         let Some(ns) = self.namespaces.iter().find(|ns| ns.visibility == Visibility::Private) else { return Ok(()) };
-        let store = KvCache::open(ns.media.clone(), ns.offset, ns.size, page_bytes).map_err(|e| e.to_string())?;
+        let store = KvCache::open_on_drive(ns.media.clone(), ns.offset, ns.size, page_bytes, flash_page_bytes).map_err(|e| e.to_string())?;
         self.kv = Some(store);
         Ok(())
     }

@@ -117,8 +117,9 @@ impl Seq {
     }
 }
 
-/// Free pages are kept in [`STRIPE`] classes by page number modulo `STRIPE`. A drive
-/// stripes consecutive pages over its dies, so a head whose next page comes from the class
+/// Free pages are kept in [`STRIPE`] classes by the number of the drive page holding them
+/// (the flash page, which may hold several KV pages) modulo `STRIPE`. A drive stripes
+/// consecutive flash pages over its dies, so a head whose next page comes from the class
 /// after its last one has its pages spread over every die (for any die count dividing
 /// `STRIPE`), and one head's read is served by all channels at once (InstInfer IV-C).
 ///
@@ -136,6 +137,9 @@ struct State {
     free_count: u64,
     /// The class the next new list starts from.
     next_start: usize,
+    /// The drive page of data page 0 and KV pages per drive page: a page's class.
+    first_unit: u64,
+    per_unit: u64,
     journal: Journal,
 }
 
@@ -144,12 +148,17 @@ impl State {
         self.free_count
     }
 
+    /// The class of data page `p`: its drive page modulo [`STRIPE`].
+    fn class(&self, p: u32) -> usize {
+        ((self.first_unit + u64::from(p)) / self.per_unit % STRIPE as u64) as usize
+    }
+
     /// A free page for a list whose last page is `after`: from the class after it, or for a
     /// new list from the class after the last new list's; else from the next class with a
     /// free page.
     fn alloc(&mut self, after: Option<u32>) -> u32 {
         let want = match after {
-            Some(p) => (p as usize + 1) % STRIPE,
+            Some(p) => (self.class(p) + 1) % STRIPE,
             None => {
                 self.next_start = (self.next_start + 1) % STRIPE;
                 self.next_start
@@ -167,7 +176,8 @@ impl State {
             let r = &mut self.refs[p as usize];
             *r -= 1;
             if *r == 0 {
-                self.free[p as usize % STRIPE].push(p);
+                let class = self.class(p);
+                self.free[class].push(p);
                 self.free_count += 1;
             }
         }
@@ -218,12 +228,23 @@ fn bad(m: impl Into<String>) -> KvError {
 }
 
 impl KvCache {
-    /// Opens the store in `len` bytes at `base` of `media` with flash pages of `page_bytes`:
+    /// Opens the store in `len` bytes at `base` of `media` with KV pages of `page_bytes`:
     /// recovers the sequences a previous run left (every flushed page), or formats an empty
-    /// store when the region holds none.
+    /// store when the region holds none. The drive's flash pages are taken to be KV pages;
+    /// see [`KvCache::open_on_drive`].
     pub fn open(media: Arc<Backing>, base: u64, len: u64, page_bytes: usize) -> Result<KvCache, KvError> {
+        KvCache::open_on_drive(media, base, len, page_bytes, page_bytes)
+    }
+
+    /// [`KvCache::open`] on a drive whose flash pages (its striping unit) are
+    /// `flash_page_bytes`, a multiple of `page_bytes`: a head's consecutive KV pages are
+    /// placed on consecutive flash pages, so that they fall on different dies.
+    pub fn open_on_drive(media: Arc<Backing>, base: u64, len: u64, page_bytes: usize, flash_page_bytes: usize) -> Result<KvCache, KvError> {
         if page_bytes < 512 || !page_bytes.is_power_of_two() {
             return Err(bad(format!("page size {page_bytes} is not a power of two of at least 512")));
+        }
+        if flash_page_bytes < page_bytes || !flash_page_bytes.is_multiple_of(page_bytes) {
+            return Err(bad(format!("a {flash_page_bytes}-byte flash page does not hold whole {page_bytes}-byte KV pages")));
         }
         let total = len / page_bytes as u64;
         if total < 8 {
@@ -233,8 +254,16 @@ impl KvCache {
         let data_pages = u32::try_from(total - 1 - journal_pages).map_err(|_| bad("private namespace too large for 32-bit page numbers"))?;
         let journal = Journal::open(media.clone(), base, page_bytes, journal_pages as usize)?;
         let data_base = base + (1 + journal_pages) * page_bytes as u64;
-        let mut state =
-            State { seqs: HashMap::new(), refs: vec![0; data_pages as usize], free: vec![Vec::new(); STRIPE], free_count: 0, next_start: STRIPE - 1, journal };
+        let mut state = State {
+            seqs: HashMap::new(),
+            refs: vec![0; data_pages as usize],
+            free: vec![Vec::new(); STRIPE],
+            free_count: 0,
+            next_start: STRIPE - 1,
+            first_unit: data_base / page_bytes as u64,
+            per_unit: (flash_page_bytes / page_bytes) as u64,
+            journal,
+        };
         let records = state.journal.replay()?;
         for r in records {
             apply(&mut state.seqs, r, page_bytes)?;
@@ -311,7 +340,8 @@ impl KvCache {
             st.seqs.insert(id, seq);
         }
         for p in (0..self.data_pages).filter(|p| refs[*p as usize] == 0) {
-            st.free[p as usize % STRIPE].push(p);
+            let class = st.class(p);
+            st.free[class].push(p);
             st.free_count += 1;
         }
         st.refs = refs;

@@ -409,6 +409,33 @@ fn the_first_and_last_pages_of_the_lists_spread_over_the_channels() {
 }
 
 #[test]
+fn kv_pages_smaller_than_flash_pages_stripe_by_flash_page() {
+    let dir = tempfile::tempdir().unwrap();
+    // 4 KiB KV pages on a drive of 32 KiB flash pages: eight share a die.
+    let s = KvCache::open_on_drive(image(dir.path(), 32 << 20), 0, 32 << 20, 4096, 32768).unwrap();
+    let heads = 4;
+    s.create(1, 1, heads, D, Dtype::F32, 1).unwrap();
+    let t = 8 * 4096 / (D * 4); // eight whole pages in every list
+    s.append(1, 0, t, &rows(heads * t * D, 1.0), &rows(heads * t * D, 2.0)).unwrap();
+    let st = s.state.lock().unwrap();
+    let flash_page = |p: u32| (st.first_unit + u64::from(p)) / st.per_unit;
+    let channels = 8;
+    let mut first = vec![0; channels];
+    for l in st.seqs[&1].heads.iter().flat_map(|h| [&h.k_pages, &h.v_pages]) {
+        let on: Vec<u64> = l.iter().map(|&p| flash_page(p) % channels as u64).collect();
+        let mut distinct = on.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), channels, "a list's eight pages share channels: {on:?}");
+        first[on[0] as usize] += 1;
+    }
+    assert!(first.iter().max().unwrap() - first.iter().min().unwrap() <= 1, "the lists' first pages bunch: {first:?}");
+    drop(st);
+    drop(s);
+    assert!(KvCache::open_on_drive(image(dir.path(), 32 << 20), 0, 32 << 20, 4096, 6144).is_err(), "a flash page of 1.5 KV pages");
+}
+
+#[test]
 fn f16_pages_decode_as_each_value_alone_would() {
     for n in [1usize, 255, 256, 257, 1000] {
         let vals: Vec<half::f16> = (0..n).map(|i| half::f16::from_f32(((i as f32) * 0.731).sin() * 1000.0)).collect();
