@@ -240,6 +240,35 @@ def test_partial_requests_and_bad_split_options(pool3):
         TargetStore(pool3, 1, HKV, D, G, 1, method="sparf", ratio=0.125, mean_v=True, split="tokens")
 
 
+@pytest.mark.parametrize("vectors", ["f32", "f16"])
+def test_reduced_page_scores_equal_the_full_ones_in_fewer_link_bytes(pool3, vectors):
+    kv = insitu.KvTarget(pool3.urls[1])
+    kv.create(91, 1, HKV, D, vectors)
+    try:
+        k, v = torch.randn(HKV, 300, D), torch.randn(HKV, 300, D)
+        kv.append(91, 0, 300, f32_bytes(k), f32_bytes(v))
+        q = torch.randn(1, HKV, G, D)
+        r = 8
+
+        def scores(**kw):
+            before = kv.stats()["bytes_sent"]
+            groups, _, masses = kv.attend(0, [91], f32_bytes(q), G, SCALE, "sparf", r, 1, 0, page_scores=True, vectors=vectors, **kw)
+            return groups, bytes(masses), kv.stats()["bytes_sent"] - before
+
+        full, reduced = scores(), scores(reduced=True)
+        assert full[:2] == reduced[:2], "the same pages and the same masses, bit for bit"
+        # Up: r of D components per row, the shared components and an f64 norm per row.
+        size = 2 if vectors == "f16" else 4
+        assert full[2] - reduced[2] == HKV * G * (D - r) * size - HKV * r * 2 - HKV * G * 8
+        with pytest.raises(insitu.RequestError, match="page_scores"):
+            kv.attend(0, [91], f32_bytes(q), G, SCALE, "sparf", r, 8, 1, reduced=True)
+        with pytest.raises(insitu.RequestError, match="page_scores"):
+            kv.attend(0, [91], f32_bytes(q), G, SCALE, "dense", page_scores=True, reduced=True)
+    finally:
+        kv.free(91)
+        kv.disconnect()
+
+
 def test_flexgen_splits_tokens_as_the_targets_do(pool3):
     """The FlexGen baseline over a token split stores the same tokens on the same targets
     and, reading them back, computes what the targets compute (dense and SparF); it moves

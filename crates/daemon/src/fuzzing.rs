@@ -170,6 +170,7 @@ pub fn seed_inputs() -> Vec<(&'static str, Vec<u8>)> {
                 new_entries: None,
                 groups: None,
                 vectors: Dtype::F32,
+                reduced: None,
             };
             (cmd(opcode::KV_ATTEND, 0, &[(10, tag)], 0), Vec::new(), Some(a.encode()))
         };

@@ -114,6 +114,7 @@ fn attention_over_the_fabric_equals_a_host_computation() {
         new_entries: None,
         groups: None,
         vectors: Dtype::F32,
+        reduced: None,
     };
     let (st, len) = send(&s, opcode::KV_ATTEND, 5, &req.encode());
     assert_eq!(st, (0, 0));
@@ -173,6 +174,7 @@ fn bad_requests_get_their_own_status_and_change_nothing() {
         new_entries: None,
         groups: None,
         vectors: Dtype::F32,
+        reduced: None,
     };
     assert_eq!(send(&s, opcode::KV_ATTEND, 3, &req.encode()).0, (1, 0xC0));
     assert_eq!(info(&s, 1), before, "nothing changed");
@@ -198,6 +200,7 @@ fn a_restarted_target_keeps_every_flushed_page() {
             new_entries: None,
             groups: None,
             vectors: Dtype::F32,
+            reduced: None,
         };
         let (st, len) = send(s, opcode::KV_ATTEND, 1, &req.encode());
         assert_eq!(st, (0, 0));
@@ -256,6 +259,7 @@ fn a_result_asked_for_before_its_attention_arrives_with_its_log_sum_exp() {
         new_entries: None,
         groups: None,
         vectors: Dtype::F32,
+        reduced: None,
     };
     let len = insitu_proto::attention::RESULT_HEADER_LEN + 4 * q.len() + 8 * HEADS;
     // The KV_RESULT goes first and waits: one round trip for the exchange.

@@ -25,7 +25,7 @@ mod store;
 /// The byte format of the KV vendor commands, from the protocol crate.
 pub use insitu_proto::attention as wire;
 
-pub use attention::{attend, attend_groups, attend_partial, page_log_mass, Method};
+pub use attention::{attend, attend_groups, attend_partial, page_log_mass, page_log_mass_reduced, reduce_queries, Method};
 pub use attention::{attend_all, Task};
 pub use held::{HeldResults, Pending, HELD_RESULTS, RESULT_GRACE};
 pub use layout::{Dtype, Layout};

@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use crate::attention::{attend_groups, page_log_mass};
+use crate::attention::{attend_groups, page_log_mass, page_log_mass_reduced};
 use crate::{AttendStats, KvCache, KvError, Method, Task};
 use insitu_proto::attention::{check_new_entries, Attend, AttendOptions, AttendResult, PageScores};
 
@@ -21,6 +21,9 @@ impl KvCache {
     pub fn attend_request(&self, a: Attend, options: AttendOptions) -> Result<AttendResult, KvError> {
         if a.groups.is_some() && !options.partial {
             return Err(KvError::BadRequest("attention over chosen token groups is a part of a split sequence: set the partial option (CDW11 bit 0)".into()));
+        }
+        if a.reduced.is_some() {
+            return Err(KvError::BadRequest("reduced queries carry SparF's components only: they serve page scores (CDW11 bit 1), not attention".into()));
         }
         let views = self.prepare(&a)?;
         let rows = a.group * a.head_dim;
@@ -79,8 +82,25 @@ impl KvCache {
             return Err(KvError::BadRequest("page scores need the SparF method (its r components)".into()));
         };
         let views = self.prepare(&a)?;
-        let rows = a.group * a.head_dim;
-        let parts = self.on_workers(|| views.par_iter().zip(a.q.par_chunks(rows)).map(|(head, q)| page_log_mass(head, q, a.scale, r)).collect::<Vec<_>>());
+        let parts = match &a.reduced {
+            None => {
+                let rows = a.group * a.head_dim;
+                self.on_workers(|| views.par_iter().zip(a.q.par_chunks(rows)).map(|(head, q)| page_log_mass(head, q, a.scale, r)).collect::<Vec<_>>())
+            }
+            // The host made step 1: per (entry, KV head) its r components, per row its norm.
+            Some(red) => {
+                let dims: Vec<usize> = red.dims.iter().map(|&d| usize::from(d)).collect();
+                self.on_workers(|| {
+                    views
+                        .par_iter()
+                        .zip(a.q.par_chunks(a.group * r))
+                        .zip(dims.par_chunks(r))
+                        .zip(red.l1.par_chunks(a.group))
+                        .map(|(((head, q), dims), l1)| page_log_mass_reduced(head, q, dims, l1, a.scale))
+                        .collect::<Vec<_>>()
+                })
+            }
+        };
         let mut scores =
             PageScores { heads: a.heads, group: a.group, stats: AttendStats::default(), groups: Vec::with_capacity(a.seqs.len()), log_mass: Vec::new() };
         for (i, part) in parts.into_iter().enumerate() {

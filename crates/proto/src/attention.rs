@@ -182,6 +182,15 @@ fn read_vectors(b: &[u8], dtype: Dtype) -> Vec<f32> {
     }
 }
 
+/// The values a target decodes from `v` sent as `dtype` (f16: rounded to nearest): what
+/// a host computing on its queries as the target does must start from.
+pub fn as_sent(v: &[f32], dtype: Dtype) -> Vec<f32> {
+    match dtype {
+        Dtype::F32 => v.to_vec(),
+        Dtype::F16 => v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
+    }
+}
+
 /// Appends `v` as `dtype` values (f16: rounded to nearest).
 fn put_vectors(out: &mut Vec<u8>, v: &[f32], dtype: Dtype) {
     match dtype {
@@ -389,6 +398,23 @@ pub struct Attend {
     /// 3: f16), and of the outputs the target answers with: f16 halves the link bytes of a
     /// host whose model runs in half precision. Decoded values are always f32 here.
     pub vectors: Dtype,
+    /// With [`Method::SparF`] page scores only (flag bit 5): the queries reduced to the
+    /// `r` components each KV head's rows share, `q` then holding
+    /// `[entries][heads][group][r]` values. The page scores only read those components;
+    /// the full queries would cross the link for nothing.
+    pub reduced: Option<ReducedQueries>,
+}
+
+/// What a reduced query carries besides its `r` values (see [`Attend::reduced`]): the host
+/// makes SparF's step 1 (the shared choice of components) and sends the result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReducedQueries {
+    /// Per (entry, KV head), entry-major, the `r` components its rows share, strictly
+    /// ascending, each below the head size.
+    pub dims: Vec<u16>,
+    /// Per query row, `‖q‖₁` over all its components (the temperature's denominator),
+    /// `[entries][heads][group]`.
+    pub l1: Vec<f64>,
 }
 
 const FLAG_APPEND: u8 = 1;
@@ -401,6 +427,8 @@ const FLAG_GROUPS: u8 = 4;
 const FLAG_F16_VECTORS: u8 = 8;
 /// With [`FLAG_APPEND`]: the new tokens are for some entries only, listed after the queries.
 const FLAG_SOME_ENTRIES: u8 = 16;
+/// The queries are reduced to the components of SparF's step 1 ([`Attend::reduced`]).
+const FLAG_REDUCED_QUERIES: u8 = 32;
 /// Most token groups in one list (a 4 KiB page of 8 f32 tokens each: 2^27 tokens).
 pub const MAX_GROUPS: usize = 1 << 24;
 
@@ -420,7 +448,8 @@ impl Attend {
             | if mean_v { 0 } else { FLAG_NO_MEAN_V }
             | if self.groups.is_some() { FLAG_GROUPS } else { 0 }
             | if self.vectors == Dtype::F16 { FLAG_F16_VECTORS } else { 0 }
-            | if self.new_kv.is_some() && self.new_entries.is_some() { FLAG_SOME_ENTRIES } else { 0 };
+            | if self.new_kv.is_some() && self.new_entries.is_some() { FLAG_SOME_ENTRIES } else { 0 }
+            | if self.reduced.is_some() { FLAG_REDUCED_QUERIES } else { 0 };
         b[8..10].copy_from_slice(&(self.layer as u16).to_le_bytes());
         b[10..12].copy_from_slice(&(self.heads as u16).to_le_bytes());
         b[12..14].copy_from_slice(&(self.group as u16).to_le_bytes());
@@ -436,7 +465,13 @@ impl Attend {
         for s in &self.seqs {
             b.extend_from_slice(&s.to_le_bytes());
         }
+        if let Some(red) = &self.reduced {
+            red.dims.iter().for_each(|d| b.extend_from_slice(&d.to_le_bytes()));
+        }
         put_vectors(&mut b, &self.q, self.vectors);
+        if let Some(red) = &self.reduced {
+            red.l1.iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
+        }
         for e in listed.into_iter().flatten() {
             b.extend_from_slice(&(*e as u32).to_le_bytes());
         }
@@ -457,7 +492,7 @@ impl Attend {
         if b[4] != VERSION {
             return Err(bad(format!("KV attention request version {} (this target speaks {VERSION})", b[4])));
         }
-        if b[6] & !(FLAG_APPEND | FLAG_NO_MEAN_V | FLAG_GROUPS | FLAG_F16_VECTORS | FLAG_SOME_ENTRIES) != 0 {
+        if b[6] & !(FLAG_APPEND | FLAG_NO_MEAN_V | FLAG_GROUPS | FLAG_F16_VECTORS | FLAG_SOME_ENTRIES | FLAG_REDUCED_QUERIES) != 0 {
             return Err(bad(format!("unknown KV attention flags {:#04x}", b[6])));
         }
         let mean_v = b[6] & FLAG_NO_MEAN_V == 0;
@@ -501,7 +536,13 @@ impl Attend {
         if some && !(1..=entries).contains(&listed) {
             return Err(bad(format!("KV attention request lists {listed} entries with a new token; it has {entries}")));
         }
-        let nq = entries * heads * group * head_dim;
+        let reduced = b[6] & FLAG_REDUCED_QUERIES != 0;
+        if reduced && !matches!(method, Method::SparF { .. }) {
+            return Err(bad("KV attention flag 0x20 (reduced queries) needs the SparF method (its page scores)"));
+        }
+        // Reduced: r values a row, after the r components of each (entry, KV head).
+        let (per_row, dims_n, l1_n) = if reduced { (r, entries * heads * r, entries * heads * group) } else { (head_dim, 0, 0) };
+        let nq = entries * heads * group * per_row;
         let nkv = match (append, some) {
             (false, _) => 0,
             (true, false) => entries * heads * head_dim,
@@ -509,7 +550,7 @@ impl Attend {
         };
         let vectors = if b[6] & FLAG_F16_VECTORS != 0 { Dtype::F16 } else { Dtype::F32 };
         let size = vectors.size();
-        let want = ATTEND_HEADER_LEN as u64 + 8 * entries as u64 + 4 * listed as u64 + (size * (nq + 2 * nkv)) as u64;
+        let want = ATTEND_HEADER_LEN as u64 + 8 * entries as u64 + 4 * listed as u64 + (size * (nq + 2 * nkv) + 2 * dims_n + 8 * l1_n) as u64;
         let fixed_ok = if with_groups { b.len() as u64 >= want } else { b.len() as u64 == want };
         if !fixed_ok {
             return Err(bad(format!("KV attention request for {entries} entries x {heads} heads x {group} x {head_dim} needs {want} bytes, got {}", b.len())));
@@ -518,8 +559,21 @@ impl Attend {
         let mut o = ATTEND_HEADER_LEN;
         let seqs = (0..entries).map(|i| u64_at(b, o + 8 * i)).collect();
         o += 8 * entries;
+        let dims: Vec<u16> = (0..dims_n).map(|i| u16_at(b, o + 2 * i)).collect();
+        o += 2 * dims_n;
         let q = read_vectors(&b[o..o + size * nq], vectors);
         o += size * nq;
+        let reduced = if reduced {
+            check_reduced_dims(&dims, r.max(1), head_dim)?;
+            let l1: Vec<f64> = (0..l1_n).map(|i| f64::from_le_bytes(b[o + 8 * i..o + 8 * i + 8].try_into().expect("8 bytes"))).collect();
+            if let Some(x) = l1.iter().find(|x| !x.is_finite() || **x < 0.0) {
+                return Err(bad(format!("KV attention request: a reduced query's ‖q‖₁ of {x} is not a number of 0 or more")));
+            }
+            o += 8 * l1_n;
+            Some(ReducedQueries { dims, l1 })
+        } else {
+            None
+        };
         let new_entries = if some {
             let list: Vec<usize> = (0..listed).map(|i| u32_at(b, o + 4 * i) as usize).collect();
             check_new_entries(&list, entries)?;
@@ -529,8 +583,19 @@ impl Attend {
             None
         };
         let new_kv = append.then(|| (read_vectors(&b[o..o + size * nkv], vectors), read_vectors(&b[o + size * nkv..o + 2 * size * nkv], vectors)));
-        Ok(Attend { layer: usize::from(u16_at(b, 8)), heads, group, head_dim, method, scale, seqs, q, new_kv, new_entries, groups, vectors })
+        Ok(Attend { layer: usize::from(u16_at(b, 8)), heads, group, head_dim, method, scale, seqs, q, new_kv, new_entries, groups, vectors, reduced })
     }
+}
+
+/// Refuses the components of reduced queries ([`ReducedQueries::dims`]) unless each run of
+/// `r` is strictly ascending and below `head_dim`.
+fn check_reduced_dims(dims: &[u16], r: usize, head_dim: usize) -> Result<(), BadRequest> {
+    for run in dims.chunks(r) {
+        if run.windows(2).any(|w| w[0] >= w[1]) || run.last().is_some_and(|&d| usize::from(d) >= head_dim) {
+            return Err(bad(format!("KV attention request: reduced query components {run:?} are not strictly ascending below the head size {head_dim}")));
+        }
+    }
+    Ok(())
 }
 
 /// Refuses a list of the entries with a new token ([`Attend::new_entries`]) of a request
@@ -853,6 +918,7 @@ mod tests {
             new_entries: None,
             groups: None,
             vectors: Dtype::F32,
+            reduced: None,
         };
         assert_eq!(Attend::decode(&at.encode()).unwrap(), at);
         // A new token for the second entry only: its K and V rows alone follow the list.
@@ -943,6 +1009,40 @@ mod tests {
     }
 
     #[test]
+    fn reduced_queries_round_trip_and_bad_components_are_refused() {
+        let at = Attend {
+            layer: 3,
+            heads: 2,
+            group: 2,
+            head_dim: 8,
+            method: Method::SparF { r: 3, k: 40, local: 4, pages: 2, mean_v: false },
+            scale: 0.35,
+            seqs: vec![7],
+            q: (0..12).map(|x| x as f32 * 0.5).collect(), // [1][2][2][3]
+            new_kv: Some((vec![1.0; 16], vec![2.0; 16])),
+            new_entries: None,
+            groups: None,
+            vectors: Dtype::F16,
+            reduced: Some(ReducedQueries { dims: vec![0, 4, 7, 1, 2, 3], l1: vec![1.5, 2.0, 0.0, 9.25] }),
+        };
+        let b = at.encode();
+        assert_eq!(b.len(), ATTEND_HEADER_LEN + 8 + 2 * 6 + 2 * 12 + 8 * 4 + 2 * 2 * 16);
+        assert_eq!(Attend::decode(&b).unwrap(), at);
+        let refused = |a: &Attend, why: &str| {
+            let e = Attend::decode(&a.encode()).unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+        };
+        let red = |dims: Vec<u16>, l1: Vec<f64>| Some(ReducedQueries { dims, l1 });
+        refused(&Attend { reduced: red(vec![0, 4, 4, 1, 2, 3], vec![1.0; 4]), ..at.clone() }, "strictly ascending");
+        refused(&Attend { reduced: red(vec![0, 4, 8, 1, 2, 3], vec![1.0; 4]), ..at.clone() }, "below the head size");
+        refused(&Attend { reduced: red(vec![0, 4, 7, 1, 2, 3], vec![1.0, f64::NAN, 1.0, 1.0]), ..at.clone() }, "‖q‖₁");
+        refused(&Attend { method: Method::SparQ { r: 3, k: 40, local: 4, mean_v: false }, ..at.clone() }, "needs the SparF method");
+        let mut short = at.encode();
+        short.pop();
+        assert!(Attend::decode(&short).is_err());
+    }
+
+    #[test]
     fn malformed_requests_say_what_is_wrong() {
         let at = Attend {
             layer: 0,
@@ -957,6 +1057,7 @@ mod tests {
             new_entries: None,
             groups: None,
             vectors: Dtype::F32,
+            reduced: None,
         };
         let mut b = at.encode();
         b.pop();
@@ -967,7 +1068,7 @@ mod tests {
         let mut b = at.encode();
         b[6] = FLAG_NO_MEAN_V; // dense has no mean of V to leave out
         assert!(Attend::decode(&b).unwrap_err().to_string().contains("needs a sparse method"));
-        b[6] = 32;
+        b[6] = 64;
         assert!(Attend::decode(&b).unwrap_err().to_string().contains("unknown KV attention flags"));
         // Token-group lists: only with dense, each one whole and ascending, nothing after.
         let listed = Attend { groups: Some(vec![vec![1, 2]]), ..at.clone() };

@@ -5,7 +5,7 @@
 use crate::{RequestError, StorageIOError, TargetError};
 use insitu_fabric::{opcode, Command, SGL_TRANSPORT_DATA_BLOCK};
 use insitu_initiator::{default_hostnqn, ConnectOptions, InitiatorError, Session};
-use insitu_proto::attention::{check_new_entries, Dtype, Method};
+use insitu_proto::attention::{as_sent, check_new_entries, Dtype, Method, ReducedQueries};
 use insitu_proto::attention::{decode_info, Admin, Append, Attend, AttendOptions, AttendResult, PageScores};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
@@ -33,6 +33,13 @@ fn f32s(name: &str, b: &[u8]) -> PyResult<Vec<f32>> {
         return Err(bad(format!("{name}: {} bytes is not a whole number of f32 values", b.len())));
     }
     Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
+}
+
+/// SparF's step 1 on the host for a page-scores request: the queries `q` (as the target
+/// will decode them) reduced to the `r` components each KV head's rows share.
+fn reduce(q: &[f32], group: usize, head_dim: usize, r: usize, vectors: Dtype) -> (Vec<f32>, Option<ReducedQueries>) {
+    let (dims, vals, l1) = insitu_kvcache::reduce_queries(&as_sent(q, vectors), group, head_dim, r);
+    (vals, Some(ReducedQueries { dims: dims.into_iter().map(|d| d as u16).collect(), l1 }))
 }
 
 fn to_bytes(v: &[f32]) -> Vec<u8> {
@@ -210,7 +217,9 @@ impl KvTarget {
     /// buffers given and returned stay f32). `new_rows`, with `new_k`/`new_v`: the
     /// entries (indices into `seqs`, ascending) the new K and V rows belong to, when only
     /// some sequences get a token here (`new_k` then `[len(new_rows)][kv_heads][head_dim]`).
-    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None, pages=0, mean_v=true, partial=false, page_scores=false, groups=None, result_len=0, vectors="f32", new_rows=None))]
+    /// `reduced=True`, with `page_scores`: only the `r` components each KV head's rows
+    /// share go up (chosen here as the target would choose them), not the whole queries.
+    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None, pages=0, mean_v=true, partial=false, page_scores=false, groups=None, result_len=0, vectors="f32", new_rows=None, reduced=false))]
     #[allow(clippy::too_many_arguments)]
     fn attend<'py>(
         &self,
@@ -234,6 +243,7 @@ impl KvTarget {
         result_len: usize,
         vectors: &str,
         new_rows: Option<Vec<usize>>,
+        reduced: bool,
     ) -> PyResult<Bound<'py, PyTuple>> {
         let vectors = match vectors {
             "f32" => Dtype::F32,
@@ -263,6 +273,9 @@ impl KvTarget {
             check_new_entries(rows, entries).map_err(|e| bad(format!("new_rows: {e}")))?;
         }
         let new_entries = new_rows;
+        if reduced && !(page_scores && matches!(method, Method::SparF { .. })) {
+            return Err(bad("reduced=True needs page_scores=True and method \"sparf\""));
+        }
         let result = py.allow_threads(|| {
             let (heads, head_dim) = self.info_shape(seqs[0])?;
             if q.len() != entries * heads * group * head_dim {
@@ -272,7 +285,8 @@ impl KvTarget {
                     seqs[0]
                 )));
             }
-            let req = Attend { layer, heads, group, head_dim, method, scale, seqs, q, new_kv, new_entries, groups, vectors };
+            let (q, reduced) = if reduced { reduce(&q, group, head_dim, r, vectors) } else { (q, None) };
+            let req = Attend { layer, heads, group, head_dim, method, scale, seqs, q, new_kv, new_entries, groups, vectors, reduced };
             if req.layer > 0xFFFF {
                 return Err(bad("layer out of range"));
             }

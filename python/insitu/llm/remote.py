@@ -28,7 +28,8 @@ request carries one ``k``); ``"sparq"`` is SparQ's selection (each query row its
 components and ``k`` tokens, no page cap), counted at element granularity. Over a token
 split SparF chooses its pages over the whole sequence, as one target would, in two
 exchanges per target and layer (``docs/kv-commands.md``): every target scores its pages
-from the dimension pages of the shared components (the step's token appended first), the
+from the dimension pages of the shared components (the step's token appended first; the
+queries go up reduced to those components, chosen on the host as a target would), the
 host normalises the masses over all targets and keeps the first page, the last ``local``
 tokens' pages and the page budget's best others
 (:meth:`insitu.llm.targets.TokenSplit.sparf_pages`), and every target attends over the
@@ -228,6 +229,7 @@ class TargetStore(KVStore):
             page_scores=True,
             result_len=PAGE_SCORES_HEADER + 4 * B + 4 * h * G * groups,
             vectors=self.kv_dtype,
+            reduced=True,
             **new,
         )
         self._media[i] += res[1]["media_bytes"]

@@ -133,7 +133,46 @@ pub fn page_log_mass(head: &dyn HeadPages, q: &[f32], scale: f32, r: usize) -> R
     if r == 0 {
         return Err(bad("page scores need r above 0".into()));
     }
-    let (masses, loaded) = sparse::page_log_mass(head, q, f64::from(scale), r)?;
+    let (masses, loaded) = sparse::page_log_mass(head, q, f64::from(scale), r, None)?;
+    Ok((masses, AttendStats { pages_read: loaded.pages, media_bytes: loaded.bytes, rows_used: 0 }))
+}
+
+/// SparF's step 1 made on the host for [`page_log_mass_reduced`]: for queries `q`
+/// (`[entries · kv_heads][group][head_dim]`, as the target decodes them) the `r`
+/// components each (entry, KV head)'s rows share, `[entries · kv_heads][r]`, the rows'
+/// values at them, `[..][group][r]`, and each row's `‖q‖₁`: what a page-scores request
+/// needs of the queries, computed as the target computes it from the full ones.
+pub fn reduce_queries(q: &[f32], group: usize, head_dim: usize, r: usize) -> (Vec<usize>, Vec<f32>, Vec<f64>) {
+    let r = r.clamp(1, head_dim);
+    let (mut dims, mut vals, mut l1) = (Vec::new(), Vec::new(), Vec::new());
+    for rows in q.chunks_exact(group * head_dim) {
+        let qd: Vec<f64> = rows.iter().map(|&x| f64::from(x)).collect();
+        let chosen = sparse::shared_components(&qd, head_dim, r);
+        for row in qd.chunks_exact(head_dim) {
+            vals.extend(chosen.iter().map(|&d| row[d] as f32));
+            l1.push(sparse::l1_norm(row));
+        }
+        dims.extend(chosen);
+    }
+    (dims, vals, l1)
+}
+
+/// [`page_log_mass`] from reduced queries: `q` holds each row's values at the `dims`
+/// (strictly ascending, the components the rows share, as SparF's step 1 picks them from
+/// the full queries) and `l1` each row's `‖q‖₁` over all components. The masses are those
+/// of the full queries: only these components and norms enter them.
+pub fn page_log_mass_reduced(head: &dyn HeadPages, q: &[f32], dims: &[usize], l1: &[f64], scale: f32) -> Result<(Vec<f64>, AttendStats), KvError> {
+    let hd = head.layout().head_dim;
+    if dims.is_empty() || dims.windows(2).any(|w| w[0] >= w[1]) || dims.last().is_some_and(|&d| d >= hd) {
+        return Err(bad(format!("reduced query components {dims:?} are not strictly ascending below the head size {hd}")));
+    }
+    if q.len() != l1.len() * dims.len() {
+        return Err(bad(format!("{} reduced query values for {} rows of {} components", q.len(), l1.len(), dims.len())));
+    }
+    if !scale.is_finite() || !q.iter().all(|x| x.is_finite()) {
+        return Err(bad("the query and the scale must be finite".into()));
+    }
+    let (masses, loaded) = sparse::page_log_mass(head, q, f64::from(scale), dims.len(), Some((dims, l1)))?;
     Ok((masses, AttendStats { pages_read: loaded.pages, media_bytes: loaded.bytes, rows_used: 0 }))
 }
 

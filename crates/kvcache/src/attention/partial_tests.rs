@@ -3,7 +3,7 @@
 //! log-sum-exp, equal attention over the union.
 
 use super::testutil::{assert_close, attention, dense_ref, dot, layout, run, MemHead, Rng, SHAPES};
-use super::{attend, attend_groups, attend_partial, page_log_mass, Method};
+use super::{attend, attend_groups, attend_partial, page_log_mass, page_log_mass_reduced, reduce_queries, Method};
 use crate::{AttendStats, HeadPages};
 
 /// Merges parts `(out, lse)` of one query row as the host does.
@@ -203,4 +203,30 @@ fn chosen_groups_are_checked_and_an_empty_choice_is_an_empty_part() {
     attend_groups(&h, &q, 0.5, &[0, 1, 2], &mut out, &mut lse).unwrap();
     assert_close(&out, &dense.iter().map(|&x| f64::from(x)).collect::<Vec<_>>(), 1e-6, "all groups");
     assert!((lse[0] - dense_lse[0]).abs() < 1e-9);
+}
+
+#[test]
+fn reduced_queries_give_the_page_masses_of_the_full_ones_bit_for_bit() {
+    let mut rng = Rng::new(29);
+    for shape in SHAPES {
+        let l = layout(shape);
+        let h = MemHead::random(l, 7 * l.tokens_per_page + 2, &mut rng);
+        let (rows, scale) = (3, 0.3);
+        let q = rng.vec(rows * l.head_dim);
+        for r in [1, 2.min(l.head_dim), l.head_dim] {
+            let (full, full_stats) = page_log_mass(&h, &q, scale, r).unwrap();
+            let (dims, vals, l1) = reduce_queries(&q, rows, l.head_dim, r);
+            assert_eq!((dims.len(), vals.len(), l1.len()), (r, rows * r, rows));
+            let (got, stats) = page_log_mass_reduced(&h, &vals, &dims, &l1, scale).unwrap();
+            assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), full.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{shape:?} r {r}");
+            assert_eq!(stats, full_stats, "the same dimension pages read");
+        }
+        // Components out of order or past the head, or values that do not fit them: refused.
+        let (dims, vals, l1) = reduce_queries(&q, rows, l.head_dim, 2.min(l.head_dim));
+        if dims.len() == 2 {
+            assert!(page_log_mass_reduced(&h, &vals, &[dims[1], dims[0]], &l1, scale).is_err());
+        }
+        assert!(page_log_mass_reduced(&h, &vals, &[l.head_dim], &l1, scale).is_err());
+        assert!(page_log_mass_reduced(&h, &vals[1..], &dims, &l1, scale).is_err());
+    }
 }

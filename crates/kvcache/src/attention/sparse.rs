@@ -109,6 +109,26 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, ou
     })
 }
 
+/// Step 1 with a page budget, for the rows `qd` of one KV head: the `r` largest of
+/// Σ |q_row| / ‖q_row‖₁, ascending, ties to the lower component.
+pub(super) fn shared_components(qd: &[f64], hd: usize, r: usize) -> Vec<usize> {
+    let mut weight = vec![0f64; hd];
+    for qr in qd.chunks_exact(hd) {
+        let l1 = l1_norm(qr);
+        if l1 > 0.0 {
+            weight.iter_mut().zip(qr).for_each(|(w, x)| *w += x.abs() / l1);
+        }
+    }
+    let mut order = Vec::with_capacity(hd);
+    top_k(hd, r, &mut order, |a, b| weight[b].total_cmp(&weight[a]).then(a.cmp(&b)));
+    order
+}
+
+/// `‖row‖₁`, summed in component order (the host's reduced queries carry it so).
+pub(super) fn l1_norm(row: &[f64]) -> f64 {
+    row.iter().map(|x| x.abs()).sum()
+}
+
 /// The positions in the ascending list `sorted` of the values in `lo..hi`.
 fn span(sorted: &[usize], lo: usize, hi: usize) -> Range<usize> {
     sorted.partition_point(|&x| x < lo)..sorted.partition_point(|&x| x < hi)
@@ -119,6 +139,20 @@ fn span(sorted: &[usize], lo: usize, hi: usize) -> Range<usize> {
 /// `ŝ` before the softmax, `rows × tokens` (the temperature applied). Returns which
 /// components some row uses and the scores.
 fn approx_logits(head: &dyn HeadPages, qd: &[f64], scale: f64, r: usize, shared: bool, loaded: &mut Loaded) -> Result<(Vec<bool>, Vec<f64>), KvError> {
+    approx_logits_given(head, qd, scale, r, shared, None, loaded)
+}
+
+/// [`approx_logits`], with step 1 made by the host when `given` holds the shared
+/// components and each row's `‖q‖₁` (reduced queries: `qd` is zero elsewhere).
+fn approx_logits_given(
+    head: &dyn HeadPages,
+    qd: &[f64],
+    scale: f64,
+    r: usize,
+    shared: bool,
+    given: Option<(&[usize], &[f64])>,
+    loaded: &mut Loaded,
+) -> Result<(Vec<bool>, Vec<f64>), KvError> {
     let layout = *head.layout();
     let (hd, dpp) = (layout.head_dim, layout.dims_per_page);
     let n = head.tokens();
@@ -128,16 +162,10 @@ fn approx_logits(head: &dyn HeadPages, qd: &[f64], scale: f64, r: usize, shared:
     // every row scores with `r` components for `r` dimension pages, where separate choices
     // would read up to `rows · r` pages and leave less of the budget for token pages.
     let mut dims = Vec::with_capacity(rows);
-    if shared {
-        let mut weight = vec![0f64; hd];
-        for qr in qd.chunks_exact(hd) {
-            let l1: f64 = qr.iter().map(|x| x.abs()).sum();
-            if l1 > 0.0 {
-                weight.iter_mut().zip(qr).for_each(|(w, x)| *w += x.abs() / l1);
-            }
-        }
-        top_k(hd, r, &mut order, |a, b| weight[b].total_cmp(&weight[a]).then(a.cmp(&b)));
-        dims.resize(rows, order.clone());
+    if let Some((chosen, _)) = given {
+        dims.resize(rows, chosen.to_vec());
+    } else if shared {
+        dims.resize(rows, shared_components(qd, hd, r));
     } else {
         for qr in qd.chunks_exact(hd) {
             top_k(hd, r, &mut order, |a, b| qr[b].abs().total_cmp(&qr[a].abs()).then(a.cmp(&b)));
@@ -160,11 +188,11 @@ fn approx_logits(head: &dyn HeadPages, qd: &[f64], scale: f64, r: usize, shared:
             }
         }
     }
-    for ((qr, ds), s) in qd.chunks_exact(hd).zip(&dims).zip(shat.chunks_exact_mut(n)) {
+    for (row, ((qr, ds), s)) in qd.chunks_exact(hd).zip(&dims).zip(shat.chunks_exact_mut(n)).enumerate() {
         // The paper divides by sqrt(d_h * |q_i|_1 / |q|_1): a partial dot product over the
         // components that carry most of q underestimates the full one's spread, and this
         // temperature corrects for it. A zero query scores every token 0 whatever the scale.
-        let l1: f64 = qr.iter().map(|x| x.abs()).sum();
+        let l1: f64 = given.map_or_else(|| l1_norm(qr), |(_, l1)| l1[row]);
         let l1_kept: f64 = ds.iter().map(|&d| qr[d].abs()).sum();
         let factor = if l1_kept > 0.0 { scale / (l1_kept / l1).sqrt() } else { scale };
         s.iter_mut().for_each(|v| *v *= factor);
@@ -311,16 +339,29 @@ fn finish(hd: usize, acc: &[f64], sums: &[f64], mix: Option<(&[f64], &[f64])>, o
 /// softmax. Every part's logits share one temperature per row (it depends on the query
 /// alone), so a host holding every part's masses normalises them over the whole sequence
 /// and ranks the pages as one target holding it all would. `rows × groups` values.
-pub(super) fn page_log_mass(head: &dyn HeadPages, q: &[f32], scale: f64, r: usize) -> Result<(Vec<f64>, Loaded), KvError> {
+///
+/// With `given` (reduced queries), `q` holds each row's values at the components
+/// `given.0` only, and `given.1` each row's `‖q‖₁`: the same masses as the full queries.
+pub(super) fn page_log_mass(head: &dyn HeadPages, q: &[f32], scale: f64, r: usize, given: Option<(&[usize], &[f64])>) -> Result<(Vec<f64>, Loaded), KvError> {
     let layout = *head.layout();
-    let tpp = layout.tokens_per_page;
+    let (hd, tpp) = (layout.head_dim, layout.tokens_per_page);
     let n = head.tokens();
-    let qd: Vec<f64> = q.iter().map(|&x| f64::from(x)).collect();
+    let qd: Vec<f64> = match given {
+        // Each row's values back at their components, zero elsewhere (never read).
+        Some((dims, _)) => {
+            let mut full = vec![0f64; q.len() / dims.len().max(1) * hd];
+            for (row, vals) in full.chunks_exact_mut(hd).zip(q.chunks_exact(dims.len().max(1))) {
+                dims.iter().zip(vals).for_each(|(&d, &x)| row[d] = f64::from(x));
+            }
+            full
+        }
+        None => q.iter().map(|&x| f64::from(x)).collect(),
+    };
     let mut loaded = Loaded::default();
     if n == 0 {
         return Ok((Vec::new(), loaded));
     }
-    let (_, shat) = approx_logits(head, &qd, scale, r.min(layout.head_dim), true, &mut loaded)?;
+    let (_, shat) = approx_logits_given(head, &qd, scale, r.min(hd), true, given, &mut loaded)?;
     let mut masses = Vec::with_capacity(shat.len() / n.max(1) * layout.token_groups(n));
     for s in shat.chunks_exact(n) {
         for page in s.chunks(tpp) {
