@@ -1191,6 +1191,40 @@ def test_init_runs_as_pid_1_and_uts_host_shares_the_hostname(client, env: Env):
     assert r.status_code == 400 and "conflicting options" in r.json()["message"], r.text
 
 
+def test_device_cgroup_rules_reach_the_device_cgroup(client, env: Env):
+    """DeviceCgroupRules add allow entries to the container's device cgroup, each access
+    bit on its own. runc lets any container make any node (`m`), so the probe is a node of
+    major 42 (no driver): without a rule opening it is refused by the cgroup (EPERM); with
+    `r` a read reaches the kernel, which has no such device (ENXIO), and a write is still
+    refused; with `w` the other way round. A bad rule, or one for block devices, is a 400
+    naming it, and nothing is created."""
+    api = client.api
+    script = "mknod /dev/probe c 42 1; echo read:$(cat /dev/probe 2>&1); echo write:$( (echo x > /dev/probe) 2>&1)"
+
+    def run(rules):
+        lines = _run_sh(client, env, script, device_cgroup_rules=rules)[1].splitlines()
+        return [x for x in lines if x.startswith("read:")][0], [x for x in lines if x.startswith("write:")][0]
+
+    read, write = run([])
+    if "Operation not permitted" not in read:
+        pytest.skip(f"the devices cgroup is not enforced here: {read}")
+    assert "Operation not permitted" in write, write
+    read, write = run(["c 42:* rm"])
+    assert "No such device" in read and "Operation not permitted" in write, (read, write)
+    read, write = run(["c 42:1 w"])
+    assert "Operation not permitted" in read and "No such device" in write, (read, write)
+    c = client.containers.create(env.image, ["true"], device_cgroup_rules=["c 42:* rm", "c 1:3 mr"])
+    try:
+        assert c.attrs["HostConfig"]["DeviceCgroupRules"] == ["c 42:* rm", "c 1:3 mr"]
+    finally:
+        c.remove(force=True)
+    before = len(api.containers(all=True))
+    for rule, why in [("c 42:* rwx", "TYPE MAJOR:MINOR ACCESS"), ("b 7:* rwm", "block devices"), ("a *:* rwm", "block devices"), ("c *:* m", "wildcard")]:
+        r = api._post_json(api._url("/containers/create"), data={"Image": env.image, "Cmd": ["true"], "HostConfig": {"DeviceCgroupRules": [rule]}})
+        assert r.status_code == 400 and rule in r.json()["message"] and why in r.json()["message"], (rule, r.text)
+    assert len(api.containers(all=True)) == before
+
+
 def test_config_mac_address_is_the_user_network_interfaces(client, env: Env):
     """Config.MacAddress (the CLI's --mac-address) sets the MAC of the interface on the
     user-defined network NetworkMode names, as moby from API 1.44; on the default network,

@@ -179,7 +179,7 @@ mod tests {
         "/v1.47/containers/x/kill?signal=SIGTERM",
         "/v1.47/containers/x/attach?stream=1&stdin=1&stdout=1&detachKeys=ctrl-a%2Ca",
         "/v1.47/images/create?fromImage=127.0.0.1%3A5000%2Fbusybox&tag=latest",
-        r#"{"Image":"busybox","Cmd":["sh"],"Tty":true,"OpenStdin":true,"HostConfig":{"ConsoleSize":[40,120],"NanoCpus":500000000}}"#,
+        r#"{"Image":"busybox","Cmd":["sh"],"Tty":true,"OpenStdin":true,"HostConfig":{"ConsoleSize":[40,120],"NanoCpus":500000000,"DeviceCgroupRules":["c 42:* rm"]}}"#,
         "127.0.0.1:5000/tools/bb:1.0@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
         r#"{"schemaVersion":2,"config":{"digest":"sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa","size":2},"layers":[]}"#,
         r#"[{"Config":"c.json","RepoTags":["x:1"],"Layers":["l.tar"]}]"#,

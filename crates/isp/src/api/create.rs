@@ -350,6 +350,9 @@ mod tests {
         assert_eq!(anon.binds[0], format!("{}:/anon", anon.anonymous_volumes[0]));
         assert_eq!(o.tmpfs.get("/m").map(String::as_str), Some("size=1024"));
         assert_eq!(s.host_config["CpuShares"], 512);
+        let devices = create_spec(&json!({"Image": "b", "HostConfig": {"DeviceCgroupRules": ["c 42:* rm"]}})).unwrap();
+        assert_eq!(devices.options.device_rules[0].to_oci(), json!({"allow": true, "type": "c", "major": 42, "access": "rm"}));
+        assert_eq!(devices.host_config["DeviceCgroupRules"], json!(["c 42:* rm"]));
         for bad in [
             json!({"HostConfig": {"MemorySwap": 1, "Memory": 2}}),
             json!({"HostConfig": {"RestartPolicy": {"Name": "always"}, "AutoRemove": true}}),
@@ -360,6 +363,9 @@ mod tests {
             json!({"Volumes": {"rel": {}}}),
             json!({"Volumes": ["/anon"]}),
             json!({"Healthcheck": {"Test": ["BOGUS", "true"]}}),
+            json!({"HostConfig": {"DeviceCgroupRules": ["c 1:3 rwx"]}}),
+            json!({"HostConfig": {"DeviceCgroupRules": ["b 7:* rwm"]}}),
+            json!({"HostConfig": {"DeviceCgroupRules": "c 1:3"}}),
         ] {
             let mut b = bad.clone();
             b["Image"] = json!("b");

@@ -49,7 +49,6 @@ pub(crate) const REFUSED_HOST: &[(&str, &str)] = &[
     ("CpuRealtimePeriod", "real-time scheduling is not offered"),
     ("CpuRealtimeRuntime", "real-time scheduling is not offered"),
     ("Devices", "containers reach no device of the target"),
-    ("DeviceCgroupRules", "containers reach no device of the target"),
     ("DeviceRequests", "the target has no devices to hand out"),
     ("Dns", DNS_WHY),
     ("DnsOptions", DNS_WHY),
@@ -79,6 +78,7 @@ pub(crate) const HONOURED_HOST: &[&str] = &[
     "CpuShares",
     "CpusetCpus",
     "CpusetMems",
+    "DeviceCgroupRules",
     "GroupAdd",
     "Init",
     "IpcMode",
@@ -231,6 +231,10 @@ pub(crate) fn options(body: &Value, hc: &Value) -> Result<Options, String> {
         shm_size: number(hc, "ShmSize")?.filter(|&n| n != 0),
         readonly_rootfs: flag(hc, "ReadonlyRootfs")?,
         group_add: strings(hc, "GroupAdd")?.unwrap_or_default(),
+        device_rules: match strings(hc, "DeviceCgroupRules")? {
+            Some(rules) => crate::runtime::devices::parse_rules(&rules, &crate::runtime::devices::storage_char_majors())?,
+            None => Vec::new(),
+        },
         ..Default::default()
     };
     if let Some(s) = &o.hostname {

@@ -26,6 +26,7 @@ pub mod changes;
 pub mod commit;
 mod console;
 mod container;
+pub mod devices;
 pub(crate) mod dns;
 pub mod events;
 mod exec;

@@ -10,6 +10,8 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use super::devices::DeviceRule;
+
 /// `HostConfig.RestartPolicy`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RestartPolicy {
@@ -93,6 +95,9 @@ pub struct Options {
     pub group_add: Vec<String>,
     /// `HostConfig.Ulimits`.
     pub ulimits: Vec<Ulimit>,
+    /// `HostConfig.DeviceCgroupRules`, checked (see [`super::devices`]): allow entries
+    /// after the target's own device rules.
+    pub device_rules: Vec<DeviceRule>,
     /// `HostConfig.UTSMode` `host`: the target's hostname, no UTS namespace of its own.
     pub uts_host: bool,
     /// `HostConfig.Init`: [`INIT_BINARY`] runs as the container's first process, with the
@@ -225,6 +230,10 @@ impl Options {
             config["process"]["rlimits"] = json!(rl);
         }
         let res = &mut config["linux"]["resources"];
+        if let Some(devices) = res["devices"].as_array_mut() {
+            // After the deny-all and the defaults: runc applies the entries in order.
+            devices.extend(self.device_rules.iter().map(DeviceRule::to_oci));
+        }
         if let Some(n) = self.pids_limit.filter(|&n| n > 0) {
             res["pids"] = json!({"limit": n});
         }
@@ -301,10 +310,14 @@ mod tests {
     }
 
     #[test]
-    fn uts_host_and_init_reach_the_runc_configuration() {
-        let mut cfg = json!({"process": {"args": ["sleep", "9"]}, "hostname": "abc", "linux": {"namespaces": [{"type": "pid"}, {"type": "uts"}]}});
-        Options { uts_host: true, init: true, ..Default::default() }.apply(&mut cfg, &User::default());
+    fn uts_host_init_and_device_rules_reach_the_runc_configuration() {
+        let mut cfg = json!({"process": {"args": ["sleep", "9"]}, "hostname": "abc",
+                             "linux": {"namespaces": [{"type": "pid"}, {"type": "uts"}], "resources": {"devices": [{"allow": false, "access": "rwm"}]}}});
+        let device_rules = vec![DeviceRule::parse("c 42:* rm").unwrap()];
+        Options { uts_host: true, init: true, device_rules, ..Default::default() }.apply(&mut cfg, &User::default());
         assert_eq!(cfg["linux"]["namespaces"], json!([{"type": "pid"}]));
+        let devices = &cfg["linux"]["resources"]["devices"];
+        assert_eq!(devices[devices.as_array().unwrap().len() - 1], json!({"allow": true, "type": "c", "major": 42, "access": "rm"}));
         assert!(cfg.get("hostname").is_none());
         assert_eq!(cfg["process"]["args"], json!([INIT_PATH, "--", "sleep", "9"]));
     }
