@@ -18,6 +18,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -1068,10 +1069,50 @@ def test_user_network_reaches_containers_by_name_and_alias(client, env: Env):
         client.networks.get("sdk-net")
 
 
-def _hub_dns_sockets(hub: str) -> list[str]:
-    """The UDP sockets bound to port 53 in the target's hub namespace."""
-    out = subprocess.run(["ip", "netns", "exec", hub, "ss", "-Huln", "sport", "= :53"], capture_output=True, text=True)
+def _hub_dns_sockets(hub: str, proto: str = "u") -> list[str]:
+    """The sockets (UDP, or TCP with proto "t") bound to port 53 in the target's hub namespace."""
+    out = subprocess.run(["ip", "netns", "exec", hub, "ss", f"-H{proto}ln", "sport", "= :53"], capture_output=True, text=True)
     return out.stdout.splitlines()
+
+
+# Asks a DNS server over TCP (RFC 1035 4.2.2: a two-byte length before each message) for
+# the A records of argv[2] and prints the response code and the addresses.
+_TCP_DNS = r"""
+import socket, struct, sys
+server, name = sys.argv[1], sys.argv[2]
+q = struct.pack(">HHHHHH", 0x4242, 0x0100, 1, 0, 0, 0)
+q += b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0" + struct.pack(">HH", 1, 1)
+s = socket.create_connection((server, 53), timeout=5)
+s.sendall(struct.pack(">H", len(q)) + q)
+def read(n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            raise SystemExit("closed")
+        b += c
+    return b
+m = read(struct.unpack(">H", read(2))[0])
+ident, flags, qd, an = struct.unpack(">HHHH", m[:8])
+assert ident == 0x4242
+at = len(q)  # the question, echoed
+addrs = []
+for _ in range(an):
+    at += 2 if m[at] & 0xC0 == 0xC0 else m.index(0, at) + 1 - at
+    rtype, _, _, rdlen = struct.unpack(">HHIH", m[at : at + 10])
+    at += 10
+    if rtype == 1:
+        addrs.append(socket.inet_ntoa(m[at : at + 4]))
+    at += rdlen
+print(flags & 0xF, *addrs)
+"""
+
+
+def _dns_over_tcp(netns: str, server: str, name: str) -> str:
+    """What a DNS server answers over TCP to a query from network namespace `netns`."""
+    out = subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", _TCP_DNS, server, name], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
 
 
 def test_user_network_dns_resolves_names_aliases_and_links(client, env: Env):
@@ -1103,12 +1144,17 @@ def test_user_network_dns_resolves_names_aliases_and_links(client, env: Env):
         assert code != 0 and time.time() - start < 5, text
         hub = next(n for n in _netns() if n.endswith("-" + a.id[:12]))[: -len(a.id[:12]) - 1]
         assert [line for line in _hub_dns_sockets(hub) if f"{gateway}:53" in line], _hub_dns_sockets(hub)
+        # The same answers over TCP, asked from b's namespace; unknown names fail at once.
+        assert [line for line in _hub_dns_sockets(hub, "t") if f"{gateway}:53" in line], _hub_dns_sockets(hub, "t")
+        assert _dns_over_tcp(f"{hub}-{b.id[:12]}", gateway, "alpha") == f"0 {ip_a}"
+        assert _dns_over_tcp(f"{hub}-{b.id[:12]}", gateway, "bar") == f"0 {ip_a}"
+        assert _dns_over_tcp(f"{hub}-{a.id[:12]}", gateway, "bar") == "2"
     finally:
         for c in (a, b):
             c.remove(force=True)
     net.remove()
     # The server went with the network (and the hub with the last network).
-    assert hub not in _netns() or not [line for line in _hub_dns_sockets(hub) if f"{gateway}:53" in line]
+    assert hub not in _netns() or not [line for proto in "ut" for line in _hub_dns_sockets(hub, proto) if f"{gateway}:53" in line]
 
 
 def test_legacy_links_give_hosts_env_and_a_wire(client, env: Env):

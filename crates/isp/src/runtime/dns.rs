@@ -6,10 +6,10 @@
 //! `Internal` network, answered SERVFAIL (Docker forwards nothing from those either).
 //!
 //! Docker listens on 127.0.0.11 inside each container and redirects it with iptables;
-//! here one server per network listens on UDP port 53 of the network's gateway address,
-//! in the hub namespace that holds the bridge (see [`bridge`](super::bridge)), and a
-//! container's `/etc/resolv.conf` names that address. Nothing listens anywhere else: the
-//! socket is opened by a thread that entered the hub namespace. The asker is told apart
+//! here one server per network listens on port 53 of the network's gateway address, UDP
+//! and TCP, in the hub namespace that holds the bridge (see [`bridge`](super::bridge)), and
+//! a container's `/etc/resolv.conf` names that address. Nothing listens anywhere else: the
+//! sockets are opened by a thread that entered the hub namespace. The asker is told apart
 //! by its source address on that network. Messages are read and written with
 //! hickory-proto; [`respond`] is the pure part (fuzzed, property-tested).
 
@@ -154,21 +154,34 @@ pub(crate) fn resolv_conf(server: Ipv4Addr) -> String {
     format!("nameserver {server}\noptions ndots:0\n")
 }
 
-/// Serves network `nid`'s names on `sock` (bound in the hub namespace to the gateway's
-/// port 53) until aborted or the runtime is gone.
-pub(crate) async fn serve(sock: tokio::net::UdpSocket, nid: String, rt: Weak<Runtime>) {
-    let sock = Arc::new(sock);
-    let upstream = nameservers(&std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default());
+/// What a server asks of the runtime for an asker at an address: that asker's view of
+/// its networks and whether the network is `Internal`; `None` once the runtime is gone.
+pub(crate) type Lookup = Arc<dyn Fn(Ipv4Addr) -> Option<(View, bool)> + Send + Sync>;
+
+/// Serves network `nid`'s names on `udp` and `tcp` (both bound in the hub namespace to
+/// the gateway's port 53) until aborted or the runtime is gone.
+pub(crate) async fn serve(udp: tokio::net::UdpSocket, tcp: tokio::net::TcpListener, nid: String, rt: Weak<Runtime>) {
+    let lookup: Lookup = Arc::new(move |src| rt.upgrade().map(|rt| rt.dns_view(&nid, src)));
+    let upstream: Arc<[SocketAddr]> = nameservers(&std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default()).into();
     let gate = Arc::new(Semaphore::new(MAX_FORWARDS));
+    // The UDP side ends once the runtime is gone; the TCP side (its connections too) with it.
+    tokio::select! {
+        () = serve_udp(udp, lookup.clone(), upstream.clone(), gate.clone()) => {}
+        () = serve_tcp(tcp, lookup, upstream, gate, TcpLimits::DEFAULT) => {}
+    }
+}
+
+/// The server over UDP: one datagram, one answer; forwarded queries answered from tasks
+/// of their own (at most [`MAX_FORWARDS`] in flight, the rest dropped as if lost).
+async fn serve_udp(sock: tokio::net::UdpSocket, lookup: Lookup, upstream: Arc<[SocketAddr]>, gate: Arc<Semaphore>) {
+    let sock = Arc::new(sock);
     let mut forwards = tokio::task::JoinSet::new();
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
         while forwards.try_join_next().is_some() {}
         let (n, from) = super::ports::recv_from(&sock, &mut buf).await;
-        let Some(rt) = rt.upgrade() else { return };
         let IpAddr::V4(src) = from.ip() else { continue };
-        let (names, internal) = rt.dns_view(&nid, src);
-        drop(rt);
+        let Some((names, internal)) = lookup(src) else { return };
         match respond(&buf[..n], &names, !internal && !upstream.is_empty()) {
             Reply::Answer(bytes) => {
                 let _ = sock.send_to(&bytes, from).await;
@@ -180,17 +193,135 @@ pub(crate) async fn serve(sock: tokio::net::UdpSocket, nid: String, rt: Weak<Run
                 let (query, sock, upstream) = (buf[..n].to_vec(), sock.clone(), upstream.clone());
                 forwards.spawn(async move {
                     let _permit = permit;
-                    let answer = match ask_upstream(&query, &upstream).await {
-                        Some(a) => a,
-                        None => match respond(&query, &NoNames, false) {
-                            Reply::Answer(a) => a,
-                            _ => return,
-                        },
-                    };
-                    let _ = sock.send_to(&answer, from).await;
+                    if let Some(answer) = forward(&query, &upstream, Transport::Udp).await {
+                        let _ = sock.send_to(&answer, from).await;
+                    }
                 });
             }
         }
+    }
+}
+
+/// Bounds of the server over TCP.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TcpLimits {
+    /// Most connections open at once per network; a connection past them is closed as
+    /// soon as it is accepted.
+    pub(crate) connections: usize,
+    /// How long a connection may take to deliver its next message (its two length bytes
+    /// and the message), and an answer to be taken; past it the connection is closed, so
+    /// that a client that connects and sends nothing holds nothing for long.
+    pub(crate) idle: Duration,
+}
+
+impl TcpLimits {
+    /// 64 connections; 10 s (RFC 7766 asks for idle timeouts of seconds).
+    pub(crate) const DEFAULT: TcpLimits = TcpLimits { connections: 64, idle: Duration::from_secs(10) };
+}
+
+/// The server over TCP (RFC 1035 4.2.2, RFC 7766): each message carries a two-byte
+/// big-endian length; a connection may carry many queries, answered in order, the same
+/// answers as over UDP, forwarded ones over TCP too (a query with no forward slot left
+/// gets SERVFAIL: over TCP there is no loss to retry after).
+pub(crate) async fn serve_tcp(listener: tokio::net::TcpListener, lookup: Lookup, upstream: Arc<[SocketAddr]>, gate: Arc<Semaphore>, limits: TcpLimits) {
+    let slots = Arc::new(Semaphore::new(limits.connections));
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        while conns.try_join_next().is_some() {}
+        let Ok((stream, from)) = listener.accept().await else {
+            // Out of descriptors, or the like: wait rather than spin.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let IpAddr::V4(src) = from.ip() else { continue };
+        // Past the bound the connection is dropped (closed) at once.
+        let Ok(slot) = slots.clone().try_acquire_owned() else { continue };
+        let (lookup, upstream, gate) = (lookup.clone(), upstream.clone(), gate.clone());
+        conns.spawn(async move {
+            let _slot = slot;
+            let _ = tcp_connection(stream, src, &lookup, &upstream, &gate, limits.idle).await;
+        });
+    }
+}
+
+/// One TCP connection: messages answered in order until the client closes, sends
+/// something that is not a message, or is idle past `idle`.
+async fn tcp_connection(
+    mut stream: tokio::net::TcpStream,
+    src: Ipv4Addr,
+    lookup: &Lookup,
+    upstream: &[SocketAddr],
+    gate: &Semaphore,
+    idle: Duration,
+) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    loop {
+        let Ok(read) = tokio::time::timeout(idle, read_framed(&mut stream)).await else { return Ok(()) };
+        let Some(query) = read? else { return Ok(()) };
+        let Some((names, internal)) = lookup(src) else { return Ok(()) };
+        let answer = match respond(&query, &names, !internal && !upstream.is_empty()) {
+            Reply::Answer(a) => a,
+            Reply::Ignore => continue,
+            Reply::Forward => match gate.try_acquire() {
+                Ok(_permit) => forward(&query, upstream, Transport::Tcp).await,
+                Err(_) => fail(&query),
+            }
+            .unwrap_or_default(),
+        };
+        if answer.is_empty() {
+            continue;
+        }
+        let Ok(written) = tokio::time::timeout(idle, stream.write_all(&framed(&answer))).await else { return Ok(()) };
+        written?;
+    }
+}
+
+/// Reads one length-prefixed message; `None` at a clean end of the stream before one.
+pub(crate) async fn read_framed<R: tokio::io::AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Option<Vec<u8>>> {
+    use tokio::io::AsyncReadExt;
+    let mut len = [0u8; 2];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let mut msg = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    r.read_exact(&mut msg).await?;
+    Ok(Some(msg))
+}
+
+/// `msg` with its two-byte length in front (a message is at most 65535 bytes: longer
+/// ones are cut there, which no answer of this server's comes near).
+pub(crate) fn framed(msg: &[u8]) -> Vec<u8> {
+    let msg = &msg[..msg.len().min(usize::from(u16::MAX))];
+    let mut out = Vec::with_capacity(msg.len() + 2);
+    out.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+    out.extend_from_slice(msg);
+    out
+}
+
+/// How a query reached the server, and so how it is forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Udp,
+    Tcp,
+}
+
+/// The upstream answer to `query`, or SERVFAIL when no resolver gives one; `None` when
+/// not even that can be made.
+async fn forward(query: &[u8], upstream: &[SocketAddr], transport: Transport) -> Option<Vec<u8>> {
+    let answer = match transport {
+        Transport::Udp => ask_upstream(query, upstream).await,
+        Transport::Tcp => ask_upstream_tcp(query, upstream).await,
+    };
+    answer.or_else(|| fail(query))
+}
+
+/// SERVFAIL for `query`.
+fn fail(query: &[u8]) -> Option<Vec<u8>> {
+    match respond(query, &NoNames, false) {
+        Reply::Answer(a) => Some(a),
+        _ => None,
     }
 }
 
@@ -220,6 +351,26 @@ async fn ask_upstream(query: &[u8], upstream: &[SocketAddr]) -> Option<Vec<u8>> 
             if n >= 2 && buf[..2] == query[..2] {
                 buf.truncate(n);
                 return Some(buf);
+            }
+        }
+    }
+    None
+}
+
+/// `query` sent over TCP, from the daemon's own namespace, to each upstream resolver in
+/// turn ([`UPSTREAM_TIMEOUT`] for each, connection included); the first answer with the
+/// query's id.
+async fn ask_upstream_tcp(query: &[u8], upstream: &[SocketAddr]) -> Option<Vec<u8>> {
+    use tokio::io::AsyncWriteExt;
+    for server in upstream {
+        let ask = async {
+            let mut s = tokio::net::TcpStream::connect(server).await.ok()?;
+            s.write_all(&framed(query)).await.ok()?;
+            read_framed(&mut s).await.ok().flatten()
+        };
+        if let Ok(Some(a)) = tokio::time::timeout(UPSTREAM_TIMEOUT, ask).await {
+            if a.len() >= 2 && a[..2] == query[..2] {
+                return Some(a);
             }
         }
     }
@@ -327,6 +478,91 @@ mod tests {
         for bad in ["3.2.1.in-addr.arpa", "5.4.3.2.1.in-addr.arpa", "256.1.1.1.in-addr.arpa", "a.b.c.d.in-addr.arpa", "1.2.3.4"] {
             assert_eq!(reverse(bad), None, "{bad}");
         }
+    }
+
+    /// A TCP server of the sample view on a loopback port, forwarding to `upstream`.
+    async fn tcp_server(limits: TcpLimits, upstream: Vec<SocketAddr>) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let lookup: Lookup = Arc::new(|_| Some((View::sample(), false)));
+        tokio::spawn(serve_tcp(listener, lookup, upstream.into(), Arc::new(Semaphore::new(MAX_FORWARDS)), limits));
+        addr
+    }
+
+    async fn closed_within(s: &mut tokio::net::TcpStream, d: Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut b = [0u8; 1];
+        matches!(tokio::time::timeout(d, s.read(&mut b)).await, Ok(Ok(0) | Err(_)))
+    }
+
+    #[tokio::test]
+    async fn tcp_carries_length_prefixed_queries_in_order() {
+        use tokio::io::AsyncWriteExt;
+        let addr = tcp_server(TcpLimits::DEFAULT, Vec::new()).await;
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        // Two queries in one write, the second split from its length: answered in order,
+        // as over UDP (no upstream: unknown names get SERVFAIL).
+        let (web, other) = (ask("web", RecordType::A), ask("example.org", RecordType::A));
+        let mut bytes = framed(&web);
+        bytes.extend(framed(&other));
+        s.write_all(&bytes[..bytes.len() - 5]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        s.write_all(&bytes[bytes.len() - 5..]).await.unwrap();
+        let first = read_framed(&mut s).await.unwrap().unwrap();
+        assert_eq!(Reply::Answer(first), respond(&web, &View::sample(), false));
+        let second = Message::from_vec(&read_framed(&mut s).await.unwrap().unwrap()).unwrap();
+        assert_eq!(second.metadata.response_code, ResponseCode::ServFail);
+        // A response is not answered; the connection stays for the next query.
+        let mut resp = Message::from_vec(&web).unwrap();
+        resp.metadata.message_type = MessageType::Response;
+        s.write_all(&framed(&resp.to_vec().unwrap())).await.unwrap();
+        s.write_all(&framed(&ask("db", RecordType::A))).await.unwrap();
+        let db = Message::from_vec(&read_framed(&mut s).await.unwrap().unwrap()).unwrap();
+        assert_eq!(db.answers[0].data, RData::A(A(Ipv4Addr::new(172, 18, 0, 3))));
+        s.shutdown().await.unwrap();
+        assert!(closed_within(&mut s, Duration::from_secs(2)).await, "the server ends with the client");
+    }
+
+    #[tokio::test]
+    async fn tcp_connections_are_bounded_and_idle_ones_closed() {
+        use tokio::io::AsyncWriteExt;
+        let limits = TcpLimits { connections: 2, idle: Duration::from_millis(300) };
+        let addr = tcp_server(limits, Vec::new()).await;
+        let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut half = tokio::net::TcpStream::connect(addr).await.unwrap();
+        // Half a message: its length says 100 bytes, 10 come.
+        half.write_all(&[0, 100, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut third = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(closed_within(&mut third, Duration::from_millis(200)).await, "past the bound a connection is closed at once");
+        assert!(closed_within(&mut silent, Duration::from_secs(2)).await, "a client that sends nothing is let go");
+        assert!(closed_within(&mut half, Duration::from_secs(2)).await, "so is one that stops mid-message");
+        // Their slots are free again.
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(&framed(&ask("web", RecordType::A))).await.unwrap();
+        assert!(read_framed(&mut s).await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn tcp_queries_are_forwarded_over_tcp() {
+        use tokio::io::AsyncWriteExt;
+        // An upstream resolver that answers every query with REFUSED (its own mark).
+        let up = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let up_addr = up.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut c, _) = up.accept().await.unwrap();
+            let q = Message::from_vec(&read_framed(&mut c).await.unwrap().unwrap()).unwrap();
+            let a = Message::error_msg(q.metadata.id, OpCode::Query, ResponseCode::Refused);
+            c.write_all(&framed(&a.to_vec().unwrap())).await.unwrap();
+        });
+        let addr = tcp_server(TcpLimits::DEFAULT, vec![up_addr]).await;
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(&framed(&ask("example.org", RecordType::A))).await.unwrap();
+        let a = Message::from_vec(&read_framed(&mut s).await.unwrap().unwrap()).unwrap();
+        assert_eq!((a.metadata.id, a.metadata.response_code), (0x4242, ResponseCode::Refused));
+        // Names of the network are still the server's own.
+        s.write_all(&framed(&ask("web", RecordType::A))).await.unwrap();
+        assert!(Message::from_vec(&read_framed(&mut s).await.unwrap().unwrap()).unwrap().metadata.authoritative);
     }
 
     proptest! {

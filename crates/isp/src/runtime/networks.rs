@@ -591,8 +591,8 @@ impl Runtime {
         }
     }
 
-    /// Starts network `n`'s DNS server (UDP port 53 of its gateway address, in the hub
-    /// namespace) unless it runs.
+    /// Starts network `n`'s DNS server (port 53 of its gateway address, UDP and TCP, in
+    /// the hub namespace) unless it runs.
     fn dns_up(self: &Arc<Self>, n: &Network) -> Result<(), RuntimeError> {
         let mut servers = self.dns.lock().unwrap_or_else(|e| e.into_inner());
         if servers.get(&n.id).is_some_and(|t| !t.is_finished()) {
@@ -601,26 +601,28 @@ impl Runtime {
         let hub = self.networks.hub_path();
         let ns = std::fs::File::open(&hub).map_err(|e| RuntimeError::io(&hub, e))?;
         let gateway = n.gateway;
-        // A thread that entered the hub opens the socket, so that it listens there only.
+        // A thread that entered the hub opens the sockets, so that they listen there only.
         let bound = std::thread::scope(|s| {
             s.spawn(|| {
                 // SAFETY: setns(2) with a descriptor owned by `ns`, open for the call; it
                 // changes the network namespace of this scoped thread only, which opens
-                // one socket and ends.
+                // two sockets and ends.
                 if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) } != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                let sock = std::net::UdpSocket::bind((gateway, 53))?;
-                sock.set_nonblocking(true)?;
-                Ok(sock)
+                let udp = std::net::UdpSocket::bind((gateway, 53))?;
+                udp.set_nonblocking(true)?;
+                let tcp = std::net::TcpListener::bind((gateway, 53))?;
+                tcp.set_nonblocking(true)?;
+                Ok((udp, tcp))
             })
             .join()
-            .unwrap_or_else(|_| Err(std::io::Error::other("the thread binding the DNS socket panicked")))
+            .unwrap_or_else(|_| Err(std::io::Error::other("the thread binding the DNS sockets panicked")))
         });
-        let sock = bound
-            .and_then(tokio::net::UdpSocket::from_std)
+        let (udp, tcp) = bound
+            .and_then(|(u, t)| Ok((tokio::net::UdpSocket::from_std(u)?, tokio::net::TcpListener::from_std(t)?)))
             .map_err(|e| RuntimeError::Setup(format!("network {}'s DNS server on {gateway}:53: {e}", n.name)))?;
-        let task = tokio::spawn(super::dns::serve(sock, n.id.clone(), Arc::downgrade(self)));
+        let task = tokio::spawn(super::dns::serve(udp, tcp, n.id.clone(), Arc::downgrade(self)));
         servers.insert(n.id.clone(), task);
         Ok(())
     }
