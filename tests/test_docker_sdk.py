@@ -1361,6 +1361,44 @@ def test_websocket_attach_carries_the_output(client, env: Env):
         api.remove_container(c, force=True)
 
 
+def test_link_local_ips_are_more_addresses_of_the_network_interface(client, env: Env):
+    """IPAMConfig.LinkLocalIPs (--link-local-ip): each address is added, with a /16 as moby
+    adds it, to the container's interface on that network, at start and at connect; two
+    containers so addressed reach each other by them. Inspect shows them; an IPv6 one, one
+    that is no address, and one on the default network (loopback only) are refused."""
+    api = client.api
+    net = client.networks.create("sdk-ll", ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet="10.79.0.0/24")]))
+    ep = lambda ips: {"sdk-ll": api.create_endpoint_config(link_local_ips=ips)}  # noqa: E731
+    server = client.containers.run(
+        env.image, ["httpd", "-f", "-p", "8080", "-h", "/etc"], detach=True, network="sdk-ll", networking_config=ep(["169.254.10.10"])
+    )
+    other = client.containers.run(env.image, ["sleep", "300"], detach=True, name="sdk-ll-later")
+    try:
+        server.reload()
+        assert server.attrs["NetworkSettings"]["Networks"]["sdk-ll"]["IPAMConfig"] == {"LinkLocalIPs": ["169.254.10.10"]}
+        code, out = server.exec_run(["ip", "-4", "-o", "addr", "show"])
+        assert code == 0 and "169.254.10.10/16" in out.decode(), out
+        # Connected while running: the address comes at once.
+        api.connect_container_to_network(other.id, "sdk-ll", link_local_ips=["169.254.10.11"])
+        code, out = other.exec_run(["ip", "-4", "-o", "addr", "show"])
+        assert code == 0 and "169.254.10.11/16" in out.decode(), out
+        code, out = other.exec_run(["timeout", "10", "wget", "-q", "-O-", "http://169.254.10.10:8080/passwd"])
+        assert code == 0 and b"root:" in out, out
+        other.reload()
+        assert other.attrs["NetworkSettings"]["Networks"]["sdk-ll"]["IPAMConfig"] == {"LinkLocalIPs": ["169.254.10.11"]}
+        for ips, says in [(["fe80::1"], "IPv4 addresses only"), (["baz"], "invalid link-local IP address: baz")]:
+            with pytest.raises(docker.errors.APIError) as e:
+                client.containers.create(env.image, ["true"], network="sdk-ll", networking_config=ep(ips))
+            assert e.value.status_code == 400 and "LinkLocalIPs" in str(e.value) and says in str(e.value), str(e.value)
+        body = {"Image": env.image, "Cmd": ["true"], "NetworkingConfig": {"EndpointsConfig": {"bridge": {"IPAMConfig": {"LinkLocalIPs": ["169.254.1.1"]}}}}}
+        r = api._post_json(api._url("/containers/create"), data=body)
+        assert r.status_code == 400 and "LinkLocalIPs" in r.json()["message"], r.text
+    finally:
+        for c in (server, other):
+            c.remove(force=True)
+        net.remove()
+
+
 def test_network_requests_are_checked(client, env: Env):
     with pytest.raises(docker.errors.APIError) as e:
         client.networks.create("sdk-v6", enable_ipv6=True)

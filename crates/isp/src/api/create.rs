@@ -15,6 +15,7 @@ use std::sync::Arc;
 use super::body::{error, json, ApiBody};
 use super::host_config::{console_size, flag, is_default, mounts, number, options, strings, text, REFUSED_CONFIG, REFUSED_HOST};
 use super::{read_json, Target};
+use crate::runtime::networks::PREDEFINED;
 use crate::runtime::{exposed_ports, port_bindings, CreateSpec, NetworkMode, Runtime, RuntimeError};
 
 /// The `Config` fields a create request may carry, besides `HostConfig` and
@@ -117,6 +118,12 @@ pub(crate) fn create_spec(body: &Value) -> Result<CreateSpec, String> {
         network = NetworkMode::None;
     }
     let mut endpoints = super::networks::endpoints(body.get("NetworkingConfig"))?;
+    if let Some(name) = endpoints.iter().find(|(n, e)| PREDEFINED.contains(&n.as_str()) && !e.link_local_ips.is_empty()).map(|(n, _)| n) {
+        return Err(format!(
+            "NetworkingConfig.EndpointsConfig[{name:?}]: IPAMConfig.LinkLocalIPs is not supported on the predefined networks: the default network \
+             gives a container loopback only, which has no interface to take the addresses; give them on a user-defined network's endpoint"
+        ));
+    }
     let mac = text(body, "MacAddress")?.map(|m| crate::runtime::networks::parse_mac(&m).map_err(|e| format!("Config.MacAddress: {e}"))).transpose()?;
     if network == NetworkMode::User {
         let name = hc.get("NetworkMode").and_then(Value::as_str).unwrap_or_default().to_string();
@@ -287,6 +294,9 @@ mod tests {
         let user = create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "mynet"}})).unwrap();
         assert_eq!((user.network, user.endpoints.keys().collect::<Vec<_>>()), (NetworkMode::User, vec![&"mynet".to_string()]));
         assert!(create_spec(&json!({"Image": "b", "HostConfig": {"NetworkMode": "container:x"}})).unwrap_err().contains("not supported"));
+        let ll = |net: &str| json!({"Image": "b", "HostConfig": {"NetworkMode": net}, "NetworkingConfig": {"EndpointsConfig": {net: {"IPAMConfig": {"LinkLocalIPs": ["169.254.1.1"]}}}}});
+        assert_eq!(create_spec(&ll("mynet")).unwrap().endpoints["mynet"].link_local_ips, [std::net::Ipv4Addr::new(169, 254, 1, 1)]);
+        assert!(create_spec(&ll("bridge")).unwrap_err().contains("LinkLocalIPs"));
         assert_eq!(create_spec(&json!({"Image": "b", "HostConfig": {"PortBindings": {"53/udp": [{"HostPort": "53"}]}}})).unwrap().ports.len(), 1);
         assert!(create_spec(&json!({"Image": "b", "HostConfig": {"PortBindings": {"53/sctp": [{"HostPort": "53"}]}}}))
             .unwrap_err()

@@ -10,7 +10,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use super::body::{error, json, ApiBody};
@@ -88,12 +88,24 @@ fn user_doc(rt: &Runtime, n: &Network) -> Value {
     })
 }
 
+/// An endpoint's `IPAMConfig` as given (moby leaves out the fields not given), or null.
+fn ipam_settings(e: &EndpointConfig) -> Option<Value> {
+    let mut m = Map::new();
+    if let Some(a) = e.ipv4 {
+        m.insert("IPv4Address".into(), json!(a.to_string()));
+    }
+    if !e.link_local_ips.is_empty() {
+        m.insert("LinkLocalIPs".into(), json!(e.link_local_ips.iter().map(Ipv4Addr::to_string).collect::<Vec<_>>()));
+    }
+    (!m.is_empty()).then_some(Value::Object(m))
+}
+
 /// The settings of container `cid` on each network it is on, for inspect's
 /// `NetworkSettings.Networks`.
 pub(crate) fn container_networks(rt: &Runtime, c: &crate::runtime::Container) -> Value {
     let mut out = Map::new();
     let settings = |cfg: Option<&EndpointConfig>| {
-        json!({"IPAMConfig": cfg.and_then(|e| e.ipv4).map(|a| json!({"IPv4Address": a.to_string()})), "Links": cfg.map(|e| e.links.clone()).filter(|l| !l.is_empty()),
+        json!({"IPAMConfig": cfg.and_then(ipam_settings), "Links": cfg.map(|e| e.links.clone()).filter(|l| !l.is_empty()),
                "Aliases": cfg.map(|e| e.aliases.clone()).filter(|a| !a.is_empty()), "MacAddress": "", "DriverOpts": cfg.map(|e| &e.driver_opts).filter(|o| !o.is_empty()),
                "NetworkID": "", "EndpointID": "", "Gateway": "", "IPAddress": "", "IPPrefixLen": 0, "IPv6Gateway": "",
                "GlobalIPv6Address": "", "GlobalIPv6PrefixLen": 0, "DNSNames": null})
@@ -329,8 +341,22 @@ pub(crate) fn endpoint_config(v: &Value) -> Result<EndpointConfig, String> {
         if !text(ipam, "IPv6Address")?.is_empty() {
             return Err("IPAMConfig.IPv6Address is not supported on this target: containers get IPv4 addresses only".into());
         }
-        if ipam.get("LinkLocalIPs").and_then(Value::as_array).is_some_and(|a| !a.is_empty()) {
-            return Err("IPAMConfig.LinkLocalIPs is not supported on this target: containers get one address per network".into());
+        match ipam.get("LinkLocalIPs") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(list)) => {
+                for a in list {
+                    let a = a.as_str().ok_or("IPAMConfig.LinkLocalIPs must be a list of addresses")?;
+                    // moby's words for what is no address, or the unspecified one.
+                    cfg.link_local_ips.push(match a.parse::<IpAddr>() {
+                        Ok(IpAddr::V4(v4)) if !v4.is_unspecified() => v4,
+                        Ok(IpAddr::V6(v6)) if !v6.is_unspecified() => {
+                            return Err(format!("IPAMConfig.LinkLocalIPs {a}: containers get IPv4 addresses only on this target"));
+                        }
+                        _ => return Err(format!("IPAMConfig.LinkLocalIPs: invalid link-local IP address: {a}")),
+                    });
+                }
+            }
+            Some(_) => return Err("IPAMConfig.LinkLocalIPs must be a list of addresses".into()),
         }
     }
     Ok(cfg)
@@ -476,6 +502,19 @@ mod tests {
         let e = endpoint_config(&json!({"Aliases": ["a"], "IPAMConfig": {"IPv4Address": "172.28.5.24"}, "MacAddress": "02:42:ac:11:00:09", "NetworkID": "x"}))
             .unwrap();
         assert_eq!((e.aliases.len(), e.ipv4, e.mac.as_deref()), (1, Some(Ipv4Addr::new(172, 28, 5, 24)), Some("02:42:ac:11:00:09")));
+        let ll = endpoint_config(&json!({"IPAMConfig": {"LinkLocalIPs": ["169.254.10.10", "169.254.7.1"]}})).unwrap();
+        assert_eq!(ll.link_local_ips, [Ipv4Addr::new(169, 254, 10, 10), Ipv4Addr::new(169, 254, 7, 1)]);
+        assert_eq!(ipam_settings(&ll), Some(json!({"LinkLocalIPs": ["169.254.10.10", "169.254.7.1"]})));
+        for (bad, says) in [
+            (json!(["fe80::1"]), "IPv4 addresses only"),
+            (json!(["baz"]), "invalid link-local IP address: baz"),
+            (json!(["0.0.0.0"]), "invalid link-local IP address: 0.0.0.0"),
+            (json!("169.254.1.1"), "must be a list"),
+            (json!([7]), "must be a list"),
+        ] {
+            let e = endpoint_config(&json!({"IPAMConfig": {"LinkLocalIPs": bad}})).unwrap_err();
+            assert!(e.contains("LinkLocalIPs") && e.contains(says), "{e}");
+        }
         for bad in [
             json!({"Aliases": "a"}),
             json!({"IPAMConfig": {"IPv4Address": "x"}}),

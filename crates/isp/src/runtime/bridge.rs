@@ -127,8 +127,9 @@ impl Plumbing {
     }
 
     /// Joins container `cid`'s namespace to network `nid`'s bridge as interface `ifname`
-    /// with `addr/prefix_len` and MAC `mac`; `extra` are more addresses of it.
-    pub fn link(&self, cid: &str, nid: &str, ifname: &str, addr: Ipv4Addr, prefix_len: u8, mac: &str) -> Result<(), RuntimeError> {
+    /// with `addr/prefix_len` and MAC `mac`; `link_local` are more addresses of it, each
+    /// with a /16 (moby's mask for link-local addresses).
+    pub fn link(&self, cid: &str, nid: &str, ifname: &str, (addr, prefix_len): (Ipv4Addr, u8), mac: &str, link_local: &[Ipv4Addr]) -> Result<(), RuntimeError> {
         let (sb, veth, br) = (self.sandbox(cid), Self::veth(cid, nid), Self::bridge(nid));
         let _ = ip(&["-n", self.hub(), "link", "del", &veth]);
         ip(&["-n", self.hub(), "link", "add", &veth, "type", "veth", "peer", "name", ifname, "netns", &sb])?;
@@ -136,6 +137,9 @@ impl Plumbing {
             ip(&["-n", self.hub(), "link", "set", &veth, "master", &br, "up"])?;
             ip(&["-n", &sb, "link", "set", ifname, "address", mac])?;
             ip(&["-n", &sb, "addr", "add", &format!("{addr}/{prefix_len}"), "dev", ifname])?;
+            for a in link_local {
+                ip(&["-n", &sb, "addr", "add", &format!("{a}/16"), "dev", ifname])?;
+            }
             ip(&["-n", &sb, "link", "set", ifname, "up"])
         })();
         if rest.is_err() {

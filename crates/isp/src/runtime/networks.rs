@@ -31,6 +31,10 @@ pub struct EndpointConfig {
     /// The MAC address it asked for.
     #[serde(default)]
     pub mac: Option<String>,
+    /// More addresses of its interface on the network (`IPAMConfig.LinkLocalIPs`), each
+    /// with a /16, as moby gives them.
+    #[serde(default)]
+    pub link_local_ips: Vec<Ipv4Addr>,
     /// `CONTAINER:ALIAS`: another container on the network, found by this container
     /// under `ALIAS` too.
     #[serde(default)]
@@ -359,7 +363,7 @@ impl Networks {
         let used: Vec<String> = s.live.iter().filter(|((c, _), _)| c == cid).map(|(_, a)| a.ifname.clone()).collect();
         let ifname = (0..).map(|i| format!("eth{i}")).find(|n| !used.contains(n)).unwrap_or_default();
         let mac = cfg.mac.clone().unwrap_or_else(|| mac_of(ip));
-        self.plumbing.link(cid, &n.id, &ifname, ip, n.subnet.1, &mac)?;
+        self.plumbing.link(cid, &n.id, &ifname, (ip, n.subnet.1), &mac, &cfg.link_local_ips)?;
         s.live.insert((cid.to_string(), n.id.clone()), Attachment { ip, mac, ifname });
         Ok(())
     }
