@@ -281,66 +281,7 @@ enum TargetCmd {
     /// Namespaces are numbered 1.. in the order given, --namespace ones first. Private
     /// namespaces are never listed to or readable by hosts. Without --allow-host any host
     /// may connect; the target listens on loopback unless --listen says otherwise.
-    Start {
-        /// Address and port to listen on.
-        #[arg(long, default_value = "127.0.0.1:4420")]
-        listen: std::net::SocketAddr,
-        /// Subsystem NQN.
-        #[arg(long, default_value = "nqn.2024-01.io.insitu:target")]
-        nqn: String,
-        /// A sharable namespace: file or block device (repeatable).
-        #[arg(long = "namespace", value_name = "PATH")]
-        namespaces: Vec<PathBuf>,
-        /// A private namespace, for code running on the target (repeatable).
-        #[arg(long, value_name = "PATH")]
-        private: Vec<PathBuf>,
-        /// Admit only this host NQN (repeatable).
-        #[arg(long = "allow-host", value_name = "HOSTNQN")]
-        allow_hosts: Vec<String>,
-        /// Serve Prometheus metrics at http://ADDR:PORT/metrics.
-        #[arg(long, value_name = "ADDR:PORT")]
-        metrics: Option<std::net::SocketAddr>,
-        /// Emulate a device: flash, host link and offload CPU (see `insitu model list`).
-        #[arg(long)]
-        model: Option<String>,
-        /// Stay in the foreground (logs to stderr).
-        #[arg(long)]
-        foreground: bool,
-        /// Serve the Docker Engine API here, so `docker -H tcp://ADDR:PORT run IMAGE ...`
-        /// runs containers on the target. Needs a --private namespace: the last one holds
-        /// the images and containers (formatted ext4 when blank); the first --namespace is
-        /// their read-only /data.
-        #[arg(long, value_name = "ADDR:PORT")]
-        docker: Option<std::net::SocketAddr>,
-        /// A Docker Hub mirror for the container service (repeatable, tried in the order
-        /// given before Docker Hub), as dockerd's: `http[s]://HOST[:PORT]`. Pulls and
-        /// builds of Docker Hub's images (`busybox`, `user/x`) ask it first; `docker search
-        /// TERM` lists its catalog. Plain HTTP only on an insecure registry.
-        #[arg(long = "registry-mirror", value_name = "URL", requires = "docker")]
-        registry_mirrors: Vec<String>,
-        /// A registry the container service may reach over plain HTTP (repeatable):
-        /// `HOST[:PORT]`, or a CIDR its address falls in. Loopback (127.0.0.0/8, ::1/128)
-        /// always is, as with dockerd; every other registry is HTTPS with a trusted
-        /// certificate.
-        #[arg(long = "insecure-registry", value_name = "HOST[:PORT]|CIDR", requires = "docker")]
-        insecure_registries: Vec<String>,
-        /// Give the target this IP address, reachable only over its NVMe/TCP connection
-        /// (Ether-oN): a TAP device bridged to the host that runs `insitu ethernet up`.
-        #[arg(long, value_name = "ADDR/PREFIX")]
-        ether: Option<String>,
-        /// Serve a key-value store (NVMe Key Value command set) in the last SIZE bytes
-        /// (e.g. 64M) of the first --private namespace, as one more namespace after the
-        /// block ones; reach it with `insitu kv ... nvme-tcp://ADDR/NQN`. Give the same SIZE
-        /// on every start over the same image. Needs --private.
-        #[arg(long = "kv-store", value_name = "SIZE")]
-        kv_store: Option<String>,
-        /// Read host data from disk namespaces with direct I/O instead of through the page
-        /// cache. By default the kernel reads ahead of streaming hosts and the data leaves
-        /// with `sendfile`; direct reads keep the page cache out of it (for drives faster
-        /// than the page cache, or to measure the drive itself). EXEC always reads directly.
-        #[arg(long = "direct-reads")]
-        direct_reads: bool,
-    },
+    Start(target_cmd::StartArgs),
     /// Stop the target started on an address.
     Stop {
         /// The address it listens on.
@@ -650,39 +591,9 @@ fn dispatch(cli: Cli) -> Result<i32, Failure> {
             }
         },
         Cmd::Demo { size, fs, dir } => return demo::run(&off, parse_size(&size)?, fs.into(), dir, json),
-        Cmd::Target(TargetCmd::Start {
-            listen,
-            nqn,
-            namespaces,
-            private,
-            allow_hosts,
-            metrics,
-            model,
-            foreground,
-            docker,
-            registry_mirrors,
-            insecure_registries,
-            ether,
-            kv_store,
-            direct_reads,
-        }) => {
-            let kv_store = kv_store.map(|s| parse_size(&s).map_err(|e| format!("--kv-store: {e}"))).transpose()?;
-            let spec = insitu_daemon::TargetSpec {
-                listen,
-                nqn,
-                namespaces,
-                private,
-                allow_hosts,
-                metrics,
-                model,
-                docker,
-                registry_mirrors,
-                insecure_registries,
-                ether,
-                kv_store,
-                direct_reads,
-            };
-            return target_cmd::start(spec, foreground, json);
+        Cmd::Target(TargetCmd::Start(args)) => {
+            let foreground = args.foreground;
+            return target_cmd::start(args.try_into()?, foreground, json);
         }
         Cmd::Target(TargetCmd::Stop { listen }) => return target_cmd::stop(listen, json),
         Cmd::Target(TargetCmd::Status) => return target_cmd::status(json),

@@ -4,9 +4,96 @@
 
 use crate::Failure;
 use insitu_daemon::TargetSpec;
+use insitu_image::parse_size;
 use serde_json::json;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// The options of `insitu target start`: a [`TargetSpec`] as the command line gives it,
+/// and whether to stay in the foreground.
+#[derive(clap::Args, Debug)]
+pub(crate) struct StartArgs {
+    /// Address and port to listen on.
+    #[arg(long, default_value = "127.0.0.1:4420")]
+    listen: SocketAddr,
+    /// Subsystem NQN.
+    #[arg(long, default_value = "nqn.2024-01.io.insitu:target")]
+    nqn: String,
+    /// A sharable namespace: file or block device (repeatable).
+    #[arg(long = "namespace", value_name = "PATH")]
+    namespaces: Vec<PathBuf>,
+    /// A private namespace, for code running on the target (repeatable).
+    #[arg(long, value_name = "PATH")]
+    private: Vec<PathBuf>,
+    /// Admit only this host NQN (repeatable).
+    #[arg(long = "allow-host", value_name = "HOSTNQN")]
+    allow_hosts: Vec<String>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<SocketAddr>,
+    /// Emulate a device: flash, host link and offload CPU (see `insitu model list`).
+    #[arg(long)]
+    model: Option<String>,
+    /// Stay in the foreground (logs to stderr).
+    #[arg(long)]
+    pub(crate) foreground: bool,
+    /// Serve the Docker Engine API here, so `docker -H tcp://ADDR:PORT run IMAGE ...`
+    /// runs containers on the target. Needs a --private namespace: the last one holds
+    /// the images and containers (formatted ext4 when blank); the first --namespace is
+    /// their read-only /data.
+    #[arg(long, value_name = "ADDR:PORT")]
+    docker: Option<SocketAddr>,
+    /// A Docker Hub mirror for the container service (repeatable, tried in the order
+    /// given before Docker Hub), as dockerd's: `http[s]://HOST[:PORT]`. Pulls and
+    /// builds of Docker Hub's images (`busybox`, `user/x`) ask it first; `docker search
+    /// TERM` lists its catalog. Plain HTTP only on an insecure registry.
+    #[arg(long = "registry-mirror", value_name = "URL", requires = "docker")]
+    registry_mirrors: Vec<String>,
+    /// A registry the container service may reach over plain HTTP (repeatable):
+    /// `HOST[:PORT]`, or a CIDR its address falls in. Loopback (127.0.0.0/8, ::1/128)
+    /// always is, as with dockerd; every other registry is HTTPS with a trusted
+    /// certificate.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]|CIDR", requires = "docker")]
+    insecure_registries: Vec<String>,
+    /// Give the target this IP address, reachable only over its NVMe/TCP connection
+    /// (Ether-oN): a TAP device bridged to the host that runs `insitu ethernet up`.
+    #[arg(long, value_name = "ADDR/PREFIX")]
+    ether: Option<String>,
+    /// Serve a key-value store (NVMe Key Value command set) in the last SIZE bytes
+    /// (e.g. 64M) of the first --private namespace, as one more namespace after the
+    /// block ones; reach it with `insitu kv ... nvme-tcp://ADDR/NQN`. Give the same SIZE
+    /// on every start over the same image. Needs --private.
+    #[arg(long = "kv-store", value_name = "SIZE")]
+    kv_store: Option<String>,
+    /// Read host data from disk namespaces with direct I/O instead of through the page
+    /// cache. By default the kernel reads ahead of streaming hosts and the data leaves
+    /// with `sendfile`; direct reads keep the page cache out of it (for drives faster
+    /// than the page cache, or to measure the drive itself). EXEC always reads directly.
+    #[arg(long = "direct-reads")]
+    direct_reads: bool,
+}
+
+impl TryFrom<StartArgs> for TargetSpec {
+    type Error = Failure;
+
+    fn try_from(a: StartArgs) -> Result<TargetSpec, Failure> {
+        Ok(TargetSpec {
+            kv_store: a.kv_store.map(|s| parse_size(&s).map_err(|e| format!("--kv-store: {e}"))).transpose()?,
+            listen: a.listen,
+            nqn: a.nqn,
+            namespaces: a.namespaces,
+            private: a.private,
+            allow_hosts: a.allow_hosts,
+            metrics: a.metrics,
+            model: a.model,
+            docker: a.docker,
+            registry_mirrors: a.registry_mirrors,
+            insecure_registries: a.insecure_registries,
+            ether: a.ether,
+            direct_reads: a.direct_reads,
+        })
+    }
+}
 
 impl From<insitu_daemon::Error> for Failure {
     fn from(e: insitu_daemon::Error) -> Failure {
