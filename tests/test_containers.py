@@ -21,6 +21,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -78,17 +79,35 @@ def busybox_registry(d: Path, repository: str = "busybox", name: str = "registry
         subprocess.run(["bash", FIXTURES / "registry.sh", "stop", d / name], capture_output=True)
 
 
+@contextlib.contextmanager
+def docker_target(d: Path, nqn: str, namespace: Path, *options: object) -> Iterator[tuple[str, str]]:
+    """`insitu target start` on a free loopback port with `namespace` (sharable), a blank
+    1 GiB private namespace made in `d`, and the Docker API on another free loopback port;
+    `options` are more options of `target start`. Also makes the docker CLI's empty
+    configuration directory, `d / "docker-config"` (see `Env`). Yields (fabric address, API
+    address); the target is stopped at the end."""
+    priv = d / "private.img"
+    with open(priv, "wb") as f:
+        f.truncate(1 << 30)
+    listen, api = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    try:
+        cli_json("target", "start", "--listen", listen, "--nqn", nqn, "--namespace", namespace, "--private", priv, "--docker", api, *options, timeout=120)
+        (d / "docker-config").mkdir()
+        yield listen, api
+    finally:
+        run_cli("target", "stop", "--listen", listen)
+
+
 @pytest.fixture(scope="module")
 def env():
     if os.geteuid() != 0:
         pytest.skip("containers need root (runc, overlayfs, loop devices)")
     need("docker", "runc", "docker-registry", "skopeo", "umoci")
     d = Path(tempfile.mkdtemp(prefix="insitu-containers-", dir="/var/tmp"))
-    target_listen = None
     data_mnt = d / "data-mnt"
-    registry = contextlib.ExitStack()
+    stack = contextlib.ExitStack()
     try:
-        reg, image = registry.enter_context(busybox_registry(d))
+        reg, image = stack.enter_context(busybox_registry(d))
         # The sharable namespace: ext4 the host fills with a data set.
         ns = d / "ns.img"
         cli_json("image", "create", ns, "--size", "256M", "--fs", "ext4")
@@ -98,32 +117,10 @@ def env():
                 f.write(f"record {i} {'x' * (i % 17)}\n")
         (data_mnt / "secret-dir").mkdir()
         os.sync()
-        priv = d / "private.img"
-        with open(priv, "wb") as f:
-            f.truncate(1 << 30)
-        target_listen = f"127.0.0.1:{free_port()}"
-        api = f"127.0.0.1:{free_port()}"
-        cli_json(
-            "target",
-            "start",
-            "--listen",
-            target_listen,
-            "--nqn",
-            "nqn.2024-01.io.insitu:containers",
-            "--namespace",
-            ns,
-            "--private",
-            priv,
-            "--docker",
-            api,
-            timeout=120,
-        )
-        (d / "docker-config").mkdir()
+        target_listen, api = stack.enter_context(docker_target(d, "nqn.2024-01.io.insitu:containers", ns))
         yield Env(d, api, reg, image, data_mnt, target_listen)
     finally:
-        if target_listen:
-            run_cli("target", "stop", "--listen", target_listen)
-        registry.close()
+        stack.close()
         if data_mnt.exists():
             run_cli("image", "umount", data_mnt)
         shutil.rmtree(d, ignore_errors=True)

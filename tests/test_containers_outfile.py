@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, cli_json, free_port, run_cli
-from test_containers import Env, busybox_registry, need
+from helpers import ROOT, cli_json, run_cli
+from test_containers import Env, busybox_registry, docker_target, need
 
 NQN = "nqn.2024-01.io.insitu:outfile"
 LINES = 40_000
@@ -40,24 +40,20 @@ def env():
         pytest.skip("containers need root (runc, overlayfs, loop devices, FUSE)")
     need("docker", "runc", "docker-registry", "skopeo", "umoci", "e2fsck")
     d = Path(tempfile.mkdtemp(prefix="insitu-outfile-", dir="/var/tmp"))
-    listen = None
     mnt = d / "mnt"
-    registry = contextlib.ExitStack()
+    stack = contextlib.ExitStack()
     try:
-        reg, image = registry.enter_context(busybox_registry(d))
-        ns, priv = d / "ns.img", d / "private.img"
-        for p, size in [(ns, 256 << 20), (priv, 1 << 30)]:
-            with open(p, "wb") as f:
-                f.truncate(size)
-        listen, api = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-        cli_json("target", "start", "--listen", listen, "--nqn", NQN, "--namespace", ns, "--private", priv, "--docker", api, timeout=120)
+        reg, image = stack.enter_context(busybox_registry(d))
+        ns = d / "ns.img"
+        with open(ns, "wb") as f:
+            f.truncate(256 << 20)
+        listen, api = stack.enter_context(docker_target(d, NQN, ns))
         cli_json("attach", f"nvme-tcp://{listen}/{NQN}/1", mnt, "--format", "ext4", timeout=120)
         with open(mnt / "lines.txt", "w") as f:
             for i in range(LINES):
                 f.write(f"record {i} {'y' * (i % 23)}\n")
         (mnt / "results").mkdir()
         os.sync()
-        (d / "docker-config").mkdir()
         e = Env(d, api, reg, image, mnt, listen)
         e.ok("pull", image)
         e.ns = ns
@@ -68,9 +64,7 @@ def env():
                 run_cli("unlock", h["path"])
         if mnt.exists():
             run_cli("detach", mnt)
-        if listen:
-            run_cli("target", "stop", "--listen", listen)
-        registry.close()
+        stack.close()
         shutil.rmtree(d, ignore_errors=True)
 
 

@@ -25,7 +25,7 @@ from urllib.parse import quote
 import pytest
 
 from helpers import cli_json, free_port, run_cli
-from test_containers import Env, busybox_registry, need
+from test_containers import Env, busybox_registry, docker_target, need
 
 docker = pytest.importorskip("docker", reason="the Docker SDK for Python (make deps installs it)")
 
@@ -47,34 +47,22 @@ def env():
         pytest.skip("containers need root (runc, overlayfs, loop devices)")
     need("docker", "runc", "docker-registry", "skopeo", "umoci", "buildah")
     d = Path(tempfile.mkdtemp(prefix="insitu-build-", dir="/var/tmp"))
-    target_listen = None
-    with contextlib.ExitStack() as stack:
-        try:
-            reg, image = stack.enter_context(busybox_registry(d))
-            # Docker Hub's mirror: busybox where Docker Hub keeps it.
-            mirror, _ = stack.enter_context(busybox_registry(d, "library/busybox", "mirror"))
-            ns = d / "ns.img"
-            cli_json("image", "create", ns, "--size", "64M", "--fs", "ext4")
-            priv = d / "private.img"
-            with open(priv, "wb") as f:
-                f.truncate(1 << 30)
-            target_listen = f"127.0.0.1:{free_port()}"
-            api = f"127.0.0.1:{free_port()}"
-            cli_json(
-                "target", "start", "--listen", target_listen, "--nqn", "nqn.2024-01.io.insitu:build",
-                "--namespace", ns, "--private", priv, "--docker", api,
-                "--registry-mirror", f"http://{mirror}", "--insecure-registry", INSECURE_RANGE, "--insecure-registry", INSECURE_HOST,
-                timeout=120,
-            )  # fmt: skip
-            (d / "docker-config").mkdir()
-            e = BuildEnv(d, api, reg, image, d / "unused", target_listen)
-            e.mirror, e.namespace = mirror, ns
-            e.ok("pull", image)
-            yield e
-        finally:
-            if target_listen:
-                run_cli("target", "stop", "--listen", target_listen)
-            shutil.rmtree(d, ignore_errors=True)
+    stack = contextlib.ExitStack()
+    try:
+        reg, image = stack.enter_context(busybox_registry(d))
+        # Docker Hub's mirror: busybox where Docker Hub keeps it.
+        mirror, _ = stack.enter_context(busybox_registry(d, "library/busybox", "mirror"))
+        ns = d / "ns.img"
+        cli_json("image", "create", ns, "--size", "64M", "--fs", "ext4")
+        registries = ["--registry-mirror", f"http://{mirror}", "--insecure-registry", INSECURE_RANGE, "--insecure-registry", INSECURE_HOST]
+        target_listen, api = stack.enter_context(docker_target(d, "nqn.2024-01.io.insitu:build", ns, *registries))
+        e = BuildEnv(d, api, reg, image, d / "unused", target_listen)
+        e.mirror, e.namespace = mirror, ns
+        e.ok("pull", image)
+        yield e
+    finally:
+        stack.close()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
