@@ -183,19 +183,19 @@ class TokenSplit:
     def sparf_pages(self, masses: Dict[int, List[np.ndarray]], local: int, budget: int) -> Dict[int, List[List[int]]]:
         """SparF's pages over the split, chosen on the host from every target's page
         log-masses (``masses[i][b]``: ``[kv_heads][rows][pages]`` for sequence ``b`` on
-        target ``i``) by :func:`choose_pages`, with the last ``local`` tokens of each
-        sequence wherever they are. Returns, per target, the page list of every (sequence,
-        KV head), sequence-major, as a KV_ATTEND carries them."""
-        lists: Dict[int, List[List[int]]] = {i: [] for i in masses}
-        for b in range(len(self.held[0])):
-            local_from = {}
+        target ``i``) as :func:`choose_pages` chooses them, every sequence of the batch at
+        once, with the last ``local`` tokens of each sequence wherever they are. Returns,
+        per target, the page list of every (sequence, KV head), sequence-major, as a
+        KV_ATTEND carries them."""
+        batch = len(self.held[0])
+        local_from = []
+        for b in range(batch):
+            row = {}
             for i in masses:
                 n = self.recent(i, b, local)
-                local_from[i] = (self.held[i][b] - n) // self.tokens_per_page if n else None
-            chosen = choose_pages({i: m[b] for i, m in masses.items()}, local_from, budget, sink=self.owner(b, 0))
-            for i, per_head in chosen.items():
-                lists[i].extend(per_head)
-        return lists
+                row[i] = (self.held[i][b] - n) // self.tokens_per_page if n else None
+            local_from.append(row)
+        return _choose_batch(masses, local_from, [self.owner(b, 0) for b in range(batch)], budget)
 
 
 def merge(outs: List[torch.Tensor], lses: List[torch.Tensor]) -> torch.Tensor:
@@ -212,45 +212,59 @@ def merge(outs: List[torch.Tensor], lses: List[torch.Tensor]) -> torch.Tensor:
 def choose_pages(masses: Dict[int, np.ndarray], local_from: Dict[int, Optional[int]], budget: int, sink: int = 0) -> Dict[int, List[List[int]]]:
     """SparF's page choice for one sequence whose pages are spread over targets, made as
     one target holding them all makes it (``sparse.rs``): the first page (the first of
-    target ``sink``, which holds the sequence's first), every page holding one of the last ``local`` tokens (on target ``i``
-    its pages from ``local_from[i]``, None for none), and the ``budget`` other pages on
-    which some query row of the KV head puts the most approximate mass, normalised over
-    the whole sequence; only pages before a target's local ones compete, as on one target.
+    target ``sink``, which holds the sequence's first), every page holding one of the last
+    ``local`` tokens (on target ``i`` its pages from ``local_from[i]``, None for none), and
+    the ``budget`` other pages on which some query row of the KV head puts the most
+    approximate mass, normalised over the whole sequence; only pages before a target's
+    local ones compete, as on one target.
 
     ``masses[i]`` is target ``i``'s ``[kv_heads][rows][pages]`` log-masses. Returns, per
     target, per KV head, the chosen pages (ascending)."""
+    return _choose_batch({i: [m] for i, m in masses.items()}, [local_from], [sink], budget)
+
+
+def _choose_batch(masses: Dict[int, List[np.ndarray]], local_from: List[Dict[int, Optional[int]]], sinks: List[int], budget: int) -> Dict[int, List[List[int]]]:
+    """:func:`choose_pages` for every sequence ``b`` of a batch at once (``masses[i][b]``,
+    ``local_from[b]``, ``sinks[b]``): each target's pages laid side by side, a sequence
+    holding fewer than another padded with pages of no mass that never compete. Returns,
+    per target, the page lists of every (sequence, KV head), sequence-major."""
     order = sorted(masses)
-    heads = next(iter(masses.values())).shape[0]
-    widths = [masses[i].shape[2] for i in order]
-    lm = np.concatenate([masses[i].astype(np.float64) for i in order], axis=2)  # [H, G, pages]
-    out: Dict[int, List[List[int]]] = {i: [[] for _ in range(heads)] for i in order}
-    if lm.shape[2] == 0:
-        return out
-    top = lm.max(axis=2, keepdims=True)
+    batch = len(sinks)
+    heads, rows = next(iter(masses.values()))[0].shape[:2]
+    widths = np.array([[masses[i][b].shape[2] for b in range(batch)] for i in order], dtype=np.int64).reshape(len(order), batch)
+    room = widths.max(axis=1) if batch else np.zeros(len(order), dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(room)[:-1]]).astype(np.int64)
+    lm = np.full((batch, heads, rows, int(room.sum())), -np.inf)
+    fixed = np.zeros((batch, lm.shape[3]), dtype=bool)
+    compete = np.zeros_like(fixed)
+    for j, i in enumerate(order):
+        at = int(starts[j])
+        for b in range(batch):
+            w = int(widths[j, b])
+            lm[b, :, :, at : at + w] = masses[i][b]
+            compete[b, at : at + w] = True
+            if i == sinks[b] and w:
+                fixed[b, at] = True  # the attention sink
+            if local_from[b].get(i) is not None:
+                fixed[b, at + local_from[b][i] : at + w] = True
+    compete &= ~fixed
+    top = lm.max(axis=3, keepdims=True)
     top[~np.isfinite(top)] = 0.0
-    lz = top + np.log(np.exp(lm - top).sum(axis=2, keepdims=True))
-    mass = np.exp(lm - lz).max(axis=1)  # [H, pages]
-    fixed = np.zeros(lm.shape[2], dtype=bool)
-    compete = np.ones(lm.shape[2], dtype=bool)
-    at = 0
-    for i, w in zip(order, widths):
-        if i == sink and w:
-            fixed[at] = True  # the attention sink
-            compete[at] = False
-        if local_from[i] is not None:
-            fixed[at + local_from[i] : at + w] = True
-            compete[at + local_from[i] : at + w] = False
-        at += w
-    for h in range(heads):
-        pick = fixed.copy()
-        cand = np.flatnonzero(compete)
-        if budget and len(cand):
-            best = cand[np.argsort(-mass[h, cand], kind="stable")[:budget]]
-            pick[best] = True
-        at = 0
-        for i, w in zip(order, widths):
-            out[i][h] = np.flatnonzero(pick[at : at + w]).tolist()
-            at += w
+    with np.errstate(divide="ignore"):
+        lz = top + np.log(np.exp(lm - top).sum(axis=3, keepdims=True))
+    mass = np.exp(lm - lz).max(axis=2)  # [batch, heads, pages]
+    pick = np.broadcast_to(fixed[:, None, :], mass.shape).copy()
+    if budget and lm.shape[3]:
+        key = np.where(compete[:, None, :], mass, -np.inf)
+        best = np.zeros_like(pick)
+        np.put_along_axis(best, np.argsort(-key, axis=2, kind="stable")[:, :, :budget], True, axis=2)
+        pick |= best & compete[:, None, :]
+    out: Dict[int, List[List[int]]] = {i: [] for i in order}
+    for j, i in enumerate(order):
+        at = int(starts[j])
+        for b in range(batch):
+            part = pick[b, :, at : at + int(widths[j, b])]
+            out[i].extend(np.flatnonzero(part[h]).tolist() for h in range(heads))
     return out
 
 
