@@ -37,9 +37,21 @@ def test_identify_and_block_io(url: str):
     s.write(1, 100, data)
     s.flush(1)
     assert s.read(1, 100, len(data) // 512) == data
+    # Into a caller's buffer, reused: the same bytes, the rest of the image untouched.
+    buf = bytearray(len(data))
+    for _ in range(2):
+        s.read_into(1, 100, buf)
+        assert buf == data
+    for bad in (bytearray(0), bytearray(700)):
+        with pytest.raises(insitu.RequestError, match="whole"):
+            s.read_into(1, 100, bad)
+    with pytest.raises(TypeError):
+        s.read_into(1, 100, bytes(512))  # not writable
     assert s.stats()["bytes_received"] >= len(data)
     with pytest.raises(insitu.TargetError, match="LBA Out of Range"):
         s.read(1, (64 << 20) // 512, 1)
+    with pytest.raises(insitu.TargetError, match="LBA Out of Range"):
+        s.read_into(1, (64 << 20) // 512, bytearray(512))
     s.disconnect()
 
 

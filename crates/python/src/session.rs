@@ -4,7 +4,7 @@
 use crate::{RequestError, StorageIOError, TargetError};
 use insitu_initiator::{default_hostnqn, ConnectOptions, InitiatorError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyByteArray, PyBytes, PyDict};
 
 pub(crate) fn to_py(e: InitiatorError) -> PyErr {
     let msg = e.to_string();
@@ -77,6 +77,26 @@ impl Session {
         // Straight into the bytes object Python gets: a large read (a FlexGen layer) is
         // copied once on its way from the socket, not twice.
         PyBytes::new_with(py, len, |buf| py.allow_threads(|| self.inner.read_into(nsid, slba, buf)).map_err(to_py))
+    }
+
+    /// Reads whole logical blocks from `slba` into `buffer`, a `bytearray` whose length is
+    /// a multiple of the block size: a caller reading the same amount again and again
+    /// (a FlexGen layer) reuses one buffer, with no allocation, zeroing or copy after the
+    /// socket's. The bytearray must not be resized while the read runs.
+    fn read_into(&self, py: Python<'_>, nsid: u32, slba: u64, buffer: &Bound<'_, PyByteArray>) -> PyResult<()> {
+        let lba = py.allow_threads(|| self.inner.lba_size(nsid)).map_err(to_py)?;
+        let len = buffer.len();
+        if len == 0 || len % lba as usize != 0 {
+            return Err(RequestError::new_err(format!("read_into: a {len}-byte buffer is not whole {lba}-byte blocks")));
+        }
+        let ptr = buffer.data() as usize;
+        py.allow_threads(|| {
+            // SAFETY: the bytearray is borrowed for this call and not resized during it
+            // (the caller's promise): its `len` bytes at `ptr` stay valid until we return.
+            let out = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
+            self.inner.read_into(nsid, slba, out)
+        })
+        .map_err(to_py)
     }
 
     /// Writes whole logical blocks at `slba`.

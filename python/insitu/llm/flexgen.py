@@ -129,6 +129,7 @@ class FlexGenStore(KVStore):
         # The reads of a prefetched layer, all in flight together (the sessions are
         # thread-safe and spread them over their queues).
         self._readers = ThreadPoolExecutor(max_workers=16, thread_name_prefix="flexgen-read")
+        self._buffers: Dict[Tuple[int, int, int, int], bytearray] = {}
         self.rows: List[Dict[Tuple[int, int], _Row]] = []
         self._media = [0] * len(self.ranges)
         self.tokens = [0] * batch
@@ -296,9 +297,11 @@ class FlexGenStore(KVStore):
             if g == 0:
                 jobs.append((0, []))
             elif heads == 1 or 8 * (self.region - used) <= used:
-                jobs.append((g, [self._readers.submit(self._read, i, self._lba(b, layer, 0, i), (heads - 1) * self.region + used)]))
+                jobs.append(
+                    (g, [self._readers.submit(self._read_layer_part, (i, b, -1, layer % 2), self._lba(b, layer, 0, i), (heads - 1) * self.region + used)])
+                )
             else:
-                jobs.append((g, [self._readers.submit(self._read, i, self._lba(b, layer, h, i), used) for h in range(heads)]))
+                jobs.append((g, [self._readers.submit(self._read_layer_part, (i, b, h, layer % 2), self._lba(b, layer, h, i), used) for h in range(heads)]))
         out = []
         for g, reads in jobs:
             if g == 0:
@@ -424,6 +427,21 @@ class FlexGenStore(KVStore):
             K[a:z], V[a:z] = pairs[:, 0].reshape(-1, self.head_dim), pairs[:, 1].reshape(-1, self.head_dim)
         K[row.base :], V[row.base :] = row.k[h], row.v[h]
         return K, V
+
+    def _read_layer_part(self, key: Tuple[int, int, int, int], lba: int, nbytes: int) -> torch.Tensor:
+        """A read of :meth:`_read_layer` into the buffer kept for ``key`` (target, sequence,
+        head or -1, layer parity), as FlexGen reads into buffers it allocated once: no
+        allocation, zeroing or copy per read. A layer's buffers are in use until its
+        attention is done, while the next layer's reads fill the other parity's."""
+        i = key[0]
+        size = math.ceil(nbytes / BLOCK) * BLOCK
+        buf = self._buffers.get(key)
+        if buf is None or len(buf) != size:
+            buf = self._buffers[key] = bytearray(size)
+        self.sessions[i].read_into(NSID, lba, buf)
+        with self._media_lock:
+            self._media[i] += size
+        return torch.frombuffer(buf, dtype=torch.float32, count=nbytes // 4)
 
     def _read(self, i: int, lba: int, nbytes: int) -> torch.Tensor:
         nlb = math.ceil(nbytes / BLOCK)
