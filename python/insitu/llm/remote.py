@@ -5,7 +5,7 @@ How a pool of targets shares the cache (``split``):
 
 * ``"tokens"`` (the default with two or more targets; split-K): every target holds every
   KV head for a share of each sequence's tokens, dealt out in whole flash pages, target
-  after target (page ``g`` of row ``b`` goes to target ``(g + b) mod N``), the prompt's tokens and
+  after target (page ``g`` of a row goes to target ``g mod N``), the prompt's tokens and
   each decode step's new token alike, so the targets stay even however many KV heads the
   model has (SmolLM2-135M has 3: a head split
   leaves a fourth target idle). Each target returns, per query row, its softmax-weighted
