@@ -564,7 +564,7 @@ impl Attend {
         let q = read_vectors(&b[o..o + size * nq], vectors);
         o += size * nq;
         let reduced = if reduced {
-            check_reduced_dims(&dims, r.max(1), head_dim)?;
+            dims.chunks(r.max(1)).try_for_each(|run| check_components(run, head_dim))?;
             let l1: Vec<f64> = (0..l1_n).map(|i| f64::from_le_bytes(b[o + 8 * i..o + 8 * i + 8].try_into().expect("8 bytes"))).collect();
             if let Some(x) = l1.iter().find(|x| !x.is_finite() || **x < 0.0) {
                 return Err(bad(format!("KV attention request: a reduced query's ‖q‖₁ of {x} is not a number of 0 or more")));
@@ -587,13 +587,12 @@ impl Attend {
     }
 }
 
-/// Refuses the components of reduced queries ([`ReducedQueries::dims`]) unless each run of
-/// `r` is strictly ascending and below `head_dim`.
-fn check_reduced_dims(dims: &[u16], r: usize, head_dim: usize) -> Result<(), BadRequest> {
-    for run in dims.chunks(r) {
-        if run.windows(2).any(|w| w[0] >= w[1]) || run.last().is_some_and(|&d| usize::from(d) >= head_dim) {
-            return Err(bad(format!("KV attention request: reduced query components {run:?} are not strictly ascending below the head size {head_dim}")));
-        }
+/// Refuses the components one (entry, KV head)'s reduced queries share
+/// ([`ReducedQueries::dims`]) unless there is at least one, strictly ascending, each below
+/// `head_dim`: the one check of the decoder and of the engine's reduced page scores.
+pub fn check_components<T: Copy + Into<usize> + std::fmt::Debug>(run: &[T], head_dim: usize) -> Result<(), BadRequest> {
+    if run.is_empty() || run.windows(2).any(|w| w[0].into() >= w[1].into()) || run.last().is_some_and(|&d| d.into() >= head_dim) {
+        return Err(bad(format!("reduced query components {run:?} are not strictly ascending below the head size {head_dim}")));
     }
     Ok(())
 }

@@ -162,10 +162,7 @@ pub fn reduce_queries(q: &[f32], group: usize, head_dim: usize, r: usize) -> (Ve
 /// the full queries) and `l1` each row's `‖q‖₁` over all components. The masses are those
 /// of the full queries: only these components and norms enter them.
 pub fn page_log_mass_reduced(head: &dyn HeadPages, q: &[f32], dims: &[usize], l1: &[f64], scale: f32) -> Result<(Vec<f64>, AttendStats), KvError> {
-    let hd = head.layout().head_dim;
-    if dims.is_empty() || dims.windows(2).any(|w| w[0] >= w[1]) || dims.last().is_some_and(|&d| d >= hd) {
-        return Err(bad(format!("reduced query components {dims:?} are not strictly ascending below the head size {hd}")));
-    }
+    insitu_proto::attention::check_components(dims, head.layout().head_dim)?;
     if q.len() != l1.len() * dims.len() {
         return Err(bad(format!("{} reduced query values for {} rows of {} components", q.len(), l1.len(), dims.len())));
     }
