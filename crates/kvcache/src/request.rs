@@ -5,8 +5,10 @@
 use rayon::prelude::*;
 
 use crate::attention::{attend_groups, page_log_mass, page_log_mass_reduced};
+use crate::store::Timeline;
 use crate::{AttendStats, KvCache, KvError, Method, Task};
 use insitu_proto::attention::{check_new_entries, Attend, AttendOptions, AttendResult, PageScores};
+use std::sync::Arc;
 
 impl KvCache {
     /// Runs a decoded attention request whose sequences the caller has checked against
@@ -25,7 +27,15 @@ impl KvCache {
         if a.reduced.is_some() {
             return Err(KvError::BadRequest("reduced queries carry SparF's components only: they serve page scores (CDW11 bit 1), not attention".into()));
         }
-        let views = self.prepare(&a)?;
+        let timeline = Arc::new(Timeline::default());
+        let result = self.attend_on(a, options, &timeline);
+        timeline.wait(self.media());
+        result
+    }
+
+    /// [`KvCache::attend_request`] with its reads booked on `timeline`, not waited for.
+    fn attend_on(&self, a: Attend, options: AttendOptions, timeline: &Arc<Timeline>) -> Result<AttendResult, KvError> {
+        let views = self.prepare(&a, timeline)?;
         let rows = a.group * a.head_dim;
         if let Some(groups) = &a.groups {
             let mut out = vec![0f32; a.q.len()];
@@ -81,7 +91,15 @@ impl KvCache {
         let Method::SparF { r, .. } = a.method else {
             return Err(KvError::BadRequest("page scores need the SparF method (its r components)".into()));
         };
-        let views = self.prepare(&a)?;
+        let timeline = Arc::new(Timeline::default());
+        let result = self.page_scores_on(&a, r, &timeline);
+        timeline.wait(self.media());
+        result
+    }
+
+    /// [`KvCache::page_scores_request`] with its reads booked on `timeline`, not waited for.
+    fn page_scores_on(&self, a: &Attend, r: usize, timeline: &Arc<Timeline>) -> Result<PageScores, KvError> {
+        let views = self.prepare(a, timeline)?;
         let parts = match &a.reduced {
             None => {
                 let rows = a.group * a.head_dim;
@@ -117,7 +135,7 @@ impl KvCache {
     /// Refuses a sequence named twice, appends the decode step's new token of every entry
     /// (or of the entries `a.new_entries` lists) when `a` carries one, and returns every
     /// (entry, KV head)'s view, entry-major.
-    fn prepare(&self, a: &Attend) -> Result<Vec<crate::HeadView>, KvError> {
+    fn prepare(&self, a: &Attend, timeline: &Arc<Timeline>) -> Result<Vec<crate::HeadView>, KvError> {
         for (i, s) in a.seqs.iter().enumerate() {
             if a.seqs[..i].contains(s) {
                 return Err(KvError::BadRequest(format!("sequence {s} appears twice in one attention request")));
@@ -144,6 +162,6 @@ impl KvCache {
                 self.append(a.seqs[e], a.layer, 1, &k[j * n..(j + 1) * n], &v[j * n..(j + 1) * n])?;
             }
         }
-        a.seqs.iter().flat_map(|s| (0..a.heads).map(move |h| self.head(*s, a.layer, h))).collect()
+        a.seqs.iter().flat_map(|s| (0..a.heads).map(move |h| self.head_on(*s, a.layer, h, Some(timeline)))).collect()
     }
 }

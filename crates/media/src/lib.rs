@@ -61,6 +61,12 @@ pub trait Pacing: Send + Sync {
     /// `len` bytes at `offset` are about to be read for `purpose`; when would the device
     /// have delivered them there?
     fn on_read(&self, offset: u64, len: u64, purpose: ReadPurpose) -> Instant;
+    /// As [`Pacing::on_read`], for a read that cannot be issued before `after` (it depends
+    /// on data that arrives then). By default booked now and delivered no earlier than
+    /// `after`; a model with queues books it at `after` instead.
+    fn on_read_after(&self, offset: u64, len: u64, purpose: ReadPurpose, after: Instant) -> Instant {
+        self.on_read(offset, len, purpose).max(after)
+    }
     /// `len` bytes at `offset` are about to be written; when would the device acknowledge
     /// them? (A drive with a write-back cache acknowledges before it has programmed them.)
     fn on_write(&self, offset: u64, len: u64) -> Instant;
@@ -240,6 +246,29 @@ impl Backing {
     /// Callers merge adjacent pages into one span, which is one system call. A span past
     /// the end is an error and nothing is read.
     pub fn read_batch_for<'b>(&self, spans: &[(u64, usize)], buf: &'b mut AlignedBuf, purpose: ReadPurpose) -> io::Result<Vec<&'b [u8]>> {
+        let (read, deadline) = self.read_batch_deferred(spans, buf, purpose, None)?;
+        if let Some(deadline) = deadline {
+            self.wait_until(deadline);
+        }
+        Ok(read)
+    }
+
+    /// [`Backing::read_batch_for`] without the wait: the data is returned at once, with
+    /// the time the timing model delivers it (None when nothing paces this media), which
+    /// the caller must wait for before it answers anyone with what it computed from them.
+    /// The reads are issued no earlier than `after`, when what chose them is there.
+    ///
+    /// A request that reads in several steps (SparF reads dimension pages, then the pages
+    /// they point at) then waits once, and its threads compute while the modelled drive
+    /// works, as a drive's engine overlaps its compute with its reads; no thread sleeps
+    /// per read, so few threads keep many reads in flight.
+    pub fn read_batch_deferred<'b>(
+        &self,
+        spans: &[(u64, usize)],
+        buf: &'b mut AlignedBuf,
+        purpose: ReadPurpose,
+        after: Option<Instant>,
+    ) -> io::Result<(Vec<&'b [u8]>, Option<Instant>)> {
         let mut reads = Vec::with_capacity(spans.len());
         let mut at = 0usize;
         for &(offset, len) in spans {
@@ -250,18 +279,31 @@ impl Backing {
         if buf.len() < at {
             *buf = AlignedBuf::new(at);
         }
-        let deadline = self.pacing.as_ref().map(|p| (p, spans.iter().map(|&(o, l)| p.on_read(o, l as u64, purpose)).max()));
+        let deadline = self.pacing.as_ref().and_then(|p| {
+            spans
+                .iter()
+                .map(|&(o, l)| match after {
+                    Some(t) => p.on_read_after(o, l as u64, purpose, t),
+                    None => p.on_read(o, l as u64, purpose),
+                })
+                .max()
+        });
         let got = batch::read_all(&self.direct, &reads, buf.as_mut_slice(), self.in_memory)?;
         for (r, got) in reads.iter().zip(got) {
             self.counters.read_bytes.fetch_add(got as u64, Ordering::Relaxed);
             whole_read(r.offset, got, (self.len.min(r.offset + r.len as u64) - r.offset) as usize)?;
         }
         let places: Vec<usize> = reads.iter().zip(spans).map(|(r, &(offset, _))| r.at + (offset - r.offset) as usize).collect();
-        if let Some((p, Some(deadline))) = deadline {
+        let buf: &'b AlignedBuf = buf;
+        Ok((places.into_iter().zip(spans).map(|(at, &(_, len))| &buf.as_slice()[at..at + len]).collect(), deadline))
+    }
+
+    /// Waits until `deadline` as the media's timing model waits (see [`Pacing::wait_until`]);
+    /// returns at once when nothing paces it.
+    pub fn wait_until(&self, deadline: Instant) {
+        if let Some(p) = &self.pacing {
             p.wait_until(deadline);
         }
-        let buf: &'b AlignedBuf = buf;
-        Ok(places.into_iter().zip(spans).map(|(at, &(_, len))| &buf.as_slice()[at..at + len]).collect())
     }
 
     /// Whether [`Backing::send_from_page_cache`] sends: media in memory, or with cached
@@ -587,5 +629,43 @@ mod tests {
         m.flush().unwrap();
         assert!(t.elapsed() >= std::time::Duration::from_millis(5), "a flush lasts as long as the model's");
         assert_eq!(rec.0.lock().unwrap().last(), Some(&(true, u64::MAX, 0)));
+    }
+
+    /// Delivers every read a fixed time after it is asked for, or after `after`.
+    struct Slow(std::time::Duration);
+
+    impl Pacing for Slow {
+        fn on_read(&self, _: u64, _: u64, _: ReadPurpose) -> Instant {
+            Instant::now() + self.0
+        }
+        fn on_read_after(&self, _: u64, _: u64, _: ReadPurpose, after: Instant) -> Instant {
+            after.max(Instant::now()) + self.0
+        }
+        fn on_write(&self, _: u64, _: u64) -> Instant {
+            Instant::now()
+        }
+    }
+
+    #[test]
+    fn a_deferred_batch_returns_its_data_and_deadline_at_once_and_a_batch_waits() {
+        let (_d, path) = store(4 * 4096);
+        let m = Backing::open(&path, false).unwrap().with_pacing(Arc::new(Slow(std::time::Duration::from_secs(30))));
+        m.write_at(&[7u8; 4096], 4096).unwrap();
+        let mut buf = AlignedBuf::new(2 * 4096);
+        let t = Instant::now();
+        let (read, deadline) = m.read_batch_deferred(&[(4096, 4096)], &mut buf, ReadPurpose::Offload, None).unwrap();
+        assert!(read[0].iter().all(|&b| b == 7));
+        let deadline = deadline.expect("paced media gives a deadline");
+        assert!(t.elapsed() < std::time::Duration::from_secs(10), "a deferred read does not wait");
+        assert!(deadline >= t + std::time::Duration::from_secs(30));
+        // A read that depends on the first is delivered after it.
+        let (_, next) = m.read_batch_deferred(&[(0, 4096)], &mut buf, ReadPurpose::Offload, Some(deadline)).unwrap();
+        assert!(next.unwrap() >= deadline + std::time::Duration::from_secs(30));
+        let m = Backing::open(&path, false).unwrap().with_pacing(Arc::new(Slow(std::time::Duration::from_millis(20))));
+        let t = Instant::now();
+        m.read_batch_for(&[(0, 4096), (8192, 4096)], &mut buf, ReadPurpose::Offload).unwrap();
+        assert!(t.elapsed() >= std::time::Duration::from_millis(20), "a batch waits for its reads");
+        let unpaced = Backing::open(&path, false).unwrap();
+        assert_eq!(unpaced.read_batch_deferred(&[(0, 4096)], &mut buf, ReadPurpose::Offload, None).unwrap().1, None);
     }
 }

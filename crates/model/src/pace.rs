@@ -143,9 +143,22 @@ impl Pacer {
     /// host read's link is paced by the transport, which sees the bytes on the wire).
     /// Returns when the data is where it was asked for, without waiting.
     pub fn reserve_streamed_read(&self, offset: u64, len: u64, purpose: ReadPurpose) -> Instant {
-        let now = self.now_ns();
+        self.reserve_streamed_read_at(self.now_ns(), 0, offset, len, purpose)
+    }
+
+    /// [`Pacer::reserve_streamed_read`] for a read issued at `after` (or now, if later):
+    /// one that depends on data the model delivers then.
+    pub fn reserve_streamed_read_after(&self, offset: u64, len: u64, purpose: ReadPurpose, after: Instant) -> Instant {
+        let at = after.saturating_duration_since(self.epoch).as_nanos() as u64;
+        self.reserve_streamed_read_at(self.now_ns().max(at), at, offset, len, purpose)
+    }
+
+    /// Books a read at `now`; one continuing a stream may have been issued earlier, but
+    /// never before `floor` (when what chose it arrived).
+    fn reserve_streamed_read_at(&self, now: u64, floor: u64, offset: u64, len: u64, purpose: ReadPurpose) -> Instant {
         let mut streams = lock(&self.streams[purpose as usize]);
         let (issue, continued, slot) = streams.issue(now, offset);
+        let issue = issue.max(floor);
         let flash_done = match &self.flash {
             Some(flash) => {
                 self.counters.reads.fetch_add(1, Relaxed);
@@ -268,6 +281,10 @@ impl insitu_media::Pacing for Pacer {
         self.reserve_streamed_read(offset, len, purpose)
     }
 
+    fn on_read_after(&self, offset: u64, len: u64, purpose: ReadPurpose, after: Instant) -> Instant {
+        self.reserve_streamed_read_after(offset, len, purpose, after)
+    }
+
     /// A write ends both read streams: the next read pays the full latency. It is
     /// acknowledged from the write-back cache ([`WRITE_CACHE_NS`]) and programmed later.
     fn on_write(&self, offset: u64, len: u64) -> Instant {
@@ -384,6 +401,23 @@ mod tests {
         assert!(took >= Duration::from_millis(21) && took < Duration::from_millis(300), "{took:?}");
         assert_eq!(p.stats().reads, 2);
         assert_eq!(p.flash_stats().unwrap().host_pages_read, 2);
+    }
+
+    #[test]
+    fn a_dependent_read_is_issued_when_what_it_depends_on_arrives() {
+        // Two dies on one channel: two reads booked now overlap their 10 ms senses, but a
+        // read issued after the first's data arrives starts its sense only then.
+        let cfg = FlashConfig { channels: 1, dies_per_channel: 2, page_bytes: 4096, read_us: 10_000.0, channel_mb_s: 4096.0, ..FlashConfig::default() };
+        let p = Pacer::new(Some(Flash::new(cfg.clone(), 1 << 20).unwrap()), None);
+        let t = Instant::now();
+        let first = p.on_read(0, 4096, ReadPurpose::Offload);
+        let together = p.on_read(4096, 4096, ReadPurpose::Offload).saturating_duration_since(t);
+        assert!(together < Duration::from_millis(15), "{together:?}");
+        let p = Pacer::new(Some(Flash::new(cfg, 1 << 20).unwrap()), None);
+        let first_dep = p.on_read(0, 4096, ReadPurpose::Offload);
+        let after = p.on_read_after(4096, 4096, ReadPurpose::Offload, first_dep);
+        assert!(after.saturating_duration_since(first_dep) >= Duration::from_millis(10), "{:?}", after.saturating_duration_since(first_dep));
+        assert!(first <= t + Duration::from_millis(15));
     }
 
     #[test]

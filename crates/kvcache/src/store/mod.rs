@@ -15,6 +15,7 @@ use insitu_media::{AlignedBuf, Backing, ReadPurpose};
 use journal::{Journal, Record};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 /// A sequence's shape and progress.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,10 +211,10 @@ pub struct KvCache {
     workers: rayon::ThreadPool,
 }
 
-/// Attention threads per core. A head's attention waits on the drive more than it
-/// computes, so more heads than cores keep reads in flight: with one thread per core the
-/// drive sees at most that many requests at once.
-const ATTENTION_THREADS_PER_CORE: usize = 4;
+/// Attention threads per core. A request's threads do not sleep on the drive (its reads
+/// are booked on a [`Timeline`] and waited for once), so one per core keeps every read in
+/// flight; more only spin and switch when idle.
+const ATTENTION_THREADS_PER_CORE: usize = 1;
 
 /// A read view of one (sequence, layer, head), steady while it lives.
 pub struct HeadView {
@@ -221,6 +222,40 @@ pub struct HeadView {
     data_base: u64,
     layout: Layout,
     head: Head,
+    /// The request this view reads for, when it waits for its reads at its end rather
+    /// than read by read (see [`Timeline`]).
+    timeline: Option<Arc<Timeline>>,
+    /// When this view's last reads arrive on the modelled drive: its next reads depend on
+    /// them (SparF reads the pages its dimension pages point at), so they are issued then.
+    ready: Mutex<Option<Instant>>,
+}
+
+/// The modelled drive's time for the reads of one request.
+///
+/// Its views book their reads without waiting ([`Backing::read_batch_deferred`]), each
+/// after its own previous reads, and the request waits once, until the last of them has
+/// arrived ([`Timeline::wait`]): so the request takes the longer of its real and its
+/// modelled time, the engine's compute overlaps the drive as a drive's engine overlaps
+/// it, and the attention threads never sleep on the drive, so a few keep every read of
+/// every request in flight.
+#[derive(Default)]
+pub struct Timeline {
+    last: Mutex<Option<Instant>>,
+}
+
+impl Timeline {
+    fn note(&self, ready: Instant) {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        *last = Some(last.map_or(ready, |t| t.max(ready)));
+    }
+
+    /// Waits until every read booked so far has arrived on `media`'s timing model.
+    pub fn wait(&self, media: &Backing) {
+        let last = *self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(t) = last {
+            media.wait_until(t);
+        }
+    }
 }
 
 fn bad(m: impl Into<String>) -> KvError {
@@ -312,7 +347,7 @@ impl KvCache {
                         return Err(KvError::Io(std::io::Error::other(format!("journal of sequence {id} lacks dimension pages"))));
                     }
                     h.tokens = tokens;
-                    let view = HeadView { media: self.media.clone(), data_base: self.data_base, layout: l, head: h.clone() };
+                    let view = HeadView::new(self.media.clone(), self.data_base, l, h.clone(), None);
                     let mut rows = vec![0f32; l.tokens_per_page * l.head_dim];
                     let mut d_tail = Vec::new();
                     h.v_sum = vec![0.0; l.head_dim];
@@ -552,14 +587,25 @@ impl KvCache {
         st.journal.rewrite(&all)
     }
 
-    /// A read view of one head of one layer.
+    /// A read view of one head of one layer; each of its loads waits for its reads.
     pub fn head(&self, seq: u64, layer: usize, head: usize) -> Result<HeadView, KvError> {
+        self.head_on(seq, layer, head, None)
+    }
+
+    /// [`KvCache::head`] whose reads are booked on `timeline`, when given, and not waited
+    /// for: the caller waits on the timeline before it answers.
+    pub fn head_on(&self, seq: u64, layer: usize, head: usize, timeline: Option<&Arc<Timeline>>) -> Result<HeadView, KvError> {
         let st = self.lock();
         let s = st.seqs.get(&seq).ok_or(KvError::UnknownSequence(seq))?;
         if layer >= s.layers || head >= s.kv_heads {
             return Err(KvError::Mismatch { seq, what: format!("layer {layer} head {head} is outside {} layers x {} heads", s.layers, s.kv_heads) });
         }
-        Ok(HeadView { media: self.media.clone(), data_base: self.data_base, layout: s.layout, head: s.heads[layer * s.kv_heads + head].clone() })
+        Ok(HeadView::new(self.media.clone(), self.data_base, s.layout, s.heads[layer * s.kv_heads + head].clone(), timeline.cloned()))
+    }
+
+    /// The media the store lives on.
+    pub(crate) fn media(&self) -> &Backing {
+        &self.media
     }
 }
 
@@ -628,6 +674,25 @@ fn apply(seqs: &mut HashMap<u64, Seq>, r: Record, page_bytes: usize) -> Result<(
 const PAGES_PER_READ: usize = 256;
 
 impl HeadView {
+    fn new(media: Arc<Backing>, data_base: u64, layout: Layout, head: Head, timeline: Option<Arc<Timeline>>) -> HeadView {
+        HeadView { media, data_base, layout, head, timeline, ready: Mutex::new(None) }
+    }
+
+    /// Reads `spans` into `buf`: at once, booked on the view's timeline after its previous
+    /// reads, or waiting for them when the view has no timeline.
+    fn read_spans<'b>(&self, spans: &[(u64, usize)], buf: &'b mut AlignedBuf) -> Result<Vec<&'b [u8]>, KvError> {
+        let Some(timeline) = &self.timeline else {
+            return Ok(self.media.read_batch_for(spans, buf, ReadPurpose::Offload)?);
+        };
+        let mut ready = self.ready.lock().unwrap_or_else(PoisonError::into_inner);
+        let (read, done) = self.media.read_batch_deferred(spans, buf, ReadPurpose::Offload, *ready)?;
+        if let Some(done) = done {
+            timeline.note(done);
+            *ready = Some(done);
+        }
+        Ok(read)
+    }
+
     /// Reads `pages` (each `(slot, page)`: flash page `page` decoded into
     /// `out[slot * per..][..per]`) as one batch: every page is on the drive's queue at once,
     /// and adjacent pages bound for adjacent slots are one read.
@@ -646,7 +711,7 @@ impl HeadView {
         let spans: Vec<(u64, usize)> = runs.iter().map(|&(_, p, n)| (self.data_base + u64::from(p) * pb as u64, n * pb)).collect();
         let need = spans.iter().map(|s| s.1).sum::<usize>() + 2 * insitu_media::DIRECT_ALIGN * spans.len();
         let mut fill = |buf: &mut AlignedBuf| -> Result<Loaded, KvError> {
-            let read = self.media.read_batch_for(&spans, buf, ReadPurpose::Offload)?;
+            let read = self.read_spans(&spans, buf)?;
             for (&(slot, _, n), bytes) in runs.iter().zip(read) {
                 decode(self.layout.dtype, bytes, &mut out[slot * per..(slot + n) * per]);
             }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 use super::*;
 use crate::{attend, Method};
+use std::time::Instant;
 
 const D: usize = 16;
 const H: usize = 2;
@@ -444,4 +445,76 @@ fn f16_pages_decode_as_each_value_alone_would() {
         decode(Dtype::F16, &bytes, &mut out);
         assert!(vals.iter().zip(&out).all(|(a, b)| a.to_f32() == *b), "{n} values");
     }
+}
+
+/// Delivers every read 2 ms after it may start, and records how each was issued: `None`
+/// at once, `Some(t)` after what it depends on, delivered at `t`.
+#[derive(Default)]
+struct Issued(Mutex<Vec<(Option<Instant>, Instant)>>);
+
+impl insitu_media::Pacing for Issued {
+    fn on_read(&self, _: u64, _: u64, _: ReadPurpose) -> Instant {
+        let done = Instant::now() + std::time::Duration::from_millis(2);
+        self.0.lock().unwrap().push((None, done));
+        done
+    }
+    fn on_read_after(&self, _: u64, _: u64, _: ReadPurpose, after: Instant) -> Instant {
+        let done = after.max(Instant::now()) + std::time::Duration::from_millis(2);
+        self.0.lock().unwrap().push((Some(after), done));
+        done
+    }
+    fn on_write(&self, _: u64, _: u64) -> Instant {
+        Instant::now()
+    }
+}
+
+fn request(seqs: Vec<u64>, method: Method) -> insitu_proto::attention::Attend {
+    insitu_proto::attention::Attend {
+        layer: 0,
+        heads: H,
+        group: 1,
+        head_dim: D,
+        method,
+        scale: 0.25,
+        q: rows(seqs.len() * H * D, 3.0),
+        seqs,
+        new_kv: None,
+        new_entries: None,
+        groups: None,
+        vectors: Dtype::F32,
+        reduced: None,
+    }
+}
+
+#[test]
+fn a_request_books_every_read_at_once_waits_once_and_sparf_reads_its_pages_after_its_dimensions() {
+    let dir = tempfile::tempdir().unwrap();
+    let pacing = Arc::new(Issued::default());
+    let p = dir.path().join("private.img");
+    std::fs::File::create(&p).unwrap().set_len(16 << 20).unwrap();
+    let media = Arc::new(Backing::open(&p, false).unwrap().with_pacing(pacing.clone()));
+    let s = KvCache::open(media, 0, 16 << 20, 4096).unwrap();
+    // 1,500 tokens of D = 16 f32: 23 token pages and one whole dimension block per head.
+    for seq in 1..=4 {
+        s.create(seq, 1, H, D, Dtype::F32, 1).unwrap();
+        s.append(seq, 0, 1500, &rows(H * 1500 * D, seq as f32), &rows(H * 1500 * D, -(seq as f32))).unwrap();
+    }
+    let t = Instant::now();
+    pacing.0.lock().unwrap().clear();
+    s.attend_request(request(vec![1, 2, 3, 4], Method::Dense), Default::default()).unwrap();
+    let reads = std::mem::take(&mut *pacing.0.lock().unwrap());
+    assert!(reads.len() >= 4 * H, "every head reads: {}", reads.len());
+    assert!(reads.iter().all(|(after, _)| after.is_none()), "dense reads depend on nothing: all on the queue at once");
+    let last = reads.iter().map(|r| r.1).max().unwrap();
+    assert!(Instant::now() >= last, "the request answers once its last read has arrived");
+
+    let sparf = Method::SparF { r: 4, k: 256, local: 64, pages: 3, mean_v: false };
+    s.attend_request(request(vec![1], sparf), Default::default()).unwrap();
+    let reads = std::mem::take(&mut *pacing.0.lock().unwrap());
+    let dims: Vec<Instant> = reads.iter().filter(|r| r.0.is_none()).map(|r| r.1).collect();
+    let pages: Vec<Instant> = reads.iter().filter_map(|r| r.0).collect();
+    assert!(!dims.is_empty() && !pages.is_empty(), "{reads:?}");
+    assert!(pages.iter().all(|a| dims.contains(a)), "each head's pages are read when its dimension pages have arrived");
+    assert!(t.elapsed() >= std::time::Duration::from_millis(4));
+    assert!(Instant::now() >= reads.iter().map(|r| r.1).max().unwrap());
 }
