@@ -322,3 +322,29 @@ def test_every_layer_puts_a_forward_s_tokens_where_layer_0_put_them():
     assert split.held == [[TPP, TPP], [1, 3], [0, 0]]  # counted once, at layer 0
     assert split.recent(0, 0, 2) == 1 and split.recent(1, 0, 2) == 1
     assert placed(0) == [[1, 1], [1, 1], [1, 1]]  # the next forward places anew
+
+
+def test_micro_batches_split_a_batch_evenly_and_never_leave_one_empty():
+    from insitu.llm.bench import micro_batches
+
+    assert micro_batches(4, 2) == [2, 2]
+    assert micro_batches(5, 2) == [3, 2]
+    assert micro_batches(3, 8) == [1, 1, 1]
+    assert micro_batches(4, 1) == [4]
+    assert micro_batches(2, 0) == [2]
+
+
+def test_all_waiting_is_the_time_every_micro_batch_waits_at_once():
+    from insitu.llm.bench import all_waiting
+
+    # One micro-batch: all of its waits.
+    assert all_waiting([[(0.0, 1.0), (2.0, 2.5)]]) == pytest.approx(1.5)
+    # Two: only where both wait, [0.5, 1] and [2.2, 2.5].
+    a = [(0.0, 1.0), (2.0, 2.5)]
+    b = [(0.5, 1.5), (2.2, 3.0)]
+    assert all_waiting([a, b]) == pytest.approx(0.8)
+    assert all_waiting([b, a]) == pytest.approx(0.8)
+    # Waits that never overlap: the host always computes something.
+    assert all_waiting([[(0.0, 1.0)], [(1.0, 2.0)]]) == 0.0
+    assert all_waiting([a, []]) == 0.0
+    assert all_waiting([]) == 0.0

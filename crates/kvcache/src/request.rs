@@ -2,11 +2,9 @@
 //! One KV_ATTEND request against the store: the decode step's appends, then every
 //! (entry, KV head) attended on the store's threads, into the result the command returns.
 
-use rayon::prelude::*;
-
-use crate::attention::{attend_groups, page_log_mass, page_log_mass_reduced};
+use crate::attention::{attend_groups, page_log_mass, page_log_mass_reduced, sum_stats};
 use crate::store::Timeline;
-use crate::{AttendStats, KvCache, KvError, Method, Task};
+use crate::{AttendStats, HeadPages, KvCache, KvError, Method, Task};
 use insitu_proto::attention::{check_new_entries, Attend, AttendOptions, AttendResult, PageScores};
 use std::sync::Arc;
 
@@ -40,24 +38,13 @@ impl KvCache {
         if let Some(groups) = &a.groups {
             let mut out = vec![0f32; a.q.len()];
             let mut lse = vec![f64::NEG_INFINITY; a.q.len() / a.head_dim];
-            let stats = self
-                .on_workers(|| {
-                    views
-                        .par_iter()
-                        .zip(groups.par_iter())
-                        .zip(a.q.par_chunks(rows))
-                        .zip(out.par_chunks_mut(rows).zip(lse.par_chunks_mut(a.group)))
-                        .map(|(((head, groups), q), (out, lse))| {
-                            let groups: Vec<usize> = groups.iter().map(|&g| g as usize).collect();
-                            attend_groups(head, q, a.scale, &groups, out, lse)
-                        })
-                        .collect::<Vec<_>>()
-                })
-                .into_iter()
-                .try_fold(AttendStats::default(), |mut acc, s| {
-                    acc += s?;
-                    Ok::<_, KvError>(acc)
-                })?;
+            let tpp = views.first().map_or(0, |v| v.layout().tokens_per_page);
+            let work = groups.iter().map(|g| g.len() * tpp * rows).sum();
+            let items: Vec<_> = views.iter().zip(groups).zip(a.q.chunks(rows)).zip(out.chunks_mut(rows).zip(lse.chunks_mut(a.group))).collect();
+            let stats = sum_stats(self.map_heads(items, work, |(((head, groups), q), (out, lse))| {
+                let groups: Vec<usize> = groups.iter().map(|&g| g as usize).collect();
+                attend_groups(head, q, a.scale, &groups, out, lse)
+            }))?;
             return Ok(AttendResult {
                 entries: a.seqs.len(),
                 heads: a.heads,
@@ -103,20 +90,16 @@ impl KvCache {
         let parts = match &a.reduced {
             None => {
                 let rows = a.group * a.head_dim;
-                self.on_workers(|| views.par_iter().zip(a.q.par_chunks(rows)).map(|(head, q)| page_log_mass(head, q, a.scale, r)).collect::<Vec<_>>())
+                let work = views.iter().map(|v| v.tokens() * rows).sum();
+                self.map_heads(views.iter().zip(a.q.chunks(rows)).collect(), work, |(head, q)| page_log_mass(head, q, a.scale, r))
             }
             // The host made step 1: per (entry, KV head) its r components, per row its norm.
             Some(red) => {
                 let dims: Vec<usize> = red.dims.iter().map(|&d| usize::from(d)).collect();
-                self.on_workers(|| {
-                    views
-                        .par_iter()
-                        .zip(a.q.par_chunks(a.group * r))
-                        .zip(dims.par_chunks(r))
-                        .zip(red.l1.par_chunks(a.group))
-                        .map(|(((head, q), dims), l1)| page_log_mass_reduced(head, q, dims, l1, a.scale))
-                        .collect::<Vec<_>>()
-                })
+                // Each token's approximate score costs about what a full row's would.
+                let work = views.iter().map(|v| v.tokens() * a.group * a.head_dim).sum();
+                let items = views.iter().zip(a.q.chunks(a.group * r)).zip(dims.chunks(r)).zip(red.l1.chunks(a.group)).collect();
+                self.map_heads(items, work, |(((head, q), dims), l1)| page_log_mass_reduced(head, q, dims, l1, a.scale))
             }
         };
         let mut scores =

@@ -14,9 +14,17 @@ Everything runs on this machine: the embedded targets' attention engines share i
 cores with the host's model. ``model_bound_s`` is the time a step would take if only the
 device model's link and flash were the limit (bytes over their rates, per target in
 parallel); ``step_over_bound`` is the measured step over it: far above 1, the step is
-CPU-limited, not device-limited. ``attention_s`` is the part of a step spent in decode
-attention (queries out to outputs back, all layers), the part the backend is responsible
-for; the rest is the host's model.
+CPU-limited, not device-limited. ``attention_s`` is the part of a step beyond the host's
+own model compute: the time during which every micro-batch waits on decode attention
+(queries out to outputs back), so the host computes nothing; with one micro-batch, all
+of the step's attention time.
+
+The in-storage backends decode the batch as ``--micro-batches`` micro-batches at once,
+each on its own thread with its own sequences on the same targets (InstInfer runs its
+decoding "in an overlapped, mini-batch manner"): while one waits on its targets, the
+host computes another, and each target has the next micro-batch's reads queued while
+it finishes the last one's. The FlexGen-style backend overlaps its own way (the next
+layer's blocks are read while this one computes) and decodes the batch as one.
 
 The in-storage backends split each sequence's tokens over the targets (split-K, see
 :mod:`insitu.llm.remote`); ``--kv-dtype f16`` stores their pages in f16.
@@ -29,8 +37,9 @@ import json
 import os
 import platform
 import sys
+import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -75,44 +84,98 @@ def _prefill(m, context: int):
     return keys, values, int(logits[0, -1].argmax()), time.perf_counter() - t
 
 
+def micro_batches(batch: int, count: int) -> List[int]:
+    """The sizes of ``count`` micro-batches of a ``batch`` (as even as possible, the first
+    ones one larger; never more micro-batches than sequences)."""
+    count = max(1, min(count, batch))
+    base, extra = divmod(batch, count)
+    return [base + (1 if i < extra else 0) for i in range(count)]
+
+
+def all_waiting(spans: List[List[Tuple[float, float]]]) -> float:
+    """Seconds during which every list of ``spans`` (each a thread's ascending, disjoint
+    ``(start, end)`` intervals) has an interval open at once: the time every micro-batch
+    waits on its store, when the host computes nothing."""
+    if not spans or any(not s for s in spans):
+        return 0.0
+    events = sorted((t, d) for s in spans for a, b in s for t, d in ((a, 1), (b, -1)))
+    open_, total, since = 0, 0.0, 0.0
+    for t, d in events:
+        if open_ == len(spans):
+            total += t - since
+        open_ += d
+        since = t
+    return total
+
+
 @torch.inference_mode()
-def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, steps: int, kv_dtype: str = "f32") -> Dict:
+def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, steps: int, kv_dtype: str = "f32", micro: int = 1) -> Dict:
     from transformers import DynamicCache
 
     from . import hooks, run
 
     keys, values, first, _ = pre
     context = keys[0].shape[2]
-    rep = lambda t: t.expand(batch, -1, -1, -1).contiguous()  # noqa: E731 - B copies of the prompt
+    rep = lambda t, n: t.expand(n, -1, -1, -1).contiguous()  # noqa: E731 - n copies of the prompt
+    sizes = micro_batches(batch, micro if attention == "insitu" else 1)
     t0 = time.perf_counter()
-    if attention == "memory":
-        cache, impl = DynamicCache(config=m.model.config), "sdpa"
-        for i, (k, v) in enumerate(zip(keys, values)):
-            cache.update(rep(k), rep(v), i)
-    else:
-        cache, impl = run.make_cache(m, attention, batch, context + steps + 1, pool, sparf, kv_dtype if attention == "insitu" else "f32")
-        cache.load([rep(k) for k in keys], [rep(v) for v in values])
-    load_s = time.perf_counter() - t0
-    offloaded = isinstance(cache, hooks.OffloadCache)
-    base = cache.stats() if offloaded else None
-    attention_before = cache.attention_s if offloaded else 0.0
-    m.model.set_attn_implementation(impl)
-    nxt = torch.full((batch, 1), first, device=m.device)
+    caches = []
     try:
+        if attention == "memory":
+            impl = "sdpa"
+            caches.append(DynamicCache(config=m.model.config))
+            for i, (k, v) in enumerate(zip(keys, values)):
+                caches[0].update(rep(k, batch), rep(v, batch), i)
+        else:
+            for n in sizes:
+                cache, impl = run.make_cache(m, attention, n, context + steps + 1, pool, sparf, kv_dtype if attention == "insitu" else "f32")
+                caches.append(cache)
+                cache.load([rep(k, n) for k in keys], [rep(v, n) for v in values])
+        load_s = time.perf_counter() - t0
+        offloaded = attention != "memory"
+        base = [c.stats() for c in caches] if offloaded else []
+        for c in caches:
+            if offloaded:
+                c.attention_spans = []
+        m.model.set_attn_implementation(impl)
+        errors: List[BaseException] = []
+
+        def decode(cache, n):
+            try:
+                with torch.inference_mode():
+                    nxt = torch.full((n, 1), first, device=m.device)
+                    for s in range(steps):
+                        pos = torch.full((n, 1), context + s, device=m.device)
+                        logits = m.model(input_ids=nxt, position_ids=pos, past_key_values=cache, use_cache=True).logits
+                        nxt = logits[:, -1:].argmax(-1)
+            except BaseException as e:  # noqa: BLE001 - raised on the caller's thread below
+                errors.append(e)
+
         t0 = time.perf_counter()
-        for s in range(steps):
-            pos = torch.full((batch, 1), context + s, device=m.device)
-            logits = m.model(input_ids=nxt, position_ids=pos, past_key_values=cache, use_cache=True).logits
-            nxt = logits[:, -1:].argmax(-1)
+        if len(caches) == 1:
+            decode(caches[0], sizes[0])
+        else:
+            # InstInfer's overlapped mini-batches: while one micro-batch waits on its
+            # targets, the host computes another (the model's kernels and the stores'
+            # calls release the GIL).
+            threads = [threading.Thread(target=decode, args=(c, n), name=f"insitu-mb{i}") for i, (c, n) in enumerate(zip(caches, sizes))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
         secs = time.perf_counter() - t0
-        attention_s = (cache.attention_s - attention_before) / steps if offloaded else None
+        if errors:
+            raise errors[0]
+        attention_s = all_waiting([c.attention_spans for c in caches]) / steps if offloaded else None
         st = {k: 0 for k in ("bytes_to_host", "bytes_from_host", "media_bytes")}
-        if base is not None:
-            after = cache.stats()
-            st = {k: after[k] - base[k] for k in st}
+        for c, b in zip(caches, base):
+            after = c.stats()
+            for k in st:
+                st[k] += after[k] - b[k]
     finally:
-        if isinstance(cache, hooks.OffloadCache):
-            cache.close()
+        for c in caches:
+            if isinstance(c, hooks.OffloadCache):
+                c.close()
     tokens = batch * steps
     return {
         "load_s": load_s,
@@ -120,6 +183,7 @@ def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, ste
         "tokens_per_s": tokens / secs,
         "step_s": secs / steps,
         "attention_s": attention_s,
+        "micro_batches": len(sizes),
         "link_bytes_per_token": (st["bytes_to_host"] + st["bytes_from_host"]) / tokens,
         "media_bytes_per_token": st["media_bytes"] / tokens,
         **st,
@@ -145,9 +209,11 @@ def sweep(
     progress: bool = True,
     kv_dtype: str = "f32",
     backends: Optional[List[str]] = None,
+    micro: int = 1,
 ) -> Dict:
     """Runs every backend (or those labelled in ``backends``) at every (batch, context) point
-    and target count; the in-storage backends keep their pages as ``kv_dtype``."""
+    and target count; the in-storage backends keep their pages as ``kv_dtype`` and decode
+    ``micro`` micro-batches at once."""
     from .targets import TargetPool
 
     kv_per_token = m.layers * m.kv_heads * 2 * m.head_dim * 4
@@ -172,7 +238,7 @@ def sweep(
                 try:
                     if progress:
                         print(f"bench llm: batch {batch} x {context} tokens, {label}, {n} target(s)", file=sys.stderr, flush=True)
-                    r = _point(m, prefills[context], batch, attention, ratio, pool, steps, kv_dtype)
+                    r = _point(m, prefills[context], batch, attention, ratio, pool, steps, kv_dtype, micro)
                 finally:
                     if pool is not None:
                         pool.close()
@@ -237,11 +303,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         metavar="NAME,...",
         help="backends to run (default: %(default)s)",
     )
+    ap.add_argument(
+        "--micro-batches",
+        type=int,
+        default=2,
+        metavar="N",
+        help="micro-batches the in-storage backends decode at once, each on its own thread: while one waits on its targets "
+        "the host computes another, as InstInfer overlaps its mini-batches (default: %(default)s; 1 decodes the batch as one)",
+    )
     ap.add_argument("--dir", default=os.path.join(".insitu", "bench"), help="target images (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     a = ap.parse_args(argv)
     from . import run
 
+    if a.micro_batches < 1:
+        ap.error(f"--micro-batches {a.micro_batches}: use 1 or more")
     budget = parse_size(a.host_budget)
     backends = [b.strip() for b in a.backends.split(",") if b.strip()]
     unknown = sorted(set(backends) - {b[0] for b in BACKENDS})
@@ -261,7 +337,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if int(b) * int(s) * kv_per_token > budget:
             break  # the first point over the budget ends the sweep
     t0 = time.perf_counter()
-    r = sweep(m, points, [int(n) for n in a.targets.split(",")], a.steps, budget, dm, a.dir, kv_dtype=a.kv_dtype, backends=backends)
+    r = sweep(m, points, [int(n) for n in a.targets.split(",")], a.steps, budget, dm, a.dir, kv_dtype=a.kv_dtype, backends=backends, micro=a.micro_batches)
     r.update(
         {
             "model": m.path,
@@ -276,6 +352,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "sparf_ratio": 0.125,
             "backends": backends,
             "kv_dtype": a.kv_dtype,
+            "micro_batches": a.micro_batches,
             "split": "tokens",
             "seconds": time.perf_counter() - t0,
             "machine": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "kernel": platform.release(), "torch_threads": torch.get_num_threads()},

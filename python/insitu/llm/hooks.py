@@ -34,7 +34,7 @@ from __future__ import annotations
 import abc
 import threading
 import time
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -129,6 +129,10 @@ class OffloadCache(Cache):
         #: Seconds spent in decode attention so far (queries out to outputs back, every
         #: layer), the part of a step the store is responsible for.
         self.attention_s = 0.0
+        #: When a list, each decode attention's ``(start, end)`` (``time.perf_counter``)
+        #: is appended: how a benchmark finds when several micro-batches all wait on
+        #: their stores at once.
+        self.attention_spans: Optional[List[Tuple[float, float]]] = None
 
     def set_padding(self, attention_mask: Optional[torch.Tensor]) -> None:
         """Marks the real tokens of the next (prefill) forward: ``[B, T]``, 1 = real."""
@@ -174,7 +178,10 @@ class OffloadCache(Cache):
         scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
         t0 = time.perf_counter()
         outs = [self.store.decode(layer, query[:, :, i], key[:, :, i], value[:, :, i], scale) for i in range(query.shape[2])]
-        self.attention_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.attention_s += t1 - t0
+        if self.attention_spans is not None:
+            self.attention_spans.append((t0, t1))
         # [B, T, Hq, D], the layout transformers' attention functions return.
         return torch.stack(outs, dim=1).to(query.dtype), None
 

@@ -195,9 +195,10 @@ class TargetStore(KVStore):
         the pages picked on it; the parts merge exactly."""
         p = self._params(max(self.tokens))
         asked = self.split_tokens.decode(layer)
+        qb = f32_bytes(qg)  # the same queries go to every target: made once
         futures = {}
         for i in asked:
-            futures[i] = self.workers[i].submit(self._page_scores, i, layer, qg, k, v, self.split_tokens.new_rows(i), scale, p.r)
+            futures[i] = self.workers[i].submit(self._page_scores, i, layer, qg, qb, k, v, self.split_tokens.new_rows(i), scale, p.r)
         self.exchanges += len(futures)
         for w in self.workers:
             w.drain()
@@ -206,12 +207,12 @@ class TargetStore(KVStore):
         parts = []
         for i, groups in lists.items():
             if any(groups):
-                parts.append(self.workers[i].submit(self._attend_groups, i, layer, qg, scale, groups))
+                parts.append(self.workers[i].submit(self._attend_groups, i, layer, qg, qb, scale, groups))
         self.exchanges += len(parts)
         parts = [f.result() for f in parts]
         return merge([o for o, _ in parts], [lse for _, lse in parts])
 
-    def _page_scores(self, i, layer, q, k, v, rows, scale, r):
+    def _page_scores(self, i, layer, q, qb, k, v, rows, scale, r):
         B, h, G, D = q.shape
         new = self._step_kv(k, v, rows)
         held = [self.split_tokens.held[i][b] for b in range(B)]
@@ -219,7 +220,7 @@ class TargetStore(KVStore):
         res = self.targets[i].attend(
             layer,
             self.seqs,
-            f32_bytes(q),
+            qb,
             G,
             scale,
             "sparf",
@@ -240,17 +241,17 @@ class TargetStore(KVStore):
             at += h * G * n
         return per_seq
 
-    def _attend_groups(self, i, layer, q, scale, groups):
+    def _attend_groups(self, i, layer, q, qb, scale, groups):
         """Target ``i``'s part over the pages picked on it (``groups``, per sequence and KV
         head): only the sequences with a page picked here are asked (their queries go up,
-        their outputs come back); the others are empty parts."""
+        their outputs come back); the others are empty parts. ``qb`` is all of ``q``'s
+        bytes, sent as they are when every sequence is asked."""
         h = q.shape[1]
         asked = [b for b in range(q.shape[0]) if any(groups[b * h : (b + 1) * h])]
         lists = [g for b in asked for g in groups[b * h : (b + 1) * h]]
         sub = q[asked]
-        res = self.targets[i].attend(
-            layer, [self.seqs[b] for b in asked], f32_bytes(sub), q.shape[2], scale, "dense", partial=True, groups=lists, vectors=self.kv_dtype
-        )
+        qb = qb if len(asked) == q.shape[0] else f32_bytes(sub)
+        res = self.targets[i].attend(layer, [self.seqs[b] for b in asked], qb, q.shape[2], scale, "dense", partial=True, groups=lists, vectors=self.kv_dtype)
         o, lse = self._outputs(i, res, sub.shape, True)
         if len(asked) == q.shape[0]:
             return o, lse

@@ -206,7 +206,16 @@ fn check_query(head: &dyn HeadPages, q: &[f32], scale: f32) -> Result<(), KvErro
 /// Every task runs even when one fails; the error returned is that of the first failing
 /// task in `tasks` order, and the outputs of the other tasks are then still valid.
 pub fn attend_all(tasks: Vec<Task<'_>>, scale: f32, method: Method) -> Result<AttendStats, KvError> {
-    let results: Vec<Result<AttendStats, KvError>> = tasks.into_par_iter().map(|t| attend_rows(t.head, t.q, scale, method, t.out, t.lse)).collect();
+    sum_stats(tasks.into_par_iter().map(|t| attend_task(t, scale, method)).collect())
+}
+
+/// One task of [`attend_all`].
+pub(crate) fn attend_task(t: Task<'_>, scale: f32, method: Method) -> Result<AttendStats, KvError> {
+    attend_rows(t.head, t.q, scale, method, t.out, t.lse)
+}
+
+/// The sum of every task's stats, or the first task's error (in task order).
+pub(crate) fn sum_stats(results: Vec<Result<AttendStats, KvError>>) -> Result<AttendStats, KvError> {
     let mut total = AttendStats::default();
     for r in results {
         total += r?;

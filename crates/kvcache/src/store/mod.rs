@@ -13,6 +13,7 @@ mod journal;
 use crate::{Dtype, HeadPages, Kind, KvError, Layout, Loaded};
 use insitu_media::{AlignedBuf, Backing, ReadPurpose};
 use journal::{Journal, Record};
+use rayon::prelude::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -216,6 +217,10 @@ pub struct KvCache {
 /// flight; more only spin and switch when idle.
 const ATTENTION_THREADS_PER_CORE: usize = 1;
 
+/// Work (tokens times query elements, over a request's heads) from which a request's heads
+/// are shared among the attention threads: about a millisecond of a core's arithmetic.
+const SHARED_WORK: usize = 1 << 20;
+
 /// A read view of one (sequence, layer, head), steady while it lives.
 pub struct HeadView {
     media: Arc<Backing>,
@@ -314,15 +319,22 @@ impl KvCache {
         Ok(store)
     }
 
-    /// [`crate::attend_all`] on this store's attention threads, whose number suits a drive
-    /// rather than the cores alone.
+    /// [`crate::attend_all`] on this store's attention threads, or on the calling thread
+    /// when the tasks are small (see [`KvCache::map_heads`]).
     pub fn attend_all(&self, tasks: Vec<crate::Task<'_>>, scale: f32, method: crate::Method) -> Result<crate::AttendStats, KvError> {
-        self.workers.install(|| crate::attend_all(tasks, scale, method))
+        let work = tasks.iter().map(|t| t.head.tokens() * t.q.len()).sum();
+        crate::attention::sum_stats(self.map_heads(tasks, work, |t| crate::attention::attend_task(t, scale, method)))
     }
 
-    /// Runs `f` on this store's attention threads (its parallel iterators use them).
-    pub(crate) fn on_workers<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.workers.install(f)
+    /// Maps `f` over a request's (entry, KV head) `items`, in order: on this store's
+    /// attention threads when the request's `work` (tokens times query elements over its
+    /// heads) is worth sharing among cores, else on the calling thread, where a decode
+    /// step's small parts of split sequences cost less than handing them over and back.
+    pub(crate) fn map_heads<T: Send, R: Send>(&self, items: Vec<T>, work: usize, f: impl Fn(T) -> R + Sync + Send) -> Vec<R> {
+        if work < SHARED_WORK || self.workers.current_num_threads() < 2 {
+            return items.into_iter().map(f).collect();
+        }
+        self.workers.install(|| items.into_par_iter().map(f).collect())
     }
 
     /// After replay: keep what whole pages hold, rebuild the DRAM tails and sums of V from
