@@ -55,7 +55,10 @@ def markdown(r: dict) -> str:
     s += f"(flash and PCIe link paced); {r.get('steps')} greedy decode steps per point; host-memory budget for the KV cache "
     s += f"{r.get('host_budget_bytes', 0) / 2**20:.0f} MiB; KV cache {r.get('kv_bytes_per_token', 0) / 1024:.0f} KiB per token "
     s += f"(f32); in-storage pages {r.get('kv_dtype', 'f32')}, each sequence's tokens split over the targets "
-    s += f"({r.get('split', 'heads')}). Machine: {m.get('cpus', '?')} CPUs ({m.get('cpu_model', '?')}).\n\n"
+    mbs = sorted({x.get("micro_batches", 1) for x in r["rows"] if x["backend"].startswith("insitu")})
+    s += f"({r.get('split', 'heads')}); micro-batches decoded at once by the in-storage backends: {r.get('micro_batches', 1)} "
+    s += f"({' or '.join(map(str, mbs)) or '-'} in the rows). "
+    s += f"Machine: {m.get('cpus', '?')} CPUs ({m.get('cpu_model', '?')}).\n\n"
     if r.get("note"):
         s += f"**Note:** {r['note']}\n\n"
     s += "| batch x context | KV cache | targets | backend | tokens/s | link bytes / token | media bytes / token | step s | attention s "

@@ -348,3 +348,10 @@ def test_all_waiting_is_the_time_every_micro_batch_waits_at_once():
     assert all_waiting([[(0.0, 1.0)], [(1.0, 2.0)]]) == 0.0
     assert all_waiting([a, []]) == 0.0
     assert all_waiting([]) == 0.0
+
+
+def test_auto_micro_batches_overlap_only_when_the_drive_outlasts_the_host():
+    from insitu.llm.bench import auto_micro_batches
+
+    assert auto_micro_batches(0.8, 0.1) == 2
+    assert auto_micro_batches(0.004, 0.1) == 1

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -90,6 +91,32 @@ def micro_batches(batch: int, count: int) -> List[int]:
     count = max(1, min(count, batch))
     base, extra = divmod(batch, count)
     return [base + (1 if i < extra else 0) for i in range(count)]
+
+
+def auto_micro_batches(read_s: float, host_s: float) -> int:
+    """Micro-batches for a step whose modelled reads take ``read_s`` on each target and whose
+    host model takes ``host_s`` alone: two when the reads take longer (overlapping the
+    host with them pays), else one (on a host that is the limit, a second micro-batch
+    only adds a forward pass)."""
+    return 2 if read_s > host_s else 1
+
+
+@torch.inference_mode()
+def _host_step(m, batch: int) -> float:
+    """Seconds of one decode forward pass of ``batch`` rows over a short cache: the
+    host's own step, attention aside (best of three)."""
+    from transformers import DynamicCache
+
+    m.model.set_attn_implementation("sdpa")
+    cache = DynamicCache(config=m.model.config)
+    x = torch.full((batch, 8), 100, device=m.device)
+    m.model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    best = math.inf
+    for i in range(3):
+        t = time.perf_counter()
+        m.model(input_ids=x[:, :1], position_ids=torch.full((batch, 1), 8 + i, device=m.device), past_key_values=cache, use_cache=True)
+        best = min(best, time.perf_counter() - t)
+    return best
 
 
 def all_waiting(spans: List[List[Tuple[float, float]]]) -> float:
@@ -209,15 +236,18 @@ def sweep(
     progress: bool = True,
     kv_dtype: str = "f32",
     backends: Optional[List[str]] = None,
-    micro: int = 1,
+    micro: Optional[int] = 1,
 ) -> Dict:
     """Runs every backend (or those labelled in ``backends``) at every (batch, context) point
     and target count; the in-storage backends keep their pages as ``kv_dtype`` and decode
-    ``micro`` micro-batches at once."""
+    ``micro`` micro-batches at once (None: :func:`auto_micro_batches` per row, from the
+    device model's read rate and the host's own step)."""
+    from .remote import KV_DTYPES
     from .targets import TargetPool
 
     kv_per_token = m.layers * m.kv_heads * 2 * m.head_dim * 4
-    rows, prefills = [], {}
+    read_mb_s = ((_device_model(device_model) or {}).get("derived") or {}).get("internal_read_mb_s")
+    rows, prefills, host_steps = [], {}, {}
     for batch, context in points:
         kv = batch * context * kv_per_token
         if context not in prefills:
@@ -238,7 +268,16 @@ def sweep(
                 try:
                     if progress:
                         print(f"bench llm: batch {batch} x {context} tokens, {label}, {n} target(s)", file=sys.stderr, flush=True)
-                    r = _point(m, prefills[context], batch, attention, ratio, pool, steps, kv_dtype, micro)
+                    mb = micro or 1
+                    if micro is None and attention == "insitu":
+                        if batch not in host_steps:
+                            host_steps[batch] = _host_step(m, batch)
+                        # What the backend reads per step and target: every page (dense), or
+                        # about twice its ratio of them (SparF's pages and dimension pages).
+                        share = 1.0 if ratio is None else min(1.0, 2 * ratio)
+                        pages = batch * context * kv_per_token * share * KV_DTYPES[kv_dtype] / 4 / n
+                        mb = auto_micro_batches(pages / (read_mb_s * 1e6), host_steps[batch]) if read_mb_s else 1
+                    r = _point(m, prefills[context], batch, attention, ratio, pool, steps, kv_dtype, mb)
                 finally:
                     if pool is not None:
                         pool.close()
@@ -305,19 +344,25 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     ap.add_argument(
         "--micro-batches",
-        type=int,
-        default=2,
-        metavar="N",
+        default="auto",
+        metavar="N|auto",
         help="micro-batches the in-storage backends decode at once, each on its own thread: while one waits on its targets "
-        "the host computes another, as InstInfer overlaps its mini-batches (default: %(default)s; 1 decodes the batch as one)",
+        "the host computes another, as InstInfer overlaps its mini-batches; 1 decodes the batch as one; auto takes 2 where a "
+        "step's modelled reads on a target outlast the host's own step, else 1 (default: %(default)s)",
     )
     ap.add_argument("--dir", default=os.path.join(".insitu", "bench"), help="target images (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     a = ap.parse_args(argv)
     from . import run
 
-    if a.micro_batches < 1:
-        ap.error(f"--micro-batches {a.micro_batches}: use 1 or more")
+    micro = None
+    if a.micro_batches != "auto":
+        try:
+            micro = int(a.micro_batches)
+        except ValueError:
+            micro = 0
+        if micro < 1:
+            ap.error(f"--micro-batches {a.micro_batches}: use a count of 1 or more, or auto")
     budget = parse_size(a.host_budget)
     backends = [b.strip() for b in a.backends.split(",") if b.strip()]
     unknown = sorted(set(backends) - {b[0] for b in BACKENDS})
@@ -337,7 +382,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if int(b) * int(s) * kv_per_token > budget:
             break  # the first point over the budget ends the sweep
     t0 = time.perf_counter()
-    r = sweep(m, points, [int(n) for n in a.targets.split(",")], a.steps, budget, dm, a.dir, kv_dtype=a.kv_dtype, backends=backends, micro=a.micro_batches)
+    r = sweep(m, points, [int(n) for n in a.targets.split(",")], a.steps, budget, dm, a.dir, kv_dtype=a.kv_dtype, backends=backends, micro=micro)
     r.update(
         {
             "model": m.path,
@@ -352,7 +397,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "sparf_ratio": 0.125,
             "backends": backends,
             "kv_dtype": a.kv_dtype,
-            "micro_batches": a.micro_batches,
+            "micro_batches": micro or "auto",
             "split": "tokens",
             "seconds": time.perf_counter() - t0,
             "machine": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "kernel": platform.release(), "torch_threads": torch.get_num_threads()},

@@ -257,12 +257,13 @@ def _choose_batch(masses: Dict[int, List[np.ndarray]], local_from: List[Dict[int
         best = np.zeros_like(pick)
         np.put_along_axis(best, np.argsort(-key, axis=2, kind="stable")[:, :, :budget], True, axis=2)
         pick |= best & compete[:, None, :]
-    out: Dict[int, List[List[int]]] = {i: [] for i in order}
-    for j, i in enumerate(order):
-        at = int(starts[j])
-        for b in range(batch):
-            part = pick[b, :, at : at + int(widths[j, b])]
-            out[i].extend(np.flatnonzero(part[h]).tolist() for h in range(heads))
+    # One pass over the picks (C order: sequence, head, then ascending page), each to the
+    # target whose side-by-side range holds it; padding is never picked.
+    out: Dict[int, List[List[int]]] = {i: [[] for _ in range(batch * heads)] for i in order}
+    bs, hs, ps = np.nonzero(pick)
+    owners = np.searchsorted(starts, ps, side="right") - 1
+    for b, h, p, j in zip(bs.tolist(), hs.tolist(), (ps - starts[owners]).tolist(), owners.tolist()):
+        out[order[j]][b * heads + h].append(p)
     return out
 
 
