@@ -212,10 +212,12 @@ pub struct KvCache {
     workers: rayon::ThreadPool,
 }
 
-/// Attention threads per core. A request's threads do not sleep on the drive (its reads
-/// are booked on a [`Timeline`] and waited for once), so one per core keeps every read in
-/// flight; more only spin and switch when idle.
-const ATTENTION_THREADS_PER_CORE: usize = 1;
+/// Attention threads per core. A request's threads do not sleep on the drive model (its
+/// reads are booked on a [`Timeline`] and waited for once), but the real reads and the
+/// pages' decoding still block them: with one per core a 8 x 2,048-token SparF step took
+/// 15% longer on 2 cores. Small requests never wake them (see [`KvCache::map_heads`]), so
+/// their idle spinning costs little.
+const ATTENTION_THREADS_PER_CORE: usize = 4;
 
 /// Work (tokens times query elements, over a request's heads) from which a request's heads
 /// are shared among the attention threads: about a millisecond of a core's arithmetic.
