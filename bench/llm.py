@@ -57,7 +57,7 @@ def markdown(r: dict) -> str:
     s += f"(f32); in-storage pages {r.get('kv_dtype', 'f32')}, each sequence's tokens split over the targets "
     mbs = sorted({x.get("micro_batches", 1) for x in r["rows"] if x["backend"].startswith("insitu")})
     s += f"({r.get('split', 'heads')}); micro-batches decoded at once by the in-storage backends: {r.get('micro_batches', 1)} "
-    s += f"({' or '.join(map(str, mbs)) or '-'} in the rows). "
+    s += f"({' or '.join(map(str, mbs)) or '-'} in the rows, as the backend column says). "
     s += f"Machine: {m.get('cpus', '?')} CPUs ({m.get('cpu_model', '?')}).\n\n"
     if r.get("note"):
         s += f"**Note:** {r['note']}\n\n"
@@ -70,7 +70,8 @@ def markdown(r: dict) -> str:
         over = "" if x.get("step_over_bound") is None else f"{x['step_over_bound']:.2f}"
         att = "" if x.get("attention_s") is None else f"{x['attention_s']:.3f}"
         budget = " (over budget)" if x.get("over_budget") else ""
-        s += f"| {x['batch']} x {x['context']} | {x['kv_cache_bytes'] / 2**20:.0f} MiB{budget} | {x['targets'] or '-'} | {x['backend']} | "
+        mb = f" ({x['micro_batches']} micro-batches)" if x.get("micro_batches", 1) > 1 else ""
+        s += f"| {x['batch']} x {x['context']} | {x['kv_cache_bytes'] / 2**20:.0f} MiB{budget} | {x['targets'] or '-'} | {x['backend']}{mb} | "
         s += f"{x['tokens_per_s']:.2f} | {x['link_bytes_per_token']:,.0f} | {x['media_bytes_per_token']:,.0f} | {x['step_s']:.3f} | {att} | "
         s += f"{bound} | {over} |\n"
     s += "\n## Ratios (tokens/s)\n\n| batch x context | targets | ratio | value |\n|---|---:|---|---:|\n"
