@@ -97,8 +97,9 @@ def micro_batches(batch: int, count: int) -> List[int]:
 # pay: it costs a whole forward pass more (a small model's pass is mostly fixed cost), and
 # on a few cores the two contend with each other and with the targets. Measured on 2
 # cores (custom:25, 4 x 1,024, the probe's host step 0.06-0.12 s): SparF over 4 targets
-# (reads of 0.24 s) ran 5-9% slower with two micro-batches, over 2 targets (0.47 s)
-# 13-20% faster, and every row with longer reads faster.
+# (reads of 0.24 s) ran no faster with two micro-batches (0.47-0.53 s a step against
+# 0.48-0.51 s), over 2 targets (0.47 s) 8-20% faster, and every row with longer reads
+# faster.
 OVERLAP_PAYS = 3.0
 
 
