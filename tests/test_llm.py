@@ -89,6 +89,18 @@ def test_dense_generation_equals_memory(model, pool, reference, long_ids, attent
         assert s["bytes_to_host"] > s["media_bytes"] > kv  # the cache comes back every step
 
 
+def test_micro_batches_generate_the_tokens_of_one_batch(model, pool, reference):
+    """Two micro-batches at once, each its own cache on the same targets, give every prompt
+    the token ids of in-memory attention, in the prompts' order."""
+    r = run.generate(model, SHORT, NEW_TOKENS, "insitu", pool, micro_batches=2)
+    assert r["micro_batches"] == 2
+    assert r["token_ids"] == reference["short"]
+    assert r["generated_tokens"] == sum(len(t) for t in r["token_ids"])
+    assert r["stats"]["bytes_from_host"] > 0
+    with pytest.raises(ValueError, match="micro-batches"):
+        run.generate(model, SHORT, NEW_TOKENS, "insitu", pool, micro_batches=0)
+
+
 def test_flexgen_sparf_generates_what_the_targets_sparf_generates(model, pool, long_ids):
     """Host-side SparF over pages read back and the target's engine make the same choices."""
     a = run.generate(model, None, NEW_TOKENS, "insitu", pool, sparf=0.125, prompt_ids=[long_ids])

@@ -129,6 +129,14 @@ def parser() -> argparse.ArgumentParser:
         metavar="B",
         help="batch size: B copies of the prompt, or the first B lines (repeated as needed) with --per-line (default: 1, or every line)",
     )
+    g.add_argument(
+        "--micro-batches",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="with --attention insitu or flexgen: generate the batch as N micro-batches at once, each on its own thread, so that "
+        "the host computes one while another waits on its targets; pays where the targets, not the host, set the pace (default: 1)",
+    )
     _common(g)
     e = sub.add_parser(
         "eval",
@@ -193,7 +201,18 @@ def _generate(a) -> dict:
     ids = [m.tokenizer(p)["input_ids"] for p in prompts]
     pool = _pool(a, m, len(ids), max(len(i) for i in ids) + a.max_new_tokens)
     try:
-        r = run.generate(m, prompts, a.max_new_tokens, a.attention, pool, a.sparf, progress=_progress(a), prompt_ids=ids, kv_dtype=_kv_dtype(a))
+        r = run.generate(
+            m,
+            prompts,
+            a.max_new_tokens,
+            a.attention,
+            pool,
+            a.sparf,
+            progress=_progress(a),
+            prompt_ids=ids,
+            kv_dtype=_kv_dtype(a),
+            micro_batches=a.micro_batches,
+        )
     finally:
         if pool is not None:
             pool.close()

@@ -163,6 +163,7 @@ def generate(
     progress: bool = False,
     prompt_ids: Optional[List[List[int]]] = None,
     kv_dtype: str = "f32",
+    micro_batches: int = 1,
 ) -> Dict[str, Any]:
     """Greedy generation of ``max_new_tokens`` tokens for each prompt (a batch, left-padded).
 
@@ -170,10 +171,19 @@ def generate(
     up to and including an end-of-sequence token), ``prompt_tokens``, ``tokens_per_s``
     (generated tokens of the batch over the whole run, prefill included),
     ``prefill_s``, ``decode_s`` and ``stats``.
+
+    ``micro_batches`` > 1 splits the prompts of an offloaded backend into that many
+    micro-batches generated at once, each on its own thread with its own cache on the same
+    targets: while one waits on its targets the host computes another (InstInfer's
+    overlapped mini-batches). It pays where the targets, not the host, set the pace.
     """
     tok = m.tokenizer
     if prompt_ids is None:
         prompt_ids = [tok(p)["input_ids"] for p in prompts]
+    if micro_batches < 1:
+        raise ValueError(f"--micro-batches {micro_batches}: use 1 or more")
+    if micro_batches > 1 and attention != "memory" and len(prompt_ids) > 1:
+        return _generate_overlapped(m, prompt_ids, max_new_tokens, attention, pool, sparf, progress, kv_dtype, micro_batches)
     B, T = len(prompt_ids), max(len(p) for p in prompt_ids)
     if min(len(p) for p in prompt_ids) == 0:
         raise ValueError("empty prompt")
@@ -223,6 +233,50 @@ def generate(
         "prefill_s": t1 - t0,
         "decode_s": t2 - t1,
         "stats": stats,
+    }
+
+
+def _generate_overlapped(m: Model, prompt_ids, max_new_tokens, attention, pool, sparf, progress, kv_dtype, count) -> Dict[str, Any]:
+    """:func:`generate` of ``count`` micro-batches of ``prompt_ids`` (consecutive groups), at
+    once on threads; the results are joined in the prompts' order."""
+    import threading
+
+    from .bench import micro_batches
+
+    groups, at = [], 0
+    for n in micro_batches(len(prompt_ids), count):
+        groups.append(prompt_ids[at : at + n])
+        at += n
+    results: List[Optional[Dict[str, Any]]] = [None] * len(groups)
+    errors: List[BaseException] = []
+
+    def one(i):
+        try:
+            results[i] = generate(m, None, max_new_tokens, attention, pool, sparf, progress and i == 0, groups[i], kv_dtype)
+        except BaseException as e:  # noqa: BLE001 - raised on the caller's thread below
+            errors.append(e)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=one, args=(i,), name=f"insitu-mb{i}") for i in range(len(groups))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    n = sum(r["generated_tokens"] for r in results)
+    prefill = max(r["prefill_s"] for r in results)
+    return {
+        "text": [x for r in results for x in r["text"]],
+        "token_ids": [x for r in results for x in r["token_ids"]],
+        "prompt_tokens": [x for r in results for x in r["prompt_tokens"]],
+        "generated_tokens": n,
+        "tokens_per_s": n / wall,
+        "prefill_s": prefill,
+        "decode_s": wall - prefill,
+        "stats": {k: sum(r["stats"][k] for r in results) for k in _ZERO},
+        "micro_batches": len(groups),
     }
 
 
