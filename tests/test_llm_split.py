@@ -325,7 +325,7 @@ def test_every_layer_puts_a_forward_s_tokens_where_layer_0_put_them():
 
 
 def test_micro_batches_split_a_batch_evenly_and_never_leave_one_empty():
-    from insitu.llm.bench import micro_batches
+    from insitu.llm.run import micro_batches
 
     assert micro_batches(4, 2) == [2, 2]
     assert micro_batches(5, 2) == [3, 2]

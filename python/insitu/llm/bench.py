@@ -38,7 +38,6 @@ import math
 import os
 import platform
 import sys
-import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -83,14 +82,6 @@ def _prefill(m, context: int):
     keys = [layer.keys for layer in dc.layers]
     values = [layer.values for layer in dc.layers]
     return keys, values, int(logits[0, -1].argmax()), time.perf_counter() - t
-
-
-def micro_batches(batch: int, count: int) -> List[int]:
-    """The sizes of ``count`` micro-batches of a ``batch`` (as even as possible, the first
-    ones one larger; never more micro-batches than sequences)."""
-    count = max(1, min(count, batch))
-    base, extra = divmod(batch, count)
-    return [base + (1 if i < extra else 0) for i in range(count)]
 
 
 # How many times the host's own step a step's reads must take for a second micro-batch to
@@ -153,7 +144,7 @@ def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, ste
     keys, values, first, _ = pre
     context = keys[0].shape[2]
     rep = lambda t, n: t.expand(n, -1, -1, -1).contiguous()  # noqa: E731 - n copies of the prompt
-    sizes = micro_batches(batch, micro if attention == "insitu" else 1)
+    sizes = run.micro_batches(batch, micro if attention == "insitu" else 1)
     t0 = time.perf_counter()
     caches = []
     try:
@@ -174,34 +165,18 @@ def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, ste
             if offloaded:
                 c.attention_spans = []
         m.model.set_attn_implementation(impl)
-        errors: List[BaseException] = []
 
         def decode(cache, n):
-            try:
-                with torch.inference_mode():
-                    nxt = torch.full((n, 1), first, device=m.device)
-                    for s in range(steps):
-                        pos = torch.full((n, 1), context + s, device=m.device)
-                        logits = m.model(input_ids=nxt, position_ids=pos, past_key_values=cache, use_cache=True).logits
-                        nxt = logits[:, -1:].argmax(-1)
-            except BaseException as e:  # noqa: BLE001 - raised on the caller's thread below
-                errors.append(e)
+            nxt = torch.full((n, 1), first, device=m.device)
+            for s in range(steps):
+                pos = torch.full((n, 1), context + s, device=m.device)
+                logits = m.model(input_ids=nxt, position_ids=pos, past_key_values=cache, use_cache=True).logits
+                nxt = logits[:, -1:].argmax(-1)
 
         t0 = time.perf_counter()
-        if len(caches) == 1:
-            decode(caches[0], sizes[0])
-        else:
-            # InstInfer's overlapped mini-batches: while one micro-batch waits on its
-            # targets, the host computes another (the model's kernels and the stores'
-            # calls release the GIL).
-            threads = [threading.Thread(target=decode, args=(c, n), name=f"insitu-mb{i}") for i, (c, n) in enumerate(zip(caches, sizes))]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+        # InstInfer's overlapped mini-batches (one alone runs on this thread).
+        run.on_threads([lambda c=c, n=n: decode(c, n) for c, n in zip(caches, sizes)])
         secs = time.perf_counter() - t0
-        if errors:
-            raise errors[0]
         attention_s = all_waiting([c.attention_spans for c in caches]) / steps if offloaded else None
         st = {k: 0 for k in ("bytes_to_host", "bytes_from_host", "media_bytes")}
         for c, b in zip(caches, base):

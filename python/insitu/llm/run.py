@@ -19,9 +19,10 @@ import importlib.util
 import math
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -236,35 +237,53 @@ def generate(
     }
 
 
-def _generate_overlapped(m: Model, prompt_ids, max_new_tokens, attention, pool, sparf, progress, kv_dtype, count) -> Dict[str, Any]:
-    """:func:`generate` of ``count`` micro-batches of ``prompt_ids`` (consecutive groups), at
-    once on threads; the results are joined in the prompts' order."""
-    import threading
+def micro_batches(batch: int, count: int) -> List[int]:
+    """The sizes of ``count`` micro-batches of a ``batch`` (as even as possible, the first
+    ones one larger; never more micro-batches than sequences)."""
+    count = max(1, min(count, batch))
+    base, extra = divmod(batch, count)
+    return [base + (1 if i < extra else 0) for i in range(count)]
 
-    from .bench import micro_batches
 
-    groups, at = [], 0
-    for n in micro_batches(len(prompt_ids), count):
-        groups.append(prompt_ids[at : at + n])
-        at += n
-    results: List[Optional[Dict[str, Any]]] = [None] * len(groups)
+def on_threads(calls: List[Callable[[], Any]]) -> List[Any]:
+    """Runs every call at once, each on its own thread under ``torch.inference_mode`` (one
+    alone on this thread), and returns their results in order; raises the first error once
+    all have ended. Micro-batches overlap this way: the model's kernels and the stores'
+    calls release the GIL, so while one waits on its targets the host computes another."""
+    if len(calls) == 1:
+        return [calls[0]()]
+    results: List[Any] = [None] * len(calls)
     errors: List[BaseException] = []
 
     def one(i):
         try:
-            results[i] = generate(m, None, max_new_tokens, attention, pool, sparf, progress and i == 0, groups[i], kv_dtype)
+            with torch.inference_mode():
+                results[i] = calls[i]()
         except BaseException as e:  # noqa: BLE001 - raised on the caller's thread below
             errors.append(e)
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=one, args=(i,), name=f"insitu-mb{i}") for i in range(len(groups))]
+    threads = [threading.Thread(target=one, args=(i,), name=f"insitu-mb{i}") for i in range(len(calls))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
     if errors:
         raise errors[0]
+    return results
+
+
+def _generate_overlapped(m: Model, prompt_ids, max_new_tokens, attention, pool, sparf, progress, kv_dtype, count) -> Dict[str, Any]:
+    """:func:`generate` of ``count`` micro-batches of ``prompt_ids`` (consecutive groups), at
+    once on threads; the results are joined in the prompts' order."""
+    groups, at = [], 0
+    for n in micro_batches(len(prompt_ids), count):
+        groups.append(prompt_ids[at : at + n])
+        at += n
+    t0 = time.perf_counter()
+    results = on_threads(
+        [lambda i=i: generate(m, None, max_new_tokens, attention, pool, sparf, progress and i == 0, groups[i], kv_dtype) for i in range(len(groups))]
+    )
+    wall = time.perf_counter() - t0
     n = sum(r["generated_tokens"] for r in results)
     prefill = max(r["prefill_s"] for r in results)
     return {
