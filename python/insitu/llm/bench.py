@@ -20,8 +20,8 @@ own model compute: the time during which every micro-batch waits on decode atten
 of the step's attention time.
 
 The in-storage backends decode the batch as ``--micro-batches`` micro-batches at once,
-each on its own thread with its own sequences on the same targets (InstInfer runs its
-decoding "in an overlapped, mini-batch manner"): while one waits on its targets, the
+each on its own thread with its own sequences on the same targets (InstInfer overlaps
+its host and its drives over mini-batches when decoding): while one waits on its targets, the
 host computes another, and each target has the next micro-batch's reads queued while
 it finishes the last one's. The FlexGen-style backend overlaps its own way (the next
 layer's blocks are read while this one computes) and decodes the batch as one.
