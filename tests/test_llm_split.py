@@ -325,13 +325,13 @@ def test_every_layer_puts_a_forward_s_tokens_where_layer_0_put_them():
 
 
 def test_micro_batches_split_a_batch_evenly_and_never_leave_one_empty():
-    from insitu.llm.run import micro_batches
+    from insitu.llm.run import micro_batch_sizes
 
-    assert micro_batches(4, 2) == [2, 2]
-    assert micro_batches(5, 2) == [3, 2]
-    assert micro_batches(3, 8) == [1, 1, 1]
-    assert micro_batches(4, 1) == [4]
-    assert micro_batches(2, 0) == [2]
+    assert micro_batch_sizes(4, 2) == [2, 2]
+    assert micro_batch_sizes(5, 2) == [3, 2]
+    assert micro_batch_sizes(3, 8) == [1, 1, 1]
+    assert micro_batch_sizes(4, 1) == [4]
+    assert micro_batch_sizes(2, 0) == [2]
 
 
 def test_all_waiting_is_the_time_every_micro_batch_waits_at_once():

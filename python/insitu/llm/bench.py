@@ -144,7 +144,7 @@ def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, ste
     keys, values, first, _ = pre
     context = keys[0].shape[2]
     rep = lambda t, n: t.expand(n, -1, -1, -1).contiguous()  # noqa: E731 - n copies of the prompt
-    sizes = run.micro_batches(batch, micro if attention == "insitu" else 1)
+    sizes = run.micro_batch_sizes(batch, micro if attention == "insitu" else 1)
     t0 = time.perf_counter()
     caches = []
     try:
@@ -161,8 +161,8 @@ def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, ste
         load_s = time.perf_counter() - t0
         offloaded = attention != "memory"
         base = [c.stats() for c in caches] if offloaded else []
-        for c in caches:
-            if offloaded:
+        if offloaded:
+            for c in caches:
                 c.attention_spans = []
         m.model.set_attn_implementation(impl)
 
@@ -259,8 +259,8 @@ def sweep(
                         # What the backend reads per step and target: every page (dense), or
                         # about twice its ratio of them (SparF's pages and dimension pages).
                         share = 1.0 if ratio is None else min(1.0, 2 * ratio)
-                        pages = batch * context * kv_per_token * share * KV_DTYPES[kv_dtype] / 4 / n
-                        mb = auto_micro_batches(pages / (read_mb_s * 1e6), host_steps[batch]) if read_mb_s else 1
+                        read_bytes = batch * context * kv_per_token * share * KV_DTYPES[kv_dtype] / 4 / n
+                        mb = auto_micro_batches(read_bytes / (read_mb_s * 1e6), host_steps[batch]) if read_mb_s else 1
                     r = _point(m, prefills[context], batch, attention, ratio, pool, steps, kv_dtype, mb)
                 finally:
                     if pool is not None:

@@ -248,15 +248,23 @@ class TargetStore(KVStore):
         bytes, sent as they are when every sequence is asked."""
         h = q.shape[1]
         asked = [b for b in range(q.shape[0]) if any(groups[b * h : (b + 1) * h])]
-        if len(asked) == q.shape[0]:
-            res = self.targets[i].attend(layer, self.seqs, qb, q.shape[2], scale, "dense", partial=True, groups=groups, vectors=self.kv_dtype)
-            return self._outputs(i, res, q.shape, True)
-        lists = [g for b in asked for g in groups[b * h : (b + 1) * h]]
-        sub = q[asked]
+        everyone = len(asked) == q.shape[0]
+        sub = q if everyone else q[asked]
+        lists = groups if everyone else [g for b in asked for g in groups[b * h : (b + 1) * h]]
         res = self.targets[i].attend(
-            layer, [self.seqs[b] for b in asked], f32_bytes(sub), q.shape[2], scale, "dense", partial=True, groups=lists, vectors=self.kv_dtype
+            layer,
+            [self.seqs[b] for b in asked],
+            qb if everyone else f32_bytes(sub),
+            q.shape[2],
+            scale,
+            "dense",
+            partial=True,
+            groups=lists,
+            vectors=self.kv_dtype,
         )
         o, lse = self._outputs(i, res, sub.shape, True)
+        if everyone:
+            return o, lse
         out, full = torch.zeros(q.shape), torch.full(q.shape[:-1], -math.inf, dtype=torch.float64)
         out[asked], full[asked] = o, lse
         return out, full

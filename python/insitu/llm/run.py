@@ -237,7 +237,7 @@ def generate(
     }
 
 
-def micro_batches(batch: int, count: int) -> List[int]:
+def micro_batch_sizes(batch: int, count: int) -> List[int]:
     """The sizes of ``count`` micro-batches of a ``batch`` (as even as possible, the first
     ones one larger; never more micro-batches than sequences)."""
     count = max(1, min(count, batch))
@@ -276,7 +276,7 @@ def _generate_overlapped(m: Model, prompt_ids, max_new_tokens, attention, pool, 
     """:func:`generate` of ``count`` micro-batches of ``prompt_ids`` (consecutive groups), at
     once on threads; the results are joined in the prompts' order."""
     groups, at = [], 0
-    for n in micro_batches(len(prompt_ids), count):
+    for n in micro_batch_sizes(len(prompt_ids), count):
         groups.append(prompt_ids[at : at + n])
         at += n
     t0 = time.perf_counter()

@@ -246,7 +246,7 @@ pub struct HeadView {
 /// it, and the attention threads never sleep on the drive, so a few keep every read of
 /// every request in flight.
 #[derive(Default)]
-pub struct Timeline {
+pub(crate) struct Timeline {
     last: Mutex<Option<Instant>>,
 }
 
@@ -257,7 +257,7 @@ impl Timeline {
     }
 
     /// Waits until every read booked so far has arrived on `media`'s timing model.
-    pub fn wait(&self, media: &Backing) {
+    pub(crate) fn wait(&self, media: &Backing) {
         let last = *self.last.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(t) = last {
             media.wait_until(t);
@@ -608,7 +608,7 @@ impl KvCache {
 
     /// [`KvCache::head`] whose reads are booked on `timeline`, when given, and not waited
     /// for: the caller waits on the timeline before it answers.
-    pub fn head_on(&self, seq: u64, layer: usize, head: usize, timeline: Option<&Arc<Timeline>>) -> Result<HeadView, KvError> {
+    pub(crate) fn head_on(&self, seq: u64, layer: usize, head: usize, timeline: Option<&Arc<Timeline>>) -> Result<HeadView, KvError> {
         let st = self.lock();
         let s = st.seqs.get(&seq).ok_or(KvError::UnknownSequence(seq))?;
         if layer >= s.layers || head >= s.kv_heads {
