@@ -84,7 +84,13 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, ou
     let cand: Vec<usize> = (0..n).filter(|&t| reach[t]).collect();
     let mut toks = Vec::with_capacity(rows);
     let mut alpha = Vec::with_capacity(rows);
+    let every = k >= cand.len(); // a page budget's reach is kept whole: no ranking
     for s in shat.chunks_exact(n) {
+        if every {
+            alpha.push(cand.iter().map(|&t| s[t]).sum::<f64>());
+            toks.push(cand.clone());
+            continue;
+        }
         top_k(cand.len(), k, &mut order, |a, b| {
             let (a, b) = (cand[a], cand[b]);
             (b >= first_local).cmp(&(a >= first_local)).then(s[b].total_cmp(&s[a])).then(a.cmp(&b))

@@ -707,27 +707,27 @@ impl HeadView {
         Ok(read)
     }
 
-    /// Reads `pages` (each `(slot, page)`: flash page `page` decoded into
-    /// `out[slot * per..][..per]`) as one batch: every page is on the drive's queue at once,
-    /// and adjacent pages bound for adjacent slots are one read.
+    /// Reads `pages` (each `(at, page)`: flash page `page` decoded into `out[at..][..per]`)
+    /// as one batch: every page is on the drive's queue at once, and adjacent pages bound for
+    /// adjacent places are one read.
     fn read_pages(&self, pages: &[(usize, u32)], out: &mut [f32], per: usize) -> Result<Loaded, KvError> {
         if pages.is_empty() {
             return Ok(Loaded::default());
         }
         let pb = self.layout.page_bytes;
-        let mut runs: Vec<(usize, u32, usize)> = Vec::new(); // (first slot, first page, pages)
-        for &(slot, page) in pages {
+        let mut runs: Vec<(usize, u32, usize)> = Vec::new(); // (first place, first page, pages)
+        for &(at, page) in pages {
             match runs.last_mut() {
-                Some((s, p, n)) if *n < PAGES_PER_READ && slot == *s + *n && u64::from(page) == u64::from(*p) + *n as u64 => *n += 1,
-                _ => runs.push((slot, page, 1)),
+                Some((a, p, n)) if *n < PAGES_PER_READ && at == *a + *n * per && u64::from(page) == u64::from(*p) + *n as u64 => *n += 1,
+                _ => runs.push((at, page, 1)),
             }
         }
         let spans: Vec<(u64, usize)> = runs.iter().map(|&(_, p, n)| (self.data_base + u64::from(p) * pb as u64, n * pb)).collect();
         let need = spans.iter().map(|s| s.1).sum::<usize>() + 2 * insitu_media::DIRECT_ALIGN * spans.len();
         let mut fill = |buf: &mut AlignedBuf| -> Result<Loaded, KvError> {
             let read = self.read_spans(&spans, buf)?;
-            for (&(slot, _, n), bytes) in runs.iter().zip(read) {
-                decode(self.layout.dtype, bytes, &mut out[slot * per..(slot + n) * per]);
+            for (&(at, _, n), bytes) in runs.iter().zip(read) {
+                decode(self.layout.dtype, bytes, &mut out[at..at + n * per]);
             }
             Ok(Loaded { pages: pages.len() as u64, bytes: (pages.len() * pb) as u64 })
         };
@@ -770,7 +770,7 @@ impl HeadView {
         let mut on_flash = Vec::with_capacity(slots);
         for (j, &kind) in kinds.iter().enumerate() {
             let (pages, _) = self.head.rows(kind);
-            on_flash.extend(groups.iter().enumerate().filter(|(_, &g)| g < held).map(|(i, &g)| (j * groups.len() + i, pages[g])));
+            on_flash.extend(groups.iter().enumerate().filter(|(_, &g)| g < held).map(|(i, &g)| ((j * groups.len() + i) * per, pages[g])));
         }
         let loaded = self.read_pages(&on_flash, out, per)?;
         if let Some(i) = groups.iter().position(|&g| g == held) {
@@ -788,15 +788,19 @@ fn decode(dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
     match dtype {
         Dtype::F32 => bytes.chunks_exact(4).zip(out.iter_mut()).for_each(|(c, o)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
         Dtype::F16 => {
-            // Whole chunks through half's slice conversion, which uses the CPU's f16
-            // instructions on many values at once (one call per value costs more than the
-            // conversion): a page read is mostly this loop.
             use half::slice::HalfFloatSliceExt;
+            let n = (bytes.len() / 2).min(out.len());
+            // Pages arrive in aligned buffers, so on a little-endian host they are f16 values
+            // as they lie: one conversion with the CPU's f16 instructions, no copy first.
+            if let (true, Ok(h)) = (cfg!(target_endian = "little"), bytemuck::try_cast_slice::<u8, half::f16>(&bytes[..2 * n])) {
+                h.convert_to_f32_slice(&mut out[..n]);
+                return;
+            }
             let mut h = [half::f16::ZERO; 256];
-            for (c, o) in bytes.chunks(2 * h.len()).zip(out.chunks_mut(h.len())) {
-                let n = (c.len() / 2).min(o.len());
-                h[..n].iter_mut().zip(c.chunks_exact(2)).for_each(|(x, b)| *x = half::f16::from_le_bytes([b[0], b[1]]));
-                h[..n].convert_to_f32_slice(&mut o[..n]);
+            for (c, o) in bytes[..2 * n].chunks(2 * h.len()).zip(out[..n].chunks_mut(h.len())) {
+                let m = c.len() / 2;
+                h[..m].iter_mut().zip(c.chunks_exact(2)).for_each(|(x, b)| *x = half::f16::from_le_bytes([b[0], b[1]]));
+                h[..m].convert_to_f32_slice(&mut o[..m]);
             }
         }
     }
@@ -838,19 +842,32 @@ impl HeadPages for HeadView {
         if out.len() < groups.len() * dpp * s {
             return Err(bad(format!("a buffer of {} elements for {} dimension groups of {s} tokens", out.len(), groups.len())));
         }
-        // Every page of every group, one batch: page b of group i in slot i * blocks + b.
-        let blocks = lists.iter().map(|p| p.len()).max().unwrap_or(0);
         let per = tpd * dpp;
-        let slots: Vec<(usize, u32)> = lists.iter().enumerate().flat_map(|(i, p)| p.iter().enumerate().map(move |(b, &page)| (i * blocks + b, page))).collect();
-        let mut pages = vec![0f32; groups.len() * blocks * per];
-        let loaded = self.read_pages(&slots, &mut pages, per)?;
-        for (i, (&g, list)) in groups.iter().zip(&lists).enumerate() {
-            let out = &mut out[i * dpp * s..(i + 1) * dpp * s];
-            for (b, page) in pages[i * blocks * per..].chunks_exact(per).take(list.len()).enumerate() {
-                for j in 0..dpp {
-                    out[j * s + b * tpd..j * s + (b + 1) * tpd].copy_from_slice(&page[j * tpd..(j + 1) * tpd]);
+        let loaded = if dpp == 1 {
+            // A page holds one dimension's run of tokens, so it is decoded in place.
+            let places: Vec<(usize, u32)> =
+                lists.iter().enumerate().flat_map(|(i, p)| p.iter().enumerate().map(move |(b, &page)| (i * s + b * tpd, page))).collect();
+            self.read_pages(&places, out, per)?
+        } else {
+            // Every page of every group, one batch: page b of group i in slot i * blocks + b,
+            // then each of its dimensions' runs moved to its row.
+            let blocks = lists.iter().map(|p| p.len()).max().unwrap_or(0);
+            let places: Vec<(usize, u32)> =
+                lists.iter().enumerate().flat_map(|(i, p)| p.iter().enumerate().map(move |(b, &page)| ((i * blocks + b) * per, page))).collect();
+            let mut pages = vec![0f32; groups.len() * blocks * per];
+            let loaded = self.read_pages(&places, &mut pages, per)?;
+            for (i, list) in lists.iter().enumerate() {
+                let out = &mut out[i * dpp * s..(i + 1) * dpp * s];
+                for (b, page) in pages[i * blocks * per..].chunks_exact(per).take(list.len()).enumerate() {
+                    for j in 0..dpp {
+                        out[j * s + b * tpd..j * s + (b + 1) * tpd].copy_from_slice(&page[j * tpd..(j + 1) * tpd]);
+                    }
                 }
             }
+            loaded
+        };
+        for (i, (&g, list)) in groups.iter().zip(&lists).enumerate() {
+            let out = &mut out[i * dpp * s..(i + 1) * dpp * s];
             let done = list.len() * tpd;
             for (t, row) in self.head.d_tail.chunks_exact(l.head_dim).enumerate() {
                 for j in 0..dpp {

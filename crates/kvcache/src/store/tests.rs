@@ -168,6 +168,27 @@ fn f16_pages_hold_rounded_values() {
 }
 
 #[test]
+fn f16_dimension_pages_read_back_whatever_their_width() {
+    for dpp in [1, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open(dir.path(), 32 << 20);
+        s.create(3, 1, H, D, Dtype::F16, dpp).unwrap();
+        let t = 4200; // over two dimension pages of 2,048 tokens at one dimension a page
+        let k = rows(H * t * D, 5.0);
+        s.append(3, 0, t, &k, &rows(H * t * D, 6.0)).unwrap();
+        let tpd = s.head(3, 0, 1).unwrap().layout().tokens_per_dim_page;
+        let paged = t / tpd * tpd;
+        assert!(paged > 0, "{dpp} dimensions a page: some tokens must be on pages");
+        let want = transpose(head_rows(&k, 1, t), t);
+        let (_, _, dims) = read_back(&s, 3, 0, 1);
+        for (i, (got, want)) in dims.iter().zip(&want).enumerate() {
+            let want = if i % t < paged { half::f16::from_f32(*want).to_f32() } else { *want };
+            assert_eq!(*got, want, "{dpp} dimensions a page: dimension {} token {}", i / t, i % t);
+        }
+    }
+}
+
+#[test]
 fn forks_share_the_prefix_and_diverge() {
     let dir = tempfile::tempdir().unwrap();
     let s = open(dir.path(), 16 << 20);
@@ -444,6 +465,12 @@ fn f16_pages_decode_as_each_value_alone_would() {
         let mut out = vec![f32::NAN; n];
         decode(Dtype::F16, &bytes, &mut out);
         assert!(vals.iter().zip(&out).all(|(a, b)| a.to_f32() == *b), "{n} values");
+        // At an odd address the bytes are not f16 values in place, and are copied first.
+        let mut odd = vec![0u8; bytes.len() + 1];
+        odd[1..].copy_from_slice(&bytes);
+        let mut out = vec![f32::NAN; n];
+        decode(Dtype::F16, &odd[1..], &mut out);
+        assert!(vals.iter().zip(&out).all(|(a, b)| a.to_f32() == *b), "{n} values at an odd address");
     }
 }
 
