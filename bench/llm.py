@@ -62,8 +62,8 @@ def markdown(r: dict) -> str:
     if r.get("note"):
         s += f"**Note:** {r['note']}\n\n"
     s += "| batch x context | KV cache | targets | backend | tokens/s | link bytes / token | media bytes / token | step s | attention s "
-    s += "| device-model bound s | step / bound |\n"
-    s += "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n"
+    s += "| device-model bound s | step / bound | limited by |\n"
+    s += "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|\n"
     rows = sorted(r["rows"], key=lambda x: (x["batch"] * x["context"], x["targets"], ORDER.index(x["backend"])))
     for x in rows:
         bound = "" if x.get("model_bound_s") is None else f"{x['model_bound_s']:.4f}"
@@ -73,14 +73,16 @@ def markdown(r: dict) -> str:
         mb = f" ({x['micro_batches']} micro-batches)" if x.get("micro_batches", 1) > 1 else ""
         s += f"| {x['batch']} x {x['context']} | {x['kv_cache_bytes'] / 2**20:.0f} MiB{budget} | {x['targets'] or '-'} | {x['backend']}{mb} | "
         s += f"{x['tokens_per_s']:.2f} | {x['link_bytes_per_token']:,.0f} | {x['media_bytes_per_token']:,.0f} | {x['step_s']:.3f} | {att} | "
-        s += f"{bound} | {over} |\n"
+        s += f"{bound} | {over} | {x.get('limit') or ''} |\n"
     s += "\n## Ratios (tokens/s)\n\n| batch x context | targets | ratio | value |\n|---|---:|---|---:|\n"
     for b, c, n, name, v in ratios(r):
         s += f"| {b} x {c} | {n} | {name} | {v:.2f}x |\n"
-    cpu = [x for x in r["rows"] if x.get("cpu_limited")]
-    s += f"\n{len(cpu)} of {sum(1 for x in r['rows'] if x.get('model_bound_s') is not None)} offloaded rows took more than "
-    s += "twice the device model's bound: there the limit is this machine's CPU (the host model and every embedded "
-    s += "target's attention engine share its cores), not the modelled drive or link. The link-bytes column is what "
+    if r.get("limits"):
+        s += "\n**Limited by** says which resource sets each row's pace: "
+        s += "; ".join(f"*{k}*: {v}" for k, v in r["limits"].items()) + ".\n\n"
+    s += "\nThe attention column is the part of a step beyond the host's own model compute: the time in which every "
+    s += "micro-batch waits on its targets. On a few cores the host model and every embedded target's engine share "
+    s += "the CPU, so tokens/s ratios between backends are capped by the host's compute. The link-bytes column is what "
     s += "the design changes: FlexGen-style decoding moves the whole cache per token, in-storage attention only q/k/v "
     s += "and outputs.\n"
     return s

@@ -248,5 +248,7 @@ def test_bench_llm_reports_attention_time_and_step_over_bound(model, tmp_path):
             if x["micro_batches"] == 1:
                 assert x["attention_s"] > 0, name
             assert x["step_over_bound"] == pytest.approx(x["step_s"] / x["model_bound_s"]), name
+        assert x["limit"] in bench.LIMITS, name
+    assert rows["memory"]["limit"] == "host"
     assert rows["insitu"]["kv_dtype"] == "f16" and rows["flexgen"]["kv_dtype"] == "f32"
     assert rows["insitu"]["link_bytes_per_token"] < rows["flexgen"]["link_bytes_per_token"] / 5

@@ -357,3 +357,16 @@ def test_auto_micro_batches_overlap_only_when_the_drive_outlasts_the_host():
     assert auto_micro_batches(0.25, 0.1) == 1
     assert auto_micro_batches(0.47, 0.1) == 2
     assert auto_micro_batches(0.004, 0.1) == 1
+
+
+def test_a_row_is_limited_by_the_drive_at_its_bound_else_by_the_larger_of_host_and_attention():
+    from insitu.llm.bench import AT_BOUND, LIMITS, limit_of
+
+    # Within 1.15x of the bound: the larger of the modelled flash and link times.
+    assert limit_of(1.0, 0.9, link_s=0.1, flash_s=0.8) == "flash"
+    assert limit_of(AT_BOUND * 0.9, 0.5, link_s=0.6, flash_s=0.3) == "link"
+    # Beyond it: the host's model when it takes more of the step than attention does.
+    assert limit_of(1.0, 0.3, link_s=0.1, flash_s=0.1) == "host"
+    assert limit_of(1.0, 0.7, link_s=0.1, flash_s=0.1) == "cpu"
+    assert limit_of(1.0, None, link_s=0.0, flash_s=0.0) == "host"
+    assert {"flash", "link", "host", "cpu"} == set(LIMITS)

@@ -280,23 +280,50 @@ def sweep(
     return {"rows": rows, "kv_bytes_per_token": kv_per_token, "prefill_s": {str(c): p[3] for c, p in prefills.items()}}
 
 
+# A step within this share of its device-model bound runs at the modelled drive's pace.
+AT_BOUND = 1.15
+
+LIMITS = {
+    "flash": "the modelled flash (the step is within 1.15x of the device-model bound, flash time the larger part)",
+    "link": "the modelled PCIe link (the step is within 1.15x of the bound, link time the larger part)",
+    "host": "the host's own model compute (more of the step than attention takes)",
+    "cpu": "this machine's CPU in attention: the targets' engines and the transport beyond the modelled drive",
+}
+
+
 def _bounds(result: Dict) -> None:
     """Adds ``model_bound_s`` (link and flash time of a step on the device model) and
     ``cpu_limited`` (measured step over 2x that bound) and ``step_over_bound`` (measured
-    step over that bound) to each row."""
+    step over that bound) to each row, and ``limit``: which resource sets the row's pace
+    (a key of :data:`LIMITS`)."""
     dm = result.get("device_model") or {}
     link = (dm.get("link") or {}).get("mb_s")
     flash = (dm.get("derived") or {}).get("internal_read_mb_s")
     for r in result["rows"]:
         if not r["targets"] or not link:
             r["model_bound_s"], r["cpu_limited"], r["step_over_bound"] = None, None, None
+            r["limit"] = "host" if not r["targets"] else None
             continue
         steps = r["decode_s"] / r["step_s"]
         per = lambda b, mb: b / steps / r["targets"] / (mb * 1e6)  # noqa: E731 - targets work in parallel
-        bound = per(r["bytes_to_host"] + r["bytes_from_host"], link) + (per(r["media_bytes"], flash) if flash else 0)
+        link_s = per(r["bytes_to_host"] + r["bytes_from_host"], link)
+        flash_s = per(r["media_bytes"], flash) if flash else 0.0
+        bound = link_s + flash_s
         r["model_bound_s"] = bound
         r["cpu_limited"] = r["step_s"] > 2 * bound
         r["step_over_bound"] = r["step_s"] / bound if bound > 0 else None
+        r["limit"] = limit_of(r["step_s"], r.get("attention_s"), link_s, flash_s)
+
+
+def limit_of(step_s: float, attention_s: Optional[float], link_s: float, flash_s: float) -> str:
+    """Which resource sets a step's pace: the modelled drive (``flash`` or ``link``) when
+    the step is within :data:`AT_BOUND` of their time, else the host's model (``host``)
+    when it takes more of the step than attention, else the CPU spent in attention
+    (``cpu``)."""
+    if link_s + flash_s > 0 and step_s <= AT_BOUND * (link_s + flash_s):
+        return "flash" if flash_s >= link_s else "link"
+    attention = attention_s or 0.0
+    return "host" if step_s - attention >= attention else "cpu"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -383,6 +410,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "kv_dtype": a.kv_dtype,
             "micro_batches": micro or "auto",
             "split": "tokens",
+            "limits": LIMITS,
             "seconds": time.perf_counter() - t0,
             "machine": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "kernel": platform.release(), "torch_threads": torch.get_num_threads()},
         }
