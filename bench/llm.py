@@ -62,17 +62,18 @@ def markdown(r: dict) -> str:
     if r.get("note"):
         s += f"**Note:** {r['note']}\n\n"
     s += "| batch x context | KV cache | targets | backend | tokens/s | link bytes / token | media bytes / token | step s | attention s "
-    s += "| device-model bound s | step / bound | limited by |\n"
-    s += "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|\n"
+    s += "| drive s | device-model bound s | step / bound | limited by |\n"
+    s += "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
     rows = sorted(r["rows"], key=lambda x: (x["batch"] * x["context"], x["targets"], ORDER.index(x["backend"])))
     for x in rows:
         bound = "" if x.get("model_bound_s") is None else f"{x['model_bound_s']:.4f}"
         over = "" if x.get("step_over_bound") is None else f"{x['step_over_bound']:.2f}"
         att = "" if x.get("attention_s") is None else f"{x['attention_s']:.3f}"
+        drive = "" if x.get("drive_s") is None else f"{x['drive_s']:.3f}"
         budget = " (over budget)" if x.get("over_budget") else ""
         mb = f" ({x['micro_batches']} micro-batches)" if x.get("micro_batches", 1) > 1 else ""
         s += f"| {x['batch']} x {x['context']} | {x['kv_cache_bytes'] / 2**20:.0f} MiB{budget} | {x['targets'] or '-'} | {x['backend']}{mb} | "
-        s += f"{x['tokens_per_s']:.2f} | {x['link_bytes_per_token']:,.0f} | {x['media_bytes_per_token']:,.0f} | {x['step_s']:.3f} | {att} | "
+        s += f"{x['tokens_per_s']:.2f} | {x['link_bytes_per_token']:,.0f} | {x['media_bytes_per_token']:,.0f} | {x['step_s']:.3f} | {att} | {drive} | "
         s += f"{bound} | {over} | {x.get('limit') or ''} |\n"
     s += "\n## Ratios (tokens/s)\n\n| batch x context | targets | ratio | value |\n|---|---:|---|---:|\n"
     for b, c, n, name, v in ratios(r):
@@ -80,7 +81,9 @@ def markdown(r: dict) -> str:
     if r.get("limits"):
         s += "\n**Limited by** says which resource sets each row's pace: "
         s += "; ".join(f"*{k}*: {v}" for k, v in r["limits"].items()) + ".\n\n"
-    s += "\nThe attention column is the part of a step beyond the host's own model compute: the time in which every "
+    s += "\nThe drive column is the modelled drive's time for a step's reads as the targets issued them (the slowest "
+    s += "target's per exchange, summed over a step's exchanges; with several micro-batches, theirs summed). "
+    s += "The attention column is the part of a step beyond the host's own model compute: the time in which every "
     s += "micro-batch waits on its targets. On a few cores the host model and every embedded target's engine share "
     s += "the CPU, so tokens/s ratios between backends are capped by the host's compute. The link-bytes column is what "
     s += "the design changes: FlexGen-style decoding moves the whole cache per token, in-storage attention only q/k/v "

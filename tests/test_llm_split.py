@@ -359,7 +359,7 @@ def test_auto_micro_batches_overlap_only_when_the_drive_outlasts_the_host():
     assert auto_micro_batches(0.004, 0.1) == 1
 
 
-def test_a_row_is_limited_by_the_drive_at_its_bound_else_by_the_larger_of_host_and_attention():
+def test_a_row_is_limited_by_the_drive_at_its_bound_or_as_driven_else_by_the_larger_of_host_and_attention():
     from insitu.llm.bench import AT_BOUND, LIMITS, limit_of
 
     # Within 1.15x of the bound: the larger of the modelled flash and link times.
@@ -369,4 +369,8 @@ def test_a_row_is_limited_by_the_drive_at_its_bound_else_by_the_larger_of_host_a
     assert limit_of(1.0, 0.3, link_s=0.1, flash_s=0.1) == "host"
     assert limit_of(1.0, 0.7, link_s=0.1, flash_s=0.1) == "cpu"
     assert limit_of(1.0, None, link_s=0.0, flash_s=0.0) == "host"
-    assert {"flash", "link", "host", "cpu"} == set(LIMITS)
+    # Attention the drive's time for the reads as issued accounts for: the drive.
+    assert limit_of(1.0, 0.7, link_s=0.1, flash_s=0.1, drive_s=0.65) == "drive"
+    assert limit_of(1.0, 0.7, link_s=0.1, flash_s=0.1, drive_s=0.3) == "cpu"
+    assert limit_of(1.0, 0.3, link_s=0.1, flash_s=0.1, drive_s=0.29) == "drive"
+    assert {"flash", "link", "drive", "host", "cpu"} == set(LIMITS)

@@ -113,6 +113,10 @@ class TargetStore(KVStore):
         self.seqs = [base + b for b in range(batch)]
         self.tokens = [0] * batch
         self._media = [0] * len(self.ranges)
+        # The modelled drive's time of each target's last answer, and the sum over exchange
+        # rounds of the slowest target's (the targets of a round read at once).
+        self._drive_last = [0] * len(self.ranges)
+        self._drive_ns = 0
         self.exchanges = 0  # attention exchanges sent (one per layer and target used)
         self._created: List[List[int]] = []
         try:
@@ -169,11 +173,13 @@ class TargetStore(KVStore):
             return self._sparf_split(layer, qg, k, v, scale).float().reshape(B, hq, D).to(q.device)
         futures = []
         if self.split == "tokens":
-            for i in self.split_tokens.decode(layer):
+            asked = self.split_tokens.decode(layer)
+            for i in asked:
                 rows = self.split_tokens.new_rows(i)
                 p = self._params(max(self.held[i]))  # SparF at the ratio over this share
                 futures.append(self.workers[i].submit(self._attend, i, layer, qg, k, v, rows, scale, p, True))
         else:
+            asked = range(len(self.ranges))
             for i, rng in enumerate(self.ranges):
                 s = slice(rng.start, rng.stop)
                 p = self._params(max(self.tokens))
@@ -182,6 +188,7 @@ class TargetStore(KVStore):
         for w in self.workers:
             w.drain()  # raises the first error of this step or of an earlier prefill append
         parts = [f.result() for f in futures]
+        self._round(asked)
         if self.split == "heads":
             out = torch.cat(parts, dim=1)
         else:
@@ -203,13 +210,16 @@ class TargetStore(KVStore):
         for w in self.workers:
             w.drain()
         scores = {i: f.result() for i, f in futures.items()}
+        self._round(scores)
         lists = self.split_tokens.sparf_pages(scores, p.local, p.pages)
-        parts = []
+        parts = {}
         for i, groups in lists.items():
             if any(groups):
-                parts.append(self.workers[i].submit(self._attend_groups, i, layer, qg, qb, scale, groups))
+                parts[i] = self.workers[i].submit(self._attend_groups, i, layer, qg, qb, scale, groups)
         self.exchanges += len(parts)
-        parts = [f.result() for f in parts]
+        done = {i: f.result() for i, f in parts.items()}
+        self._round(done)
+        parts = list(done.values())
         return merge([o for o, _ in parts], [lse for _, lse in parts])
 
     def _page_scores(self, i, layer, q, qb, k, v, rows, scale, r):
@@ -233,7 +243,7 @@ class TargetStore(KVStore):
             reduced=True,
             **new,
         )
-        self._media[i] += res[1]["media_bytes"]
+        self._count(i, res[1])
         counts, flat = res[0], np.frombuffer(res[2], dtype="<f4")
         per_seq, at = [], 0
         for n in counts:
@@ -314,11 +324,21 @@ class TargetStore(KVStore):
         """Target ``i``'s answer to an attention request as tensors: the outputs (of the
         queries' ``shape``) and, for a partial result, each row's log-sum-exp; its media
         bytes counted."""
-        self._media[i] += res[1]["media_bytes"]
+        self._count(i, res[1])
         out = torch.from_numpy(np.frombuffer(res[0], dtype="<f4").copy()).view(*shape)
         if not partial:
             return out
         return out, torch.from_numpy(np.frombuffer(res[2], dtype="<f8").copy()).view(*shape[:-1])
+
+    def _count(self, i, stats):
+        """Counts what target ``i``'s answer cost: its media bytes and its drive time."""
+        self._media[i] += stats["media_bytes"]
+        self._drive_last[i] = stats.get("drive_ns", 0)
+
+    def _round(self, targets):
+        """Ends an exchange round with ``targets``: the round took the drive time of the
+        slowest of them."""
+        self._drive_ns += max((self._drive_last[i] for i in targets), default=0)
 
     # -- the rest --------------------------------------------------------------------------
 
@@ -332,7 +352,7 @@ class TargetStore(KVStore):
             s = t.stats()
             to_host += s["bytes_received"] - b["bytes_received"]
             from_host += s["bytes_sent"] - b["bytes_sent"]
-        return {"bytes_to_host": to_host, "bytes_from_host": from_host, "media_bytes": sum(self._media)}
+        return {"bytes_to_host": to_host, "bytes_from_host": from_host, "media_bytes": sum(self._media), "drive_s": self._drive_ns / 1e9}
 
     def close(self):
         """Waits for queued appends, frees the sequences and disconnects (idempotent; the

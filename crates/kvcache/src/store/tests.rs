@@ -528,20 +528,35 @@ fn a_request_books_every_read_at_once_waits_once_and_sparf_reads_its_pages_after
     }
     let t = Instant::now();
     pacing.0.lock().unwrap().clear();
-    s.attend_request(request(vec![1, 2, 3, 4], Method::Dense), Default::default()).unwrap();
+    let dense = s.attend_request(request(vec![1, 2, 3, 4], Method::Dense), Default::default()).unwrap();
     let reads = std::mem::take(&mut *pacing.0.lock().unwrap());
+    // The drive's time for the request reaches its last read, 2 ms after that one's start.
+    assert!(dense.stats.drive_ns >= 2_000_000, "the dense request's drive time: {} ns", dense.stats.drive_ns);
     assert!(reads.len() >= 4 * H, "every head reads: {}", reads.len());
     assert!(reads.iter().all(|(after, _)| after.is_none()), "dense reads depend on nothing: all on the queue at once");
     let last = reads.iter().map(|r| r.1).max().unwrap();
     assert!(Instant::now() >= last, "the request answers once its last read has arrived");
 
     let sparf = Method::SparF { r: 4, k: 256, local: 64, pages: 3, mean_v: false };
-    s.attend_request(request(vec![1], sparf), Default::default()).unwrap();
+    let one = s.attend_request(request(vec![1], sparf), Default::default()).unwrap();
     let reads = std::mem::take(&mut *pacing.0.lock().unwrap());
+    // Pages after dimension pages: two reads of 2 ms one after the other.
+    assert!(one.stats.drive_ns >= 4_000_000, "SparF's drive time: {} ns", one.stats.drive_ns);
     let dims: Vec<Instant> = reads.iter().filter(|r| r.0.is_none()).map(|r| r.1).collect();
     let pages: Vec<Instant> = reads.iter().filter_map(|r| r.0).collect();
     assert!(!dims.is_empty() && !pages.is_empty(), "{reads:?}");
     assert!(pages.iter().all(|a| dims.contains(a)), "each head's pages are read when its dimension pages have arrived");
     assert!(t.elapsed() >= std::time::Duration::from_millis(4));
     assert!(Instant::now() >= reads.iter().map(|r| r.1).max().unwrap());
+}
+
+#[test]
+fn a_request_on_a_store_without_a_device_model_reports_no_drive_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = open(dir.path(), 16 << 20);
+    s.create(1, 1, H, D, Dtype::F32, 1).unwrap();
+    s.append(1, 0, 300, &rows(H * 300 * D, 1.0), &rows(H * 300 * D, 2.0)).unwrap();
+    let r = s.attend_request(request(vec![1], Method::Dense), Default::default()).unwrap();
+    assert!(r.stats.pages_read > 0);
+    assert_eq!(r.stats.drive_ns, 0);
 }
