@@ -62,14 +62,14 @@ def markdown(r: dict) -> str:
     if r.get("note"):
         s += f"**Note:** {r['note']}\n\n"
     s += "| batch x context | KV cache | targets | backend | tokens/s | link bytes / token | media bytes / token | step s | attention s "
-    s += "| drive s | device-model bound s | step / bound | limited by |\n"
+    s += "| drive wait s | device-model bound s | step / bound | limited by |\n"
     s += "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n"
     rows = sorted(r["rows"], key=lambda x: (x["batch"] * x["context"], x["targets"], ORDER.index(x["backend"])))
     for x in rows:
         bound = "" if x.get("model_bound_s") is None else f"{x['model_bound_s']:.4f}"
         over = "" if x.get("step_over_bound") is None else f"{x['step_over_bound']:.2f}"
         att = "" if x.get("attention_s") is None else f"{x['attention_s']:.3f}"
-        drive = "" if x.get("drive_s") is None else f"{x['drive_s']:.3f}"
+        drive = "" if x.get("drive_wait_s") is None else f"{x['drive_wait_s']:.3f}"
         budget = " (over budget)" if x.get("over_budget") else ""
         mb = f" ({x['micro_batches']} micro-batches)" if x.get("micro_batches", 1) > 1 else ""
         s += f"| {x['batch']} x {x['context']} | {x['kv_cache_bytes'] / 2**20:.0f} MiB{budget} | {x['targets'] or '-'} | {x['backend']}{mb} | "
@@ -81,8 +81,9 @@ def markdown(r: dict) -> str:
     if r.get("limits"):
         s += "\n**Limited by** says which resource sets each row's pace: "
         s += "; ".join(f"*{k}*: {v}" for k, v in r["limits"].items()) + ".\n\n"
-    s += "\nThe drive column is the modelled drive's time for a step's reads as the targets issued them (the slowest "
-    s += "target's per exchange, summed over a step's exchanges; with several micro-batches, theirs summed). "
+    s += "\nThe drive-wait column is how long a step's attention waited on the modelled drive once the targets' engines "
+    s += "were done (per exchange the longest wait of a target, summed over a step's exchanges; with several micro-batches, "
+    s += "their mean): the rest of the attention column is the engines, the transport and the host's part of attention. "
     s += "The attention column is the part of a step beyond the host's own model compute: the time in which every "
     s += "micro-batch waits on its targets. On a few cores the host model and every embedded target's engine share "
     s += "the CPU, so tokens/s ratios between backends are capped by the host's compute. The link-bytes column is what "

@@ -369,8 +369,8 @@ def test_a_row_is_limited_by_the_drive_at_its_bound_or_as_driven_else_by_the_lar
     assert limit_of(1.0, 0.3, link_s=0.1, flash_s=0.1) == "host"
     assert limit_of(1.0, 0.7, link_s=0.1, flash_s=0.1) == "cpu"
     assert limit_of(1.0, None, link_s=0.0, flash_s=0.0) == "host"
-    # Attention the drive's time for the reads as issued accounts for: the drive.
-    assert limit_of(1.0, 0.7, link_s=0.1, flash_s=0.1, drive_s=0.65) == "drive"
-    assert limit_of(1.0, 0.7, link_s=0.1, flash_s=0.1, drive_s=0.3) == "cpu"
-    assert limit_of(1.0, 0.3, link_s=0.1, flash_s=0.1, drive_s=0.29) == "drive"
+    # Attention mostly spent waiting on the drive after the engines: the drive.
+    assert limit_of(1.0, 0.7, link_s=0.1, flash_s=0.1, drive_wait_s=0.35) == "drive"
+    assert limit_of(1.0, 0.7, link_s=0.1, flash_s=0.1, drive_wait_s=0.3) == "cpu"
+    assert limit_of(1.0, 0.3, link_s=0.1, flash_s=0.1, drive_wait_s=0.2) == "drive"
     assert {"flash", "link", "drive", "host", "cpu"} == set(LIMITS)

@@ -25,11 +25,11 @@ impl KvCache {
         if a.reduced.is_some() {
             return Err(KvError::BadRequest("reduced queries carry SparF's components only: they serve page scores (CDW11 bit 1), not attention".into()));
         }
-        let timeline = Arc::new(Timeline::new());
+        let timeline = Arc::new(Timeline::default());
         let mut result = self.attend_on(a, options, &timeline);
-        let drive_ns = timeline.wait(self.media());
+        let drive_wait_ns = timeline.wait(self.media());
         if let Ok(r) = &mut result {
-            r.stats.drive_ns = drive_ns;
+            r.stats.drive_wait_ns = drive_wait_ns;
         }
         result
     }
@@ -81,11 +81,11 @@ impl KvCache {
         let Method::SparF { r, .. } = a.method else {
             return Err(KvError::BadRequest("page scores need the SparF method (its r components)".into()));
         };
-        let timeline = Arc::new(Timeline::new());
+        let timeline = Arc::new(Timeline::default());
         let mut result = self.page_scores_on(&a, r, &timeline);
-        let drive_ns = timeline.wait(self.media());
+        let drive_wait_ns = timeline.wait(self.media());
         if let Ok(s) = &mut result {
-            s.stats.drive_ns = drive_ns;
+            s.stats.drive_wait_ns = drive_wait_ns;
         }
         result
     }

@@ -114,10 +114,11 @@ pub struct AttendStats {
     pub media_bytes: u64,
     /// Token rows (K or V) that entered the computation after filtering.
     pub rows_used: u64,
-    /// Nanoseconds from the request's start until the modelled drive delivered the last of
-    /// its reads (0 on a target without a device model): the drive's own time for the
-    /// request, which its reads' dependencies and channel queues set, whatever the engine's.
-    pub drive_ns: u64,
+    /// Nanoseconds the target waited, once its engine had finished the request, for the
+    /// modelled drive to deliver the request's last read (0 on a target without a device
+    /// model, or whose engine was the slower): the part of the request's time that the
+    /// drive, not the engine, set.
+    pub drive_wait_ns: u64,
 }
 
 impl std::ops::AddAssign for AttendStats {
@@ -125,7 +126,7 @@ impl std::ops::AddAssign for AttendStats {
         self.pages_read += o.pages_read;
         self.media_bytes += o.media_bytes;
         self.rows_used += o.rows_used;
-        self.drive_ns += o.drive_ns;
+        self.drive_wait_ns += o.drive_wait_ns;
     }
 }
 
@@ -719,7 +720,7 @@ impl AttendResult {
         b[16..24].copy_from_slice(&self.stats.pages_read.to_le_bytes());
         b[24..32].copy_from_slice(&self.stats.media_bytes.to_le_bytes());
         b[32..40].copy_from_slice(&self.stats.rows_used.to_le_bytes());
-        b[40..48].copy_from_slice(&self.stats.drive_ns.to_le_bytes());
+        b[40..48].copy_from_slice(&self.stats.drive_wait_ns.to_le_bytes());
         put_vectors(&mut b, &self.out, self.vectors);
         if self.vectors == Dtype::F16 {
             b[5] |= RESULT_FLAG_F16;
@@ -748,7 +749,7 @@ impl AttendResult {
         if b.len() as u128 != want {
             return Err(bad(format!("KV attention result is {} bytes, expected {want}", b.len())));
         }
-        let stats = AttendStats { pages_read: u64_at(b, 16), media_bytes: u64_at(b, 24), rows_used: u64_at(b, 32), drive_ns: u64_at(b, 40) };
+        let stats = AttendStats { pages_read: u64_at(b, 16), media_bytes: u64_at(b, 24), rows_used: u64_at(b, 32), drive_wait_ns: u64_at(b, 40) };
         // The length check above bounds both sections by the buffer, so these fit a usize.
         let split = RESULT_HEADER_LEN + outputs as usize;
         let lse = with_lse.then(|| b[split..].chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes"))).collect());
@@ -790,7 +791,7 @@ impl PageScores {
         b[16..24].copy_from_slice(&self.stats.pages_read.to_le_bytes());
         b[24..32].copy_from_slice(&self.stats.media_bytes.to_le_bytes());
         b[32..40].copy_from_slice(&self.stats.rows_used.to_le_bytes());
-        b[40..48].copy_from_slice(&self.stats.drive_ns.to_le_bytes());
+        b[40..48].copy_from_slice(&self.stats.drive_wait_ns.to_le_bytes());
         self.groups.iter().for_each(|g| b.extend_from_slice(&g.to_le_bytes()));
         put_f32s(&mut b, &self.log_mass);
         b
@@ -809,7 +810,7 @@ impl PageScores {
         if (b.len() - counts_end) as u128 != 4 * values {
             return Err(bad(format!("KV page-scores result is {} bytes, expected {}", b.len(), counts_end as u128 + 4 * values)));
         }
-        let stats = AttendStats { pages_read: u64_at(b, 16), media_bytes: u64_at(b, 24), rows_used: u64_at(b, 32), drive_ns: u64_at(b, 40) };
+        let stats = AttendStats { pages_read: u64_at(b, 16), media_bytes: u64_at(b, 24), rows_used: u64_at(b, 32), drive_wait_ns: u64_at(b, 40) };
         Ok(PageScores { heads, group, stats, groups, log_mass: f32s(&b[counts_end..]) })
     }
 }
@@ -951,7 +952,7 @@ mod tests {
             heads: 1,
             group: 2,
             head_dim: 2,
-            stats: AttendStats { pages_read: 3, media_bytes: 4096, rows_used: 9, drive_ns: 1_250_000 },
+            stats: AttendStats { pages_read: 3, media_bytes: 4096, rows_used: 9, drive_wait_ns: 1_250_000 },
             out: vec![1.0, 2.0, 3.0, 4.0],
             lse: None,
             vectors: Dtype::F32,
@@ -984,7 +985,7 @@ mod tests {
         let ps = PageScores {
             heads: 2,
             group: 1,
-            stats: AttendStats { pages_read: 2, media_bytes: 8192, rows_used: 0, drive_ns: 7 },
+            stats: AttendStats { pages_read: 2, media_bytes: 8192, rows_used: 0, drive_wait_ns: 7 },
             groups: vec![2, 0, 1],
             log_mass: vec![0.5, -1.0, 2.0, 3.0, 4.0, f32::NEG_INFINITY],
         };

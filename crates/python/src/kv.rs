@@ -197,7 +197,7 @@ impl KvTarget {
     /// `pages` token pages besides the local tokens', 0 for no cap; `mean_v` mixes the
     /// result with the mean of V by α, as the paper's step 11, else the kept tokens carry
     /// all the weight). Returns the
-    /// outputs (same shape as `q`) and `{"pages_read", "media_bytes", "rows_used", "drive_ns"}`.
+    /// outputs (same shape as `q`) and `{"pages_read", "media_bytes", "rows_used", "drive_wait_ns"}`.
     ///
     /// `partial=True` asks for one part of a split-K attention (the sequences' tokens held
     /// on several targets): a sequence with no token on this target is an empty part
@@ -325,7 +325,7 @@ impl KvTarget {
                 d.set_item("pages_read", s.stats.pages_read)?;
                 d.set_item("media_bytes", s.stats.media_bytes)?;
                 d.set_item("rows_used", s.stats.rows_used)?;
-                d.set_item("drive_ns", s.stats.drive_ns)?;
+                d.set_item("drive_wait_ns", s.stats.drive_wait_ns)?;
                 let groups = pyo3::types::PyList::new(py, &s.groups)?.into_any();
                 return PyTuple::new(py, [groups, d.into_any(), PyBytes::new(py, &to_bytes(&s.log_mass)).into_any()]);
             }
@@ -334,7 +334,7 @@ impl KvTarget {
         d.set_item("pages_read", result.stats.pages_read)?;
         d.set_item("media_bytes", result.stats.media_bytes)?;
         d.set_item("rows_used", result.stats.rows_used)?;
-        d.set_item("drive_ns", result.stats.drive_ns)?;
+        d.set_item("drive_wait_ns", result.stats.drive_wait_ns)?;
         let out = PyBytes::new(py, &to_bytes(&result.out)).into_any();
         match result.lse {
             Some(lse) => {

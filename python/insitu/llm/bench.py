@@ -178,12 +178,12 @@ def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, ste
         run.on_threads([lambda c=c, n=n: decode(c, n) for c, n in zip(caches, sizes)])
         secs = time.perf_counter() - t0
         attention_s = all_waiting([c.attention_spans for c in caches]) / steps if offloaded else None
-        st = {k: 0 for k in ("bytes_to_host", "bytes_from_host", "media_bytes", "drive_s")}
+        st = {k: 0 for k in ("bytes_to_host", "bytes_from_host", "media_bytes", "drive_wait_s")}
         for c, b in zip(caches, base):
             after = c.stats()
             for k in st:
                 st[k] += after.get(k, 0) - b.get(k, 0)
-        drive_s = st.pop("drive_s")
+        drive_wait_s = st.pop("drive_wait_s") / len(sizes)  # per micro-batch
     finally:
         for c in caches:
             if isinstance(c, hooks.OffloadCache):
@@ -195,8 +195,8 @@ def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, ste
         "tokens_per_s": tokens / secs,
         "step_s": secs / steps,
         "attention_s": attention_s,
-        # The modelled drive's time for a step's reads, as the targets issued them.
-        "drive_s": drive_s / steps if attention == "insitu" else None,
+        # How long a step's attention waited on the modelled drive after the targets' engines.
+        "drive_wait_s": drive_wait_s / steps if attention == "insitu" else None,
         "micro_batches": len(sizes),
         "link_bytes_per_token": (st["bytes_to_host"] + st["bytes_from_host"]) / tokens,
         "media_bytes_per_token": st["media_bytes"] / tokens,
@@ -289,9 +289,9 @@ AT_BOUND = 1.15
 LIMITS = {
     "flash": "the modelled flash (the step is within 1.15x of the device-model bound, flash time the larger part)",
     "link": "the modelled PCIe link (the step is within 1.15x of the bound, link time the larger part)",
-    "drive": "the modelled drive as the reads are issued (attention within 1.15x of the drive's time for them, drive_s): "
-    "reads that wait on others (SparF's pages on its dimension pages, a split's pages on the host's choice) or queue on "
-    "a few channels take longer than the bound, which has every read in flight at once",
+    "drive": "the modelled drive as the reads are issued (at least half of attention waits on it once the engines are done, "
+    "drive_wait_s): reads that wait on others (SparF's pages on its dimension pages, a split's pages on the host's "
+    "choice) or queue on a few channels take longer than the bound, which has every read in flight at once",
     "host": "the host's own model compute (more of the step than attention takes)",
     "cpu": "this machine's CPU in attention: the targets' engines and the transport beyond the modelled drive",
 }
@@ -318,19 +318,19 @@ def _bounds(result: Dict) -> None:
         r["model_bound_s"] = bound
         r["cpu_limited"] = r["step_s"] > 2 * bound
         r["step_over_bound"] = r["step_s"] / bound if bound > 0 else None
-        r["limit"] = limit_of(r["step_s"], r.get("attention_s"), link_s, flash_s, r.get("drive_s"))
+        r["limit"] = limit_of(r["step_s"], r.get("attention_s"), link_s, flash_s, r.get("drive_wait_s"))
 
 
-def limit_of(step_s: float, attention_s: Optional[float], link_s: float, flash_s: float, drive_s: Optional[float] = None) -> str:
+def limit_of(step_s: float, attention_s: Optional[float], link_s: float, flash_s: float, drive_wait_s: Optional[float] = None) -> str:
     """Which resource sets a step's pace: the modelled drive at its bound (``flash`` or
     ``link``) when the step is within :data:`AT_BOUND` of their time; the drive as the reads
-    were issued (``drive``) when attention is within :data:`AT_BOUND` of the drive's time for
-    them; else the host's model (``host``) when it takes more of the step than attention,
-    else the CPU spent in attention (``cpu``)."""
+    were issued (``drive``) when at least half of attention waits on it after the targets'
+    engines are done; else the host's model (``host``) when it takes more of the step than
+    attention, else the CPU spent in attention (``cpu``)."""
     if link_s + flash_s > 0 and step_s <= AT_BOUND * (link_s + flash_s):
         return "flash" if flash_s >= link_s else "link"
     attention = attention_s or 0.0
-    if drive_s and attention > 0 and attention <= AT_BOUND * drive_s:
+    if drive_wait_s and attention > 0 and drive_wait_s >= attention / 2:
         return "drive"
     return "host" if step_s - attention >= attention else "cpu"
 

@@ -113,10 +113,10 @@ class TargetStore(KVStore):
         self.seqs = [base + b for b in range(batch)]
         self.tokens = [0] * batch
         self._media = [0] * len(self.ranges)
-        # The modelled drive's time of each target's last answer, and the sum over exchange
-        # rounds of the slowest target's (the targets of a round read at once).
+        # How long each target's last answer waited on the modelled drive after its engine,
+        # and the sum over exchange rounds of the longest wait (the targets work at once).
         self._drive_last = [0] * len(self.ranges)
-        self._drive_ns = 0
+        self._drive_wait_ns = 0
         self.exchanges = 0  # attention exchanges sent (one per layer and target used)
         self._created: List[List[int]] = []
         try:
@@ -331,14 +331,14 @@ class TargetStore(KVStore):
         return out, torch.from_numpy(np.frombuffer(res[2], dtype="<f8").copy()).view(*shape[:-1])
 
     def _count(self, i, stats):
-        """Counts what target ``i``'s answer cost: its media bytes and its drive time."""
+        """Counts what target ``i``'s answer cost: its media bytes and its wait on the drive."""
         self._media[i] += stats["media_bytes"]
-        self._drive_last[i] = stats.get("drive_ns", 0)
+        self._drive_last[i] = stats.get("drive_wait_ns", 0)
 
     def _round(self, targets):
-        """Ends an exchange round with ``targets``: the round took the drive time of the
-        slowest of them."""
-        self._drive_ns += max((self._drive_last[i] for i in targets), default=0)
+        """Ends an exchange round with ``targets``: the drive held it up as long as the
+        longest of their waits."""
+        self._drive_wait_ns += max((self._drive_last[i] for i in targets), default=0)
 
     # -- the rest --------------------------------------------------------------------------
 
@@ -352,7 +352,7 @@ class TargetStore(KVStore):
             s = t.stats()
             to_host += s["bytes_received"] - b["bytes_received"]
             from_host += s["bytes_sent"] - b["bytes_sent"]
-        return {"bytes_to_host": to_host, "bytes_from_host": from_host, "media_bytes": sum(self._media), "drive_s": self._drive_ns / 1e9}
+        return {"bytes_to_host": to_host, "bytes_from_host": from_host, "media_bytes": sum(self._media), "drive_wait_s": self._drive_wait_ns / 1e9}
 
     def close(self):
         """Waits for queued appends, frees the sequences and disconnects (idempotent; the

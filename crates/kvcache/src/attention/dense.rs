@@ -55,5 +55,5 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, out: &mut [f32
             *o = (a / sum) as f32;
         }
     }
-    Ok(AttendStats { pages_read: pages.loaded.pages, media_bytes: pages.loaded.bytes, rows_used: 2 * tokens as u64, drive_ns: 0 })
+    Ok(AttendStats { pages_read: pages.loaded.pages, media_bytes: pages.loaded.bytes, rows_used: 2 * tokens as u64, drive_wait_ns: 0 })
 }

@@ -134,7 +134,7 @@ pub fn page_log_mass(head: &dyn HeadPages, q: &[f32], scale: f32, r: usize) -> R
         return Err(bad("page scores need r above 0".into()));
     }
     let (masses, loaded) = sparse::page_log_mass(head, q, f64::from(scale), r, None)?;
-    Ok((masses, AttendStats { pages_read: loaded.pages, media_bytes: loaded.bytes, rows_used: 0, drive_ns: 0 }))
+    Ok((masses, AttendStats { pages_read: loaded.pages, media_bytes: loaded.bytes, rows_used: 0, drive_wait_ns: 0 }))
 }
 
 /// SparF's step 1 made on the host for [`page_log_mass_reduced`]: for queries `q`
@@ -170,7 +170,7 @@ pub fn page_log_mass_reduced(head: &dyn HeadPages, q: &[f32], dims: &[usize], l1
         return Err(bad("the query and the scale must be finite".into()));
     }
     let (masses, loaded) = sparse::page_log_mass(head, q, f64::from(scale), dims.len(), Some((dims, l1)))?;
-    Ok((masses, AttendStats { pages_read: loaded.pages, media_bytes: loaded.bytes, rows_used: 0, drive_ns: 0 }))
+    Ok((masses, AttendStats { pages_read: loaded.pages, media_bytes: loaded.bytes, rows_used: 0, drive_wait_ns: 0 }))
 }
 
 /// SparF's second phase over one part: exact attention of every row of `q` over every
@@ -243,7 +243,7 @@ fn element_stats(layout: &crate::Layout, dims: usize, tokens: usize, rows: u64) 
     let size = layout.dtype.size() as u64;
     let elements = (dims * tokens) as u64 + 2 * rows * layout.head_dim as u64;
     let bytes = elements * size;
-    AttendStats { pages_read: bytes.div_ceil(layout.page_bytes as u64), media_bytes: bytes, rows_used: 2 * rows, drive_ns: 0 }
+    AttendStats { pages_read: bytes.div_ceil(layout.page_bytes as u64), media_bytes: bytes, rows_used: 2 * rows, drive_wait_ns: 0 }
 }
 
 /// Token groups loaded per batch of reads: enough for a drive to overlap them over its

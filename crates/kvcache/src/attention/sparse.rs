@@ -110,7 +110,7 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, ou
 
     let distinct = tok_used.iter().filter(|&&u| u).count() as u64;
     Ok(match plan.count {
-        Count::Pages => AttendStats { pages_read: loaded.pages, media_bytes: loaded.bytes, rows_used: 2 * distinct, drive_ns: 0 },
+        Count::Pages => AttendStats { pages_read: loaded.pages, media_bytes: loaded.bytes, rows_used: 2 * distinct, drive_wait_ns: 0 },
         Count::Elements => element_stats(&layout, dim_used.iter().filter(|&&u| u).count(), n, distinct),
     })
 }
@@ -394,5 +394,5 @@ pub(super) fn attend_groups(head: &dyn HeadPages, q: &[f32], scale: f64, groups:
     }
     let toks = vec![toks; rows];
     let loaded = exact(head, &qd, scale, &toks, groups, None, out, Some(lse))?;
-    Ok(AttendStats { pages_read: loaded.pages, media_bytes: loaded.bytes, rows_used: 2 * toks[0].len() as u64, drive_ns: 0 })
+    Ok(AttendStats { pages_read: loaded.pages, media_bytes: loaded.bytes, rows_used: 2 * toks[0].len() as u64, drive_wait_ns: 0 })
 }

@@ -91,7 +91,7 @@ fn sparf_reads_only_pages_holding_selected_units() {
             assert_eq!(reads.into_iter().collect::<HashSet<_>>(), want);
             let dims = want.iter().filter(|r| matches!(r, Read::Dim(_))).count() as u64;
             let pages = dims * h.dim_group_pages() + (want.len() as u64 - dims);
-            let want = AttendStats { pages_read: pages, media_bytes: pages * l.page_bytes as u64, rows_used: 2 * distinct as u64, drive_ns: 0 };
+            let want = AttendStats { pages_read: pages, media_bytes: pages * l.page_bytes as u64, rows_used: 2 * distinct as u64, drive_wait_ns: 0 };
             assert_eq!(stats, want, "{shape:?} tokens {tokens} group {group}");
             if tokens >= 5000 && group == 1 {
                 // Long caches are what SparF is for: one query row then reads less than

@@ -23,7 +23,7 @@ fn dense_matches_f64_reference_and_reads_every_page_once() {
                     assert_close(&out[g * l.head_dim..][..l.head_dim], &want, 1e-6, "dense");
                 }
                 let pages = 2 * l.token_groups(tokens) as u64;
-                let want = AttendStats { pages_read: pages, media_bytes: pages * l.page_bytes as u64, rows_used: 2 * tokens as u64, drive_ns: 0 };
+                let want = AttendStats { pages_read: pages, media_bytes: pages * l.page_bytes as u64, rows_used: 2 * tokens as u64, drive_wait_ns: 0 };
                 assert_eq!(stats, want, "{shape:?} tokens {tokens} group {group}");
                 let reads = h.take_reads();
                 assert_eq!(reads.iter().collect::<HashSet<_>>().len(), reads.len(), "a page read twice");

@@ -245,30 +245,26 @@ pub struct HeadView {
 /// modelled time, the engine's compute overlaps the drive as a drive's engine overlaps
 /// it, and the attention threads never sleep on the drive, so a few keep every read of
 /// every request in flight.
+#[derive(Default)]
 pub(crate) struct Timeline {
-    start: Instant,
     last: Mutex<Option<Instant>>,
 }
 
 impl Timeline {
-    /// A request's timeline, from now.
-    pub(crate) fn new() -> Timeline {
-        Timeline { start: Instant::now(), last: Mutex::new(None) }
-    }
-
     fn note(&self, ready: Instant) {
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
         *last = Some(last.map_or(ready, |t| t.max(ready)));
     }
 
     /// Waits until every read booked so far has arrived on `media`'s timing model, and
-    /// returns the modelled drive's time for them: from the request's start until the last
-    /// arrived (0 when nothing was read on a model).
+    /// returns how long that took: the time the request waited on the drive once its
+    /// engine had finished (0 when nothing was read on a model, or all had arrived).
     pub(crate) fn wait(&self, media: &Backing) -> u64 {
         let last = *self.last.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(t) = last else { return 0 };
+        let now = Instant::now();
         media.wait_until(t);
-        u64::try_from(t.saturating_duration_since(self.start).as_nanos()).unwrap_or(u64::MAX)
+        u64::try_from(t.saturating_duration_since(now).as_nanos()).unwrap_or(u64::MAX)
     }
 }
 
