@@ -152,6 +152,47 @@ impl Session {
         Ok(done.into_iter().map(|(cqe, _)| cqe).collect())
     }
 
+    /// [`Session::submit`] for several commands sent back to back on one I/O queue, in this
+    /// order, each with its data out or the length of its data in (`(command, out, in)`; one
+    /// of the two empty): a request and the command that fetches its answer travel together,
+    /// in one round trip, and a target serving a queue in order answers the second once the
+    /// first is done. Returns every completion, whatever its status, and the data each
+    /// received (its data-in length), in order. Not retried after a connection failure.
+    pub fn submit_pipelined(&self, cmds: &[(Command, &[u8], usize)]) -> Result<Vec<(Completion, Vec<u8>)>, InitiatorError> {
+        const C: &str = "Passthrough";
+        self.require_io(C)?;
+        for (_, out, len) in cmds {
+            if !out.is_empty() && *len > 0 {
+                return Err(InitiatorError::InvalidArgument {
+                    command: C,
+                    detail: "a command moves data in one direction only; give data out or a data-in length".into(),
+                });
+            }
+            self.check_transfer(C, out.len().max(*len))?;
+        }
+        let mut inbuf = vec![0u8; cmds.iter().map(|c| c.2).sum()];
+        let done = self.run(C, false, |a| {
+            let mut at = 0;
+            let pieces = cmds
+                .iter()
+                .map(|&(cmd, out, in_len)| {
+                    at += in_len;
+                    Piece { cmd, out, in_at: at - in_len, in_len }
+                })
+                .collect();
+            pipeline(self.pick(a), pieces, &mut inbuf)
+        })?;
+        let mut at = 0;
+        Ok(done
+            .into_iter()
+            .zip(cmds)
+            .map(|((cqe, _), c)| {
+                at += c.2;
+                (cqe, inbuf[at - c.2..at].to_vec())
+            })
+            .collect())
+    }
+
     /// [`Session::submit`] on the admin queue.
     pub fn submit_admin(&self, cmd: Command, data_out: Option<&[u8]>, data_in_len: usize) -> Result<(Completion, Vec<u8>), InitiatorError> {
         self.submit_on(true, cmd, data_out, data_in_len)

@@ -367,21 +367,24 @@ enum Answer {
 }
 
 impl KvTarget {
-    /// KV_ATTEND and its KV_RESULT in one round trip: both in flight together, the
+    /// KV_ATTEND and its KV_RESULT in one round trip: sent back to back on one queue, the
     /// KV_RESULT asking for the length the request implies (a target waits for the result
     /// it is computing). A target that answered the KV_RESULT before the result was there
     /// is asked again once the KV_ATTEND is done. The KV_ATTEND's error comes first: it
     /// says why there is no result.
     fn exchange_attend(&self, tag: u32, options: AttendOptions, req: &Attend, want: usize) -> PyResult<Vec<u8>> {
         let body = req.encode();
-        let (sent, early) = std::thread::scope(|s| {
-            let attend = s.spawn(|| self.send_with("KV attend", opcode::KV_ATTEND, tag, options.cdw11(), &body));
-            let early = self.result("KV attend", tag, want);
-            (attend.join().unwrap_or_else(|_| Err(StorageIOError::new_err("KV attend: the sending thread panicked"))), early)
-        });
-        let len = sent? as usize;
-        match early {
-            Ok(data) if data.len() == len => Ok(data),
+        let mut attend = Command::zeroed();
+        attend.set_opcode(opcode::KV_ATTEND).set_cdw(10, tag).set_cdw(11, options.cdw11()).set_sgl(0, body.len() as u32, SGL_TRANSPORT_DATA_BLOCK);
+        let mut result = Command::zeroed();
+        result.set_opcode(opcode::KV_RESULT).set_cdw(10, tag).set_sgl(0, want as u32, SGL_TRANSPORT_DATA_BLOCK);
+        let mut done = self.session.submit_pipelined(&[(attend, &body, 0), (result, &[], want)]).map_err(|e| kv_err("KV attend", e))?;
+        let (early, data) = done.pop().expect("two completions");
+        let (sent, _) = done.pop().expect("two completions");
+        self.check("KV attend", sent.status)?;
+        let len = sent.dw0 as usize;
+        match self.check("KV attend", early.status) {
+            Ok(()) if data.len() == len => Ok(data),
             _ => self.result("KV attend", tag, len),
         }
     }
