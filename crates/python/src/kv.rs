@@ -60,23 +60,22 @@ pub struct KvTarget {
     shapes: Mutex<std::collections::HashMap<u64, (usize, usize)>>,
 }
 
+/// A KV command `op` for exchange `tag` (CDW10) with options `cdw11`, moving `len` bytes.
+fn kv_command(op: u8, tag: u32, cdw11: u32, len: usize) -> Command {
+    let mut cmd = Command::zeroed();
+    cmd.set_opcode(op).set_cdw(10, tag).set_cdw(11, cdw11).set_sgl(0, len as u32, SGL_TRANSPORT_DATA_BLOCK);
+    cmd
+}
+
 impl KvTarget {
     fn send(&self, what: &str, op: u8, tag: u32, data: &[u8]) -> PyResult<u32> {
-        self.send_with(what, op, tag, 0, data)
-    }
-
-    fn send_with(&self, what: &str, op: u8, tag: u32, cdw11: u32, data: &[u8]) -> PyResult<u32> {
-        let mut cmd = Command::zeroed();
-        cmd.set_opcode(op).set_cdw(10, tag).set_cdw(11, cdw11).set_sgl(0, data.len() as u32, SGL_TRANSPORT_DATA_BLOCK);
-        let (cqe, _) = self.session.submit(cmd, Some(data), 0).map_err(|e| kv_err(what, e))?;
+        let (cqe, _) = self.session.submit(kv_command(op, tag, 0, data.len()), Some(data), 0).map_err(|e| kv_err(what, e))?;
         self.check(what, cqe.status)?;
         Ok(cqe.dw0)
     }
 
     fn result(&self, what: &str, tag: u32, len: usize) -> PyResult<Vec<u8>> {
-        let mut cmd = Command::zeroed();
-        cmd.set_opcode(opcode::KV_RESULT).set_cdw(10, tag).set_sgl(0, len as u32, SGL_TRANSPORT_DATA_BLOCK);
-        let (cqe, data) = self.session.submit(cmd, None, len).map_err(|e| kv_err(what, e))?;
+        let (cqe, data) = self.session.submit(kv_command(opcode::KV_RESULT, tag, 0, len), None, len).map_err(|e| kv_err(what, e))?;
         self.check(what, cqe.status)?;
         Ok(data)
     }
@@ -374,10 +373,8 @@ impl KvTarget {
     /// says why there is no result.
     fn exchange_attend(&self, tag: u32, options: AttendOptions, req: &Attend, want: usize) -> PyResult<Vec<u8>> {
         let body = req.encode();
-        let mut attend = Command::zeroed();
-        attend.set_opcode(opcode::KV_ATTEND).set_cdw(10, tag).set_cdw(11, options.cdw11()).set_sgl(0, body.len() as u32, SGL_TRANSPORT_DATA_BLOCK);
-        let mut result = Command::zeroed();
-        result.set_opcode(opcode::KV_RESULT).set_cdw(10, tag).set_sgl(0, want as u32, SGL_TRANSPORT_DATA_BLOCK);
+        let attend = kv_command(opcode::KV_ATTEND, tag, options.cdw11(), body.len());
+        let result = kv_command(opcode::KV_RESULT, tag, 0, want);
         let mut done = self.session.submit_pipelined(&[(attend, &body, 0), (result, &[], want)]).map_err(|e| kv_err("KV attend", e))?;
         let (early, data) = done.pop().expect("two completions");
         let (sent, _) = done.pop().expect("two completions");
