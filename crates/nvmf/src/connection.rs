@@ -8,10 +8,10 @@
 
 use crate::controller::{self, Controller, Reply, CONNECT_INVALID_HOST, CONNECT_INVALID_PARAMETERS, CONTROLLER_BUSY, INVALID_FIELD, SEQUENCE_ERROR};
 use crate::io;
+use crate::jobs::{queue, Sender};
 pub(crate) use crate::sink::Sink;
 use crate::subsystem::Subsystem;
 use crate::{IoContext, Placement, Shared};
-use crossbeam_channel::{unbounded, Sender};
 use insitu_fabric::{
     check_data_digest, fabrics, opcode, pdu_type, Command, CommonHeader, Digests, Pdu, PduError, SGL_DATA_BLOCK_OFFSET, SGL_TRANSPORT_DATA_BLOCK,
 };
@@ -253,7 +253,7 @@ impl Conn {
     /// Hands the held reads to the queue's workers, as one job.
     fn dispatch_reads(&mut self) {
         if let (Some(job), State::Io { jobs, .. }) = (self.reads.take(), &self.state) {
-            let _ = jobs.send(job);
+            jobs.send(job);
         }
     }
 
@@ -330,17 +330,17 @@ impl Conn {
                 if cmd.opcode() == opcode::READ && blocks.namespace(cmd.nsid()).is_some_and(|ns| !ns.media.is_paced() && !self.sink.can_send_from(ns.media)) {
                     let job = io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd, more: Vec::new() };
                     if let Some(held) = self.reads.push(job, nvm) {
-                        let _ = jobs.send(held);
+                        jobs.send(held);
                     }
                     return Ok(());
                 }
                 let jobs = jobs.clone();
                 if let Some(held) = self.reads.take() {
-                    let _ = jobs.send(held);
+                    jobs.send(held);
                 }
                 // Opcode bits 1:0 = 01: data flows host to controller.
                 if cmd.opcode() & 3 != 1 {
-                    let _ = jobs.send(io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd, more: Vec::new() });
+                    jobs.send(io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd, more: Vec::new() });
                     return Ok(());
                 }
                 self.write_direction(cmd, data, sqhd, jobs)
@@ -361,11 +361,11 @@ impl Conn {
                 if addr > data.len() as u64 || start + len > data.len() {
                     return Err(End::Fatal { fes: 0x04, reason: format!("in-capsule data: SGL offset {addr} + {len} exceeds {} bytes", data.len()) });
                 }
-                let _ = jobs.send(io::Job { cmd, data: io::HostData::Owned(data[start..start + len].to_vec()), sqhd, more: Vec::new() });
+                jobs.send(io::Job { cmd, data: io::HostData::Owned(data[start..start + len].to_vec()), sqhd, more: Vec::new() });
                 Ok(())
             }
             SGL_TRANSPORT_DATA_BLOCK if len == 0 => {
-                let _ = jobs.send(io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd, more: Vec::new() });
+                jobs.send(io::Job { cmd, data: io::HostData::Owned(Vec::new()), sqhd, more: Vec::new() });
                 Ok(())
             }
             SGL_TRANSPORT_DATA_BLOCK => {
@@ -415,7 +415,7 @@ impl Conn {
             }
             let p = self.pending.remove(&cccid).expect("present");
             if let State::Io { jobs, .. } = &self.state {
-                let _ = jobs.send(io::Job { cmd: p.cmd, data: p.buf, sqhd: p.sqhd, more: Vec::new() });
+                jobs.send(io::Job { cmd: p.cmd, data: p.buf, sqhd: p.sqhd, more: Vec::new() });
             }
         } else if last {
             return Err(End::Fatal { fes: 0x02, reason: format!("H2CData for command {cccid} ended early") });
@@ -534,14 +534,14 @@ fn pdu_name(pdu: &Pdu) -> &'static str {
 /// Starts the worker threads of an I/O queue of `entries` entries (no more workers than
 /// the commands it can hold); they stop when the queue's sender drops.
 fn spawn_workers(shared: &Arc<Shared>, ctrl: &Arc<Controller>, sink: &Sink, entries: usize) -> Sender<io::Job> {
-    let (tx, rx) = unbounded::<io::Job>();
+    let (tx, rx) = queue::<io::Job>();
     for _ in 0..shared.cfg.workers_per_queue.min(entries).max(1) {
         let (rx, sink, ctrl, shared) = (rx.clone(), sink.clone(), ctrl.clone(), shared.clone());
         let name = format!("nvmf-q{}-work", sink.sqid);
         let work = move || {
             let subsys: Arc<Subsystem> = ctrl.subsys.clone();
             let nvm = subsys.nvm().expect("I/O queues exist only on NVM subsystems");
-            for job in rx {
+            while let Some(job) = rx.recv() {
                 io::run(&shared, nvm, &ctrl, &sink, job);
             }
         };

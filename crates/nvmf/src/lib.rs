@@ -22,6 +22,7 @@ pub mod fuzzing;
 mod handler;
 mod identify;
 mod io;
+mod jobs;
 mod metrics;
 mod namespaces;
 mod sink;
