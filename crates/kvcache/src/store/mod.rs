@@ -869,12 +869,12 @@ impl HeadPages for HeadView {
             }
             loaded
         };
-        for (i, (&g, list)) in groups.iter().zip(&lists).enumerate() {
-            let out = &mut out[i * dpp * s..(i + 1) * dpp * s];
-            let done = list.len() * tpd;
-            for (t, row) in self.head.d_tail.chunks_exact(l.head_dim).enumerate() {
+        // The tail's rows are token-major: each is read once, for every group at a time.
+        let done: Vec<usize> = lists.iter().map(|list| list.len() * tpd).collect();
+        for (t, row) in self.head.d_tail.chunks_exact(l.head_dim).enumerate() {
+            for (i, &g) in groups.iter().enumerate() {
                 for j in 0..dpp {
-                    out[j * s + done + t] = row[g * dpp + j];
+                    out[(i * dpp + j) * s + done[i] + t] = row[g * dpp + j];
                 }
             }
         }
