@@ -240,6 +240,32 @@ def test_partial_requests_and_bad_split_options(pool3):
         TargetStore(pool3, 1, HKV, D, G, 1, method="sparf", ratio=0.125, mean_v=True, split="tokens")
 
 
+def test_attend_all_sends_to_every_target_at_once_and_answers_as_attend_does(pool3):
+    kvs = [insitu.KvTarget(u) for u in pool3.urls]
+    g = torch.Generator().manual_seed(11)
+    try:
+        for i, kv in enumerate(kvs):
+            kv.create(90, 1, 1, D)
+            k = torch.randn(1, 10 + i, D, generator=g)
+            kv.append(90, 0, 10 + i, f32_bytes(k), f32_bytes(k))
+        q = torch.randn(1, 1, 2, D, generator=g)
+        one = [kv.attend(0, [90], f32_bytes(q), 2, SCALE, partial=True) for kv in kvs]
+        pending = [kv.attend(0, [90], f32_bytes(q), 2, SCALE, partial=True, send=False) for kv in kvs]
+        assert all(kv.info(90)["tokens"] == [10 + i] for i, kv in enumerate(kvs)), "nothing is sent before attend_all"
+        both = insitu._native.attend_all(pending)
+        assert [(o, lse) for o, _, lse in both] == [(o, lse) for o, _, lse in one]
+        assert [s["rows_used"] for _, s, _ in both] == [2 * (10 + i) for i in range(3)]
+        assert insitu._native.attend_all([]) == []
+        # One refused request raises its error; the others were still answered.
+        bad = kvs[1].attend(0, [90], f32_bytes(q), 2, SCALE, "sparf", 2, 4, 1, mean_v=True, partial=True, send=False)
+        with pytest.raises(insitu.TargetError, match="malformed"):
+            insitu._native.attend_all([pending[0], bad, pending[2]])
+    finally:
+        for kv in kvs:
+            kv.free(90)
+            kv.disconnect()
+
+
 @pytest.mark.parametrize("vectors", ["f32", "f16"])
 def test_reduced_page_scores_equal_the_full_ones_in_fewer_link_bytes(pool3, vectors):
     kv = insitu.KvTarget(pool3.urls[1])

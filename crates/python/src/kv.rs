@@ -218,10 +218,12 @@ impl KvTarget {
     /// some sequences get a token here (`new_k` then `[len(new_rows)][kv_heads][head_dim]`).
     /// `reduced=True`, with `page_scores`: only the `r` components each KV head's rows
     /// share go up (chosen here as the target would choose them), not the whole queries.
-    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None, pages=0, mean_v=true, partial=false, page_scores=false, groups=None, result_len=0, vectors="f32", new_rows=None, reduced=false))]
+    /// `send=False` builds and checks the request without sending it and returns it, for
+    /// `insitu._native.attend_all` to send with other targets' requests at once.
+    #[pyo3(signature = (layer, seqs, q, group, scale, method="dense", r=0, k=0, local=0, new_k=None, new_v=None, pages=0, mean_v=true, partial=false, page_scores=false, groups=None, result_len=0, vectors="f32", new_rows=None, reduced=false, send=true))]
     #[allow(clippy::too_many_arguments)]
     fn attend<'py>(
-        &self,
+        slf: &Bound<'py, Self>,
         py: Python<'py>,
         layer: usize,
         seqs: Vec<u64>,
@@ -243,7 +245,8 @@ impl KvTarget {
         vectors: &str,
         new_rows: Option<Vec<usize>>,
         reduced: bool,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+        send: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let vectors = match vectors {
             "f32" => Dtype::F32,
             "f16" => Dtype::F16,
@@ -275,8 +278,9 @@ impl KvTarget {
         if reduced && !(page_scores && matches!(method, Method::SparF { .. })) {
             return Err(bad("reduced=True needs page_scores=True and method \"sparf\""));
         }
-        let result = py.allow_threads(|| {
-            let (heads, head_dim) = self.info_shape(seqs[0])?;
+        let me = slf.get();
+        let prepared = py.allow_threads(|| {
+            let (heads, head_dim) = me.info_shape(seqs[0])?;
             if q.len() != entries * heads * group * head_dim {
                 return Err(TargetError::new_err(format!(
                     "KV attend: q holds {} values; sequence {} needs {entries} x {heads} heads x {group} x {head_dim}",
@@ -289,59 +293,19 @@ impl KvTarget {
             if req.layer > 0xFFFF {
                 return Err(bad("layer out of range"));
             }
-            let _one = self.exchange.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
-            let options = AttendOptions { partial, page_scores };
             let rows = req.q.len() / req.head_dim;
             let want = match (page_scores, result_len) {
                 (_, n) if n > 0 => n,
                 (true, _) => insitu_proto::attention::RESULT_HEADER_LEN,
                 (false, _) => insitu_proto::attention::RESULT_HEADER_LEN + vectors.size() * req.q.len() + if partial { 8 * rows } else { 0 },
             };
-            let data = self.exchange_attend(tag, options, &req, want)?;
-            if page_scores {
-                let scores = PageScores::decode(&data).map_err(|e| StorageIOError::new_err(e.to_string()))?;
-                if scores.groups.len() != req.seqs.len() || scores.heads != req.heads || scores.group != req.group {
-                    return Err(StorageIOError::new_err("KV page scores: the target's result does not answer the request"));
-                }
-                return Ok(Answer::Scores(scores));
-            }
-            let result = AttendResult::decode(&data).map_err(|e| StorageIOError::new_err(e.to_string()))?;
-            if result.lse.is_some() != partial || result.out.len() != req.q.len() {
-                return Err(StorageIOError::new_err(format!(
-                    "KV attend: the target's result does not answer the request ({} outputs for {} query values, log-sum-exp {})",
-                    result.out.len(),
-                    req.q.len(),
-                    if result.lse.is_some() { "present" } else { "absent" }
-                )));
-            }
-            Ok(Answer::Outputs(result))
+            Ok(PreparedAttend { req, options: AttendOptions { partial, page_scores }, want })
         })?;
-        let result = match result {
-            Answer::Outputs(r) => r,
-            Answer::Scores(s) => {
-                let d = PyDict::new(py);
-                d.set_item("pages_read", s.stats.pages_read)?;
-                d.set_item("media_bytes", s.stats.media_bytes)?;
-                d.set_item("rows_used", s.stats.rows_used)?;
-                d.set_item("drive_wait_ns", s.stats.drive_wait_ns)?;
-                let groups = pyo3::types::PyList::new(py, &s.groups)?.into_any();
-                return PyTuple::new(py, [groups, d.into_any(), PyBytes::new(py, &to_bytes(&s.log_mass)).into_any()]);
-            }
-        };
-        let d = PyDict::new(py);
-        d.set_item("pages_read", result.stats.pages_read)?;
-        d.set_item("media_bytes", result.stats.media_bytes)?;
-        d.set_item("rows_used", result.stats.rows_used)?;
-        d.set_item("drive_wait_ns", result.stats.drive_wait_ns)?;
-        let out = PyBytes::new(py, &to_bytes(&result.out)).into_any();
-        match result.lse {
-            Some(lse) => {
-                let lse: Vec<u8> = lse.iter().flat_map(|x| x.to_le_bytes()).collect();
-                PyTuple::new(py, [out, d.into_any(), PyBytes::new(py, &lse).into_any()])
-            }
-            None => PyTuple::new(py, [out, d.into_any()]),
+        if !send {
+            return Ok(Bound::new(py, Pending { target: slf.clone().unbind(), prepared })?.into_any());
         }
+        let answer = py.allow_threads(|| me.run(&prepared))?;
+        Ok(answer.into_py(py)?.into_any())
     }
 
     /// Bytes sent and received on the wire so far: `{"bytes_sent", "bytes_received"}`.
@@ -365,7 +329,102 @@ enum Answer {
     Scores(PageScores),
 }
 
+impl Answer {
+    /// The Python value `KvTarget.attend` returns for this answer.
+    fn into_py(self, py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
+        let stats = |s: &insitu_proto::attention::AttendStats| -> PyResult<Bound<'_, PyAny>> {
+            let d = PyDict::new(py);
+            d.set_item("pages_read", s.pages_read)?;
+            d.set_item("media_bytes", s.media_bytes)?;
+            d.set_item("rows_used", s.rows_used)?;
+            d.set_item("drive_wait_ns", s.drive_wait_ns)?;
+            Ok(d.into_any())
+        };
+        match self {
+            Answer::Scores(s) => {
+                let groups = pyo3::types::PyList::new(py, &s.groups)?.into_any();
+                PyTuple::new(py, [groups, stats(&s.stats)?, PyBytes::new(py, &to_bytes(&s.log_mass)).into_any()])
+            }
+            Answer::Outputs(r) => {
+                let out = PyBytes::new(py, &to_bytes(&r.out)).into_any();
+                match r.lse {
+                    Some(lse) => {
+                        let lse: Vec<u8> = lse.iter().flat_map(|x| x.to_le_bytes()).collect();
+                        PyTuple::new(py, [out, stats(&r.stats)?, PyBytes::new(py, &lse).into_any()])
+                    }
+                    None => PyTuple::new(py, [out, stats(&r.stats)?]),
+                }
+            }
+        }
+    }
+}
+
+/// An attention request built and checked on the host, not yet sent.
+struct PreparedAttend {
+    req: Attend,
+    options: AttendOptions,
+    /// The result's expected length in bytes.
+    want: usize,
+}
+
+/// `KvTarget.attend(..., send=False)`: a request ready to go, sent with others by
+/// [`attend_all`].
+#[pyclass(module = "insitu", frozen)]
+pub struct Pending {
+    target: Py<KvTarget>,
+    prepared: PreparedAttend,
+}
+
+/// Sends every pending request (from `KvTarget.attend(..., send=False)`) at once, each on
+/// its own target, and waits for all of them: one call, the GIL released throughout, where
+/// a thread per target would hand the GIL and a future back and forth for each. Returns
+/// their answers in order, as `KvTarget.attend` returns them; raises the first error.
+#[pyfunction]
+pub fn attend_all<'py>(py: Python<'py>, pending: Vec<Py<Pending>>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+    let answers: Vec<PyResult<Answer>> = py.allow_threads(|| {
+        let run = |p: &Py<Pending>| {
+            let p = p.get();
+            p.target.get().run(&p.prepared)
+        };
+        match pending.split_first() {
+            None => Vec::new(),
+            Some((first, rest)) => std::thread::scope(|s| {
+                let others: Vec<_> = rest.iter().map(|p| s.spawn(move || run(p))).collect();
+                let mut all = vec![run(first)];
+                all.extend(others.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(StorageIOError::new_err("KV attend: a sending thread panicked")))));
+                all
+            }),
+        }
+    });
+    answers.into_iter().map(|a| a?.into_py(py)).collect()
+}
+
 impl KvTarget {
+    /// Sends a prepared request and checks that its answer answers it.
+    fn run(&self, p: &PreparedAttend) -> PyResult<Answer> {
+        let req = &p.req;
+        let _one = self.exchange.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        let data = self.exchange_attend(tag, p.options, req, p.want)?;
+        if p.options.page_scores {
+            let scores = PageScores::decode(&data).map_err(|e| StorageIOError::new_err(e.to_string()))?;
+            if scores.groups.len() != req.seqs.len() || scores.heads != req.heads || scores.group != req.group {
+                return Err(StorageIOError::new_err("KV page scores: the target's result does not answer the request"));
+            }
+            return Ok(Answer::Scores(scores));
+        }
+        let result = AttendResult::decode(&data).map_err(|e| StorageIOError::new_err(e.to_string()))?;
+        if result.lse.is_some() != p.options.partial || result.out.len() != req.q.len() {
+            return Err(StorageIOError::new_err(format!(
+                "KV attend: the target's result does not answer the request ({} outputs for {} query values, log-sum-exp {})",
+                result.out.len(),
+                req.q.len(),
+                if result.lse.is_some() { "present" } else { "absent" }
+            )));
+        }
+        Ok(Answer::Outputs(result))
+    }
+
     /// KV_ATTEND and its KV_RESULT in one round trip: sent back to back on one queue, the
     /// KV_RESULT asking for the length the request implies (a target waits for the result
     /// it is computing). A target that answered the KV_RESULT before the result was there

@@ -244,6 +244,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::Session>()?;
     m.add_class::<kv::KvTarget>()?;
     m.add_class::<kv::EmbeddedTarget>()?;
+    m.add_class::<kv::Pending>()?;
+    m.add_function(wrap_pyfunction!(kv::attend_all, m)?)?;
     m.add_class::<kv_store::KvNamespace>()?;
     m.add_function(wrap_pyfunction!(exec_json, m)?)?;
     m.add_function(wrap_pyfunction!(scrub_json, m)?)?;

@@ -169,25 +169,28 @@ class TargetStore(KVStore):
         # On the host once, not once per target (a GPU model would sync per copy).
         qg = q.detach().reshape(B, self.kv_heads, self.group, D).to("cpu", torch.float32)
         k, v = k.detach().to("cpu", torch.float32), v.detach().to("cpu", torch.float32)
+        for w in self.workers:
+            w.drain()  # raises the first error of an earlier prefill append
         if self.split == "tokens" and self.method == "sparf" and len(self.targets) > 1 and self._params(max(self.tokens)).pages:
             return self._sparf_split(layer, qg, k, v, scale).float().reshape(B, hq, D).to(q.device)
-        futures = []
         if self.split == "tokens":
             asked = self.split_tokens.decode(layer)
-            for i in asked:
-                rows = self.split_tokens.new_rows(i)
-                p = self._params(max(self.held[i]))  # SparF at the ratio over this share
-                futures.append(self.workers[i].submit(self._attend, i, layer, qg, k, v, rows, scale, p, True))
+            qb = f32_bytes(qg)
+            pending = [
+                self._attend(i, layer, qb, qg.shape[2], k, v, self.split_tokens.new_rows(i), scale, self._params(max(self.held[i])), True) for i in asked
+            ]  # SparF at the ratio over each target's share
+            shapes = [qg.shape] * len(asked)
         else:
             asked = range(len(self.ranges))
+            pending, shapes = [], []
             for i, rng in enumerate(self.ranges):
                 s = slice(rng.start, rng.stop)
-                p = self._params(max(self.tokens))
-                futures.append(self.workers[i].submit(self._attend, i, layer, qg[:, s], k[:, s], v[:, s], list(range(B)), scale, p, False))
-        self.exchanges += len(futures)
-        for w in self.workers:
-            w.drain()  # raises the first error of this step or of an earlier prefill append
-        parts = [f.result() for f in futures]
+                pending.append(
+                    self._attend(i, layer, f32_bytes(qg[:, s]), qg.shape[2], k[:, s], v[:, s], list(range(B)), scale, self._params(max(self.tokens)), False)
+                )
+                shapes.append(qg[:, s].shape)
+        self.exchanges += len(pending)
+        parts = [self._outputs(i, res, shape, self.split == "tokens") for i, res, shape in zip(asked, _native.attend_all(pending), shapes)]
         self._round(asked)
         if self.split == "heads":
             out = torch.cat(parts, dim=1)
@@ -196,38 +199,33 @@ class TargetStore(KVStore):
         return out.reshape(B, hq, D).to(q.device)
 
     def _sparf_split(self, layer, qg, k, v, scale):
-        """SparF over a token split, in two exchanges per target: every target scores its
-        pages (the step's token appended first), the host picks the pages over the whole
-        sequence as one target would (:func:`insitu.llm.targets.choose_pages`), and every target attends over
-        the pages picked on it; the parts merge exactly."""
+        """SparF over a token split, in two rounds of one exchange per target, all targets at
+        once: every target scores its pages (the step's token appended first), the host
+        picks the pages over the whole sequence as one target would
+        (:func:`insitu.llm.targets.choose_pages`), and every target attends over the pages
+        picked on it; the parts merge exactly."""
         p = self._params(max(self.tokens))
         asked = self.split_tokens.decode(layer)
         qb = f32_bytes(qg)  # the same queries go to every target: made once
-        futures = {}
-        for i in asked:
-            futures[i] = self.workers[i].submit(self._page_scores, i, layer, qg, qb, k, v, self.split_tokens.new_rows(i), scale, p.r)
-        self.exchanges += len(futures)
-        for w in self.workers:
-            w.drain()
-        scores = {i: f.result() for i, f in futures.items()}
+        pending = [self._page_scores(i, layer, qg, qb, k, v, self.split_tokens.new_rows(i), scale, p.r) for i in asked]
+        self.exchanges += len(pending)
+        scores = {i: self._scores(i, qg.shape, res) for i, res in zip(asked, _native.attend_all(pending))}
         self._round(scores)
         lists = self.split_tokens.sparf_pages(scores, p.local, p.pages)
-        parts = {}
-        for i, groups in lists.items():
-            if any(groups):
-                parts[i] = self.workers[i].submit(self._attend_groups, i, layer, qg, qb, scale, groups)
-        self.exchanges += len(parts)
-        done = {i: f.result() for i, f in parts.items()}
-        self._round(done)
-        parts = list(done.values())
+        picked = [(i, groups) for i, groups in lists.items() if any(groups)]
+        requests = [self._attend_groups(i, layer, qg, qb, scale, groups) for i, groups in picked]
+        self.exchanges += len(requests)
+        answers = _native.attend_all([pending for pending, _ in requests])
+        parts = [self._group_outputs(i, qg, res, asked_rows) for (i, _), (_, asked_rows), res in zip(picked, requests, answers)]
+        self._round([i for i, _ in picked])
         return merge([o for o, _ in parts], [lse for _, lse in parts])
 
     def _page_scores(self, i, layer, q, qb, k, v, rows, scale, r):
+        """Target ``i``'s page-scores request (not sent)."""
         B, h, G, D = q.shape
-        new = self._step_kv(k, v, rows)
         held = [self.split_tokens.held[i][b] for b in range(B)]
         groups = sum(-(-n // self.tokens_per_page) for n in held)
-        res = self.targets[i].attend(
+        return self.targets[i].attend(
             layer,
             self.seqs,
             qb,
@@ -241,8 +239,13 @@ class TargetStore(KVStore):
             result_len=PAGE_SCORES_HEADER + 4 * B + 4 * h * G * groups,
             vectors=self.kv_dtype,
             reduced=True,
-            **new,
+            send=False,
+            **self._step_kv(k, v, rows),
         )
+
+    def _scores(self, i, shape, res):
+        """Target ``i``'s page scores: per sequence, the log-masses ``[kv_heads][group][its groups]``."""
+        B, h, G, _ = shape
         self._count(i, res[1])
         counts, flat = res[0], np.frombuffer(res[2], dtype="<f4")
         per_seq, at = [], 0
@@ -252,28 +255,32 @@ class TargetStore(KVStore):
         return per_seq
 
     def _attend_groups(self, i, layer, q, qb, scale, groups):
-        """Target ``i``'s part over the pages picked on it (``groups``, per sequence and KV
-        head): only the sequences with a page picked here are asked (their queries go up,
-        their outputs come back); the others are empty parts. ``qb`` is all of ``q``'s
-        bytes, sent as they are when every sequence is asked."""
+        """Target ``i``'s request (not sent) for its part over the pages picked on it
+        (``groups``, per sequence and KV head), and the sequences it asks: only those with a
+        page picked here (their queries go up, their outputs come back). ``qb`` is all of
+        ``q``'s bytes, sent as they are when every sequence is asked."""
         h = q.shape[1]
         asked = [b for b in range(q.shape[0]) if any(groups[b * h : (b + 1) * h])]
         everyone = len(asked) == q.shape[0]
-        sub = q if everyone else q[asked]
         lists = groups if everyone else [g for b in asked for g in groups[b * h : (b + 1) * h]]
-        res = self.targets[i].attend(
+        pending = self.targets[i].attend(
             layer,
             [self.seqs[b] for b in asked],
-            qb if everyone else f32_bytes(sub),
+            qb if everyone else f32_bytes(q[asked]),
             q.shape[2],
             scale,
             "dense",
             partial=True,
             groups=lists,
             vectors=self.kv_dtype,
+            send=False,
         )
-        o, lse = self._outputs(i, res, sub.shape, True)
-        if everyone:
+        return pending, asked
+
+    def _group_outputs(self, i, q, res, asked):
+        """Target ``i``'s part over its picked pages, the sequences it was not asked for empty."""
+        o, lse = self._outputs(i, res, q[asked].shape, True)
+        if len(asked) == q.shape[0]:
             return o, lse
         out, full = torch.zeros(q.shape), torch.full(q.shape[:-1], -math.inf, dtype=torch.float64)
         out[asked], full[asked] = o, lse
@@ -300,13 +307,14 @@ class TargetStore(KVStore):
             return {"new_k": f32_bytes(k), "new_v": f32_bytes(v)}
         return {"new_k": f32_bytes(k[rows]), "new_v": f32_bytes(v[rows]), "new_rows": rows}
 
-    def _attend(self, i, layer, q, k, v, rows, scale, p, partial):
-        G = q.shape[2]
-        res = self.targets[i].attend(
+    def _attend(self, i, layer, qb, group, k, v, rows, scale, p, partial):
+        """Target ``i``'s attention request (not sent): queries ``qb`` (f32 bytes) of
+        ``group`` rows per KV head, the step's K and V for the sequences in ``rows``."""
+        return self.targets[i].attend(
             layer,
             self.seqs,
-            f32_bytes(q),
-            G,
+            qb,
+            group,
             scale,
             self.method,
             p.r,
@@ -316,9 +324,9 @@ class TargetStore(KVStore):
             mean_v=p.mean_v,
             partial=partial,
             vectors=self.kv_dtype,
+            send=False,
             **self._step_kv(k, v, rows),
         )
-        return self._outputs(i, res, q.shape, partial)
 
     def _outputs(self, i, res, shape, partial):
         """Target ``i``'s answer to an attention request as tensors: the outputs (of the
