@@ -307,9 +307,9 @@ impl Backing {
     }
 
     /// Whether [`Backing::send_from_page_cache`] sends: media in memory, or with cached
-    /// reads on (see [`Backing::with_cached_reads`]), and not paced.
+    /// reads on (see [`Backing::with_cached_reads`]).
     pub fn can_send_from_page_cache(&self) -> bool {
-        self.cached_reads && self.pacing.is_none()
+        self.cached_reads
     }
 
     /// Sends `len` bytes at `offset` to the socket `out` straight from the page cache
@@ -322,6 +322,11 @@ impl Backing {
         }
         if offset.checked_add(len as u64).is_none_or(|e| e > self.len) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("read of {len} bytes at {offset} is beyond the end ({})", self.len)));
+        }
+        // Paced media delivers the bytes when its model would have read them, as a read
+        // into a buffer does; the send then copies nothing more than the buffer's would.
+        if let Some(p) = &self.pacing {
+            p.wait_until(p.on_read(offset, len as u64, ReadPurpose::Host));
         }
         send_file_range(out, &self.buffered, offset, len)?;
         self.counters.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
@@ -524,9 +529,13 @@ mod tests {
         assert_eq!(media.counters().read_bytes.load(Ordering::Relaxed), 200_000);
         let e = media.send_from_page_cache(out.as_fd(), data.len() as u64 - 10, 11).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
-        // Paced media is read into buffers, where the pacing applies.
-        let paced = Backing::open(media.path(), true).unwrap().with_cached_reads(true).with_pacing(Arc::new(Recorder::default()));
-        assert!(!paced.can_send_from_page_cache());
+        // Paced media sends too, once its model has read what it sends.
+        let rec = Arc::new(Recorder::default());
+        let paced = Backing::open(media.path(), true).unwrap().with_cached_reads(true).with_pacing(rec.clone());
+        assert!(paced.send_from_page_cache(out.as_fd(), 8192, 4096).unwrap());
+        into.read_exact(&mut got[..4096]).unwrap();
+        assert!(got[..4096] == data[8192..12_288]);
+        assert_eq!(*rec.0.lock().unwrap(), [(false, 8192, 4096)], "the read is booked on the model");
     }
 
     #[test]

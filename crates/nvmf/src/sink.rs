@@ -48,14 +48,15 @@ impl Sink {
 
     /// Whether [`Sink::complete_from_media`] would send from `media`.
     pub(crate) fn can_send_from(&self, media: &insitu_media::Backing) -> bool {
-        self.socket.is_some() && !self.digests.data && self.link.is_none() && media.can_send_from_page_cache()
+        self.socket.is_some() && !self.digests.data && media.can_send_from_page_cache()
     }
 
     /// Sends `len` bytes at `offset` of `media` as a command's data, straight from the page
     /// cache to the socket (`sendfile`: the kernel sends the cached pages themselves), then
-    /// its response capsule. Only for media that [`Sink::can_send_from`] accepts: no socket,
-    /// data digests (they need the data in hand), a modelled link, or media read directly or
-    /// paced (see [`insitu_media::Backing::can_send_from_page_cache`]) fail with nothing sent.
+    /// its response capsule, each when the modelled link (if any) would have carried it. Only
+    /// for media that [`Sink::can_send_from`] accepts: no socket, data digests (they need the
+    /// data in hand), or media read directly (see
+    /// [`insitu_media::Backing::can_send_from_page_cache`]) fail with nothing sent.
     pub(crate) fn complete_from_media(&self, cid: u16, sqhd: u16, media: &insitu_media::Backing, offset: u64, len: usize) -> std::io::Result<()> {
         use std::os::fd::AsFd;
         let Some(socket) = self.socket.as_ref().filter(|_| self.can_send_from(media)) else {
@@ -69,6 +70,9 @@ impl Sink {
             heads.clear();
             let pdu = Pdu::C2HData { cccid: cid, datao: at as u32, last: at + n == len, success: false, data: Vec::new() };
             pdu.encode_head(n, self.digests, self.hpda, &mut heads);
+            if let Some(l) = &self.link {
+                l.transfer((heads.len() + n) as u64);
+            }
             send_more(socket, &heads)?;
             media.send_from_page_cache(socket.as_fd(), offset + at as u64, n)?;
             self.metrics.add_wire_out((heads.len() + n) as u64);
@@ -77,6 +81,9 @@ impl Sink {
         heads.clear();
         Pdu::CapsuleResp { cqe: Completion { sqhd, sqid: self.sqid, cid, ..Completion::default() } }.encode(self.digests, self.hpda, &mut heads);
         self.metrics.add_wire_out(heads.len() as u64);
+        if let Some(l) = &self.link {
+            l.transfer(heads.len() as u64);
+        }
         stream.write_all(&heads)
     }
 
