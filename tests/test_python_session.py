@@ -108,3 +108,25 @@ def test_bad_urls_and_hosts_are_refused(url: str):
         insitu.Session("tcp://nowhere")
     with pytest.raises(insitu.InsituError):
         insitu.Session(url.replace(NQN, "nqn.2024-01.io.insitu:absent"))
+
+
+def test_a_paced_read_completes_no_sooner_than_its_model_reads_it(tmp_path):
+    """A namespace paced by a device model sends a Read's data from the page cache at once,
+    but completes it only when the modelled drive would have read it (here 256 KiB at
+    1 MB/s: at least 0.25 s), and the data is the data written."""
+    import time
+
+    t = _native.EmbeddedTarget(str(tmp_path / "paced"), 64 << 20, 16 << 20, "custom:1")
+    try:
+        s = insitu.Session(t.url)
+        data = os.urandom(256 << 10)
+        s.write(1, 0, data)
+        buf = bytearray(len(data))
+        started = time.perf_counter()
+        s.read_into(1, 0, buf)
+        took = time.perf_counter() - started
+        assert bytes(buf) == data
+        assert took >= 0.2, f"a 256 KiB read at 1 MB/s took {took:.3f} s"
+        s.disconnect()
+    finally:
+        t.shutdown()

@@ -312,21 +312,25 @@ impl Backing {
         self.cached_reads
     }
 
+    /// Books a read of `len` bytes at `offset` for the host on the timing model, and returns
+    /// when the modelled device delivers it (None when nothing paces this media): a caller
+    /// that sends the data with [`Backing::send_from_page_cache`] must not complete the
+    /// command before then.
+    pub fn book_host_read(&self, offset: u64, len: usize) -> Option<Instant> {
+        self.pacing.as_ref().map(|p| p.on_read(offset, len as u64, ReadPurpose::Host))
+    }
+
     /// Sends `len` bytes at `offset` to the socket `out` straight from the page cache
     /// (`sendfile`, which reads what is not cached yet), when
     /// [`Backing::can_send_from_page_cache`]; `Ok(false)` (nothing sent) for other media,
-    /// which must be read into a buffer.
+    /// which must be read into a buffer. Paced media is not waited for here: see
+    /// [`Backing::book_host_read`].
     pub fn send_from_page_cache(&self, out: std::os::fd::BorrowedFd<'_>, offset: u64, len: usize) -> io::Result<bool> {
         if !self.can_send_from_page_cache() {
             return Ok(false);
         }
         if offset.checked_add(len as u64).is_none_or(|e| e > self.len) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("read of {len} bytes at {offset} is beyond the end ({})", self.len)));
-        }
-        // Paced media delivers the bytes when its model would have read them, as a read
-        // into a buffer does; the send then copies nothing more than the buffer's would.
-        if let Some(p) = &self.pacing {
-            p.wait_until(p.on_read(offset, len as u64, ReadPurpose::Host));
         }
         send_file_range(out, &self.buffered, offset, len)?;
         self.counters.read_bytes.fetch_add(len as u64, Ordering::Relaxed);
@@ -529,9 +533,10 @@ mod tests {
         assert_eq!(media.counters().read_bytes.load(Ordering::Relaxed), 200_000);
         let e = media.send_from_page_cache(out.as_fd(), data.len() as u64 - 10, 11).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
-        // Paced media sends too, once its model has read what it sends.
+        // Paced media sends too; the read is booked on its model apart.
         let rec = Arc::new(Recorder::default());
         let paced = Backing::open(media.path(), true).unwrap().with_cached_reads(true).with_pacing(rec.clone());
+        assert!(paced.book_host_read(8192, 4096).is_some());
         assert!(paced.send_from_page_cache(out.as_fd(), 8192, 4096).unwrap());
         into.read_exact(&mut got[..4096]).unwrap();
         assert!(got[..4096] == data[8192..12_288]);

@@ -53,38 +53,46 @@ impl Sink {
 
     /// Sends `len` bytes at `offset` of `media` as a command's data, straight from the page
     /// cache to the socket (`sendfile`: the kernel sends the cached pages themselves), then
-    /// its response capsule, each when the modelled link (if any) would have carried it. Only
-    /// for media that [`Sink::can_send_from`] accepts: no socket, data digests (they need the
-    /// data in hand), or media read directly (see
+    /// its response capsule. On a device model the capsule, which is what tells the host its
+    /// data is there, leaves when the modelled drive would have read the data and the
+    /// modelled link carried it; the data itself goes at once, so the real send overlaps
+    /// the modelled time rather than adding to it, and other commands' PDUs may go out
+    /// meanwhile. Only for media that [`Sink::can_send_from`] accepts: no socket, data
+    /// digests (they need the data in hand), or media read directly (see
     /// [`insitu_media::Backing::can_send_from_page_cache`]) fail with nothing sent.
     pub(crate) fn complete_from_media(&self, cid: u16, sqhd: u16, media: &insitu_media::Backing, offset: u64, len: usize) -> std::io::Result<()> {
         use std::os::fd::AsFd;
         let Some(socket) = self.socket.as_ref().filter(|_| self.can_send_from(media)) else {
             return Err(std::io::Error::other("this connection cannot send from the page cache"));
         };
+        let ready = media.book_host_read(offset, len);
         let mut heads = Vec::with_capacity(32);
-        let mut stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
-        let mut at = 0;
-        while at < len {
-            let n = (len - at).min(C2H_CHUNK);
-            heads.clear();
-            let pdu = Pdu::C2HData { cccid: cid, datao: at as u32, last: at + n == len, success: false, data: Vec::new() };
-            pdu.encode_head(n, self.digests, self.hpda, &mut heads);
-            if let Some(l) = &self.link {
-                l.transfer((heads.len() + n) as u64);
+        let mut sent = 0;
+        {
+            let _stream = self.stream.lock().unwrap_or_else(|e| e.into_inner());
+            let mut at = 0;
+            while at < len {
+                let n = (len - at).min(C2H_CHUNK);
+                heads.clear();
+                let pdu = Pdu::C2HData { cccid: cid, datao: at as u32, last: at + n == len, success: false, data: Vec::new() };
+                pdu.encode_head(n, self.digests, self.hpda, &mut heads);
+                send_more(socket, &heads)?;
+                media.send_from_page_cache(socket.as_fd(), offset + at as u64, n)?;
+                sent += heads.len() + n;
+                at += n;
             }
-            send_more(socket, &heads)?;
-            media.send_from_page_cache(socket.as_fd(), offset + at as u64, n)?;
-            self.metrics.add_wire_out((heads.len() + n) as u64);
-            at += n;
+        }
+        self.metrics.add_wire_out(sent as u64);
+        if let Some(t) = ready {
+            media.wait_until(t);
         }
         heads.clear();
         Pdu::CapsuleResp { cqe: Completion { sqhd, sqid: self.sqid, cid, ..Completion::default() } }.encode(self.digests, self.hpda, &mut heads);
         self.metrics.add_wire_out(heads.len() as u64);
         if let Some(l) = &self.link {
-            l.transfer(heads.len() as u64);
+            l.transfer((sent + heads.len()) as u64);
         }
-        stream.write_all(&heads)
+        self.stream.lock().unwrap_or_else(|e| e.into_inner()).write_all(&heads)
     }
 
     /// Sends a command's data (if any) and its response capsule in one vectored write: the
