@@ -137,13 +137,7 @@ impl KvTarget {
 
     /// `{"layers", "kv_heads", "head_dim", "dtype", "dims_per_page", "page_bytes", "tokens"}`.
     fn info<'py>(&self, py: Python<'py>, seq: u64) -> PyResult<Bound<'py, PyDict>> {
-        let data = py.allow_threads(|| {
-            let _one = self.exchange.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
-            let len = self.send("KV info", opcode::KV_ADMIN, tag, &Admin::Info { seq }.encode())?;
-            self.result("KV info", tag, len as usize)
-        })?;
-        let (layers, kv_heads, head_dim, dtype, dpp, page_bytes, tokens) = decode_info(&data).map_err(|e| StorageIOError::new_err(e.to_string()))?;
+        let (layers, kv_heads, head_dim, dtype, dpp, page_bytes, tokens) = py.allow_threads(|| self.fetch_info(seq))?;
         let d = PyDict::new(py);
         d.set_item("layers", layers)?;
         d.set_item("kv_heads", kv_heads)?;
@@ -445,16 +439,21 @@ impl KvTarget {
         }
     }
 
+    /// A sequence's KV info exchange (KV_ADMIN Info, then its KV_RESULT), decoded.
+    fn fetch_info(&self, seq: u64) -> PyResult<insitu_proto::attention::InfoFields> {
+        let _one = self.exchange.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        let len = self.send("KV info", opcode::KV_ADMIN, tag, &Admin::Info { seq }.encode())?;
+        let data = self.result("KV info", tag, len as usize)?;
+        decode_info(&data).map_err(|e| StorageIOError::new_err(e.to_string()))
+    }
+
     /// (KV heads, head size) of a sequence, from the target.
     fn info_shape(&self, seq: u64) -> PyResult<(usize, usize)> {
         if let Some(s) = self.shapes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&seq) {
             return Ok(*s);
         }
-        let _one = self.exchange.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
-        let len = self.send("KV info", opcode::KV_ADMIN, tag, &Admin::Info { seq }.encode())?;
-        let data = self.result("KV info", tag, len as usize)?;
-        let (_, heads, head_dim, ..) = decode_info(&data).map_err(|e| StorageIOError::new_err(e.to_string()))?;
+        let (_, heads, head_dim, ..) = self.fetch_info(seq)?;
         self.shapes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(seq, (heads, head_dim));
         Ok((heads, head_dim))
     }

@@ -215,7 +215,7 @@ class TargetStore(KVStore):
         picked = [(i, groups) for i, groups in lists.items() if any(groups)]
         requests = [self._attend_groups(i, layer, qg, qb, scale, groups) for i, groups in picked]
         self.exchanges += len(requests)
-        answers = _native.attend_all([pending for pending, _ in requests])
+        answers = _native.attend_all([request for request, _ in requests])
         parts = [self._group_outputs(i, qg, res, asked_rows) for (i, _), (_, asked_rows), res in zip(picked, requests, answers)]
         self._round([i for i, _ in picked])
         return merge([o for o, _ in parts], [lse for _, lse in parts])
