@@ -589,14 +589,24 @@ def test_a_client_killed_mid_put_leaves_the_old_or_the_new_value_whole(kv_daemon
     seen = {"acknowledged": 0, "in flight": 0}
     for round_ in range(8):
         p = subprocess.Popen([sys.executable, "-c", KV_PUTTER, url], stdout=subprocess.PIPE, text=True)
+        # A busy machine may take seconds over the first put: wait for it (a minute at most),
+        # then kill at a random moment of the ones after it.
+        watchdog = threading.Timer(60, p.kill)
+        watchdog.start()
         try:
             assert p.stdout.readline().strip() == "ready"
-            time.sleep(0.3 + rng.random() * 0.4)
+            lines = []
+            while not any(ln.startswith("done") for ln in lines):
+                line = p.stdout.readline()
+                assert line, f"round {round_}: the putter ended before its first put completed"
+                lines.append(line.rstrip("\n"))
+            time.sleep(rng.random() * 0.4)
             p.send_signal(signal.SIGKILL)
             p.wait()
             # Whole lines only: the kill may cut the last one short ("start" with no number).
-            lines = p.stdout.read().split("\n")[:-1]
+            lines += p.stdout.read().split("\n")[:-1]
         finally:
+            watchdog.cancel()
             if p.poll() is None:
                 p.kill()
                 p.wait()
