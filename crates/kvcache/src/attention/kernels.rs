@@ -4,39 +4,82 @@
 //! Products of two f32 values are exact in f64, so a dot product of f32 rows accumulated in
 //! f64 loses only the rounding of the additions; eight independent accumulators let the
 //! loop use vector registers (f64 addition is not reassociated by the compiler on its own).
+//!
+//! Each kernel is compiled twice on x86-64: for the baseline (SSE2, two f64 lanes) and
+//! for AVX2 (four lanes), chosen at run time by what the CPU has, so one build runs
+//! everywhere and uses the wider registers where they exist. Both copies do the same
+//! operations in the same order lane by lane (Rust never fuses a multiply and an add on
+//! its own), so they give the same bits.
 
 use std::cmp::Ordering;
+
+/// Defines `pub(super) fn $name` from one body, also kept as `$baseline` (the body compiled
+/// for the baseline alone); on x86-64 the body is compiled again with AVX2 enabled, and
+/// each call of `$name` takes that copy when the CPU has AVX2.
+macro_rules! dispatched {
+    ($(#[$doc:meta])* fn $name:ident / $baseline:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$doc])*
+        pub(super) fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $baseline($($arg),*)
+                }
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2, checked just above.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $baseline($($arg),*)
+        }
+
+        /// The body of the kernel of the same name without the `_baseline`, as the
+        /// baseline target compiles it (inlined into each copy).
+        #[inline(always)]
+        fn $baseline($($arg: $ty),*) $(-> $ret)? $body
+    };
+}
 
 /// Independent accumulators of [`dot`]: two AVX2 vectors or four SSE2 ones of f64.
 const LANES: usize = 8;
 
-/// `q · k`, q already widened to f64, accumulated in f64.
-pub(super) fn dot(q: &[f64], k: &[f32]) -> f64 {
-    let mut out = [0.0];
-    dot_block::<1>([q], k, &mut out);
-    out[0]
-}
-
-/// `out[r] = q_r · k` for the rows `q_r` of `q`, [`ROWS`] rows at a time so that each
-/// element of `k` is loaded and widened once per block (grouped-query attention). Every
-/// row is summed exactly as [`dot`] sums it, so a row's result does not depend on the
-/// rows beside it.
-pub(super) fn dot_rows(q: &[f64], k: &[f32], out: &mut [f64]) {
-    let hd = k.len();
-    let mut blocks = q.chunks_exact(ROWS * hd);
-    let mut outs = out.chunks_exact_mut(ROWS);
-    for (qb, ob) in (&mut blocks).zip(&mut outs) {
-        dot_block::<ROWS>(std::array::from_fn(|r| &qb[r * hd..(r + 1) * hd]), k, ob);
-    }
-    for (qr, o) in blocks.remainder().chunks_exact(hd).zip(outs.into_remainder()) {
-        *o = dot(qr, k);
+dispatched! {
+    /// `q · k`, q already widened to f64, accumulated in f64.
+    fn dot / dot_baseline(q: &[f64], k: &[f32]) -> f64 {
+        let mut out = [0.0];
+        dot_block::<1>([q], k, &mut out);
+        out[0]
     }
 }
 
-/// Query rows per block of [`dot_rows`]: with [`LANES`] accumulators each, two rows fill
-/// half of the sixteen SSE2 registers, leaving room for `k` and the products.
-const ROWS: usize = 2;
+dispatched! {
+    /// `out[r] = q_r · k` for the rows `q_r` of `q`, up to four rows at a time so that each
+    /// element of `k` is loaded and widened once per block (grouped-query attention). Every
+    /// row is summed exactly as [`dot`] sums it, so a row's result does not depend on the
+    /// rows beside it.
+    fn dot_rows / dot_rows_baseline(q: &[f64], k: &[f32], out: &mut [f64]) {
+        let hd = k.len();
+        let mut rows = q.chunks_exact(hd);
+        let mut at = 0;
+        // Blocks of up to four rows: with LANES accumulators each, four rows use eight of
+        // the sixteen AVX2 registers (the SSE2 copy spills some, still ahead of one row
+        // at a time).
+        while at < out.len() {
+            let n = (out.len() - at).min(4);
+            let o = &mut out[at..at + n];
+            match n {
+                4 => dot_block::<4>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
+                3 => dot_block::<3>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
+                2 => dot_block::<2>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
+                _ => dot_block::<1>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
+            }
+            at += n;
+        }
+    }
+}
 
+#[inline(always)]
 fn dot_block<const R: usize>(q: [&[f64]; R], k: &[f32], out: &mut [f64]) {
     let kc = k.chunks_exact(LANES);
     let mut acc = [[0.0f64; LANES]; R];
@@ -63,27 +106,36 @@ fn dot_block<const R: usize>(q: [&[f64]; R], k: &[f32], out: &mut [f64]) {
     }
 }
 
-/// `acc += Σ_i w[i] * x_i` over the `w.len()` consecutive rows `x_i` of `x`, four rows a
-/// pass, so each accumulator is loaded and stored once per four rows.
-pub(super) fn axpy_rows(acc: &mut [f64], w: &[f64], x: &[f32]) {
-    let hd = acc.len();
-    let mut ws = w.chunks_exact(4);
-    let mut xs = x.chunks_exact(4 * hd);
-    for (w, x) in (&mut ws).zip(&mut xs) {
-        let (x0, rest) = x.split_at(hd);
-        let (x1, rest) = rest.split_at(hd);
-        let (x2, x3) = rest.split_at(hd);
-        for i in 0..hd {
-            acc[i] += (w[0] * f64::from(x0[i]) + w[1] * f64::from(x1[i])) + (w[2] * f64::from(x2[i]) + w[3] * f64::from(x3[i]));
+dispatched! {
+    /// `acc += Σ_i w[i] * x_i` over the `w.len()` consecutive rows `x_i` of `x`, four rows a
+    /// pass, so each accumulator is loaded and stored once per four rows.
+    fn axpy_rows / axpy_rows_baseline(acc: &mut [f64], w: &[f64], x: &[f32]) {
+        let hd = acc.len();
+        let mut ws = w.chunks_exact(4);
+        let mut xs = x.chunks_exact(4 * hd);
+        for (w, x) in (&mut ws).zip(&mut xs) {
+            let (x0, rest) = x.split_at(hd);
+            let (x1, rest) = rest.split_at(hd);
+            let (x2, x3) = rest.split_at(hd);
+            for i in 0..hd {
+                acc[i] += (w[0] * f64::from(x0[i]) + w[1] * f64::from(x1[i])) + (w[2] * f64::from(x2[i]) + w[3] * f64::from(x3[i]));
+            }
         }
-    }
-    for (w, x) in ws.remainder().iter().zip(xs.remainder().chunks_exact(hd)) {
-        axpy(acc, *w, x);
+        for (w, x) in ws.remainder().iter().zip(xs.remainder().chunks_exact(hd)) {
+            axpy_one(acc, *w, x);
+        }
     }
 }
 
-/// `acc += a * x`, x widened to f64.
-pub(super) fn axpy(acc: &mut [f64], a: f64, x: &[f32]) {
+dispatched! {
+    /// `acc += a * x`, x widened to f64.
+    fn axpy / axpy_baseline(acc: &mut [f64], a: f64, x: &[f32]) {
+        axpy_one(acc, a, x)
+    }
+}
+
+#[inline(always)]
+fn axpy_one(acc: &mut [f64], a: f64, x: &[f32]) {
     debug_assert_eq!(acc.len(), x.len());
     for (y, v) in acc.iter_mut().zip(x) {
         *y += a * f64::from(*v);
@@ -162,8 +214,7 @@ mod tests {
                 let mut got = vec![0.0; rows];
                 dot_rows(&q, &x[..hd], &mut got);
                 for (g, qr) in got.iter().zip(q.chunks(hd)) {
-                    let want = dot(qr, &x[..hd]);
-                    assert!((g - want).abs() <= 1e-13 * (1.0 + want.abs()), "dot_rows {hd} {rows}");
+                    assert_eq!(g.to_bits(), dot(qr, &x[..hd]).to_bits(), "dot_rows {hd} {rows}");
                 }
                 let w = &q[..rows];
                 let mut got = vec![0.25; hd];
@@ -175,6 +226,34 @@ mod tests {
                 for (g, w) in got.iter().zip(&want) {
                     assert!((g - w).abs() <= 1e-13 * (1.0 + w.abs()), "axpy_rows {hd} {rows}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn every_copy_of_a_kernel_gives_the_same_bits() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        };
+        for hd in [1, 3, 8, 17, 64, 128] {
+            for rows in 1..10 {
+                let q: Vec<f64> = (0..rows * hd).map(|_| next()).collect();
+                let x: Vec<f32> = (0..rows * hd).map(|_| next() as f32).collect();
+                let (mut a, mut b) = (vec![0.0; rows], vec![0.0; rows]);
+                dot_rows(&q, &x[..hd], &mut a);
+                dot_rows_baseline(&q, &x[..hd], &mut b);
+                assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                assert_eq!(dot(&q[..hd], &x[..hd]).to_bits(), dot_baseline(&q[..hd], &x[..hd]).to_bits());
+                let (mut a, mut b) = (q[..hd].to_vec(), q[..hd].to_vec());
+                axpy_rows(&mut a, &q[..rows], &x);
+                axpy_rows_baseline(&mut b, &q[..rows], &x);
+                axpy(&mut a, 0.3, &x[..hd]);
+                axpy_baseline(&mut b, 0.3, &x[..hd]);
+                assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{hd} {rows}");
             }
         }
     }
