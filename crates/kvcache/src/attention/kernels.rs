@@ -63,8 +63,7 @@ dispatched! {
         let mut rows = q.chunks_exact(hd);
         let mut at = 0;
         // Blocks of up to four rows: with LANES accumulators each, four rows use eight of
-        // the sixteen AVX2 registers (the SSE2 copy spills some, still ahead of one row
-        // at a time).
+        // the sixteen AVX2 registers (the SSE2 copy may spill some).
         while at < out.len() {
             let n = (out.len() - at).min(4);
             let o = &mut out[at..at + n];
@@ -122,7 +121,7 @@ dispatched! {
             }
         }
         for (w, x) in ws.remainder().iter().zip(xs.remainder().chunks_exact(hd)) {
-            axpy_one(acc, *w, x);
+            axpy_baseline(acc, *w, x);
         }
     }
 }
@@ -130,15 +129,10 @@ dispatched! {
 dispatched! {
     /// `acc += a * x`, x widened to f64.
     fn axpy / axpy_baseline(acc: &mut [f64], a: f64, x: &[f32]) {
-        axpy_one(acc, a, x)
-    }
-}
-
-#[inline(always)]
-fn axpy_one(acc: &mut [f64], a: f64, x: &[f32]) {
-    debug_assert_eq!(acc.len(), x.len());
-    for (y, v) in acc.iter_mut().zip(x) {
-        *y += a * f64::from(*v);
+        debug_assert_eq!(acc.len(), x.len());
+        for (y, v) in acc.iter_mut().zip(x) {
+            *y += a * f64::from(*v);
+        }
     }
 }
 
