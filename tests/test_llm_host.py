@@ -1,8 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The host model's CPU fitting (insitu.llm.host): same products as nn.Linear, any shape."""
 
-import gc
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -35,16 +33,3 @@ def test_a_fitted_layer_follows_its_weights():
         layer.weight.zero_()
         layer.bias.fill_(2.0)
     assert torch.equal(layer(torch.randn(3, 8)), torch.full((3, 4), 2.0))
-
-
-def test_freezing_moves_live_objects_out_of_collection():
-    gc.unfreeze()
-    kept = [[i] for i in range(1000)]
-    host.freeze_loaded()
-    try:
-        assert gc.get_freeze_count() >= len(kept)
-        walked = {id(o) for o in gc.get_objects()}  # the generations a collection walks
-        assert id(kept) not in walked and id(kept[0]) not in walked
-    finally:
-        gc.unfreeze()
-    assert gc.get_freeze_count() == 0 and id(kept) in {id(o) for o in gc.get_objects()}

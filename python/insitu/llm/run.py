@@ -69,7 +69,7 @@ class Model:
 def load(path: Optional[str] = None, device: Optional[str] = None) -> Model:
     """Loads a model: a ``.gguf`` file (de-quantized to float32) or a transformers model
     directory. Nothing is fetched from the network. On a CPU, its linear layers are fitted
-    for decoding and the loaded objects frozen out of garbage collection (:mod:`.host`)."""
+    for decoding (:mod:`.host`)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -89,7 +89,6 @@ def load(path: Optional[str] = None, device: Optional[str] = None) -> Model:
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     hooks.register()
     host.fit_for_decode(model)
-    host.freeze_loaded()
     return Model(model, tok, dev, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, head_dim, path)
 
 
