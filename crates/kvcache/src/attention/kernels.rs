@@ -136,17 +136,86 @@ dispatched! {
     }
 }
 
-/// Replaces `x` by `exp(x - max(x))` and returns the sum of the new values: the softmax is
-/// `x / sum`. Subtracting the maximum keeps every exponent at most 0, so nothing overflows
-/// and the largest weight is exactly 1.
-pub(super) fn exp_shifted(x: &mut [f64]) -> f64 {
-    let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let mut sum = 0.0;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
+dispatched! {
+    /// Replaces `x` by `exp(x - max(x))` and returns the sum of the new values: the softmax
+    /// is `x / sum`. Subtracting the maximum keeps every exponent at most 0, so nothing
+    /// overflows and the largest weight is exactly 1. The exponentials are
+    /// [`exp_nonpositive`]'s, which the compiler vectorises where libm's `exp` is a call
+    /// per element (a SparF step scores every token of the context).
+    fn exp_shifted / exp_shifted_baseline(x: &mut [f64]) -> f64 {
+        // LANES independent maxima and sums, so that no reduction's chain of dependent
+        // steps sets the pace; the exponentials in a loop of their own, which vectorises.
+        let mut maxes = [f64::NEG_INFINITY; LANES];
+        let mut chunks = x.chunks_exact(LANES);
+        for c in &mut chunks {
+            for l in 0..LANES {
+                maxes[l] = maxes[l].max(c[l]);
+            }
+        }
+        let max = chunks.remainder().iter().chain(&maxes).copied().fold(f64::NEG_INFINITY, f64::max);
+        for v in x.iter_mut() {
+            *v = exp_nonpositive(*v - max);
+        }
+        let mut sums = [0.0; LANES];
+        let mut chunks = x.chunks_exact(LANES);
+        for c in &mut chunks {
+            for l in 0..LANES {
+                sums[l] += c[l];
+            }
+        }
+        let tail = chunks.remainder().iter().fold(0.0, |t, v| t + v);
+        ((sums[0] + sums[4]) + (sums[1] + sums[5])) + ((sums[2] + sums[6]) + (sums[3] + sums[7])) + tail
     }
-    sum
+}
+
+/// Below this, `exp(x)` is subnormal (under 2.2e-308) and [`exp_nonpositive`] gives 0: next
+/// to a largest weight of 1, nothing a softmax sums can tell the difference.
+const EXP_MIN: f64 = -708.0;
+
+/// `1/k!` for `k = 0, 1, …, 13`: the Taylor coefficients of `exp`.
+const EXP_TAYLOR: [f64; 14] = {
+    let mut c = [1.0; 14];
+    let mut k = 2;
+    while k < 14 {
+        c[k] = c[k - 1] / k as f64;
+        k += 1;
+    }
+    c
+};
+
+/// `exp(x)` for `x <= 0` (NaN stays NaN), to within 2 units in the last place of libm's,
+/// in plain multiplies and adds, so that a loop of it vectorises and every compiled copy
+/// gives the same bits: `x = n·ln 2 + r` with `|r| <= ln 2 / 2` (Cody and Waite: `ln 2` in
+/// two parts, the first exact times any `n` here), `exp(r)` by its Taylor series to `r^13`
+/// (the next term is below 2^-57 of the sum), and `2^n` written into the exponent bits.
+/// `n` is rounded with the 1.5·2^52 trick, which plain adds do.
+#[inline(always)]
+fn exp_nonpositive(x: f64) -> f64 {
+    const LOG2E: f64 = std::f64::consts::LOG2_E;
+    // fdlibm's split: the high part has 32 significant bits, so `n · LN2_HI` is exact.
+    const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+    const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
+    const ROUND: f64 = 6_755_399_441_055_744.0; // 1.5 · 2^52
+    let clamped = if x < EXP_MIN { EXP_MIN } else { x };
+    let shifted = clamped * LOG2E + ROUND;
+    let n = shifted - ROUND;
+    let r = (clamped - n * LN2_HI) - n * LN2_LO;
+    // Estrin's scheme: pairs, then pairs of pairs, …, so the chain of dependent steps is
+    // 5 long rather than Horner's 13.
+    let a = &EXP_TAYLOR;
+    let (r2, r4) = (r * r, r * r * (r * r));
+    let pair = |k: usize| a[k] + a[k + 1] * r;
+    let low = (pair(0) + pair(2) * r2) + (pair(4) + pair(6) * r2) * r4;
+    let high = (pair(8) + pair(10) * r2) + pair(12) * r4;
+    let p = low + high * (r4 * r4);
+    // The low bits of `shifted` hold n (|n| <= 1022 here), two's complement.
+    let n_int = shifted.to_bits().wrapping_sub(ROUND.to_bits()) as i64;
+    let scale = f64::from_bits(((n_int + 1023) as u64) << 52);
+    if x < EXP_MIN {
+        0.0
+    } else {
+        p * scale
+    }
 }
 
 /// [`exp_shifted`], also returning the log of the unshifted sum (`max + ln(sum)`): the
@@ -248,8 +317,33 @@ mod tests {
                 axpy(&mut a, 0.3, &x[..hd]);
                 axpy_baseline(&mut b, 0.3, &x[..hd]);
                 assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{hd} {rows}");
+                let (mut a, mut b): (Vec<f64>, Vec<f64>) = (q.iter().map(|v| v * 800.0).collect(), q.iter().map(|v| v * 800.0).collect());
+                assert_eq!(exp_shifted(&mut a).to_bits(), exp_shifted_baseline(&mut b).to_bits());
+                assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{hd} {rows}");
             }
         }
+    }
+
+    /// Units in the last place between `a` and `b` (finite, same sign).
+    fn ulps(a: f64, b: f64) -> u64 {
+        a.to_bits().abs_diff(b.to_bits())
+    }
+
+    #[test]
+    fn exp_nonpositive_is_libms_within_two_ulps_down_to_its_floor() {
+        let mut worst = 0;
+        for i in 0..=2_000_000u64 {
+            let x = -(i as f64) * (EXP_MIN.abs() / 2_000_000.0);
+            worst = worst.max(ulps(exp_nonpositive(x), x.exp()));
+        }
+        for x in [0.0, -0.0, -1e-300, -f64::MIN_POSITIVE, -0.5 * std::f64::consts::LN_2, -std::f64::consts::LN_2, -1.0, -20.0, EXP_MIN] {
+            worst = worst.max(ulps(exp_nonpositive(x), x.exp()));
+        }
+        assert!(worst <= 2, "{worst} ulps");
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert_eq!(exp_nonpositive(EXP_MIN - 1e-9), 0.0);
+        assert_eq!(exp_nonpositive(f64::NEG_INFINITY), 0.0);
+        assert!(exp_nonpositive(f64::NAN).is_nan());
     }
 
     #[test]

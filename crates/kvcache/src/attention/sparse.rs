@@ -367,13 +367,10 @@ pub(super) fn page_log_mass(head: &dyn HeadPages, q: &[f32], scale: f64, r: usiz
     if n == 0 {
         return Ok((Vec::new(), loaded));
     }
-    let (_, shat) = approx_logits_given(head, &qd, scale, r.min(hd), true, given, &mut loaded)?;
+    let (_, mut shat) = approx_logits_given(head, &qd, scale, r.min(hd), true, given, &mut loaded)?;
     let mut masses = Vec::with_capacity(shat.len() / n.max(1) * layout.token_groups(n));
-    for s in shat.chunks_exact(n) {
-        for page in s.chunks(tpp) {
-            let m = page.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            masses.push(m + page.iter().map(|x| (x - m).exp()).sum::<f64>().ln());
-        }
+    for s in shat.chunks_exact_mut(n) {
+        masses.extend(s.chunks_mut(tpp).map(|page| exp_shifted_lse(page).1));
     }
     Ok((masses, loaded))
 }
