@@ -100,9 +100,14 @@ fn dot_block<const R: usize>(q: [&[f64]; R], k: &[f32], out: &mut [f64]) {
         }
     }
     for r in 0..R {
-        let a = &acc[r];
-        out[r] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7])) + tail[r];
+        out[r] = sum_lanes(&acc[r]) + tail[r];
     }
+}
+
+/// The sum of independent accumulators, pairwise in a fixed order.
+#[inline(always)]
+fn sum_lanes(a: &[f64; LANES]) -> f64 {
+    ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
 }
 
 dispatched! {
@@ -137,12 +142,12 @@ dispatched! {
 }
 
 dispatched! {
-    /// Replaces `x` by `exp(x - max(x))` and returns the sum of the new values: the softmax
-    /// is `x / sum`. Subtracting the maximum keeps every exponent at most 0, so nothing
+    /// Replaces `x` by `exp(x - max(x))` and returns the sum of the new values and `max(x)`:
+    /// the softmax is `x / sum`. Subtracting the maximum keeps every exponent at most 0, so nothing
     /// overflows and the largest weight is exactly 1. The exponentials are
     /// [`exp_nonpositive`]'s, which the compiler vectorises where libm's `exp` is a call
     /// per element (a SparF step scores every token of the context).
-    fn exp_shifted / exp_shifted_baseline(x: &mut [f64]) -> f64 {
+    fn exp_shifted / exp_shifted_baseline(x: &mut [f64]) -> (f64, f64) {
         // LANES independent maxima and sums, so that no reduction's chain of dependent
         // steps sets the pace; the exponentials in a loop of their own, which vectorises.
         let mut maxes = [f64::NEG_INFINITY; LANES];
@@ -164,7 +169,7 @@ dispatched! {
             }
         }
         let tail = chunks.remainder().iter().fold(0.0, |t, v| t + v);
-        ((sums[0] + sums[4]) + (sums[1] + sums[5])) + ((sums[2] + sums[6]) + (sums[3] + sums[7])) + tail
+        (sum_lanes(&sums) + tail, max)
     }
 }
 
@@ -221,14 +226,13 @@ fn exp_nonpositive(x: f64) -> f64 {
 /// [`exp_shifted`], also returning the log of the unshifted sum (`max + ln(sum)`): the
 /// log-sum-exp a partial result reports.
 pub(super) fn exp_shifted_lse(x: &mut [f64]) -> (f64, f64) {
-    let max = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let sum = exp_shifted(x);
+    let (sum, max) = exp_shifted(x);
     (sum, max + sum.ln())
 }
 
 /// In-place softmax of `x`.
 pub(super) fn softmax(x: &mut [f64]) {
-    let inv = 1.0 / exp_shifted(x);
+    let inv = 1.0 / exp_shifted(x).0;
     for v in x.iter_mut() {
         *v *= inv;
     }
@@ -317,8 +321,10 @@ mod tests {
                 axpy(&mut a, 0.3, &x[..hd]);
                 axpy_baseline(&mut b, 0.3, &x[..hd]);
                 assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{hd} {rows}");
-                let (mut a, mut b): (Vec<f64>, Vec<f64>) = (q.iter().map(|v| v * 800.0).collect(), q.iter().map(|v| v * 800.0).collect());
-                assert_eq!(exp_shifted(&mut a).to_bits(), exp_shifted_baseline(&mut b).to_bits());
+                let mut a: Vec<f64> = q.iter().map(|v| v * 800.0).collect();
+                let mut b = a.clone();
+                let (sa, sb) = (exp_shifted(&mut a), exp_shifted_baseline(&mut b));
+                assert_eq!((sa.0.to_bits(), sa.1.to_bits()), (sb.0.to_bits(), sb.1.to_bits()));
                 assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{hd} {rows}");
             }
         }
