@@ -380,7 +380,8 @@ def test_auto_micro_batches_overlap_only_when_the_drive_outlasts_the_host():
     from insitu.llm.bench import auto_micro_batches
 
     assert auto_micro_batches(0.8, 0.1) == 2
-    assert auto_micro_batches(0.25, 0.1) == 1
+    assert auto_micro_batches(0.25, 0.1) == 2
+    assert auto_micro_batches(0.14, 0.1) == 1
     assert auto_micro_batches(0.47, 0.1) == 2
     assert auto_micro_batches(0.004, 0.1) == 1
 
@@ -400,3 +401,35 @@ def test_a_row_is_limited_by_the_drive_at_its_bound_or_as_driven_else_by_the_lar
     assert limit_of(1.0, 0.7, link_s=0.1, flash_s=0.1, drive_wait_s=0.3) == "cpu"
     assert limit_of(1.0, 0.3, link_s=0.1, flash_s=0.1, drive_wait_s=0.2) == "drive"
     assert {"flash", "link", "drive", "host", "cpu"} == set(LIMITS)
+
+
+def test_split_sparf_calls_refuse_inconsistent_arguments(pool3):
+    """The native split-SparF calls check their arguments before anything is sent: a
+    sink, local pages and an owner per sequence, a target index in range, whole f32
+    values; a bad one is a clear RequestError and appends nothing."""
+    from insitu import _native
+
+    kv = insitu.KvTarget(pool3.urls[0])
+    kv.create(81, 1, HKV, D)
+    try:
+        q = f32_bytes(torch.randn(1, HKV, G, D))
+        kv1 = f32_bytes(torch.randn(1, HKV, D))
+        good = dict(sinks=[0], local_from=[[None]], held=[[1]], tokens_per_page=TPP, new_k=kv1, new_v=kv1, owners=[0])
+        for bad, why in [
+            (dict(sinks=[0, 0]), "a sink"),
+            (dict(owners=[1]), "by their index"),
+            (dict(local_from=[[None, None]]), "per target"),
+            (dict(new_k=kv1[:-1]), "whole number of f32"),
+            (dict(tokens_per_page=0), "page size"),
+        ]:
+            with pytest.raises(insitu.RequestError, match=why):
+                _native.sparf_split([kv], 0, [81], q, G, SCALE, 8, 2, **{**good, **bad})
+        assert kv.info(81)["tokens"] == [0], "a refused call appends nothing"
+        out, rounds = _native.sparf_split([kv], 0, [81], q, G, SCALE, 8, 2, **good)
+        assert len(out) == len(q) and [len(r) for r in rounds] == [1, 1] and kv.info(81)["tokens"] == [1]
+        with pytest.raises(insitu.RequestError, match="heads x rows"):
+            _native.choose_split_pages([([2], b"\0" * 4)], HKV, G, [0], [[None]], 1)
+        assert _native.choose_split_pages([([2], f32_bytes(torch.tensor([0.0, -1.0] * HKV * G)))], HKV, G, [0], [[1]], 0) == [[[0, 1]] * HKV]
+    finally:
+        kv.free(81)
+        kv.disconnect()

@@ -13,6 +13,8 @@
 //!   flash-page groups and dual-step loading) over a [`HeadPages`] view of one head.
 //! * [`HeldResults`] keeps the results of attention requests until the host takes them,
 //!   and lets a KV_RESULT sent before its KV_ATTEND is done wait for it.
+//! * [`split`] is the host's side of a sequence split over targets by tokens: SparF's
+//!   page choice over every target's page scores, and the exact merge of partial outputs.
 //! * [`wire`] is the byte format of the vendor commands that carry appends and attention
 //!   requests (specified in `docs/kv-commands.md`).
 #![deny(missing_docs)]
@@ -21,6 +23,7 @@ mod attention;
 mod held;
 mod layout;
 mod request;
+pub mod split;
 mod store;
 /// The byte format of the KV vendor commands, from the protocol crate.
 pub use insitu_proto::attention as wire;

@@ -24,11 +24,11 @@ fn kv_err(command: &str, e: InitiatorError) -> PyErr {
     }
 }
 
-fn bad(m: impl Into<String>) -> PyErr {
+pub(crate) fn bad(m: impl Into<String>) -> PyErr {
     RequestError::new_err(m.into())
 }
 
-fn f32s(name: &str, b: &[u8]) -> PyResult<Vec<f32>> {
+pub(crate) fn f32s(name: &str, b: &[u8]) -> PyResult<Vec<f32>> {
     if !b.len().is_multiple_of(4) {
         return Err(bad(format!("{name}: {} bytes is not a whole number of f32 values", b.len())));
     }
@@ -273,27 +273,10 @@ impl KvTarget {
             return Err(bad("reduced=True needs page_scores=True and method \"sparf\""));
         }
         let me = slf.get();
+        let options = AttendOptions { partial, page_scores };
         let prepared = py.allow_threads(|| {
-            let (heads, head_dim) = me.info_shape(seqs[0])?;
-            if q.len() != entries * heads * group * head_dim {
-                return Err(TargetError::new_err(format!(
-                    "KV attend: q holds {} values; sequence {} needs {entries} x {heads} heads x {group} x {head_dim}",
-                    q.len(),
-                    seqs[0]
-                )));
-            }
-            let (q, reduced) = if reduced { reduce(&q, group, head_dim, r, vectors) } else { (q, None) };
-            let req = Attend { layer, heads, group, head_dim, method, scale, seqs, q, new_kv, new_entries, groups, vectors, reduced };
-            if req.layer > 0xFFFF {
-                return Err(bad("layer out of range"));
-            }
-            let rows = req.q.len() / req.head_dim;
-            let want = match (page_scores, result_len) {
-                (_, n) if n > 0 => n,
-                (true, _) => insitu_proto::attention::RESULT_HEADER_LEN,
-                (false, _) => insitu_proto::attention::RESULT_HEADER_LEN + vectors.size() * req.q.len() + if partial { 8 * rows } else { 0 },
-            };
-            Ok(PreparedAttend { req, options: AttendOptions { partial, page_scores }, want })
+            let req = Attend { layer, heads: 0, group, head_dim: 0, method, scale, seqs, q, new_kv, new_entries, groups, vectors, reduced: None };
+            me.prepare(req, reduced.then_some(r), options, result_len)
         })?;
         if !send {
             return Ok(Bound::new(py, Pending { target: slf.clone().unbind(), prepared })?.into_any());
@@ -318,7 +301,7 @@ impl KvTarget {
 }
 
 /// What a KV_ATTEND answered: attention outputs, or SparF's page scores.
-enum Answer {
+pub(crate) enum Answer {
     Outputs(AttendResult),
     Scores(PageScores),
 }
@@ -354,7 +337,7 @@ impl Answer {
 }
 
 /// An attention request built and checked on the host, not yet sent.
-struct PreparedAttend {
+pub(crate) struct PreparedAttend {
     req: Attend,
     options: AttendOptions,
     /// The result's expected length in bytes.
@@ -375,25 +358,60 @@ pub struct Pending {
 /// their answers in order, as `KvTarget.attend` returns them; raises the first error.
 #[pyfunction]
 pub fn attend_all<'py>(py: Python<'py>, pending: Vec<Py<Pending>>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
-    let answers: Vec<PyResult<Answer>> = py.allow_threads(|| {
-        let run = |p: &Py<Pending>| {
-            let p = p.get();
-            p.target.get().run(&p.prepared)
-        };
-        match pending.split_first() {
-            None => Vec::new(),
-            Some((first, rest)) => std::thread::scope(|s| {
-                let others: Vec<_> = rest.iter().map(|p| s.spawn(move || run(p))).collect();
-                let mut all = vec![run(first)];
-                all.extend(others.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(StorageIOError::new_err("KV attend: a sending thread panicked")))));
-                all
-            }),
-        }
+    let answers = py.allow_threads(|| {
+        let jobs: Vec<(&KvTarget, &PreparedAttend)> = pending.iter().map(|p| (p.get().target.get(), &p.get().prepared)).collect();
+        run_all(&jobs)
     });
     answers.into_iter().map(|a| a?.into_py(py)).collect()
 }
 
+/// Runs every `(target, request)` at once, each target's on its own thread (the first on
+/// this one), and returns their answers in order. Call it without the GIL.
+pub(crate) fn run_all(jobs: &[(&KvTarget, &PreparedAttend)]) -> Vec<PyResult<Answer>> {
+    match jobs.split_first() {
+        None => Vec::new(),
+        Some((first, rest)) => std::thread::scope(|s| {
+            let others: Vec<_> = rest.iter().map(|&(t, p)| s.spawn(move || t.run(p))).collect();
+            let mut all = vec![first.0.run(first.1)];
+            all.extend(others.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(StorageIOError::new_err("KV attend: a sending thread panicked")))));
+            all
+        }),
+    }
+}
+
 impl KvTarget {
+    /// Checks `req` (its `heads` and `head_dim` filled in from the target) against the
+    /// sequence it names and readies it: the queries reduced to `reduce_to` components
+    /// when given (a page-scores request), the result's length worked out unless the
+    /// caller knows it (`result_len` > 0).
+    pub(crate) fn prepare(&self, mut req: Attend, reduce_to: Option<usize>, options: AttendOptions, result_len: usize) -> PyResult<PreparedAttend> {
+        let entries = req.seqs.len();
+        let (heads, head_dim) = self.info_shape(req.seqs[0])?;
+        if req.q.len() != entries * heads * req.group * head_dim {
+            return Err(TargetError::new_err(format!(
+                "KV attend: q holds {} values; sequence {} needs {entries} x {heads} heads x {} x {head_dim}",
+                req.q.len(),
+                req.seqs[0],
+                req.group
+            )));
+        }
+        (req.heads, req.head_dim) = (heads, head_dim);
+        if let Some(r) = reduce_to {
+            let (q, reduced) = reduce(&req.q, req.group, head_dim, r, req.vectors);
+            (req.q, req.reduced) = (q, reduced);
+        }
+        if req.layer > 0xFFFF {
+            return Err(bad("layer out of range"));
+        }
+        let rows = req.q.len() / req.head_dim;
+        let want = match (options.page_scores, result_len) {
+            (_, n) if n > 0 => n,
+            (true, _) => insitu_proto::attention::RESULT_HEADER_LEN,
+            (false, _) => insitu_proto::attention::RESULT_HEADER_LEN + req.vectors.size() * req.q.len() + if options.partial { 8 * rows } else { 0 },
+        };
+        Ok(PreparedAttend { req, options, want })
+    }
+
     /// Sends a prepared request and checks that its answer answers it.
     fn run(&self, p: &PreparedAttend) -> PyResult<Answer> {
         let req = &p.req;
@@ -449,7 +467,7 @@ impl KvTarget {
     }
 
     /// (KV heads, head size) of a sequence, from the target.
-    fn info_shape(&self, seq: u64) -> PyResult<(usize, usize)> {
+    pub(crate) fn info_shape(&self, seq: u64) -> PyResult<(usize, usize)> {
         if let Some(s) = self.shapes.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&seq) {
             return Ok(*s);
         }

@@ -6,6 +6,7 @@
 //! classes defined here and re-exported by the `insitu` package.
 
 mod kv;
+mod kv_split;
 mod kv_store;
 mod lock;
 mod session;
@@ -246,6 +247,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kv::EmbeddedTarget>()?;
     m.add_class::<kv::Pending>()?;
     m.add_function(wrap_pyfunction!(kv::attend_all, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_split::sparf_split, m)?)?;
+    m.add_function(wrap_pyfunction!(kv_split::choose_split_pages, m)?)?;
     m.add_class::<kv_store::KvNamespace>()?;
     m.add_function(wrap_pyfunction!(exec_json, m)?)?;
     m.add_function(wrap_pyfunction!(scrub_json, m)?)?;

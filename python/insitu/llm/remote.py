@@ -31,9 +31,10 @@ exchanges per target and layer (``docs/kv-commands.md``): every target scores it
 from the dimension pages of the shared components (the step's token appended first; the
 queries go up reduced to those components, chosen on the host as a target would), the
 host normalises the masses over all targets and keeps the first page, the last ``local``
-tokens' pages and the page budget's best others
-(:meth:`insitu.llm.targets.TokenSplit.sparf_pages`), and every target attends over the
-pages kept on it; the parts merge exactly. SparQ keeps the per-share selection. The
+tokens' pages and the page budget's best others (``insitu_kvcache::split``), and every
+target attends over the pages kept on it; the parts merge exactly. Both rounds, the
+choice and the merge run in one native call per layer (``_native.sparf_split``), without
+the GIL. SparQ keeps the per-share selection. The
 paper's mix with the mean of V weighs the whole sequence, which no target holds, so
 ``mean_v`` uses the head split.
 
@@ -46,7 +47,6 @@ values. f32 keeps every step exact against in-memory attention.
 
 from __future__ import annotations
 
-import math
 import random
 from typing import Dict, List, Optional
 
@@ -62,8 +62,6 @@ __all__ = ["TargetStore", "SPLITS", "KV_DTYPES"]
 
 METHODS = ("dense", "sparf", "sparq")
 KV_DTYPES = {"f32": 4, "f16": 2}
-# The fixed part of a page-scores result (docs/kv-commands.md).
-PAGE_SCORES_HEADER = 48
 
 
 def f32_bytes(t: torch.Tensor) -> bytes:
@@ -200,91 +198,38 @@ class TargetStore(KVStore):
 
     def _sparf_split(self, layer, qg, k, v, scale):
         """SparF over a token split, in two rounds of one exchange per target, all targets at
-        once: every target scores its pages (the step's token appended first), the host
-        picks the pages over the whole sequence as one target would
-        (:func:`insitu.llm.targets.choose_pages`), and every target attends over the pages
-        picked on it; the parts merge exactly."""
+        once, in one native call (``insitu._native.sparf_split``): every target scores its
+        pages (the step's token appended first), the pages are chosen over the whole
+        sequence as one target would choose them, and every target attends over the pages
+        kept on it; the parts merge exactly."""
         p = self._params(max(self.tokens))
         asked = self.split_tokens.decode(layer)
-        qb = f32_bytes(qg)  # the same queries go to every target: made once
-        pending = [self._page_scores(i, layer, qg, qb, k, v, self.split_tokens.new_rows(i), scale, p.r) for i in asked]
-        self.exchanges += len(pending)
-        scores = {i: self._scores(i, qg.shape, res) for i, res in zip(asked, _native.attend_all(pending))}
-        self._round(scores)
-        lists = self.split_tokens.sparf_pages(scores, p.local, p.pages)
-        picked = [(i, groups) for i, groups in lists.items() if any(groups)]
-        requests = [self._attend_groups(i, layer, qg, qb, scale, groups) for i, groups in picked]
-        self.exchanges += len(requests)
-        answers = _native.attend_all([request for request, _ in requests])
-        parts = [self._group_outputs(i, qg, res, asked_rows) for (i, _), (_, asked_rows), res in zip(picked, requests, answers)]
-        self._round([i for i, _ in picked])
-        return merge([o for o, _ in parts], [lse for _, lse in parts])
-
-    def _page_scores(self, i, layer, q, qb, k, v, rows, scale, r):
-        """Target ``i``'s page-scores request (not sent)."""
-        B, h, G, D = q.shape
-        held = [self.split_tokens.held[i][b] for b in range(B)]
-        groups = sum(-(-n // self.tokens_per_page) for n in held)
-        return self.targets[i].attend(
+        sinks, local_from = self.split_tokens.fixed_pages(asked, p.local)
+        index = {i: j for j, i in enumerate(asked)}
+        out, rounds = _native.sparf_split(
+            [self.targets[i] for i in asked],
             layer,
             self.seqs,
-            qb,
-            G,
+            f32_bytes(qg),
+            qg.shape[2],
             scale,
-            "sparf",
-            r,
-            1,
-            0,
-            page_scores=True,
-            result_len=PAGE_SCORES_HEADER + 4 * B + 4 * h * G * groups,
-            vectors=self.kv_dtype,
-            reduced=True,
-            send=False,
-            **self._step_kv(k, v, rows),
+            p.r,
+            p.pages,
+            sinks,
+            local_from,
+            [self.held[i] for i in asked],
+            self.tokens_per_page,
+            f32_bytes(k),
+            f32_bytes(v),
+            [index[i] for i in self.split_tokens.step_owners],
+            self.kv_dtype,
         )
-
-    def _scores(self, i, shape, res):
-        """Target ``i``'s page scores: per sequence, the log-masses ``[kv_heads][group][its groups]``."""
-        B, h, G, _ = shape
-        self._count(i, res[1])
-        counts, flat = res[0], np.frombuffer(res[2], dtype="<f4")
-        per_seq, at = [], 0
-        for n in counts:
-            per_seq.append(flat[at : at + h * G * n].reshape(h, G, n))
-            at += h * G * n
-        return per_seq
-
-    def _attend_groups(self, i, layer, q, qb, scale, groups):
-        """Target ``i``'s request (not sent) for its part over the pages picked on it
-        (``groups``, per sequence and KV head), and the sequences it asks: only those with a
-        page picked here (their queries go up, their outputs come back). ``qb`` is all of
-        ``q``'s bytes, sent as they are when every sequence is asked."""
-        h = q.shape[1]
-        asked = [b for b in range(q.shape[0]) if any(groups[b * h : (b + 1) * h])]
-        everyone = len(asked) == q.shape[0]
-        lists = groups if everyone else [g for b in asked for g in groups[b * h : (b + 1) * h]]
-        pending = self.targets[i].attend(
-            layer,
-            [self.seqs[b] for b in asked],
-            qb if everyone else f32_bytes(q[asked]),
-            q.shape[2],
-            scale,
-            "dense",
-            partial=True,
-            groups=lists,
-            vectors=self.kv_dtype,
-            send=False,
-        )
-        return pending, asked
-
-    def _group_outputs(self, i, q, res, asked):
-        """Target ``i``'s part over its picked pages, the sequences it was not asked for empty."""
-        o, lse = self._outputs(i, res, q[asked].shape, True)
-        if len(asked) == q.shape[0]:
-            return o, lse
-        out, full = torch.zeros(q.shape), torch.full(q.shape[:-1], -math.inf, dtype=torch.float64)
-        out[asked], full[asked] = o, lse
-        return out, full
+        for answered in rounds:
+            for j, media, wait in answered:
+                self._count(asked[j], {"media_bytes": media, "drive_wait_ns": wait})
+            self._round([asked[j] for j, _, _ in answered])
+            self.exchanges += len(answered)
+        return torch.from_numpy(np.frombuffer(out, dtype="<f4").copy()).view(qg.shape)
 
     @property
     def held(self) -> List[List[int]]:

@@ -34,7 +34,7 @@ import torch
 
 from .. import _native
 
-__all__ = ["partition", "SPLITS", "choose_split", "head_ranges", "TokenSplit", "merge", "choose_pages", "TargetPool", "Worker", "DEFAULT_DIR"]
+__all__ = ["partition", "SPLITS", "choose_split", "head_ranges", "TokenSplit", "merge", "TargetPool", "Worker", "DEFAULT_DIR"]
 
 # Where the embedded default keeps its namespace images, relative to the working directory.
 DEFAULT_DIR = ".insitu"
@@ -181,19 +181,36 @@ class TokenSplit:
     def sparf_pages(self, masses: Dict[int, List[np.ndarray]], local: int, budget: int) -> Dict[int, List[List[int]]]:
         """SparF's pages over the split, chosen on the host from every target's page
         log-masses (``masses[i][b]``: ``[kv_heads][rows][pages]`` for sequence ``b`` on
-        target ``i``) as :func:`choose_pages` chooses them, every sequence of the batch at
-        once, with the last ``local`` tokens of each sequence wherever they are. Returns,
-        per target, the page list of every (sequence, KV head), sequence-major, as a
-        KV_ATTEND carries them."""
-        batch = len(self.held[0])
-        local_from = []
-        for b in range(batch):
-            row = {}
-            for i in masses:
+        target ``i``) as one target holding every page chooses them
+        (``insitu._native.choose_split_pages``), every sequence of the batch at once: the
+        first page, the pages of the last ``local`` tokens wherever they are, and the
+        ``budget`` others on which some query row of the KV head puts the most mass,
+        normalised over the whole sequence (only pages before a target's local ones
+        compete). Returns, per target, the page list of every (sequence, KV head),
+        sequence-major, as a KV_ATTEND carries them."""
+        order = sorted(masses)
+        sinks, local_from = self.fixed_pages(order, local)
+        heads, rows = next(iter(masses.values()))[0].shape[:2]
+        scores = [([m.shape[2] for m in masses[i]], np.concatenate([m.ravel() for m in masses[i]]).astype("<f4").tobytes()) for i in order]
+        lists = _native.choose_split_pages(scores, heads, rows, sinks, local_from, budget)
+        return dict(zip(order, lists))
+
+    def fixed_pages(self, targets: Sequence[int], local: int) -> "tuple[List[Optional[int]], List[List[Optional[int]]]]":
+        """Per sequence, the pages SparF keeps whatever their mass, among ``targets``
+        (sorted): the index in ``targets`` of the one holding its first page (None if not
+        among them), and per target the first of its pages holding one of the sequence's
+        last ``local`` tokens (None: none there)."""
+        targets = sorted(targets)
+        where = {i: j for j, i in enumerate(targets)}
+        sinks, local_from = [], []
+        for b in range(len(self.held[0])):
+            sinks.append(where.get(self.owner(b, 0)))
+            row = []
+            for i in targets:
                 n = self.recent(i, b, local)
-                row[i] = (self.held[i][b] - n) // self.tokens_per_page if n else None
+                row.append((self.held[i][b] - n) // self.tokens_per_page if n else None)
             local_from.append(row)
-        return _choose_batch(masses, local_from, [self.owner(b, 0) for b in range(batch)], budget)
+        return sinks, local_from
 
 
 def merge(outs: List[torch.Tensor], lses: List[torch.Tensor]) -> torch.Tensor:
@@ -205,66 +222,6 @@ def merge(outs: List[torch.Tensor], lses: List[torch.Tensor]) -> torch.Tensor:
     lse = torch.stack([x.double() for x in lses])
     w = torch.exp(lse - torch.logsumexp(lse, dim=0))
     return (w[..., None] * torch.stack([o.double() for o in outs])).sum(0)
-
-
-def choose_pages(masses: Dict[int, np.ndarray], local_from: Dict[int, Optional[int]], budget: int, sink: int = 0) -> Dict[int, List[List[int]]]:
-    """SparF's page choice for one sequence whose pages are spread over targets, made as
-    one target holding them all makes it (``sparse.rs``): the first page (the first of
-    target ``sink``, which holds the sequence's first), every page holding one of the last
-    ``local`` tokens (on target ``i`` its pages from ``local_from[i]``, None for none), and
-    the ``budget`` other pages on which some query row of the KV head puts the most
-    approximate mass, normalised over the whole sequence; only pages before a target's
-    local ones compete, as on one target.
-
-    ``masses[i]`` is target ``i``'s ``[kv_heads][rows][pages]`` log-masses. Returns, per
-    target, per KV head, the chosen pages (ascending)."""
-    return _choose_batch({i: [m] for i, m in masses.items()}, [local_from], [sink], budget)
-
-
-def _choose_batch(masses: Dict[int, List[np.ndarray]], local_from: List[Dict[int, Optional[int]]], sinks: List[int], budget: int) -> Dict[int, List[List[int]]]:
-    """:func:`choose_pages` for every sequence ``b`` of a batch at once (``masses[i][b]``,
-    ``local_from[b]``, ``sinks[b]``): each target's pages laid side by side, a sequence
-    holding fewer than another padded with pages of no mass that never compete. Returns,
-    per target, the page lists of every (sequence, KV head), sequence-major."""
-    order = sorted(masses)
-    batch = len(sinks)
-    heads, rows = next(iter(masses.values()))[0].shape[:2]
-    widths = np.array([[masses[i][b].shape[2] for b in range(batch)] for i in order], dtype=np.int64).reshape(len(order), batch)
-    room = widths.max(axis=1) if batch else np.zeros(len(order), dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(room)[:-1]]).astype(np.int64)
-    lm = np.full((batch, heads, rows, int(room.sum())), -np.inf)
-    fixed = np.zeros((batch, lm.shape[3]), dtype=bool)
-    compete = np.zeros_like(fixed)
-    for j, i in enumerate(order):
-        at = int(starts[j])
-        for b in range(batch):
-            w = int(widths[j, b])
-            lm[b, :, :, at : at + w] = masses[i][b]
-            compete[b, at : at + w] = True
-            if i == sinks[b] and w:
-                fixed[b, at] = True  # the attention sink
-            if local_from[b].get(i) is not None:
-                fixed[b, at + local_from[b][i] : at + w] = True
-    compete &= ~fixed
-    top = lm.max(axis=3, keepdims=True)
-    top[~np.isfinite(top)] = 0.0
-    with np.errstate(divide="ignore"):
-        lz = top + np.log(np.exp(lm - top).sum(axis=3, keepdims=True))
-    mass = np.exp(lm - lz).max(axis=2)  # [batch, heads, pages]
-    pick = np.broadcast_to(fixed[:, None, :], mass.shape).copy()
-    if budget and lm.shape[3]:
-        key = np.where(compete[:, None, :], mass, -np.inf)
-        best = np.zeros_like(pick)
-        np.put_along_axis(best, np.argsort(-key, axis=2, kind="stable")[:, :, :budget], True, axis=2)
-        pick |= best & compete[:, None, :]
-    # One pass over the picks (C order: sequence, head, then ascending page), each to the
-    # target whose side-by-side range holds it; padding is never picked.
-    out: Dict[int, List[List[int]]] = {i: [[] for _ in range(batch * heads)] for i in order}
-    bs, hs, ps = np.nonzero(pick)
-    owners = np.searchsorted(starts, ps, side="right") - 1
-    for b, h, p, j in zip(bs.tolist(), hs.tolist(), (ps - starts[owners]).tolist(), owners.tolist()):
-        out[order[j]][b * heads + h].append(p)
-    return out
 
 
 class Worker:
