@@ -28,6 +28,15 @@ pub(crate) fn bad(m: impl Into<String>) -> PyErr {
     RequestError::new_err(m.into())
 }
 
+/// The element type named `name` ("f32" or "f16") for the argument `what`.
+pub(crate) fn element_type(what: &str, name: &str) -> PyResult<Dtype> {
+    match name {
+        "f32" => Ok(Dtype::F32),
+        "f16" => Ok(Dtype::F16),
+        d => Err(bad(format!("{what} {d:?}: use \"f32\" or \"f16\""))),
+    }
+}
+
 pub(crate) fn f32s(name: &str, b: &[u8]) -> PyResult<Vec<f32>> {
     if !b.len().is_multiple_of(4) {
         return Err(bad(format!("{name}: {} bytes is not a whole number of f32 values", b.len())));
@@ -113,11 +122,7 @@ impl KvTarget {
     #[pyo3(signature = (seq, layers, kv_heads, head_dim, dtype="f32", dims_per_page=1))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one per shape field
     fn create(&self, py: Python<'_>, seq: u64, layers: usize, kv_heads: usize, head_dim: usize, dtype: &str, dims_per_page: usize) -> PyResult<()> {
-        let dtype = match dtype {
-            "f32" => Dtype::F32,
-            "f16" => Dtype::F16,
-            d => return Err(bad(format!("dtype {d:?}: use \"f32\" or \"f16\""))),
-        };
+        let dtype = element_type("dtype", dtype)?;
         if layers > 0xFFFF || kv_heads > 0xFFFF || head_dim > 0xFFFF || dims_per_page > 255 {
             return Err(bad("layers, KV heads, head size or dimensions per page out of range"));
         }
@@ -241,11 +246,7 @@ impl KvTarget {
         reduced: bool,
         send: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let vectors = match vectors {
-            "f32" => Dtype::F32,
-            "f16" => Dtype::F16,
-            v => return Err(bad(format!("vectors {v:?}: use \"f32\" or \"f16\""))),
-        };
+        let vectors = element_type("vectors", vectors)?;
         let method = match method {
             "dense" => Method::Dense,
             "sparf" => Method::SparF { r, k, local, pages, mean_v },

@@ -7,11 +7,11 @@
 //! the second requests, merging), which is a large share of a step on a few cores and
 //! keeps another micro-batch's host work waiting. Here the GIL is released for the whole.
 
-use crate::kv::{bad, f32s, run_all, Answer, KvTarget, PreparedAttend};
+use crate::kv::{bad, element_type, f32s, run_all, Answer, KvTarget, PreparedAttend};
 use crate::StorageIOError;
 use insitu_kvcache::split::{choose_pages, merge, FixedPages, Part, TargetScores};
 use insitu_proto::attention::Attend;
-use insitu_proto::attention::{AttendOptions, AttendResult, AttendStats, Dtype, Method, PageScores, RESULT_HEADER_LEN};
+use insitu_proto::attention::{AttendOptions, AttendResult, AttendStats, Method, PageScores, RESULT_HEADER_LEN};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -59,11 +59,7 @@ pub fn sparf_split<'py>(
     owners: Vec<usize>,
     vectors: &str,
 ) -> PyResult<(Bound<'py, PyBytes>, Vec<Vec<Cost>>)> {
-    let vectors = match vectors {
-        "f32" => Dtype::F32,
-        "f16" => Dtype::F16,
-        v => return Err(bad(format!("vectors {v:?}: use \"f32\" or \"f16\""))),
-    };
+    let vectors = element_type("vectors", vectors)?;
     let batch = seqs.len();
     let (q, new_k, new_v) = (f32s("q", q)?, f32s("new_k", new_k)?, f32s("new_v", new_v)?);
     let n = targets.len();

@@ -196,11 +196,10 @@ class TokenSplit:
         return dict(zip(order, lists))
 
     def fixed_pages(self, targets: Sequence[int], local: int) -> "tuple[List[Optional[int]], List[List[Optional[int]]]]":
-        """Per sequence, the pages SparF keeps whatever their mass, among ``targets``
-        (sorted): the index in ``targets`` of the one holding its first page (None if not
-        among them), and per target the first of its pages holding one of the sequence's
-        last ``local`` tokens (None: none there)."""
-        targets = sorted(targets)
+        """Per sequence, the pages SparF keeps whatever their mass, among ``targets`` (in
+        the order given): the index in ``targets`` of the one holding its first page (None
+        if not among them), and per target the first of its pages holding one of the
+        sequence's last ``local`` tokens (None: none there)."""
         where = {i: j for j, i in enumerate(targets)}
         sinks, local_from = [], []
         for b in range(len(self.held[0])):
