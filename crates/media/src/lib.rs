@@ -109,6 +109,9 @@ pub struct Backing {
     len: u64,
     counters: MediaCounters,
     pacing: Option<Arc<dyn Pacing>>,
+    /// A file in memory mapped for reading: a batch of reads is then slices of the map
+    /// (see [`Backing::read_batch_deferred`]), with no system call and no copy.
+    map: Option<memmap2::Mmap>,
 }
 
 impl Backing {
@@ -131,6 +134,7 @@ impl Backing {
             Err(e) => return Err(with_path(e, path, "open with O_DIRECT")),
         };
         let in_memory = in_memory(&buffered);
+        let map = if in_memory { map_file(&buffered, len) } else { None };
         Ok(Backing {
             path: path.to_owned(),
             direct,
@@ -141,6 +145,7 @@ impl Backing {
             len,
             counters: MediaCounters::default(),
             pacing: None,
+            map,
         })
     }
 
@@ -245,7 +250,7 @@ impl Backing {
     /// read, the real reads follow, and the call waits once, for the last span to arrive.
     /// Callers merge adjacent pages into one span, which is one system call. A span past
     /// the end is an error and nothing is read.
-    pub fn read_batch_for<'b>(&self, spans: &[(u64, usize)], buf: &'b mut AlignedBuf, purpose: ReadPurpose) -> io::Result<Vec<&'b [u8]>> {
+    pub fn read_batch_for<'b>(&'b self, spans: &[(u64, usize)], buf: &'b mut AlignedBuf, purpose: ReadPurpose) -> io::Result<Vec<&'b [u8]>> {
         let (read, deadline) = self.read_batch_deferred(spans, buf, purpose, None)?;
         if let Some(deadline) = deadline {
             self.wait_until(deadline);
@@ -263,7 +268,7 @@ impl Backing {
     /// works, as a drive's engine overlaps its compute with its reads; no thread sleeps
     /// per read, so few threads keep many reads in flight.
     pub fn read_batch_deferred<'b>(
-        &self,
+        &'b self,
         spans: &[(u64, usize)],
         buf: &'b mut AlignedBuf,
         purpose: ReadPurpose,
@@ -276,9 +281,6 @@ impl Backing {
             reads.push(batch::Read { offset: start, at, len: (stop - start) as usize });
             at += (stop - start) as usize;
         }
-        if buf.len() < at {
-            *buf = AlignedBuf::new(at);
-        }
         let deadline = self.pacing.as_ref().and_then(|p| {
             spans
                 .iter()
@@ -288,6 +290,16 @@ impl Backing {
                 })
                 .max()
         });
+        if let Some(map) = &self.map {
+            // Every span is inside the store (checked above), and so inside the map.
+            for r in &reads {
+                self.counters.read_bytes.fetch_add(self.len.min(r.offset + r.len as u64) - r.offset, Ordering::Relaxed);
+            }
+            return Ok((spans.iter().map(|&(offset, len)| &map[offset as usize..offset as usize + len]).collect(), deadline));
+        }
+        if buf.len() < at {
+            *buf = AlignedBuf::new(at);
+        }
         let got = batch::read_all(&self.direct, &reads, buf.as_mut_slice(), self.in_memory)?;
         for (r, got) in reads.iter().zip(got) {
             self.counters.read_bytes.fetch_add(got as u64, Ordering::Relaxed);
@@ -421,6 +433,24 @@ pub fn aligned_span(offset: u64, end: u64) -> (u64, u64) {
 pub fn media_cost(offset: u64, len: u64, store_len: u64) -> u64 {
     let (start, stop) = aligned_span(offset, offset.saturating_add(len));
     store_len.min(stop).saturating_sub(start)
+}
+
+/// A read-only shared map of the `len` bytes of `file`, a regular file in memory; None
+/// where it cannot be mapped (reads then copy through `pread`).
+///
+/// Reading a page through the map is the copy `pread` would make, without the system call
+/// and the buffer: an engine decodes straight from the page cache. The map is shared, so it
+/// sees every write through the file. Its users read only bytes no one writes meanwhile (a
+/// KV store reads pages it has written and not yet freed), and the file keeps its size
+/// while this backing has it open (the daemon creates images at their size and never
+/// truncates an open one), so no access falls past its end.
+fn map_file(file: &File, len: u64) -> Option<memmap2::Mmap> {
+    if len == 0 || !file.metadata().is_ok_and(|m| m.is_file()) || usize::try_from(len).is_err() {
+        return None;
+    }
+    // SAFETY: see above: the mapped file is not truncated while mapped, and the bytes read
+    // through the map are not written at the same time.
+    unsafe { memmap2::MmapOptions::new().len(len as usize).map(file) }.ok()
 }
 
 /// Whether `file` is on a memory file system (tmpfs or ramfs).
@@ -558,8 +588,27 @@ mod tests {
     #[test]
     fn a_batch_returns_each_span_and_books_all_before_reading() {
         let (_d, path) = store(6 * 4096 + 100);
+        a_batch_on(&path);
+        // A file in memory is read through its map: the same bytes, bookings and counts.
+        if let Some((_dir, memory)) = in_shm(&path) {
+            a_batch_on(&memory);
+        }
+    }
+
+    /// A copy of the file at `path` on /dev/shm, where there is one.
+    fn in_shm(path: &Path) -> Option<(tempfile::TempDir, PathBuf)> {
+        let shm = Path::new("/dev/shm");
+        shm.is_dir().then(|| {
+            let dir = tempfile::tempdir_in(shm).unwrap();
+            let copy = dir.path().join("ns.img");
+            std::fs::copy(path, &copy).unwrap();
+            (dir, copy)
+        })
+    }
+
+    fn a_batch_on(path: &Path) {
         let rec = Arc::new(Recorder::default());
-        let m = Backing::open(&path, true).unwrap().with_pacing(rec.clone());
+        let m = Backing::open(path, true).unwrap().with_pacing(rec.clone());
         let spans = [(2 * 4096u64, 2 * 4096usize), (0, 4096), (511, 3), (5 * 4096 + 7, 4096 + 93)];
         let mut buf = AlignedBuf::new(4096); // too small: grown
         let got: Vec<Vec<u8>> = m.read_batch_for(&spans, &mut buf, ReadPurpose::Offload).unwrap().into_iter().map(<[u8]>::to_vec).collect();
@@ -569,12 +618,31 @@ mod tests {
         }
         let booked: Vec<(bool, u64, u64)> = spans.iter().map(|&(o, l)| (false, o, l as u64)).collect();
         assert_eq!(*rec.0.lock().unwrap(), booked);
+        // Whole aligned units, the last one cut at the end of the store.
+        let cost: u64 = spans.iter().map(|&(o, l)| media_cost(o, l as u64, m.len())).sum();
+        assert_eq!(m.counters().read_bytes.load(Ordering::Relaxed), cost);
         // One span past the end: an error, and nothing booked or read.
         rec.0.lock().unwrap().clear();
         let before = m.counters().read_bytes.load(Ordering::Relaxed);
         assert!(m.read_batch_for(&[(0, 4096), (6 * 4096, 101)], &mut buf, ReadPurpose::Host).is_err());
         assert!(rec.0.lock().unwrap().is_empty());
         assert_eq!(m.counters().read_bytes.load(Ordering::Relaxed), before);
+    }
+
+    #[test]
+    fn a_batch_in_memory_sees_every_write() {
+        let (_d, path) = store(4 * 4096);
+        let Some((_dir, memory)) = in_shm(&path) else { return };
+        let m = Backing::open(&memory, false).unwrap();
+        let mut buf = AlignedBuf::new(0);
+        assert_eq!(
+            m.read_batch_for(&[(4096, 8)], &mut buf, ReadPurpose::Offload).unwrap()[0],
+            [4096usize, 4097, 4098, 4099, 4100, 4101, 4102, 4103].map(|i| (i * 31 % 251) as u8)
+        );
+        m.write_at(&[7u8; 4096], 4096).unwrap();
+        let got = m.read_batch_for(&[(4096, 4096), (0, 1)], &mut buf, ReadPurpose::Offload).unwrap();
+        assert!(got[0].iter().all(|&b| b == 7), "a read after a write returns what was written");
+        assert_eq!(got[1], [0]);
     }
 
     #[test]

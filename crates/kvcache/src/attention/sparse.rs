@@ -184,7 +184,7 @@ fn approx_logits_given(
     dims.iter().flatten().for_each(|&d| dim_used[d] = true);
     let mut shat = vec![0f64; rows * n];
     let used: Vec<usize> = (0..layout.dim_groups()).filter(|g| dim_used[g * dpp..(g + 1) * dpp].contains(&true)).collect();
-    let mut buf = vec![0f32; used.len() * dpp * n];
+    let mut buf = super::Scratch::take(used.len() * dpp * n);
     *loaded += head.load_dim_groups(&used, &mut buf)?;
     for (&group, dims_of) in used.iter().zip(buf.chunks_exact(dpp * n)) {
         let first = group * dpp;

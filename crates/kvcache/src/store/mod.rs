@@ -697,7 +697,7 @@ impl HeadView {
 
     /// Reads `spans` into `buf`: at once, booked on the view's timeline after its previous
     /// reads, or waiting for them when the view has no timeline.
-    fn read_spans<'b>(&self, spans: &[(u64, usize)], buf: &'b mut AlignedBuf) -> Result<Vec<&'b [u8]>, KvError> {
+    fn read_spans<'b>(&'b self, spans: &[(u64, usize)], buf: &'b mut AlignedBuf) -> Result<Vec<&'b [u8]>, KvError> {
         let Some(timeline) = &self.timeline else {
             return Ok(self.media.read_batch_for(spans, buf, ReadPurpose::Offload)?);
         };
@@ -796,7 +796,7 @@ fn decode(dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
             // Pages arrive in aligned buffers, so on a little-endian host they are f16 values
             // as they lie: one conversion with the CPU's f16 instructions, no copy first.
             if let (true, Ok(h)) = (cfg!(target_endian = "little"), bytemuck::try_cast_slice::<u8, half::f16>(&bytes[..2 * n])) {
-                h.convert_to_f32_slice(&mut out[..n]);
+                widen_f16(h, &mut out[..n]);
                 return;
             }
             let mut h = [half::f16::ZERO; 256];
@@ -807,6 +807,36 @@ fn decode(dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
             }
         }
     }
+}
+
+/// `out[i] = h[i]` as f32 (exact: every f16 is an f32), for `h` and `out` of one length.
+///
+/// A page's conversion is the engine's widest loop after the attention kernels: the `half`
+/// crate's slice conversion checks the CPU and calls out for every eight elements, so on
+/// x86-64 this loop is compiled with F16C and AVX, eight elements an instruction, inlined.
+fn widen_f16(h: &[half::f16], out: &mut [f32]) {
+    assert_eq!(h.len(), out.len(), "one f32 for each f16");
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx,f16c")]
+        unsafe fn f16c(h: &[half::f16], out: &mut [f32]) {
+            use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+            let mut hs = h.chunks_exact(8);
+            let mut os = out.chunks_exact_mut(8);
+            for (x, o) in (&mut hs).zip(&mut os) {
+                // SAFETY: eight f16 (16 bytes) are read and eight f32 (32 bytes) written, each
+                // inside its chunk; both intrinsics take unaligned addresses.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().cast::<__m128i>()))) };
+            }
+            hs.remainder().iter().zip(os.into_remainder()).for_each(|(x, o)| *o = x.to_f32());
+        }
+        if std::is_x86_feature_detected!("f16c") && std::is_x86_feature_detected!("avx") {
+            // SAFETY: the CPU has both features, checked just above.
+            return unsafe { f16c(h, out) };
+        }
+    }
+    use half::slice::HalfFloatSliceExt;
+    h.convert_to_f32_slice(out);
 }
 
 impl HeadPages for HeadView {

@@ -589,3 +589,18 @@ fn a_request_reports_how_long_it_waited_on_the_drive_after_its_engine() {
     assert!(took >= std::time::Duration::from_millis(200), "{took:?}");
     assert!(waited >= std::time::Duration::from_millis(100) && waited <= took, "waited {waited:?} of {took:?}");
 }
+
+#[test]
+fn f16_pages_widen_to_the_values_half_gives_for_every_bit_pattern() {
+    use half::slice::HalfFloatSliceExt;
+    // Every f16 bit pattern, at lengths that leave a remainder after the blocks of eight.
+    let all: Vec<half::f16> = (0..=u16::MAX).map(half::f16::from_bits).collect();
+    for len in [all.len(), all.len() - 3, 7, 0] {
+        let (mut got, mut want) = (vec![0f32; len], vec![0f32; len]);
+        widen_f16(&all[..len], &mut got);
+        all[..len].convert_to_f32_slice(&mut want);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "f16 bits {i:#06x}: {g} against {w}");
+        }
+    }
+}
