@@ -6,7 +6,7 @@
 //! Holding one score per token and row costs 8 bytes per token and row, little next to the
 //! cache, and keeps the softmax exact instead of rescaled page after page.
 
-use super::kernels::{axpy_rows, dot_rows, exp_shifted_lse};
+use super::kernels::{axpy_rows, exp_shifted_lse, score_run};
 use super::PagedRows;
 use crate::{AttendStats, HeadPages, Kind, KvError};
 
@@ -20,7 +20,6 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, out: &mut [f32
     let qd: Vec<f64> = q.iter().map(|&x| f64::from(x)).collect();
     let all: Vec<usize> = (0..layout.token_groups(tokens)).collect();
     let mut pages = PagedRows::new(head, &all);
-    let mut row_scores = vec![0f64; rows];
 
     // Pass 1: scores[row * tokens + t] = q_row · k_t * scale.
     let mut scores = vec![0f64; rows * tokens];
@@ -28,12 +27,7 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, out: &mut [f32
         // The batch's groups are consecutive: its rows are tokens base.. in order.
         let base = batch[0] * tpp;
         let n = tokens.min(base + batch.len() * tpp) - base;
-        for (t, k) in buf[..n * hd].chunks_exact(hd).enumerate() {
-            dot_rows(&qd, k, &mut row_scores);
-            for (row, s) in row_scores.iter().enumerate() {
-                scores[row * tokens + base + t] = s * scale;
-            }
-        }
+        score_run(&qd, &buf[..n * hd], hd, scale, &mut scores[base..], tokens);
     })?;
     // Unnormalised weights; the division by their sum happens once per output element.
     let (sums, lses): (Vec<f64>, Vec<f64>) = scores.chunks_exact_mut(tokens).map(exp_shifted_lse).unzip();

@@ -59,22 +59,43 @@ dispatched! {
     /// row is summed exactly as [`dot`] sums it, so a row's result does not depend on the
     /// rows beside it.
     fn dot_rows / dot_rows_baseline(q: &[f64], k: &[f32], out: &mut [f64]) {
-        let hd = k.len();
-        let mut rows = q.chunks_exact(hd);
-        let mut at = 0;
-        // Blocks of up to four rows: with LANES accumulators each, four rows use eight of
-        // the sixteen AVX2 registers (the SSE2 copy may spill some).
-        while at < out.len() {
-            let n = (out.len() - at).min(4);
-            let o = &mut out[at..at + n];
-            match n {
-                4 => dot_block::<4>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
-                3 => dot_block::<3>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
-                2 => dot_block::<2>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
-                _ => dot_block::<1>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
+        dot_rows_into(q, k, out);
+    }
+}
+
+dispatched! {
+    /// `out[r * stride + t] = scale · (q_r · k_t)` for the rows `q_r` of `q` and the
+    /// consecutive rows `k_t` of `k` (`head_dim` elements each): [`dot_rows`] for a run of
+    /// tokens in one call, each product summed as [`dot`] sums it.
+    fn score_run / score_run_baseline(q: &[f64], k: &[f32], head_dim: usize, scale: f64, out: &mut [f64], stride: usize) {
+        let rows = q.len() / head_dim;
+        let mut dots = vec![0f64; rows];
+        for (t, kt) in k.chunks_exact(head_dim).enumerate() {
+            dot_rows_into(q, kt, &mut dots);
+            for (r, d) in dots.iter().enumerate() {
+                out[r * stride + t] = d * scale;
             }
-            at += n;
         }
+    }
+}
+
+/// The body of [`dot_rows`]: blocks of up to four rows, with LANES accumulators each, so
+/// that four rows use eight of the sixteen AVX2 registers (the SSE2 copy may spill some).
+#[inline(always)]
+fn dot_rows_into(q: &[f64], k: &[f32], out: &mut [f64]) {
+    let hd = k.len();
+    let mut rows = q.chunks_exact(hd);
+    let mut at = 0;
+    while at < out.len() {
+        let n = (out.len() - at).min(4);
+        let o = &mut out[at..at + n];
+        match n {
+            4 => dot_block::<4>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
+            3 => dot_block::<3>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
+            2 => dot_block::<2>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
+            _ => dot_block::<1>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
+        }
+        at += n;
     }
 }
 
@@ -283,6 +304,16 @@ mod tests {
                 for (g, qr) in got.iter().zip(q.chunks(hd)) {
                     assert_eq!(g.to_bits(), dot(qr, &x[..hd]).to_bits(), "dot_rows {hd} {rows}");
                 }
+                // A run of `rows` tokens, into a row-major table of 2 + rows columns at 2.
+                let stride = rows + 2;
+                let mut table = vec![-1.0; rows * stride];
+                score_run(&q, &x, hd, 0.3, &mut table[2..], stride);
+                for (r, qr) in q.chunks(hd).enumerate() {
+                    assert_eq!(&table[r * stride..r * stride + 2], [-1.0, -1.0], "score_run writes only its run");
+                    for (t, kt) in x.chunks(hd).enumerate() {
+                        assert_eq!(table[r * stride + 2 + t].to_bits(), (dot(qr, kt) * 0.3).to_bits(), "score_run {hd} {rows}");
+                    }
+                }
                 let w = &q[..rows];
                 let mut got = vec![0.25; hd];
                 let mut want = got.clone();
@@ -315,6 +346,10 @@ mod tests {
                 dot_rows_baseline(&q, &x[..hd], &mut b);
                 assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
                 assert_eq!(dot(&q[..hd], &x[..hd]).to_bits(), dot_baseline(&q[..hd], &x[..hd]).to_bits());
+                let (mut a, mut b) = (vec![0.0; rows * rows], vec![0.0; rows * rows]);
+                score_run(&q, &x, hd, 0.7, &mut a, rows);
+                score_run_baseline(&q, &x, hd, 0.7, &mut b, rows);
+                assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
                 let (mut a, mut b) = (q[..hd].to_vec(), q[..hd].to_vec());
                 axpy_rows(&mut a, &q[..rows], &x);
                 axpy_rows_baseline(&mut b, &q[..rows], &x);

@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 
-use super::kernels::{axpy, axpy_rows, dot, dot_rows, exp_shifted_lse, softmax, top_k};
+use super::kernels::{axpy, axpy_rows, dot, dot_rows, exp_shifted_lse, score_run, softmax, top_k};
 use super::{element_stats, v_mean, Count, PagedRows};
 use crate::{AttendStats, HeadPages, Kind, KvError, Loaded};
 
@@ -285,7 +285,17 @@ fn exact_shared(
     pages.pass(Kind::K, |batch, buf| {
         for (&group, page) in batch.iter().zip(buf.chunks_exact(tpp * hd)) {
             let base = group * tpp;
-            for i in span(toks, base, base + tpp) {
+            let sp = span(toks, base, base + tpp);
+            if sp.is_empty() {
+                continue;
+            }
+            let first = toks[sp.start] - base;
+            if toks[sp.end - 1] - base == first + sp.len() - 1 {
+                // The page's kept tokens are one run of its rows: scored in one call.
+                score_run(qd, &page[first * hd..(first + sp.len()) * hd], hd, scale, &mut scores[sp.start..], m);
+                continue;
+            }
+            for i in sp {
                 dot_rows(qd, &page[(toks[i] - base) * hd..][..hd], &mut dots);
                 for (row, d) in dots.iter().enumerate() {
                     scores[row * m + i] = d * scale;
