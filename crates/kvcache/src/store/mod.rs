@@ -72,8 +72,12 @@ struct Head {
     /// Rows (f32, token-major) not yet filling a token page.
     k_tail: Arc<Vec<f32>>,
     v_tail: Arc<Vec<f32>>,
-    /// K rows (f32, token-major) not yet filling a dimension block.
-    d_tail: Arc<Vec<f32>>,
+    /// K's values (f32) of the tokens not yet filling a dimension block, one run per
+    /// dimension: SparF's first step reads a few dimensions over every token, and a
+    /// sequence split over targets can hold its whole share here (with 4 targets, 512 of
+    /// 2,048 tokens, where a dimension page holds 2,048 f16 tokens), so each of its
+    /// dimensions is one contiguous run rather than an element of every token's row.
+    d_tail: Arc<Vec<Vec<f32>>>,
     v_sum: Vec<f64>,
 }
 
@@ -86,7 +90,7 @@ impl Head {
             d_pages: vec![Vec::new(); l.dim_groups()],
             k_tail: Arc::default(),
             v_tail: Arc::default(),
-            d_tail: Arc::default(),
+            d_tail: Arc::new(vec![Vec::new(); l.head_dim]),
             v_sum: vec![0.0; l.head_dim],
         }
     }
@@ -369,7 +373,7 @@ impl KvCache {
                     h.tokens = tokens;
                     let view = HeadView::new(self.media.clone(), self.data_base, l, h.clone(), None);
                     let mut rows = vec![0f32; l.tokens_per_page * l.head_dim];
-                    let mut d_tail = Vec::new();
+                    let mut d_tail = vec![Vec::new(); l.head_dim];
                     h.v_sum = vec![0.0; l.head_dim];
                     for g in 0..whole {
                         view.load_token_group(Kind::V, g, &mut rows)?;
@@ -379,7 +383,7 @@ impl KvCache {
                         if (g + 1) * l.tokens_per_page > blocks * l.tokens_per_dim_page {
                             view.load_token_group(Kind::K, g, &mut rows)?;
                             let first = (blocks * l.tokens_per_dim_page).saturating_sub(g * l.tokens_per_page);
-                            d_tail.extend_from_slice(&rows[first * l.head_dim..]);
+                            append_by_dimension(&mut d_tail, &rows[first * l.head_dim..]);
                         }
                     }
                     h.d_tail = Arc::new(d_tail);
@@ -509,7 +513,7 @@ impl KvCache {
                 let first = (head.k_pages.len(), head.d_pages[0].len());
                 self.fill(&mut st, &mut head.k_pages, Arc::make_mut(&mut head.k_tail), kr, &l)?;
                 self.fill(&mut st, &mut head.v_pages, Arc::make_mut(&mut head.v_tail), vr, &l)?;
-                self.fill_dims(&mut st, &mut head.d_pages, Arc::make_mut(&mut head.d_tail), kr, &l)?;
+                self.fill_dims(&mut st, &mut head.d_pages, Arc::make_mut(&mut head.d_tail).as_mut_slice(), kr, &l)?;
                 head.tokens = after;
                 let at = |pages: &[u32], from: usize| pages[from..].to_vec();
                 for (kind, pages, from) in [(0u8, &head.k_pages, first.0), (1, &head.v_pages, first.0)] {
@@ -560,27 +564,25 @@ impl KvCache {
 
     /// Appends K rows to the dimension-indexed tail and writes each block it fills: one page
     /// per dimension group, dimension-major inside the page.
-    fn fill_dims(&self, st: &mut State, pages: &mut [Vec<u32>], tail: &mut Vec<f32>, rows: &[f32], l: &Layout) -> Result<(), KvError> {
-        let block = l.tokens_per_dim_page * l.head_dim;
-        let mut page = vec![0f32; l.tokens_per_dim_page * l.dims_per_page];
-        for r in rows.chunks(block) {
-            let room = block - tail.len();
-            let (now, rest) = r.split_at(room.min(r.len()));
-            tail.extend_from_slice(now);
-            if tail.len() == block {
+    fn fill_dims(&self, st: &mut State, pages: &mut [Vec<u32>], tail: &mut [Vec<f32>], rows: &[f32], l: &Layout) -> Result<(), KvError> {
+        let tpd = l.tokens_per_dim_page;
+        let mut page = vec![0f32; tpd * l.dims_per_page];
+        let mut rows = rows;
+        while !rows.is_empty() {
+            let room = tpd - tail[0].len();
+            let (now, rest) = rows.split_at((room * l.head_dim).min(rows.len()));
+            append_by_dimension(tail, now);
+            rows = rest;
+            if tail[0].len() == tpd {
                 for (g, list) in pages.iter_mut().enumerate() {
-                    for j in 0..l.dims_per_page {
-                        let dim = g * l.dims_per_page + j;
-                        for (t, x) in page[j * l.tokens_per_dim_page..(j + 1) * l.tokens_per_dim_page].iter_mut().enumerate() {
-                            *x = tail[t * l.head_dim + dim];
-                        }
+                    for (j, run) in page.chunks_exact_mut(tpd).enumerate() {
+                        run.copy_from_slice(&tail[g * l.dims_per_page + j]);
                     }
                     let p = st.alloc(list.last().copied());
                     self.write_page(p, &page, l.dtype)?;
                     list.push(p);
                 }
-                tail.clear();
-                tail.extend_from_slice(rest);
+                tail.iter_mut().for_each(Vec::clear);
             }
         }
         Ok(())
@@ -789,6 +791,14 @@ impl HeadView {
     }
 }
 
+/// Appends token-major `rows` (whole rows of `tail.len()` elements) to the runs of `tail`,
+/// one per dimension.
+fn append_by_dimension(tail: &mut [Vec<f32>], rows: &[f32]) {
+    for row in rows.chunks_exact(tail.len()) {
+        tail.iter_mut().zip(row).for_each(|(run, &x)| run.push(x));
+    }
+}
+
 /// Little-endian elements of `dtype` in `bytes` into `out`, as f32.
 fn decode(dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
     match dtype {
@@ -902,13 +912,12 @@ impl HeadPages for HeadView {
             }
             loaded
         };
-        // The tail's rows are token-major: each is read once, for every group at a time.
-        let done: Vec<usize> = lists.iter().map(|list| list.len() * tpd).collect();
-        for (t, row) in self.head.d_tail.chunks_exact(l.head_dim).enumerate() {
-            for (i, &g) in groups.iter().enumerate() {
-                for j in 0..dpp {
-                    out[(i * dpp + j) * s + done[i] + t] = row[g * dpp + j];
-                }
+        // Each dimension's tail is one run, after its pages' tokens.
+        for (i, (&g, list)) in groups.iter().zip(&lists).enumerate() {
+            for j in 0..dpp {
+                let run = &self.head.d_tail[g * dpp + j];
+                let at = (i * dpp + j) * s + list.len() * tpd;
+                out[at..at + run.len()].copy_from_slice(run);
             }
         }
         Ok(loaded)
