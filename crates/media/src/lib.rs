@@ -535,11 +535,8 @@ mod tests {
             let (out, _into) = socket_pair();
             assert!(!disk.send_from_page_cache(std::os::fd::AsFd::as_fd(&out), 0, 10).unwrap(), "and then sends nothing");
         }
-        let shm = std::path::Path::new("/dev/shm");
-        if shm.is_dir() {
-            let dir = tempfile::tempdir_in(shm).unwrap();
-            std::fs::copy(&path, dir.path().join("ns.img")).unwrap();
-            let memory = Backing::open(&dir.path().join("ns.img"), true).unwrap().with_cached_reads(false);
+        if let Some((_dir, copy)) = in_shm(&path) {
+            let memory = Backing::open(&copy, true).unwrap().with_cached_reads(false);
             sends_the_file_from_the_page_cache(&memory, &std::fs::read(&path).unwrap());
         }
         sends_the_file_from_the_page_cache(&disk.with_cached_reads(true), &std::fs::read(&path).unwrap());

@@ -286,11 +286,7 @@ fn exact_shared(
         for (&group, page) in batch.iter().zip(buf.chunks_exact(tpp * hd)) {
             let base = group * tpp;
             let sp = span(toks, base, base + tpp);
-            if sp.is_empty() {
-                continue;
-            }
-            let first = toks[sp.start] - base;
-            if toks[sp.end - 1] - base == first + sp.len() - 1 {
+            if let Some(first) = one_run(toks, &sp, base) {
                 // The page's kept tokens are one run of its rows: scored in one call.
                 score_run(qd, &page[first * hd..(first + sp.len()) * hd], hd, scale, &mut scores[sp.start..], m);
                 continue;
@@ -312,11 +308,7 @@ fn exact_shared(
         for (&group, page) in batch.iter().zip(buf.chunks_exact(tpp * hd)) {
             let base = group * tpp;
             let sp = span(toks, base, base + tpp);
-            if sp.is_empty() {
-                continue;
-            }
-            let first = toks[sp.start] - base;
-            if toks[sp.end - 1] - base == first + sp.len() - 1 {
+            if let Some(first) = one_run(toks, &sp, base) {
                 // The page's kept tokens are one run of its rows.
                 let v = &page[first * hd..(first + sp.len()) * hd];
                 for (row, a) in acc.chunks_exact_mut(hd).enumerate() {
@@ -334,6 +326,14 @@ fn exact_shared(
     })?;
     finish(hd, &acc, &sums, mix, out);
     Ok(pages.loaded)
+}
+
+/// When the kept tokens `toks[sp]` (ascending, on the page from token `base`) are one
+/// run of the page's rows, the first row of the run; None for an empty span or one with
+/// gaps.
+fn one_run(toks: &[usize], sp: &Range<usize>, base: usize) -> Option<usize> {
+    let first = toks[sp.clone()].first()? - base;
+    (toks[sp.end - 1] - base == first + sp.len() - 1).then_some(first)
 }
 
 /// Step 11 for every row: `out = α · acc / sum + (1 − α) · mean(V)`, or `acc / sum`.
