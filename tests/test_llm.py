@@ -222,6 +222,21 @@ def test_sparf_on_a_long_context_is_within_5_percent_reading_a_quarter(model, te
     assert e["sparf"]["perplexity"] <= 1.05 * e["memory"]["perplexity"], (e["sparf"]["perplexity"], e["memory"]["perplexity"])
 
 
+def test_bench_llm_auto_micro_batches_come_from_the_host_step_it_reports(model, tmp_path):
+    """With --micro-batches auto, the in-storage rows report the host step probed for
+    the choice (host_step_s) and decode as many micro-batches as that probe and the
+    device model's read rate give; the other rows probe nothing."""
+    from insitu.llm import bench
+
+    r = bench.sweep(model, [(2, 48)], [1], 1, 1 << 30, "custom:25", str(tmp_path), progress=False, kv_dtype="f16", backends=["flexgen", "insitu"], micro=None)
+    rows = {x["backend"]: x for x in r["rows"]}
+    assert rows["flexgen"]["host_step_s"] is None
+    host = rows["insitu"]["host_step_s"]
+    assert 0 < host < 60
+    reads = 2 * 48 * r["kv_bytes_per_token"] * 2 / 4 / (25 * 1e6)  # every f16 page, at 25 MB/s
+    assert rows["insitu"]["micro_batches"] == bench.auto_micro_batches(reads, host)
+
+
 def test_bench_llm_reports_attention_time_and_step_over_bound(model, tmp_path):
     """A small sweep over two targets: every backend's row keeps the keys it had, and
     adds attention_s (the part of a step when every micro-batch waits on decode

@@ -381,7 +381,9 @@ def test_auto_micro_batches_overlap_only_when_the_drive_outlasts_the_host():
 
     assert auto_micro_batches(0.8, 0.1) == 2
     assert auto_micro_batches(0.25, 0.1) == 2
-    assert auto_micro_batches(0.14, 0.1) == 1
+    assert auto_micro_batches(0.14, 0.1) == 2
+    assert auto_micro_batches(0.12, 0.1) == 1
+    assert auto_micro_batches(0.084, 0.1) == 1
     assert auto_micro_batches(0.47, 0.1) == 2
     assert auto_micro_batches(0.004, 0.1) == 1
 

@@ -87,11 +87,12 @@ def _prefill(m, context: int):
 # How many times the host's own step a step's reads must take for a second micro-batch to
 # pay: it costs a whole forward pass more (a small model's pass is mostly fixed cost), and
 # on a few cores the two contend with each other and with the targets. Measured on 2
-# cores (custom:25, 4 x 1,024, the probe's host step 0.10-0.13 s), alternating: SparF
-# over 4 targets (reads of 0.24 s) ran 0.46-0.48 s a step with two micro-batches against
-# 0.50-0.52 s with one, once split SparF's host side held no GIL; every row with longer
-# reads is faster with two, and reads shorter than the host's step have nothing to hide.
-OVERLAP_PAYS = 1.5
+# cores (4 x 1,024 SparF over 4 targets, the probe's host step 0.14 s), alternating one
+# micro-batch and two: reads of 0.24 s (custom:25, 1.7 host steps) 0.49-0.52 s a step against
+# 0.45-0.49 s with two; 0.17 s (custom:35, 1.2) 0.40-0.42 s against 0.39-0.40 s; 0.12 s
+# (custom:50, 0.84) 0.33 s against 0.40 s. The crossover lies between the last two; at
+# 1.5 (the earlier value) a probe 15% slow turned two down where they pay most.
+OVERLAP_PAYS = 1.3
 
 
 def auto_micro_batches(read_s: float, host_s: float) -> int:
@@ -104,7 +105,7 @@ def auto_micro_batches(read_s: float, host_s: float) -> int:
 @torch.inference_mode()
 def _host_step(m, batch: int) -> float:
     """Seconds of one decode forward pass of ``batch`` rows over a short cache: the
-    host's own step, attention aside (best of three)."""
+    host's own step, attention aside (best of five)."""
     from transformers import DynamicCache
 
     m.model.set_attn_implementation("sdpa")
@@ -112,7 +113,7 @@ def _host_step(m, batch: int) -> float:
     x = torch.full((batch, 8), 100, device=m.device)
     m.model(input_ids=x, past_key_values=cache, use_cache=True, logits_to_keep=1)
     best = math.inf
-    for i in range(3):
+    for i in range(5):
         t = time.perf_counter()
         m.model(input_ids=x[:, :1], position_ids=torch.full((batch, 1), 8 + i, device=m.device), past_key_values=cache, use_cache=True)
         best = min(best, time.perf_counter() - t)
@@ -235,10 +236,16 @@ def sweep(
     kv_per_token = m.layers * m.kv_heads * 2 * m.head_dim * 4
     read_mb_s = ((_device_model(device_model) or {}).get("derived") or {}).get("internal_read_mb_s")
     rows, prefills, host_steps = [], {}, {}
+    probe = micro is None and read_mb_s and any(a == "insitu" and (backends is None or label in backends) for label, a, _ in BACKENDS)
     for batch, context in points:
         kv = batch * context * kv_per_token
         if context not in prefills:
             prefills[context] = _prefill(m, context)
+        if probe and batch not in host_steps:
+            # Probed here, before this point's first pool: right after a row, the host's pass
+            # ran up to twice as long (memory just freed, the last row's threads winding down),
+            # enough to turn two micro-batches down where they pay.
+            host_steps[batch] = _host_step(m, batch)
         for n in targets_list:
             for label, attention, ratio in BACKENDS:
                 if backends is not None and label not in backends:
@@ -257,8 +264,6 @@ def sweep(
                         print(f"bench llm: batch {batch} x {context} tokens, {label}, {n} target(s)", file=sys.stderr, flush=True)
                     mb = micro or 1
                     if micro is None and attention == "insitu":
-                        if batch not in host_steps:
-                            host_steps[batch] = _host_step(m, batch)
                         # What the backend reads per step and target: every page (dense), or
                         # about twice its ratio of them (SparF's pages and dimension pages).
                         share = 1.0 if ratio is None else min(1.0, 2 * ratio)
@@ -277,6 +282,8 @@ def sweep(
                         "kv_cache_bytes": kv,
                         "over_budget": kv > budget,
                         "kv_dtype": kv_dtype if attention == "insitu" else "f32",
+                        # The host's own step as probed for the choice of micro-batches.
+                        "host_step_s": host_steps.get(batch) if attention == "insitu" else None,
                         **r,
                     }
                 )
@@ -368,7 +375,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         metavar="N|auto",
         help="micro-batches the in-storage backends decode at once, each on its own thread: while one waits on its targets "
         "the host computes another, as InstInfer overlaps its mini-batches; 1 decodes the batch as one; auto takes 2 where a "
-        "step's modelled reads on a target take 1.5 times the host's own step, else 1 (default: %(default)s)",
+        "step's modelled reads on a target take 1.3 times the host's own step, else 1 (default: %(default)s)",
     )
     ap.add_argument("--dir", default=os.path.join(".insitu", "bench"), help="target images (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
