@@ -91,7 +91,7 @@ def _prefill(m, context: int):
 # micro-batch and two: reads of 0.24 s (custom:25, 1.7 host steps) 0.49-0.52 s a step against
 # 0.45-0.49 s with two; 0.17 s (custom:35, 1.2) 0.40-0.42 s against 0.39-0.40 s; 0.12 s
 # (custom:50, 0.84) 0.33 s against 0.40 s. The crossover lies between the last two; at
-# 1.5 (the earlier value) a probe 15% slow turned two down where they pay most.
+# 1.5 (the earlier value) a probe 12% slow turned two down where they pay most.
 OVERLAP_PAYS = 1.3
 
 
@@ -242,9 +242,9 @@ def sweep(
         if context not in prefills:
             prefills[context] = _prefill(m, context)
         if probe and batch not in host_steps:
-            # Probed here, before this point's first pool: right after a row, the host's pass
-            # ran up to twice as long (memory just freed, the last row's threads winding down),
-            # enough to turn two micro-batches down where they pay.
+            # Probed here, before this point's first pool: probed right after the FlexGen
+            # rows, it once read over 0.157 s where it reads 0.07-0.14 s otherwise, enough
+            # to turn two micro-batches down where they pay.
             host_steps[batch] = _host_step(m, batch)
         for n in targets_list:
             for label, attention, ratio in BACKENDS:
