@@ -9,6 +9,7 @@ mod kv;
 mod kv_split;
 mod kv_store;
 mod lock;
+mod quant;
 mod session;
 
 use insitu_host::{parse_args, scrub, Mode, OasError, Offloader, Request};
@@ -250,6 +251,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kv_split::sparf_split, m)?)?;
     m.add_function(wrap_pyfunction!(kv_split::choose_split_pages, m)?)?;
     m.add_class::<kv_store::KvNamespace>()?;
+    m.add_class::<quant::BlockMatrix>()?;
+    m.add_function(wrap_pyfunction!(quant::gguf_tensors, m)?)?;
     m.add_function(wrap_pyfunction!(exec_json, m)?)?;
     m.add_function(wrap_pyfunction!(scrub_json, m)?)?;
     m.add_function(wrap_pyfunction!(exec_ranges_json, m)?)?;

@@ -88,7 +88,7 @@ def load(path: Optional[str] = None, device: Optional[str] = None) -> Model:
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     hooks.register()
-    host.fit_for_decode(model)
+    host.fit_for_decode(model, path if path.endswith(".gguf") else None)
     return Model(model, tok, dev, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, head_dim, path)
 
 
