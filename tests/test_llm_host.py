@@ -73,7 +73,7 @@ def test_every_linear_of_the_gguf_model_multiplies_from_its_blocks(gguf_model):
         layer = modules[name]
         bm = blocks[name]
         assert torch.equal(torch.frombuffer(bm.dequantize(), dtype=torch.float32).view(bm.rows, bm.cols), layer.weight), name
-        for shape in [(1, 1, bm.cols), (3, 1, bm.cols), (5, bm.cols)]:
+        for shape in [(1, 1, bm.cols), (3, 1, bm.cols), (5, bm.cols), (host.BLOCK_ROWS + 1, 1, bm.cols)]:
             x = torch.randn(*shape)
             with torch.inference_mode():
                 got, want = layer(x), torch.nn.functional.linear(x, layer.weight)

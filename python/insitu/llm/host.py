@@ -12,8 +12,9 @@ Two things shorten it:
   weight is de-quantized with the bits the f32 load has (checked per matrix when it is
   fitted: a matrix whose blocks do not de-quantize to exactly its f32 weights keeps the
   f32 product), so the product differs from the f32 one in the order of its sums only.
-  Over a step's matrices of SmolLM2-135M on 2 cores: 21 ms against 63 at 1 row, 34 against
-  70 at 4, 66 against 95 at 8.
+  Over a step's 211 matrices of SmolLM2-135M on 2 cores (each product on one core, the f32
+  one on both): 31 ms against 74 at 1 row, 31 against 57 at 2, 51 against 61 at 4, 69
+  against 81 at 6 and 107 against 99 at 8, so blocks serve up to :data:`BLOCK_ROWS` rows.
 * **f32 weights read in place.** ``F.linear`` (``x @ W.T``) makes MKL's sgemm copy the
   whole weight matrix into its packed layout on every call, for the sake of a handful of
   rows. ``W @ x.T`` has the weights as the left operand, read in place: 93 ms against 187
@@ -30,12 +31,15 @@ from typing import Dict, Optional
 
 import torch
 
-__all__ = ["SKINNY_ROWS", "fit_for_decode", "gguf_blocks"]
+__all__ = ["SKINNY_ROWS", "BLOCK_ROWS", "fit_for_decode", "gguf_blocks"]
 
 #: At most this many rows, a CPU linear layer computes from its blocks or with ``W @ x.T``
 #: (weights read in place); above it, ``F.linear`` (weights packed per call, the faster
 #: for a prompt).
 SKINNY_ROWS = 64
+
+#: At most this many rows, a linear layer with GGUF blocks multiplies from them.
+BLOCK_ROWS = 6
 
 
 def _skinny_forward(layer: torch.nn.Linear, blocks=None):
@@ -47,7 +51,7 @@ def _skinny_forward(layer: torch.nn.Linear, blocks=None):
         if rows == 0 or rows > SKINNY_ROWS:
             return linear(x, weight, bias)
         x2 = x.reshape(rows, x.shape[-1])
-        if blocks is not None and x2.dtype == torch.float32:
+        if blocks is not None and rows <= BLOCK_ROWS and x2.dtype == torch.float32:
             out = blocks.matmul(x2.detach().contiguous().numpy().tobytes(), rows)
             y = torch.frombuffer(out, dtype=torch.float32).view(rows, weight.shape[0])
         else:
