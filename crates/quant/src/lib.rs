@@ -4,7 +4,7 @@
 //! A decode step multiplies one row per sequence by every weight matrix of the model. A
 //! model shipped as GGUF Q4_1 holds 20 bytes per 32 weights (Q8_0: 34); de-quantized to
 //! f32 it holds 128, which a CPU streams from memory for every step. This crate reads the
-//! blocks as stored and de-quantizes each in registers, once for up to four rows, right
+//! blocks as stored and de-quantizes each in registers, once for up to eight rows, right
 //! before the rows use it.
 //!
 //! Each weight is de-quantized exactly as the GGUF reference de-quantizer does it
@@ -29,7 +29,7 @@ pub const BLOCK: usize = 32;
 
 /// Input rows a kernel call carries at once: each de-quantized block is used by this many
 /// rows while it is in registers.
-const ROWS_AT_ONCE: usize = 4;
+const ROWS_AT_ONCE: usize = 8;
 
 /// A GGUF block format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,7 +204,11 @@ fn dot_rows(format: Format, w: &[u8], x: &[f32], cols: usize, out: &mut [f32]) {
             1 => out.copy_from_slice(&dot_block_rows::<1>(format, w, [row(0)])),
             2 => out.copy_from_slice(&dot_block_rows::<2>(format, w, [row(0), row(1)])),
             3 => out.copy_from_slice(&dot_block_rows::<3>(format, w, [row(0), row(1), row(2)])),
-            _ => out.copy_from_slice(&dot_block_rows::<4>(format, w, [row(0), row(1), row(2), row(3)])),
+            4 => out.copy_from_slice(&dot_block_rows::<4>(format, w, [row(0), row(1), row(2), row(3)])),
+            5 => out.copy_from_slice(&dot_block_rows::<5>(format, w, std::array::from_fn(row))),
+            6 => out.copy_from_slice(&dot_block_rows::<6>(format, w, std::array::from_fn(row))),
+            7 => out.copy_from_slice(&dot_block_rows::<7>(format, w, std::array::from_fn(row))),
+            _ => out.copy_from_slice(&dot_block_rows::<8>(format, w, std::array::from_fn(row))),
         }
     }
 }

@@ -13,8 +13,9 @@ Two things shorten it:
   fitted: a matrix whose blocks do not de-quantize to exactly its f32 weights keeps the
   f32 product), so the product differs from the f32 one in the order of its sums only.
   Over a step's 211 matrices of SmolLM2-135M on 2 cores (each product on one core, the f32
-  one on both): 31 ms against 74 at 1 row, 31 against 57 at 2, 51 against 61 at 4, 69
-  against 81 at 6 and 107 against 99 at 8, so blocks serve up to :data:`BLOCK_ROWS` rows.
+  one on both; eight alternating passes), in ms: 25-32 against 75-85 at 1 row, 38-46
+  against 54-58 at 2, 44-46 against 49-55 at 4, 66-71 against 81-109 at 8; at 12 rows
+  114-144 against 119-141, so blocks serve up to :data:`BLOCK_ROWS` rows.
 * **f32 weights read in place.** ``F.linear`` (``x @ W.T``) makes MKL's sgemm copy the
   whole weight matrix into its packed layout on every call, for the sake of a handful of
   rows. ``W @ x.T`` has the weights as the left operand, read in place: 93 ms against 187
@@ -39,7 +40,7 @@ __all__ = ["SKINNY_ROWS", "BLOCK_ROWS", "fit_for_decode", "gguf_blocks"]
 SKINNY_ROWS = 64
 
 #: At most this many rows, a linear layer with GGUF blocks multiplies from them.
-BLOCK_ROWS = 6
+BLOCK_ROWS = 8
 
 
 def _skinny_forward(layer: torch.nn.Linear, blocks=None):
