@@ -129,7 +129,8 @@ def fit_for_decode(model: torch.nn.Module, gguf_path: Optional[str] = None) -> i
     """Gives every ``nn.Linear`` of ``model`` whose weights are on the CPU the row-count
     switch described in the module docs, with the GGUF file's blocks where ``gguf_path``
     has them (:func:`gguf_blocks`); returns how many layers it changed. A model on a GPU
-    is left as it is (cuBLAS does not repack per call)."""
+    is left as it is (cuBLAS does not repack per call). The blocks are the file's: a model
+    whose weights change after loading is fitted again without ``gguf_path``."""
     blocks = gguf_blocks(model, gguf_path) if gguf_path else {}
     changed = 0
     for name, module in model.named_modules():
