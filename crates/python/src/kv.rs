@@ -51,7 +51,7 @@ fn reduce(q: &[f32], group: usize, head_dim: usize, r: usize, vectors: Dtype) ->
     (vals, Some(ReducedQueries { dims: dims.into_iter().map(|d| d as u16).collect(), l1 }))
 }
 
-fn to_bytes(v: &[f32]) -> Vec<u8> {
+pub(crate) fn to_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 

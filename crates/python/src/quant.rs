@@ -2,7 +2,7 @@
 //! `BlockMatrix`: a GGUF block-quantized weight matrix the host's linear layers multiply
 //! in its blocks (`insitu_quant`).
 
-use crate::kv::{bad, f32s};
+use crate::kv::{bad, f32s, to_bytes};
 use insitu_quant::Format;
 use pyo3::prelude::*;
 use pyo3::types::PyByteArray;
@@ -12,10 +12,6 @@ use std::path::PathBuf;
 #[pyclass(module = "insitu", frozen)]
 pub struct BlockMatrix {
     inner: insitu_quant::BlockMatrix,
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 #[pymethods]
@@ -41,7 +37,7 @@ impl BlockMatrix {
 
     /// The matrix as little-endian f32 bytes, with the GGUF reference de-quantizer's bits.
     fn dequantize<'py>(&self, py: Python<'py>) -> Bound<'py, PyByteArray> {
-        let w = py.allow_threads(|| f32_bytes(&self.inner.dequantize()));
+        let w = py.allow_threads(|| to_bytes(&self.inner.dequantize()));
         PyByteArray::new(py, &w)
     }
 
@@ -49,13 +45,14 @@ impl BlockMatrix {
     /// f32 values as a bytearray. The GIL is released while it computes.
     fn matmul<'py>(&self, py: Python<'py>, x: &[u8], n: usize) -> PyResult<Bound<'py, PyByteArray>> {
         let x = f32s("x", x)?;
-        let y = py.allow_threads(|| self.inner.matmul(&x, n).map(|y| f32_bytes(&y))).map_err(|e| bad(e.to_string()))?;
+        let y = py.allow_threads(|| self.inner.matmul(&x, n).map(|y| to_bytes(&y))).map_err(|e| bad(e.to_string()))?;
         Ok(PyByteArray::new(py, &y))
     }
 }
 
 /// The tensor directory of the GGUF file at `path`: `(architecture or None, [(name, dims
-/// innermost first, block format "Q4_1"/"Q8_0" or None, byte offset of its data)])`.
+/// innermost first, block format "Q4_1"/"Q8_0" or None, byte offset of its data, its
+/// length in bytes where it is whole blocks of that format or None)])`.
 #[pyfunction]
 pub fn gguf_tensors(py: Python<'_>, path: PathBuf) -> PyResult<GgufDirectory> {
     let d = py.allow_threads(|| insitu_quant::read_tensor_directory(&path)).map_err(|e| bad(format!("{}: {e}", path.display())))?;
@@ -64,10 +61,11 @@ pub fn gguf_tensors(py: Python<'_>, path: PathBuf) -> PyResult<GgufDirectory> {
         .into_iter()
         .map(|t| {
             let format = t.format().map(|f| format!("{f:?}"));
-            (t.name, t.dims, format, t.offset)
+            let bytes = t.block_bytes();
+            (t.name, t.dims, format, t.offset, bytes)
         })
         .collect();
     Ok((d.architecture, tensors))
 }
 
-type GgufDirectory = (Option<String>, Vec<(String, Vec<u64>, Option<String>, u64)>);
+type GgufDirectory = (Option<String>, Vec<(String, Vec<u64>, Option<String>, u64, Option<u64>)>);

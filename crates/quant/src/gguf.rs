@@ -43,6 +43,18 @@ impl TensorInfo {
             _ => None,
         }
     }
+
+    /// The length of its data in bytes, where it is whole blocks of a [`format`](Self::format)
+    /// (its innermost dimension a multiple of [`crate::BLOCK`]).
+    pub fn block_bytes(&self) -> Option<u64> {
+        let format = self.format()?;
+        let inner = *self.dims.first()?;
+        if inner % crate::BLOCK as u64 != 0 {
+            return None;
+        }
+        let elements = self.dims.iter().try_fold(1u64, |n, d| n.checked_mul(*d))?;
+        (elements / crate::BLOCK as u64).checked_mul(format.block_bytes() as u64)
+    }
 }
 
 /// Why a GGUF header could not be read.
@@ -263,6 +275,7 @@ mod tests {
             assert_eq!(dir[0], TensorInfo { name: "w".into(), dims: vec![64, 2], ggml_type: 3, offset: data });
             assert_eq!(dir[1].offset, data + 96);
             assert_eq!((dir[0].format(), dir[1].format()), (Some(crate::Format::Q4_1), Some(crate::Format::Q8_0)));
+            assert_eq!((dir[0].block_bytes(), dir[1].block_bytes()), (Some(80), Some(34)));
         }
     }
 

@@ -80,7 +80,7 @@ def gguf_blocks(model: torch.nn.Module, path: str) -> Dict[str, object]:
         return {}
     layers = getattr(getattr(model, "config", None), "num_hidden_layers", 0)
     names = gguf.get_tensor_name_map(arch, layers)
-    tensors = {name: (dims, fmt, offset) for name, dims, fmt, offset in directory}
+    tensors = {name: (dims, fmt, offset, size) for name, dims, fmt, offset, size in directory}
     # The GGUF tensor of each parameter that has one, by the parameter's storage, so that
     # a module sharing it (a tied output layer) finds it too.
     by_storage = {}
@@ -94,12 +94,11 @@ def gguf_blocks(model: torch.nn.Module, path: str) -> Dict[str, object]:
         for mname, module in model.named_modules():
             if not isinstance(module, torch.nn.Linear) or module.weight.device.type != "cpu" or module.weight.dtype != torch.float32:
                 continue
-            dims, fmt, offset = by_storage.get(module.weight.data_ptr(), (None, None, 0))
+            dims, fmt, offset, size = by_storage.get(module.weight.data_ptr(), (None, None, 0, None))
             rows, cols = module.weight.shape
-            if fmt is None or dims != [cols, rows] or cols % 32:
+            if size is None or dims != [cols, rows]:
                 continue
             f.seek(offset)
-            size = rows * cols // 32 * {"Q4_1": 20, "Q8_0": 34}[fmt]
             data = np.frombuffer(f.read(size), dtype=np.uint8)
             if data.size != size:
                 continue
