@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! The inner loops of attention, written so the compiler vectorises them, and top-k.
+//! The inner loops of attention, vectorised (by the compiler, or by hand where it does not), and top-k.
 //!
 //! Products of two f32 values are exact in f64, so a dot product of f32 rows accumulated in
 //! f64 loses only the rounding of the additions; eight independent accumulators let the
@@ -13,32 +13,86 @@
 
 use std::cmp::Ordering;
 
-/// Defines `pub(super) fn $name` from one body, also kept as `$baseline` (the body compiled
-/// for the baseline alone); on x86-64 the body is compiled again with AVX2 enabled, and
-/// each call of `$name` takes that copy when the CPU has AVX2.
+/// Defines `pub(super) fn $name` from one body generic over `$simd: `[`Simd`], also kept as
+/// `$baseline` (the body as the baseline target compiles it, with [`Plain`]'s loops); on
+/// x86-64 the body is compiled again with AVX2 enabled and `avx2::Avx2`'s loops, and each
+/// call of `$name` takes that copy when the CPU has AVX2.
 macro_rules! dispatched {
-    ($(#[$doc:meta])* fn $name:ident / $baseline:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+    ($(#[$doc:meta])* fn $name:ident / $baseline:ident <$simd:ident> ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$doc])*
         pub(super) fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2")]
                 unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
-                    $baseline($($arg),*)
+                    $baseline::<avx2::Avx2>($($arg),*)
                 }
                 if std::is_x86_feature_detected!("avx2") {
                     // SAFETY: the CPU has AVX2, checked just above.
                     return unsafe { avx2($($arg),*) };
                 }
             }
-            $baseline($($arg),*)
+            $baseline::<Plain>($($arg),*)
         }
 
-        /// The body of the kernel of the same name without the `_baseline`, as the
-        /// baseline target compiles it (inlined into each copy).
+        /// The body of the kernel of the same name without the `_baseline`, generic over
+        /// the loops it is built from (inlined into each copy).
+        #[allow(dead_code)]
         #[inline(always)]
-        fn $baseline($($arg: $ty),*) $(-> $ret)? $body
+        fn $baseline<$simd: Simd>($($arg: $ty),*) $(-> $ret)? $body
     };
+}
+
+/// The two loops whose vectorised form the compiler does not find on its own: a block of
+/// dot products (it keeps the eight accumulators of a row in scalar registers) and the
+/// exponentials of a row. [`Plain`] writes them as plain loops; `avx2::Avx2` with AVX2
+/// intrinsics that do the same operations in the same order, lane by lane, so both give the
+/// same bits.
+trait Simd {
+    /// `out[r] = q[r] · k` for `R` rows, each summed in [`LANES`] accumulators (element `i`
+    /// into accumulator `i mod LANES`, the elements past the last whole [`LANES`] into a
+    /// tail), added by [`sum_lanes`], then the tail.
+    fn dot_block<const R: usize>(q: [&[f64]; R], k: &[f32], out: &mut [f64]);
+    /// `x[i] = exp_nonpositive(x[i] - max)` for every element.
+    fn exp_shift(x: &mut [f64], max: f64);
+}
+
+/// [`Simd`] in plain loops.
+struct Plain;
+
+impl Simd for Plain {
+    #[inline(always)]
+    fn dot_block<const R: usize>(q: [&[f64]; R], k: &[f32], out: &mut [f64]) {
+        let kc = k.chunks_exact(LANES);
+        let mut acc = [[0.0f64; LANES]; R];
+        let mut tail = [0.0f64; R];
+        for r in 0..R {
+            debug_assert_eq!(q[r].len(), k.len());
+            let qr = q[r].chunks_exact(LANES).remainder();
+            for (a, b) in qr.iter().zip(kc.remainder()) {
+                tail[r] += a * f64::from(*b);
+            }
+        }
+        for (i, b) in kc.enumerate() {
+            let base = i * LANES;
+            for l in 0..LANES {
+                let x = f64::from(b[l]);
+                for r in 0..R {
+                    acc[r][l] += q[r][base + l] * x;
+                }
+            }
+        }
+        for r in 0..R {
+            out[r] = sum_lanes(&acc[r]) + tail[r];
+        }
+    }
+
+    #[inline(always)]
+    fn exp_shift(x: &mut [f64], max: f64) {
+        for v in x.iter_mut() {
+            *v = exp_nonpositive(*v - max);
+        }
+    }
 }
 
 /// Independent accumulators of [`dot`]: two AVX2 vectors or four SSE2 ones of f64.
@@ -46,9 +100,9 @@ const LANES: usize = 8;
 
 dispatched! {
     /// `q · k`, q already widened to f64, accumulated in f64.
-    fn dot / dot_baseline(q: &[f64], k: &[f32]) -> f64 {
+    fn dot / dot_baseline<S>(q: &[f64], k: &[f32]) -> f64 {
         let mut out = [0.0];
-        dot_block::<1>([q], k, &mut out);
+        S::dot_block::<1>([q], k, &mut out);
         out[0]
     }
 }
@@ -58,8 +112,8 @@ dispatched! {
     /// element of `k` is loaded and widened once per block (grouped-query attention). Every
     /// row is summed exactly as [`dot`] sums it, so a row's result does not depend on the
     /// rows beside it.
-    fn dot_rows / dot_rows_baseline(q: &[f64], k: &[f32], out: &mut [f64]) {
-        dot_rows_into(q, k, out);
+    fn dot_rows / dot_rows_baseline<S>(q: &[f64], k: &[f32], out: &mut [f64]) {
+        dot_rows_into::<S>(q, k, out);
     }
 }
 
@@ -67,11 +121,11 @@ dispatched! {
     /// `out[r * stride + t] = scale · (q_r · k_t)` for the rows `q_r` of `q` and the
     /// consecutive rows `k_t` of `k` (`head_dim` elements each): [`dot_rows`] for a run of
     /// tokens in one call, each product summed as [`dot`] sums it.
-    fn score_run / score_run_baseline(q: &[f64], k: &[f32], head_dim: usize, scale: f64, out: &mut [f64], stride: usize) {
+    fn score_run / score_run_baseline<S>(q: &[f64], k: &[f32], head_dim: usize, scale: f64, out: &mut [f64], stride: usize) {
         let rows = q.len() / head_dim;
         let mut dots = vec![0f64; rows];
         for (t, kt) in k.chunks_exact(head_dim).enumerate() {
-            dot_rows_into(q, kt, &mut dots);
+            dot_rows_into::<S>(q, kt, &mut dots);
             for (r, d) in dots.iter().enumerate() {
                 out[r * stride + t] = d * scale;
             }
@@ -82,7 +136,7 @@ dispatched! {
 /// The body of [`dot_rows`]: blocks of up to four rows, with LANES accumulators each, so
 /// that four rows use eight of the sixteen AVX2 registers (the SSE2 copy may spill some).
 #[inline(always)]
-fn dot_rows_into(q: &[f64], k: &[f32], out: &mut [f64]) {
+fn dot_rows_into<S: Simd>(q: &[f64], k: &[f32], out: &mut [f64]) {
     let hd = k.len();
     let mut rows = q.chunks_exact(hd);
     let mut at = 0;
@@ -90,38 +144,12 @@ fn dot_rows_into(q: &[f64], k: &[f32], out: &mut [f64]) {
         let n = (out.len() - at).min(4);
         let o = &mut out[at..at + n];
         match n {
-            4 => dot_block::<4>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
-            3 => dot_block::<3>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
-            2 => dot_block::<2>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
-            _ => dot_block::<1>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
+            4 => S::dot_block::<4>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
+            3 => S::dot_block::<3>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
+            2 => S::dot_block::<2>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
+            _ => S::dot_block::<1>(std::array::from_fn(|_| rows.next().unwrap()), k, o),
         }
         at += n;
-    }
-}
-
-#[inline(always)]
-fn dot_block<const R: usize>(q: [&[f64]; R], k: &[f32], out: &mut [f64]) {
-    let kc = k.chunks_exact(LANES);
-    let mut acc = [[0.0f64; LANES]; R];
-    let mut tail = [0.0f64; R];
-    for r in 0..R {
-        debug_assert_eq!(q[r].len(), k.len());
-        let qr = q[r].chunks_exact(LANES).remainder();
-        for (a, b) in qr.iter().zip(kc.remainder()) {
-            tail[r] += a * f64::from(*b);
-        }
-    }
-    for (i, b) in kc.enumerate() {
-        let base = i * LANES;
-        for l in 0..LANES {
-            let x = f64::from(b[l]);
-            for r in 0..R {
-                acc[r][l] += q[r][base + l] * x;
-            }
-        }
-    }
-    for r in 0..R {
-        out[r] = sum_lanes(&acc[r]) + tail[r];
     }
 }
 
@@ -134,7 +162,7 @@ fn sum_lanes(a: &[f64; LANES]) -> f64 {
 dispatched! {
     /// `acc += Σ_i w[i] * x_i` over the `w.len()` consecutive rows `x_i` of `x`, four rows a
     /// pass, so each accumulator is loaded and stored once per four rows.
-    fn axpy_rows / axpy_rows_baseline(acc: &mut [f64], w: &[f64], x: &[f32]) {
+    fn axpy_rows / axpy_rows_baseline<S>(acc: &mut [f64], w: &[f64], x: &[f32]) {
         let hd = acc.len();
         let mut ws = w.chunks_exact(4);
         let mut xs = x.chunks_exact(4 * hd);
@@ -147,17 +175,45 @@ dispatched! {
             }
         }
         for (w, x) in ws.remainder().iter().zip(xs.remainder().chunks_exact(hd)) {
-            axpy_baseline(acc, *w, x);
+            axpy_baseline::<S>(acc, *w, x);
         }
     }
 }
 
 dispatched! {
     /// `acc += a * x`, x widened to f64.
-    fn axpy / axpy_baseline(acc: &mut [f64], a: f64, x: &[f32]) {
+    fn axpy / axpy_baseline<S>(acc: &mut [f64], a: f64, x: &[f32]) {
         debug_assert_eq!(acc.len(), x.len());
         for (y, v) in acc.iter_mut().zip(x) {
             *y += a * f64::from(*v);
+        }
+    }
+}
+
+dispatched! {
+    /// `acc += w_0 · x_0`, then `acc += w_1 · x_1`, … for the `(w_i, x_i)` of `terms`
+    /// (each `x_i` as long as `acc`): the sums of as many [`axpy`] calls in that order, with
+    /// each element of `acc` loaded and stored once rather than once a term.
+    fn axpy_terms / axpy_terms_baseline<S>(acc: &mut [f64], terms: &[(f64, &[f32])]) {
+        for (_, x) in terms {
+            assert_eq!(x.len(), acc.len(), "each term as long as the sum");
+        }
+        let whole = acc.len() / LANES * LANES;
+        for (i, a) in acc[..whole].chunks_exact_mut(LANES).enumerate() {
+            let mut v = [0.0; LANES];
+            v.copy_from_slice(a);
+            for (w, x) in terms {
+                let x = &x[i * LANES..(i + 1) * LANES];
+                for l in 0..LANES {
+                    v[l] += w * f64::from(x[l]);
+                }
+            }
+            a.copy_from_slice(&v);
+        }
+        for (t, a) in acc.iter_mut().enumerate().skip(whole) {
+            for (w, x) in terms {
+                *a += w * f64::from(x[t]);
+            }
         }
     }
 }
@@ -168,7 +224,7 @@ dispatched! {
     /// overflows and the largest weight is exactly 1. The exponentials are
     /// [`exp_nonpositive`]'s, which the compiler vectorises where libm's `exp` is a call
     /// per element (a SparF step scores every token of the context).
-    fn exp_shifted / exp_shifted_baseline(x: &mut [f64]) -> (f64, f64) {
+    fn exp_shifted / exp_shifted_baseline<S>(x: &mut [f64]) -> (f64, f64) {
         // LANES independent maxima and sums, so that no reduction's chain of dependent
         // steps sets the pace; the exponentials in a loop of their own, which vectorises.
         let mut maxes = [f64::NEG_INFINITY; LANES];
@@ -179,9 +235,7 @@ dispatched! {
             }
         }
         let max = chunks.remainder().iter().chain(&maxes).copied().fold(f64::NEG_INFINITY, f64::max);
-        for v in x.iter_mut() {
-            *v = exp_nonpositive(*v - max);
-        }
+        S::exp_shift(x, max);
         let mut sums = [0.0; LANES];
         let mut chunks = x.chunks_exact(LANES);
         for c in &mut chunks {
@@ -241,6 +295,111 @@ fn exp_nonpositive(x: f64) -> f64 {
         0.0
     } else {
         p * scale
+    }
+}
+
+/// [`Simd`] with AVX2 intrinsics: four f64 lanes a register, so a row's [`LANES`]
+/// accumulators are two registers, and the exponentials four at a time.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Simd, EXP_MIN, EXP_TAYLOR, LANES};
+    use std::arch::x86_64::*;
+
+    /// Only named by the AVX2 copies of the kernels, which run once the CPU is known to
+    /// have AVX2 (see `dispatched!`).
+    pub(super) struct Avx2;
+
+    impl Simd for Avx2 {
+        #[inline(always)]
+        fn dot_block<const R: usize>(q: [&[f64]; R], k: &[f32], out: &mut [f64]) {
+            // SAFETY: this type is used only where the CPU has AVX2.
+            unsafe { dot_block::<R>(q, k, out) }
+        }
+
+        #[inline(always)]
+        fn exp_shift(x: &mut [f64], max: f64) {
+            // SAFETY: as above.
+            unsafe { exp_shift(x, max) }
+        }
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn dot_block<const R: usize>(q: [&[f64]; R], k: &[f32], out: &mut [f64]) {
+        let whole = k.len() / LANES * LANES;
+        let mut tail = [0.0f64; R];
+        for r in 0..R {
+            assert_eq!(q[r].len(), k.len(), "one query element for each key element");
+            for (a, b) in q[r][whole..].iter().zip(&k[whole..]) {
+                tail[r] += a * f64::from(*b);
+            }
+        }
+        // Accumulators 0-3 and 4-7 of each row.
+        let mut lo = [_mm256_setzero_pd(); R];
+        let mut hi = [_mm256_setzero_pd(); R];
+        let mut i = 0;
+        while i < whole {
+            // SAFETY: `i + 8 <= whole <= len` for `k` and for every row of `q` (checked
+            // above); the loads take unaligned addresses.
+            unsafe {
+                let x0 = _mm256_cvtps_pd(_mm_loadu_ps(k.as_ptr().add(i)));
+                let x1 = _mm256_cvtps_pd(_mm_loadu_ps(k.as_ptr().add(i + 4)));
+                for r in 0..R {
+                    let qr = q[r].as_ptr().add(i);
+                    lo[r] = _mm256_add_pd(lo[r], _mm256_mul_pd(_mm256_loadu_pd(qr), x0));
+                    hi[r] = _mm256_add_pd(hi[r], _mm256_mul_pd(_mm256_loadu_pd(qr.add(4)), x1));
+                }
+            }
+            i += LANES;
+        }
+        for r in 0..R {
+            // `sum_lanes`: ((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7)).
+            let pairs = _mm256_add_pd(lo[r], hi[r]);
+            let (low, high) = (_mm256_castpd256_pd128(pairs), _mm256_extractf128_pd::<1>(pairs));
+            let (a, b) = (_mm_add_sd(low, _mm_unpackhi_pd(low, low)), _mm_add_sd(high, _mm_unpackhi_pd(high, high)));
+            out[r] = _mm_cvtsd_f64(_mm_add_sd(a, b)) + tail[r];
+        }
+    }
+
+    /// `exp_nonpositive` four lanes at a time, operation for operation (no fused
+    /// multiply-add), then the elements past the last four one by one.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn exp_shift(x: &mut [f64], max: f64) {
+        const LOG2E: f64 = std::f64::consts::LOG2_E;
+        const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+        const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
+        const ROUND: f64 = 6_755_399_441_055_744.0;
+        let splat = _mm256_set1_pd;
+        let (maxv, floor, round) = (splat(max), splat(EXP_MIN), splat(ROUND));
+        let c: [__m256d; 14] = std::array::from_fn(|k| splat(EXP_TAYLOR[k]));
+        let mut chunks = x.chunks_exact_mut(4);
+        for v in &mut chunks {
+            // SAFETY: four f64 in the chunk, unaligned load and store.
+            let xv = _mm256_sub_pd(unsafe { _mm256_loadu_pd(v.as_ptr()) }, maxv);
+            // `if x < EXP_MIN { EXP_MIN } else { x }`, a NaN kept: max_pd gives its second
+            // operand when either is NaN.
+            let clamped = _mm256_max_pd(floor, xv);
+            let shifted = _mm256_add_pd(_mm256_mul_pd(clamped, splat(LOG2E)), round);
+            let n = _mm256_sub_pd(shifted, round);
+            let r = _mm256_sub_pd(_mm256_sub_pd(clamped, _mm256_mul_pd(n, splat(LN2_HI))), _mm256_mul_pd(n, splat(LN2_LO)));
+            let r2 = _mm256_mul_pd(r, r);
+            let r4 = _mm256_mul_pd(_mm256_mul_pd(r, r), _mm256_mul_pd(r, r));
+            let pair = |k: usize| _mm256_add_pd(c[k], _mm256_mul_pd(c[k + 1], r));
+            let (add, mul) = (_mm256_add_pd, _mm256_mul_pd);
+            let low = add(add(pair(0), mul(pair(2), r2)), mul(add(pair(4), mul(pair(6), r2)), r4));
+            let high = add(add(pair(8), mul(pair(10), r2)), mul(pair(12), r4));
+            let p = add(low, mul(high, mul(r4, r4)));
+            let n_int = _mm256_sub_epi64(_mm256_castpd_si256(shifted), _mm256_castpd_si256(round));
+            let scale = _mm256_castsi256_pd(_mm256_slli_epi64::<52>(_mm256_add_epi64(n_int, _mm256_set1_epi64x(1023))));
+            let below = _mm256_cmp_pd::<_CMP_LT_OQ>(xv, floor);
+            let e = _mm256_blendv_pd(mul(p, scale), _mm256_setzero_pd(), below);
+            // SAFETY: as the load.
+            unsafe { _mm256_storeu_pd(v.as_mut_ptr(), e) };
+        }
+        for v in chunks.into_remainder() {
+            *v = super::exp_nonpositive(*v - max);
+        }
     }
 }
 
@@ -343,25 +502,44 @@ mod tests {
                 let x: Vec<f32> = (0..rows * hd).map(|_| next() as f32).collect();
                 let (mut a, mut b) = (vec![0.0; rows], vec![0.0; rows]);
                 dot_rows(&q, &x[..hd], &mut a);
-                dot_rows_baseline(&q, &x[..hd], &mut b);
+                dot_rows_baseline::<Plain>(&q, &x[..hd], &mut b);
                 assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
-                assert_eq!(dot(&q[..hd], &x[..hd]).to_bits(), dot_baseline(&q[..hd], &x[..hd]).to_bits());
+                assert_eq!(dot(&q[..hd], &x[..hd]).to_bits(), dot_baseline::<Plain>(&q[..hd], &x[..hd]).to_bits());
                 let (mut a, mut b) = (vec![0.0; rows * rows], vec![0.0; rows * rows]);
                 score_run(&q, &x, hd, 0.7, &mut a, rows);
-                score_run_baseline(&q, &x, hd, 0.7, &mut b, rows);
+                score_run_baseline::<Plain>(&q, &x, hd, 0.7, &mut b, rows);
                 assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
                 let (mut a, mut b) = (q[..hd].to_vec(), q[..hd].to_vec());
                 axpy_rows(&mut a, &q[..rows], &x);
-                axpy_rows_baseline(&mut b, &q[..rows], &x);
+                axpy_rows_baseline::<Plain>(&mut b, &q[..rows], &x);
                 axpy(&mut a, 0.3, &x[..hd]);
-                axpy_baseline(&mut b, 0.3, &x[..hd]);
+                axpy_baseline::<Plain>(&mut b, 0.3, &x[..hd]);
                 assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{hd} {rows}");
                 let mut a: Vec<f64> = q.iter().map(|v| v * 800.0).collect();
                 let mut b = a.clone();
-                let (sa, sb) = (exp_shifted(&mut a), exp_shifted_baseline(&mut b));
+                let (sa, sb) = (exp_shifted(&mut a), exp_shifted_baseline::<Plain>(&mut b));
                 assert_eq!((sa.0.to_bits(), sa.1.to_bits()), (sb.0.to_bits(), sb.1.to_bits()));
                 assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{hd} {rows}");
             }
+        }
+    }
+
+    #[test]
+    fn axpy_terms_is_axpy_term_after_term() {
+        for n in [0, 1, 7, 8, 13, 64, 2051] {
+            let xs: Vec<Vec<f32>> = (0..5).map(|j| (0..n).map(|i| ((i * 7 + j * 3) as f32 * 0.29).sin()).collect()).collect();
+            let terms: Vec<(f64, &[f32])> = xs.iter().enumerate().map(|(j, x)| ((j as f64 * 1.3 - 2.1).exp(), x.as_slice())).collect();
+            let start: Vec<f64> = (0..n).map(|i| (i as f64 * 0.77).cos()).collect();
+            let mut want = start.clone();
+            for (w, x) in &terms {
+                axpy_baseline::<Plain>(&mut want, *w, x);
+            }
+            let (mut got, mut plain) = (start.clone(), start);
+            axpy_terms(&mut got, &terms);
+            axpy_terms_baseline::<Plain>(&mut plain, &terms);
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "n = {n}");
+            assert_eq!(bits(&plain), bits(&want), "n = {n}");
         }
     }
 

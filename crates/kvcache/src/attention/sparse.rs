@@ -13,7 +13,7 @@
 
 use std::ops::Range;
 
-use super::kernels::{axpy, axpy_rows, dot, dot_rows, exp_shifted_lse, score_run, softmax, top_k};
+use super::kernels::{axpy, axpy_rows, axpy_terms, dot, dot_rows, exp_shifted_lse, score_run, softmax, top_k};
 use super::{element_stats, v_mean, Count, PagedRows};
 use crate::{AttendStats, HeadPages, Kind, KvError, Loaded};
 
@@ -60,12 +60,17 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, ou
     let mut reach = vec![true; n];
     if plan.budget > 0 {
         let local_from = first_local / tpp;
-        let mass: Vec<f64> = (0..groups_n)
-            .map(|g| {
-                let t = g * tpp..n.min((g + 1) * tpp);
-                shat.chunks_exact(n).map(|s| s[t.clone()].iter().fold(0.0, |a, &x| a + x)).fold(0.0, f64::max)
-            })
-            .collect();
+        // Each row's page sums, token after token within a page, every page at once (the
+        // pages' sums are independent chains), then the largest over the rows.
+        let mut mass = vec![0.0; groups_n];
+        let mut sums = vec![0.0; groups_n];
+        for s in shat.chunks_exact(n) {
+            sums.fill(0.0);
+            for j in 0..tpp {
+                sums.iter_mut().zip(s.iter().skip(j).step_by(tpp)).for_each(|(a, &x)| *a += x);
+            }
+            mass.iter_mut().zip(&sums).for_each(|(m, &x)| *m = f64::max(*m, x));
+        }
         let candidates = if plan.local > 0 { local_from.min(groups_n) } else { groups_n };
         let mut pick = Vec::new();
         if candidates > 1 {
@@ -73,12 +78,12 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, ou
         }
         let mut allowed: Vec<bool> = (0..groups_n).map(|g| g == 0 || g >= candidates).collect();
         pick.iter().for_each(|&g| allowed[g + 1] = true);
-        reach.iter_mut().enumerate().for_each(|(t, x)| *x = allowed[t / tpp]);
+        reach.chunks_mut(tpp).zip(&allowed).for_each(|(page, &a)| page.fill(a));
     }
     let k = plan.k.min(reach.iter().filter(|&&x| x).count()).max(1);
 
     // Steps 5-7: the `k` best tokens by ŝ, the last `local` first (the paper's ŝ + m), and
-    // α, the approximate weight they carry.
+    // α, the approximate weight they carry (needed only to mix in the mean of V).
     // Only tokens in reach are candidates (with a page budget, a few pages' worth of the
     // sequence): the selection runs over them, not over every token of every row.
     let cand: Vec<usize> = (0..n).filter(|&t| reach[t]).collect();
@@ -87,7 +92,9 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, ou
     let every = k >= cand.len(); // a page budget's reach is kept whole: no ranking
     for s in shat.chunks_exact(n) {
         if every {
-            alpha.push(cand.iter().map(|&t| s[t]).sum::<f64>());
+            if plan.mean_v {
+                alpha.push(cand.iter().map(|&t| s[t]).sum::<f64>());
+            }
             toks.push(cand.clone());
             continue;
         }
@@ -96,7 +103,9 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, ou
             (b >= first_local).cmp(&(a >= first_local)).then(s[b].total_cmp(&s[a])).then(a.cmp(&b))
         });
         order.iter_mut().for_each(|i| *i = cand[*i]); // ascending still: `cand` is
-        alpha.push(order.iter().map(|&t| s[t]).sum::<f64>());
+        if plan.mean_v {
+            alpha.push(order.iter().map(|&t| s[t]).sum::<f64>());
+        }
         toks.push(order.clone());
     }
     drop(shat);
@@ -186,13 +195,15 @@ fn approx_logits_given(
     let used: Vec<usize> = (0..layout.dim_groups()).filter(|g| dim_used[g * dpp..(g + 1) * dpp].contains(&true)).collect();
     let mut buf = super::Scratch::take(used.len() * dpp * n);
     *loaded += head.load_dim_groups(&used, &mut buf)?;
-    for (&group, dims_of) in used.iter().zip(buf.chunks_exact(dpp * n)) {
-        let first = group * dpp;
-        for (row, (ds, s)) in dims.iter().zip(shat.chunks_exact_mut(n)).enumerate() {
-            for &d in &ds[span(ds, first, first + dpp)] {
-                axpy(s, qd[row * hd + d], &dims_of[(d - first) * n..][..n]);
-            }
-        }
+    // Where dimension `d`'s run of tokens is in `buf`.
+    let mut at = vec![usize::MAX; hd];
+    for (i, &group) in used.iter().enumerate() {
+        (0..dpp).for_each(|j| at[group * dpp + j] = (i * dpp + j) * n);
+    }
+    for (row, (ds, s)) in dims.iter().zip(shat.chunks_exact_mut(n)).enumerate() {
+        // The row's components in ascending order, as the groups hold them.
+        let terms: Vec<(f64, &[f32])> = ds.iter().map(|&d| (qd[row * hd + d], &buf[at[d]..at[d] + n])).collect();
+        axpy_terms(s, &terms);
     }
     for (row, ((qr, ds), s)) in qd.chunks_exact(hd).zip(&dims).zip(shat.chunks_exact_mut(n)).enumerate() {
         // The paper divides by sqrt(d_h * |q_i|_1 / |q|_1): a partial dot product over the

@@ -113,7 +113,9 @@ struct Seq {
     layers: usize,
     kv_heads: usize,
     layout: Layout,
-    heads: Vec<Head>, // layer-major
+    /// Layer-major. Shared with the views attention reads through (a view is a reference
+    /// count, not a copy of the page lists); an append copies a head a view still holds.
+    heads: Vec<Arc<Head>>,
 }
 
 impl Seq {
@@ -234,7 +236,7 @@ pub struct HeadView {
     media: Arc<Backing>,
     data_base: u64,
     layout: Layout,
-    head: Head,
+    head: Arc<Head>,
     /// The request this view reads for, when it waits for its reads at its end rather
     /// than read by read (see [`Timeline`]).
     timeline: Option<Arc<Timeline>>,
@@ -324,6 +326,11 @@ impl KvCache {
         let workers = rayon::ThreadPoolBuilder::new()
             .num_threads(cores * per_core)
             .thread_name(|i| format!("kv-attend-{i}"))
+            // One CPU each (SPDK pins its reactors the same way): idle pool threads yield
+            // for a while before they sleep, and two yielding on one CPU stay there, so a
+            // request's heads then ran on one core while the other stood idle (a fifth to a
+            // quarter of the decode steps' exchanges, at twice the time).
+            .start_handler(pin_to_cpu)
             .build()
             .map_err(|e| KvError::Io(std::io::Error::other(format!("cannot start the attention threads: {e}"))))?;
         let store = KvCache { media, page_bytes, data_base, data_pages, state: Mutex::new(state), workers };
@@ -363,7 +370,7 @@ impl KvCache {
                 let whole = heads.iter().map(|h| h.k_pages.len().min(h.v_pages.len())).min().unwrap_or(0);
                 let tokens = whole * l.tokens_per_page;
                 let blocks = tokens / l.tokens_per_dim_page;
-                for h in heads.iter_mut() {
+                for h in heads.iter_mut().map(Arc::make_mut) {
                     h.k_pages.truncate(whole);
                     h.v_pages.truncate(whole);
                     h.d_pages.iter_mut().for_each(|d| d.truncate(blocks));
@@ -371,7 +378,7 @@ impl KvCache {
                         return Err(KvError::Io(std::io::Error::other(format!("journal of sequence {id} lacks dimension pages"))));
                     }
                     h.tokens = tokens;
-                    let view = HeadView::new(self.media.clone(), self.data_base, l, h.clone(), None);
+                    let view = HeadView::new(self.media.clone(), self.data_base, l, Arc::new(h.clone()), None);
                     let mut rows = vec![0f32; l.tokens_per_page * l.head_dim];
                     let mut d_tail = vec![Vec::new(); l.head_dim];
                     h.v_sum = vec![0.0; l.head_dim];
@@ -431,7 +438,7 @@ impl KvCache {
             dims_per_page: dims_per_page as u8,
         };
         self.log(&mut st, vec![rec])?;
-        let s = Seq { layers, kv_heads, layout, heads: vec![Head::new(&layout); layers * kv_heads] };
+        let s = Seq { layers, kv_heads, layout, heads: (0..layers * kv_heads).map(|_| Arc::new(Head::new(&layout))).collect() };
         let info = s.info(seq);
         st.seqs.insert(seq, s);
         Ok(info)
@@ -445,7 +452,7 @@ impl KvCache {
             return Err(KvError::SequenceExists(child));
         }
         self.log(&mut st, vec![Record::Fork { parent, child }])?;
-        for page in p.heads.iter().flat_map(Head::pages) {
+        for page in p.heads.iter().flat_map(|h| h.pages()) {
             st.refs[page as usize] += 1;
         }
         let info = p.info(child);
@@ -505,7 +512,7 @@ impl KvCache {
         let result = (|| {
             for h in 0..heads {
                 let rows = h * tokens * l.head_dim..(h + 1) * tokens * l.head_dim;
-                let head = &mut s.heads[layer * heads + h];
+                let head = Arc::make_mut(&mut s.heads[layer * heads + h]);
                 let (kr, vr) = (&k[rows.clone()], &v[rows]);
                 for r in vr.chunks_exact(l.head_dim) {
                     head.v_sum.iter_mut().zip(r).for_each(|(a, x)| *a += f64::from(*x));
@@ -566,7 +573,8 @@ impl KvCache {
     /// per dimension group, dimension-major inside the page.
     fn fill_dims(&self, st: &mut State, pages: &mut [Vec<u32>], tail: &mut [Vec<f32>], rows: &[f32], l: &Layout) -> Result<(), KvError> {
         let tpd = l.tokens_per_dim_page;
-        let mut page = vec![0f32; tpd * l.dims_per_page];
+        // Made when a block fills (a decode step's token fills one in thousands).
+        let mut page = Vec::new();
         let mut rows = rows;
         while !rows.is_empty() {
             let room = tpd - tail[0].len();
@@ -574,6 +582,7 @@ impl KvCache {
             append_by_dimension(tail, now);
             rows = rest;
             if tail[0].len() == tpd {
+                page.resize(tpd * l.dims_per_page, 0.0);
                 for (g, list) in pages.iter_mut().enumerate() {
                     for (j, run) in page.chunks_exact_mut(tpd).enumerate() {
                         run.copy_from_slice(&tail[g * l.dims_per_page + j]);
@@ -664,7 +673,7 @@ fn apply(seqs: &mut HashMap<u64, Seq>, r: Record, page_bytes: usize) -> Result<(
         Record::Create { seq, layers, kv_heads, head_dim, dtype, dims_per_page } => {
             let layout = Layout::new(usize::from(head_dim), Dtype::from_code(dtype)?, page_bytes, usize::from(dims_per_page))?;
             let (layers, kv_heads) = (usize::from(layers), usize::from(kv_heads));
-            seqs.insert(seq, Seq { layers, kv_heads, layout, heads: vec![Head::new(&layout); layers * kv_heads] });
+            seqs.insert(seq, Seq { layers, kv_heads, layout, heads: (0..layers * kv_heads).map(|_| Arc::new(Head::new(&layout))).collect() });
         }
         Record::Fork { parent, child } => {
             let p = seqs.get(&parent).ok_or_else(|| corrupt(format!("fork of unknown sequence {parent}")))?.clone();
@@ -676,7 +685,7 @@ fn apply(seqs: &mut HashMap<u64, Seq>, r: Record, page_bytes: usize) -> Result<(
         Record::Pages { seq, layer, head, kind, first, pages } => {
             let s = seqs.get_mut(&seq).ok_or_else(|| corrupt(format!("pages of unknown sequence {seq}")))?;
             let i = usize::from(layer) * s.kv_heads + usize::from(head);
-            let h = s.heads.get_mut(i).ok_or_else(|| corrupt(format!("layer {layer} head {head} outside sequence {seq}")))?;
+            let h = Arc::make_mut(s.heads.get_mut(i).ok_or_else(|| corrupt(format!("layer {layer} head {head} outside sequence {seq}")))?);
             let list = match kind {
                 0 => &mut h.k_pages,
                 1 => &mut h.v_pages,
@@ -696,7 +705,7 @@ fn apply(seqs: &mut HashMap<u64, Seq>, r: Record, page_bytes: usize) -> Result<(
 const PAGES_PER_READ: usize = 256;
 
 impl HeadView {
-    fn new(media: Arc<Backing>, data_base: u64, layout: Layout, head: Head, timeline: Option<Arc<Timeline>>) -> HeadView {
+    fn new(media: Arc<Backing>, data_base: u64, layout: Layout, head: Arc<Head>, timeline: Option<Arc<Timeline>>) -> HeadView {
         HeadView { media, data_base, layout, head, timeline, ready: Mutex::new(None) }
     }
 
@@ -819,6 +828,25 @@ fn decode(dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
                 h[..m].convert_to_f32_slice(&mut o[..m]);
             }
         }
+    }
+}
+
+/// Pins the calling thread to the `i`-th CPU (modulo their count) of those it may run on;
+/// leaves it as it is when the mask cannot be read or set.
+fn pin_to_cpu(i: usize) {
+    // SAFETY: cpu_set_t is plain data; the calls get and set the calling thread's mask.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return;
+        }
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect();
+        if cpus.is_empty() {
+            return;
+        }
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpus[i % cpus.len()], &mut one);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one);
     }
 }
 
