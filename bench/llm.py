@@ -54,7 +54,7 @@ def markdown(r: dict) -> str:
     s += f"`{r.get('command', 'insitu bench llm')}`; model {r.get('model', '')}; device model `{dm}` on every target "
     s += f"(flash and PCIe link paced); {r.get('steps')} greedy decode steps per point; host-memory budget for the KV cache "
     s += f"{r.get('host_budget_bytes', 0) / 2**20:.0f} MiB; KV cache {r.get('kv_bytes_per_token', 0) / 1024:.0f} KiB per token "
-    s += f"(f32); in-storage pages {r.get('kv_dtype', 'f32')}, each sequence's tokens split over the targets "
+    s += f"(f32); on the targets (in-storage pages, FlexGen-style blocks) {r.get('kv_dtype', 'f32')}, each sequence's tokens split over the targets "
     mbs = sorted({x.get("micro_batches", 1) for x in r["rows"] if x["backend"].startswith("insitu")})
     s += f"({r.get('split', 'heads')}); micro-batches decoded at once by the in-storage backends: {r.get('micro_batches', 1)} "
     s += f"({' or '.join(map(str, mbs)) or '-'} in the rows, as the backend column says). "

@@ -194,6 +194,37 @@ def test_f16_pages_halve_the_media_and_attend_over_the_rounded_cache(pool3):
     assert not torch.allclose(outs["f16"], outs["f32"], atol=1e-7), "f16 pages should round"
 
 
+def test_flexgen_f16_blocks_halve_the_reads_and_attend_over_the_rounded_cache(pool3):
+    """The FlexGen-style baseline keeps its blocks as the in-storage store keeps its pages:
+    f16 blocks read back half the bytes of f32 ones, and its attention is attention over
+    the cache rounded to f16 (the decode step's token, still in the host tail, as it is)."""
+    from insitu.llm.flexgen import FlexGenStore
+
+    S = 4 * 32  # whole f16 pages
+    g, K, V = _case(11, S)
+    q = torch.randn(1, HKV * G, D, generator=g)
+    k1, v1 = torch.randn(1, HKV, D, generator=g), torch.randn(1, HKV, D, generator=g)
+    outs, media = {}, {}
+    for dtype in ("f32", "f16"):
+        store = FlexGenStore(pool3, 1, HKV, D, G, 1, max_tokens=S + 1, split="heads", kv_dtype=dtype)
+        try:
+            store.prefill(0, K, V, None)
+            store.flush()
+            outs[dtype] = store.decode(0, q, k1, v1, SCALE)
+            media[dtype] = store.stats()["media_bytes"]
+        finally:
+            store.close()
+    assert media["f16"] * 2 == media["f32"] > 0
+    Kh = torch.cat([K[0].half().double(), k1[0][:, None].double()], 1)
+    Vh = torch.cat([V[0].half().double(), v1[0][:, None].double()], 1)
+    for h in range(HKV):
+        want = sparf.dense(q[0, h * G : (h + 1) * G].double(), Kh[h], Vh[h], SCALE)
+        assert torch.allclose(outs["f16"][0, h * G : (h + 1) * G].double(), want, atol=1e-5), (h, (outs["f16"][0, h * G : (h + 1) * G] - want).abs().max())
+    assert not torch.allclose(outs["f16"], outs["f32"], atol=1e-7), "f16 blocks should round"
+    with pytest.raises(ValueError, match="KV dtype"):
+        FlexGenStore(pool3, 1, HKV, D, G, 1, max_tokens=S, kv_dtype="bf16")
+
+
 def test_partial_requests_and_bad_split_options(pool3):
     kv = insitu.KvTarget(pool3.urls[0])
     kv.create(77, 1, 1, D)

@@ -27,7 +27,8 @@ it finishes the last one's. The FlexGen-style backend overlaps its own way (the 
 layer's blocks are read while this one computes) and decodes the batch as one.
 
 The in-storage backends split each sequence's tokens over the targets (split-K, see
-:mod:`insitu.llm.remote`); ``--kv-dtype f16`` stores their pages in f16.
+:mod:`insitu.llm.remote`); ``--kv-dtype f16`` stores their pages, and the FlexGen-style
+backend's blocks, in f16 (FlexGen keeps its cache in half precision too).
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, ste
                 caches[0].update(rep(k, batch), rep(v, batch), i)
         else:
             for n in sizes:
-                cache, impl = run.make_cache(m, attention, n, context + steps + 1, pool, sparf, kv_dtype if attention == "insitu" else "f32")
+                cache, impl = run.make_cache(m, attention, n, context + steps + 1, pool, sparf, "f32" if attention == "memory" else kv_dtype)
                 caches.append(cache)
                 cache.load([rep(k, n) for k in keys], [rep(v, n) for v in values])
         load_s = time.perf_counter() - t0
@@ -227,7 +228,8 @@ def sweep(
     micro: Optional[int] = 1,
 ) -> Dict:
     """Runs every backend (or those labelled in ``backends``) at every (batch, context) point
-    and target count; the in-storage backends keep their pages as ``kv_dtype`` and decode
+    and target count; the cache on the targets is ``kv_dtype`` (in-storage pages and
+    FlexGen-style blocks alike), and the in-storage backends decode
     ``micro`` micro-batches at once (None: :func:`auto_micro_batches` per row, from the
     device model's read rate and the host's own step)."""
     from .remote import KV_DTYPES
@@ -281,7 +283,7 @@ def sweep(
                         "targets": 0 if pool is None else n,
                         "kv_cache_bytes": kv,
                         "over_budget": kv > budget,
-                        "kv_dtype": kv_dtype if attention == "insitu" else "f32",
+                        "kv_dtype": "f32" if attention == "memory" else kv_dtype,
                         # The host's own step as probed for the choice of micro-batches.
                         "host_step_s": host_steps.get(batch) if attention == "insitu" else None,
                         **r,
@@ -361,7 +363,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--kv-dtype",
         choices=["f32", "f16"],
         default="f16",
-        help="element type of the in-storage backends' KV pages (default: %(default)s; the other backends keep f32)",
+        help="element type of the KV cache on the targets, for the in-storage and the FlexGen-style backends alike (default: %(default)s)",
     )
     ap.add_argument(
         "--backends",

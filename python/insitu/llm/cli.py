@@ -84,8 +84,8 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--kv-dtype",
         choices=["f32", "f16"],
         default=None,
-        help="element type of the KV pages on the targets with --attention insitu: f16 (the default) halves the flash bytes per token; "
-        "f32 keeps the model's fp32 values exactly (the other backends always keep f32)",
+        help="element type of the KV cache on the targets (insitu's pages, flexgen's blocks): f16 (the default) halves the flash and link bytes "
+        "per token; f32 keeps the model's fp32 values exactly (the memory backend always keeps the model's own cache)",
     )
     p.add_argument(
         "--targets",
@@ -187,9 +187,9 @@ def _pool(a, m, batch: int, max_tokens: int):
 
 
 def _kv_dtype(a) -> str:
-    """The KV pages' element type: as given, else f16 on the targets and f32 elsewhere."""
+    """The KV pages' element type: as given, else f16 on the targets and f32 in memory."""
     if a.kv_dtype is None:
-        a.kv_dtype = "f16" if a.attention == "insitu" else "f32"
+        a.kv_dtype = "f32" if a.attention == "memory" else "f16"
     return a.kv_dtype
 
 

@@ -11,17 +11,18 @@ still moves them; ``insitu`` moves neither, only q, k, v and the outputs.
 ``region_bytes · ((slot · layers + layer) · heads_on_target + head)``:
 
 * a token area of page pairs, ``[K page g][V page g]`` for ``g = 0, 1, …``; a page is 4 KiB
-  and holds ``4096 / (4 · head_dim)`` consecutive tokens (16 for 64-dimension f32 heads),
-  so a dense read of a head is one contiguous read and a sparse one reads a page pair per
-  needed token group;
-* with SparF only, a dimension-indexed copy of K: for each dimension ``d``, the f32 values
-  of tokens ``0 … max_tokens`` contiguous (rounded up to a 1024-token page), so step 2 of
-  SparF reads one run per selected dimension.
+  and holds ``4096 / (element size · head_dim)`` consecutive tokens (32 for 64-dimension
+  f16 heads, 16 in f32), so a dense read of a head is one contiguous read and a sparse one
+  reads a page pair per needed token group;
+* with SparF only, a dimension-indexed copy of K: for each dimension ``d``, the values of
+  tokens ``0 … max_tokens`` contiguous (rounded up to a page), so step 2 of SparF reads one
+  run per selected dimension.
 
-Writes are whole pages of the token area and whole 512-byte blocks (128 tokens) of a
-dimension's run; tokens not yet filling them stay in a host-side tail, which attention
-uses as it is (like the target's DRAM group buffer; at most 127 tokens per head, or 15
-without SparF). A running sum of V per head gives SparF's mean of V without reading V.
+Elements are ``kv_dtype``: f16, as FlexGen keeps its cache (and as the in-storage backend
+keeps its pages, so both read the same bytes per token), or f32. Writes are whole pages of
+the token area and whole 512-byte blocks of a dimension's run; tokens not yet filling them
+stay in a host-side tail in f32, which attention uses as it is (like the target's DRAM
+group buffer). A running sum of V per head gives SparF's mean of V without reading V.
 
 **Targets.** The cache is split over the targets as the in-storage store splits it
 (``split``, :mod:`insitu.llm.targets`): by default over two or more targets each sequence's
@@ -61,8 +62,9 @@ __all__ = ["FlexGenStore", "PAGE", "NSID"]
 NSID = 1
 PAGE = 4096
 BLOCK = 512
-DIM_PAGE_TOKENS = PAGE // 4
-DIM_FLUSH_TOKENS = BLOCK // 4
+#: Bytes per element of each KV dtype.
+ELEMENT = {"f32": 4, "f16": 2}
+_TORCH = {"f32": torch.float32, "f16": torch.float16}
 
 
 class _Row:
@@ -85,7 +87,8 @@ class FlexGenStore(KVStore):
     reading only the pages it needs (``mean_v``: mixed with the mean of V by α, see
     :mod:`insitu.llm.sparf`). ``max_tokens`` bounds each sequence. ``split``: ``"tokens"``
     or ``"heads"``, as for :class:`insitu.llm.remote.TargetStore` (default: tokens over two
-    or more targets, heads with ``mean_v``).
+    or more targets, heads with ``mean_v``). ``kv_dtype``: ``"f16"`` or ``"f32"``, the
+    element type of the blocks.
     """
 
     def __init__(
@@ -101,21 +104,26 @@ class FlexGenStore(KVStore):
         hostnqn: Optional[str] = None,
         mean_v: bool = False,
         split: Optional[str] = None,
+        kv_dtype: str = "f32",
     ):
-        if PAGE % (4 * head_dim):
-            raise ValueError(f"head size {head_dim}: a 4 KiB page must hold whole f32 rows")
+        if kv_dtype not in ELEMENT:
+            raise ValueError(f"KV dtype {kv_dtype!r}: use one of {', '.join(ELEMENT)}")
+        self.es, self.dtype = ELEMENT[kv_dtype], _TORCH[kv_dtype]
+        if PAGE % (self.es * head_dim):
+            raise ValueError(f"head size {head_dim}: a 4 KiB page must hold whole {kv_dtype} rows")
         split = choose_split(split, len(pool), mean_v, bool(ratio))
         self.layers, self.kv_heads, self.head_dim, self.group = layers, kv_heads, head_dim, group
         self.ratio, self.batch, self.mean_v, self.split = ratio, batch, mean_v, split
-        self.tpp = PAGE // (4 * head_dim)
+        self.tpp = PAGE // (self.es * head_dim)
+        self.dim_page_tokens, self.dim_flush_tokens = PAGE // self.es, BLOCK // self.es
         if split == "tokens" and len(pool) > 1:
             # A target's share: its pages of the prompt, and decode tokens that keep the
             # shares within a page of each other; two pages of slack for both.
             max_tokens = math.ceil(max_tokens / len(pool)) + 2 * self.tpp
         self.groups_max = math.ceil(max_tokens / self.tpp)
-        self.dim_tokens = math.ceil(max_tokens / DIM_PAGE_TOKENS) * DIM_PAGE_TOKENS if ratio else 0
+        self.dim_tokens = math.ceil(max_tokens / self.dim_page_tokens) * self.dim_page_tokens if ratio else 0
         self.max_tokens = self.groups_max * self.tpp
-        self.region = 2 * PAGE * self.groups_max + 4 * head_dim * self.dim_tokens
+        self.region = 2 * PAGE * self.groups_max + self.es * head_dim * self.dim_tokens
         self.ranges = head_ranges(split, kv_heads, len(pool))
         self.split_tokens = TokenSplit(len(self.ranges), batch, self.tpp)
         self.sessions: List = []
@@ -191,17 +199,17 @@ class FlexGenStore(KVStore):
             g = (tok - row.tok) // self.tpp
             for h in range(k.shape[0]):
                 pairs = torch.stack([row.k[h, a:z].reshape(g, self.tpp, -1), row.v[h, a:z].reshape(g, self.tpp, -1)], 1)
-                s.write(NSID, self._lba(b, layer, h, i, 2 * PAGE * (row.tok // self.tpp)), _f32(pairs))
+                s.write(NSID, self._lba(b, layer, h, i, 2 * PAGE * (row.tok // self.tpp)), self._bytes(pairs))
             row.tok = tok
         if self.ratio:
-            dim = row.n // DIM_FLUSH_TOKENS * DIM_FLUSH_TOKENS
+            dim = row.n // self.dim_flush_tokens * self.dim_flush_tokens
             if dim > row.dim:
                 a, z = row.dim - row.base, dim - row.base
                 for h in range(k.shape[0]):
                     cols = row.k[h, a:z].T.contiguous()  # [D, tokens]
                     for d in range(self.head_dim):
-                        off = 2 * PAGE * self.groups_max + 4 * (d * self.dim_tokens + row.dim)
-                        s.write(NSID, self._lba(b, layer, h, i, off), _f32(cols[d]))
+                        off = 2 * PAGE * self.groups_max + self.es * (d * self.dim_tokens + row.dim)
+                        s.write(NSID, self._lba(b, layer, h, i, off), self._bytes(cols[d]))
                 row.dim = dim
         keep = min(row.tok, row.dim) if self.ratio else row.tok
         row.k, row.v = row.k[:, keep - row.base :], row.v[:, keep - row.base :]
@@ -284,7 +292,7 @@ class FlexGenStore(KVStore):
 
     def _read_layer(self, i, layer):
         """Every sequence's token pages of ``layer`` on target ``i``, as they are now:
-        ``(pages, [heads, groups, 2, tpp, D] f32)`` per sequence. All the reads are in
+        ``(pages, [heads, groups, 2, tpp, D] kv_dtype)`` per sequence. All the reads are in
         flight at once (a queue deep enough for every die of the drive): one per
         sequence spanning its heads' adjacent regions when the unused room between them is
         at most an eighth of what is read, else one per head (so the link carries no more
@@ -311,7 +319,7 @@ class FlexGenStore(KVStore):
                 # The heads' pages inside the one read: a strided view, no copy.
                 data = reads[0].result()
                 blocks = data.as_strided(
-                    (heads, g, 2, self.tpp, self.head_dim), (self.region // 4, 2 * self.tpp * self.head_dim, self.tpp * self.head_dim, self.head_dim, 1)
+                    (heads, g, 2, self.tpp, self.head_dim), (self.region // self.es, 2 * self.tpp * self.head_dim, self.tpp * self.head_dim, self.head_dim, 1)
                 )
             else:
                 blocks = torch.stack([r.result() for r in reads]).view(heads, g, 2, self.tpp, self.head_dim)
@@ -399,8 +407,8 @@ class FlexGenStore(KVStore):
         cols = torch.zeros(self.head_dim, row.n)
         for d in sorted(set(dims.flatten().tolist())):
             if row.dim:
-                off = 2 * PAGE * self.groups_max + 4 * (d * self.dim_tokens)
-                cols[d, : row.dim] = self._read(i, self._lba(b, layer, h, i, off), 4 * row.dim).view(-1)
+                off = 2 * PAGE * self.groups_max + self.es * (d * self.dim_tokens)
+                cols[d, : row.dim] = self._read(i, self._lba(b, layer, h, i, off), self.es * row.dim).view(-1)
             cols[d, row.dim :] = row.k[h, row.dim - row.base :, d]
         return cols
 
@@ -441,14 +449,18 @@ class FlexGenStore(KVStore):
         self.sessions[i].read_into(NSID, lba, buf)
         with self._media_lock:
             self._media[i] += size
-        return torch.frombuffer(buf, dtype=torch.float32, count=nbytes // 4)
+        return torch.frombuffer(buf, dtype=self.dtype, count=nbytes // self.es)
 
     def _read(self, i: int, lba: int, nbytes: int) -> torch.Tensor:
         nlb = math.ceil(nbytes / BLOCK)
         data = self.sessions[i].read(NSID, lba, nlb)
         with self._media_lock:  # a target's worker and its prefetch thread both read
             self._media[i] += nlb * BLOCK
-        return torch.from_numpy(np.frombuffer(data, dtype="<f4", count=nbytes // 4).copy())
+        return torch.frombuffer(bytearray(data), dtype=self.dtype, count=nbytes // self.es)
+
+    def _bytes(self, t: torch.Tensor) -> bytes:
+        """``t``'s elements as stored: little-endian ``kv_dtype`` in C order."""
+        return t.to(self.dtype).contiguous().numpy().tobytes()
 
     # -- the rest --------------------------------------------------------------------------
 
@@ -488,10 +500,6 @@ class FlexGenStore(KVStore):
         self.sessions, self.workers = [], []
         if err is not None:
             raise err
-
-
-def _f32(t: torch.Tensor) -> bytes:
-    return t.contiguous().numpy().astype("<f4", copy=False).tobytes()
 
 
 def _runs(groups) -> List[Tuple[int, int]]:

@@ -94,9 +94,10 @@ def load(path: Optional[str] = None, device: Optional[str] = None) -> Model:
 
 def make_cache(m: Model, attention: str, batch: int, max_tokens: int, pool: Optional[TargetPool] = None, sparf: Optional[float] = None, kv_dtype: str = "f32"):
     """The ``past_key_values`` and attention implementation of a backend; ``kv_dtype``
-    ("f32" or "f16") is the element type of the in-storage backend's pages."""
-    if kv_dtype != "f32" and attention != "insitu":
-        raise ValueError(f"--kv-dtype {kv_dtype} needs --attention insitu (the other backends keep f32)")
+    ("f32" or "f16") is the element type of the cache on the targets (the in-storage
+    backend's pages, the FlexGen-style backend's blocks)."""
+    if kv_dtype != "f32" and attention == "memory":
+        raise ValueError(f"--kv-dtype {kv_dtype} needs targets (the memory backend keeps the model's own cache)")
     if attention == "memory":
         if sparf:
             raise ValueError("--sparf needs --attention insitu or flexgen (memory is the dense reference)")
@@ -113,7 +114,7 @@ def make_cache(m: Model, attention: str, batch: int, max_tokens: int, pool: Opti
     elif attention == "flexgen":
         from .flexgen import FlexGenStore
 
-        store = FlexGenStore(pool, *shape, max_tokens=max_tokens, ratio=sparf)
+        store = FlexGenStore(pool, *shape, max_tokens=max_tokens, ratio=sparf, kv_dtype=kv_dtype)
     else:
         raise ValueError(f"attention {attention!r}: use one of {', '.join(ATTENTIONS)}")
     return hooks.OffloadCache(store, m.layers), hooks.ATTENTION
