@@ -49,7 +49,10 @@ pub struct TargetConfig {
     pub subsystems: Vec<SubsystemConfig>,
     /// Maximum data transfer size as a power of two of 4 KiB pages. Default 8 (1 MiB).
     pub mdts: u8,
-    /// In-capsule data accepted per command, bytes. Default 8192.
+    /// In-capsule data accepted per command, bytes. Default 32768: a decode step's
+    /// KV_ATTEND for a batch of eight (queries and the new token, about 15 KiB in f16)
+    /// travels in its capsule, without the round trip an R2T adds (0.2 ms of a 2.7 ms
+    /// exchange on 2 cores). Linux's own target offers 16 KiB.
     pub inline_data: u32,
     /// Entries per queue (MAXCMD, largest SQ size). Default 128.
     pub queue_depth: u16,
@@ -81,7 +84,7 @@ impl Default for TargetConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 4420)),
             subsystems: Vec::new(),
             mdts: 8,
-            inline_data: 8192,
+            inline_data: 32768,
             queue_depth: 128,
             max_io_queues: 8,
             workers_per_queue: 8,

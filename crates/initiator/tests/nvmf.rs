@@ -15,7 +15,7 @@ fn connect_and_identify() {
     assert_eq!(c.subnqn, NQN);
     assert_eq!(c.cntlid, s.cntlid());
     assert_eq!(c.mdts_bytes, Some(1 << 20));
-    assert_eq!(c.in_capsule_bytes(), 8192);
+    assert_eq!(c.in_capsule_bytes(), 32768);
     assert_eq!(c.nn, 1);
     assert_eq!(c.raw.len(), 4096);
     assert_eq!(s.controller().cntlid, s.cntlid());
