@@ -55,6 +55,7 @@ import torch
 from .. import _native
 from . import sparf
 from .hooks import KVStore
+from .remote import KV_DTYPES
 from .targets import TargetPool, TokenSplit, Worker, choose_split, head_ranges, merge
 
 __all__ = ["FlexGenStore", "PAGE", "NSID"]
@@ -62,8 +63,6 @@ __all__ = ["FlexGenStore", "PAGE", "NSID"]
 NSID = 1
 PAGE = 4096
 BLOCK = 512
-#: Bytes per element of each KV dtype.
-ELEMENT = {"f32": 4, "f16": 2}
 _TORCH = {"f32": torch.float32, "f16": torch.float16}
 
 
@@ -106,22 +105,23 @@ class FlexGenStore(KVStore):
         split: Optional[str] = None,
         kv_dtype: str = "f32",
     ):
-        if kv_dtype not in ELEMENT:
-            raise ValueError(f"KV dtype {kv_dtype!r}: use one of {', '.join(ELEMENT)}")
-        self.es, self.dtype = ELEMENT[kv_dtype], _TORCH[kv_dtype]
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"KV dtype {kv_dtype!r}: use one of {', '.join(KV_DTYPES)}")
+        self.es, self.dtype = KV_DTYPES[kv_dtype], _TORCH[kv_dtype]
         if PAGE % (self.es * head_dim):
             raise ValueError(f"head size {head_dim}: a 4 KiB page must hold whole {kv_dtype} rows")
         split = choose_split(split, len(pool), mean_v, bool(ratio))
         self.layers, self.kv_heads, self.head_dim, self.group = layers, kv_heads, head_dim, group
         self.ratio, self.batch, self.mean_v, self.split = ratio, batch, mean_v, split
         self.tpp = PAGE // (self.es * head_dim)
-        self.dim_page_tokens, self.dim_flush_tokens = PAGE // self.es, BLOCK // self.es
+        self.dim_flush_tokens = BLOCK // self.es
         if split == "tokens" and len(pool) > 1:
             # A target's share: its pages of the prompt, and decode tokens that keep the
             # shares within a page of each other; two pages of slack for both.
             max_tokens = math.ceil(max_tokens / len(pool)) + 2 * self.tpp
         self.groups_max = math.ceil(max_tokens / self.tpp)
-        self.dim_tokens = math.ceil(max_tokens / self.dim_page_tokens) * self.dim_page_tokens if ratio else 0
+        dim_page = PAGE // self.es  # tokens of one dimension's run on a page
+        self.dim_tokens = math.ceil(max_tokens / dim_page) * dim_page if ratio else 0
         self.max_tokens = self.groups_max * self.tpp
         self.region = 2 * PAGE * self.groups_max + self.es * head_dim * self.dim_tokens
         self.ranges = head_ranges(split, kv_heads, len(pool))

@@ -37,7 +37,6 @@ macro_rules! dispatched {
 
         /// The body of the kernel of the same name without the `_baseline`, generic over
         /// the loops it is built from (inlined into each copy).
-        #[allow(dead_code)]
         #[inline(always)]
         fn $baseline<$simd: Simd>($($arg: $ty),*) $(-> $ret)? $body
     };
@@ -222,7 +221,7 @@ dispatched! {
     /// Replaces `x` by `exp(x - max(x))` and returns the sum of the new values and `max(x)`:
     /// the softmax is `x / sum`. Subtracting the maximum keeps every exponent at most 0, so nothing
     /// overflows and the largest weight is exactly 1. The exponentials are
-    /// [`exp_nonpositive`]'s, which the compiler vectorises where libm's `exp` is a call
+    /// [`exp_nonpositive`]'s, four lanes at a time with AVX2, where libm's `exp` is a call
     /// per element (a SparF step scores every token of the context).
     fn exp_shifted / exp_shifted_baseline<S>(x: &mut [f64]) -> (f64, f64) {
         // LANES independent maxima and sums, so that no reduction's chain of dependent
@@ -263,6 +262,13 @@ const EXP_TAYLOR: [f64; 14] = {
     c
 };
 
+const LOG2E: f64 = std::f64::consts::LOG2_E;
+/// `ln 2` in fdlibm's split: the high part has 32 significant bits, so `n · LN2_HI` is exact.
+const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
+const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
+/// 1.5 · 2^52: adding and subtracting it rounds to an integer.
+const ROUND: f64 = 6_755_399_441_055_744.0;
+
 /// `exp(x)` for `x <= 0` (NaN stays NaN), to within 2 units in the last place of libm's,
 /// in plain multiplies and adds, so that a loop of it vectorises and every compiled copy
 /// gives the same bits: `x = n·ln 2 + r` with `|r| <= ln 2 / 2` (Cody and Waite: `ln 2` in
@@ -271,11 +277,6 @@ const EXP_TAYLOR: [f64; 14] = {
 /// `n` is rounded with the 1.5·2^52 trick, which plain adds do.
 #[inline(always)]
 fn exp_nonpositive(x: f64) -> f64 {
-    const LOG2E: f64 = std::f64::consts::LOG2_E;
-    // fdlibm's split: the high part has 32 significant bits, so `n · LN2_HI` is exact.
-    const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
-    const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
-    const ROUND: f64 = 6_755_399_441_055_744.0; // 1.5 · 2^52
     let clamped = if x < EXP_MIN { EXP_MIN } else { x };
     let shifted = clamped * LOG2E + ROUND;
     let n = shifted - ROUND;
@@ -302,7 +303,7 @@ fn exp_nonpositive(x: f64) -> f64 {
 /// accumulators are two registers, and the exponentials four at a time.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Simd, EXP_MIN, EXP_TAYLOR, LANES};
+    use super::{Simd, EXP_MIN, EXP_TAYLOR, LANES, LN2_HI, LN2_LO, LOG2E, ROUND};
     use std::arch::x86_64::*;
 
     /// Only named by the AVX2 copies of the kernels, which run once the CPU is known to
@@ -366,10 +367,6 @@ mod avx2 {
     #[target_feature(enable = "avx2")]
     #[inline]
     unsafe fn exp_shift(x: &mut [f64], max: f64) {
-        const LOG2E: f64 = std::f64::consts::LOG2_E;
-        const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
-        const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);
-        const ROUND: f64 = 6_755_399_441_055_744.0;
         let splat = _mm256_set1_pd;
         let (maxv, floor, round) = (splat(max), splat(EXP_MIN), splat(ROUND));
         let c: [__m256d; 14] = std::array::from_fn(|k| splat(EXP_TAYLOR[k]));

@@ -119,6 +119,11 @@ struct Seq {
 }
 
 impl Seq {
+    /// A sequence of `layers` × `kv_heads` empty heads.
+    fn new(layers: usize, kv_heads: usize, layout: Layout) -> Seq {
+        Seq { layers, kv_heads, layout, heads: (0..layers * kv_heads).map(|_| Arc::new(Head::new(&layout))).collect() }
+    }
+
     fn info(&self, seq: u64) -> SeqInfo {
         let tokens = (0..self.layers).map(|l| self.heads[l * self.kv_heads].tokens).collect();
         SeqInfo { seq, layers: self.layers, kv_heads: self.kv_heads, layout: self.layout, tokens }
@@ -438,7 +443,7 @@ impl KvCache {
             dims_per_page: dims_per_page as u8,
         };
         self.log(&mut st, vec![rec])?;
-        let s = Seq { layers, kv_heads, layout, heads: (0..layers * kv_heads).map(|_| Arc::new(Head::new(&layout))).collect() };
+        let s = Seq::new(layers, kv_heads, layout);
         let info = s.info(seq);
         st.seqs.insert(seq, s);
         Ok(info)
@@ -673,7 +678,7 @@ fn apply(seqs: &mut HashMap<u64, Seq>, r: Record, page_bytes: usize) -> Result<(
         Record::Create { seq, layers, kv_heads, head_dim, dtype, dims_per_page } => {
             let layout = Layout::new(usize::from(head_dim), Dtype::from_code(dtype)?, page_bytes, usize::from(dims_per_page))?;
             let (layers, kv_heads) = (usize::from(layers), usize::from(kv_heads));
-            seqs.insert(seq, Seq { layers, kv_heads, layout, heads: (0..layers * kv_heads).map(|_| Arc::new(Head::new(&layout))).collect() });
+            seqs.insert(seq, Seq::new(layers, kv_heads, layout));
         }
         Record::Fork { parent, child } => {
             let p = seqs.get(&parent).ok_or_else(|| corrupt(format!("fork of unknown sequence {parent}")))?.clone();
