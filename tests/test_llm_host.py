@@ -92,3 +92,57 @@ def test_a_matrix_whose_blocks_are_not_its_weights_keeps_the_f32_product(gguf_mo
         with torch.no_grad():
             layer.weight[5, 7] -= 1.0
     assert "model.layers.3.mlp.up_proj" in host.gguf_blocks(model, gguf_model.path)
+
+
+def _pairs(k: torch.Tensor, v: torch.Tensor, tpp: int, dtype: torch.dtype) -> bytearray:
+    """K and V (``[n, D]``, whole pages of ``tpp`` rows) as FlexGen's page pairs."""
+    pages = torch.stack([k.view(-1, tpp, k.shape[1]), v.view(-1, tpp, v.shape[1])], 1)
+    return bytearray(pages.to(dtype).contiguous().numpy().tobytes())
+
+
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+def test_host_attention_over_page_pairs_is_softmax_attention(dtype):
+    from insitu import _native
+
+    torch.manual_seed(3)
+    D, G, tdt = 64, 3, {"f16": torch.float16, "f32": torch.float32}[dtype]
+    tpp = 4096 // (D * (2 if dtype == "f16" else 4))
+    heads, qs = [], []
+    want_out, want_lse = [], []
+    for pages, tail in [(2, 5), (0, 3), (3, 0), (1, tpp + 2)]:
+        k, v = torch.randn(pages * tpp, D), torch.randn(pages * tpp, D)
+        tk, tv = torch.randn(tail, D), torch.randn(tail, D)
+        buf = bytearray(8192) + _pairs(k, v, tpp, tdt)  # the pairs start at byte 8192
+        heads.append((buf if pages else None, 8192, pages, tk.numpy().tobytes(), tv.numpy().tobytes()))
+        K = torch.cat([k.to(tdt).double(), tk.double()])
+        V = torch.cat([v.to(tdt).double(), tv.double()])
+        q = torch.randn(G, D)
+        qs.append(q)
+        s = (q.double() @ K.T) * 0.125
+        want_lse.append(torch.logsumexp(s, -1))
+        want_out.append(torch.softmax(s, -1) @ V)
+    out, lse = _native.attend_page_pairs(torch.stack(qs).numpy().tobytes(), heads, D, G, 0.125, dtype)
+    got_out = torch.frombuffer(bytearray(out), dtype=torch.float32).view(len(heads), G, D).double()
+    got_lse = torch.frombuffer(bytearray(lse), dtype=torch.float64).view(len(heads), G)
+    torch.testing.assert_close(got_out, torch.stack(want_out), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_lse, torch.stack(want_lse), rtol=1e-9, atol=1e-9)
+
+
+def test_host_attention_refuses_pages_it_was_not_given():
+    from insitu import _native
+
+    q = torch.zeros(3, 64).numpy().tobytes()
+    tail = torch.zeros(1, 64).numpy().tobytes()
+    with pytest.raises(Exception, match="not inside a buffer"):
+        _native.attend_page_pairs(q, [(bytearray(8192), 4096, 1, tail, tail)], 64, 3, 0.125, "f16")
+    with pytest.raises(Exception, match="without a buffer"):
+        _native.attend_page_pairs(q, [(None, 0, 1, tail, tail)], 64, 3, 0.125, "f16")
+    with pytest.raises(Exception, match="whole rows"):
+        _native.attend_page_pairs(q, [(None, 0, 0, tail, tail[:-4])], 64, 3, 0.125, "f16")
+    with pytest.raises(Exception, match="q holds"):
+        _native.attend_page_pairs(q, [], 64, 3, 0.125, "f16")
+    with pytest.raises(Exception, match="dtype"):
+        _native.attend_page_pairs(q, [(None, 0, 0, tail, tail)], 64, 3, 0.125, "bf16")
+    # No token at all: an empty part.
+    out, lse = _native.attend_page_pairs(q, [(None, 0, 0, b"", b"")], 64, 3, 0.125, "f16")
+    assert set(torch.frombuffer(bytearray(lse), dtype=torch.float64).tolist()) == {float("-inf")}

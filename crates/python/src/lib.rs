@@ -5,6 +5,7 @@
 //! so the Python API and the command line cannot drift apart. Errors map to the exception
 //! classes defined here and re-exported by the `insitu` package.
 
+mod host_attend;
 mod kv;
 mod kv_split;
 mod kv_store;
@@ -250,6 +251,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kv::attend_all, m)?)?;
     m.add_function(wrap_pyfunction!(kv_split::sparf_split, m)?)?;
     m.add_function(wrap_pyfunction!(kv_split::choose_split_pages, m)?)?;
+    m.add_function(wrap_pyfunction!(host_attend::attend_page_pairs, m)?)?;
     m.add_class::<kv_store::KvNamespace>()?;
     m.add_class::<quant::BlockMatrix>()?;
     m.add_function(wrap_pyfunction!(quant::gguf_tensors, m)?)?;

@@ -107,7 +107,7 @@ class FlexGenStore(KVStore):
     ):
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"KV dtype {kv_dtype!r}: use one of {', '.join(KV_DTYPES)}")
-        self.es, self.dtype = KV_DTYPES[kv_dtype], _TORCH[kv_dtype]
+        self.es, self.dtype, self.kv_dtype = KV_DTYPES[kv_dtype], _TORCH[kv_dtype], kv_dtype
         if PAGE % (self.es * head_dim):
             raise ValueError(f"head size {head_dim}: a 4 KiB page must hold whole {kv_dtype} rows")
         split = choose_split(split, len(pool), mean_v, bool(ratio))
@@ -275,24 +275,26 @@ class FlexGenStore(KVStore):
         """Dense attention of target ``i``'s part of a layer, FlexGen's way: the pages of
         every sequence come from one large read per sequence (all the target's heads at
         once), started while the host computed the layer before; the next layer's reads
-        start before this layer's arithmetic."""
+        start before this layer's arithmetic, which runs on the read buffers with the
+        in-storage engine's kernels (``_native.attend_page_pairs``): each page widened
+        once, in place, the two backends computing alike."""
         ahead = self._ahead.pop((i, layer), None)
         pages = ahead.result() if ahead is not None else self._read_layer(i, layer)
         if layer + 1 < self.layers:
             self._ahead[(i, layer + 1)] = self.prefetchers[i].submit(self._read_layer, i, layer + 1)
-        for b in range(q.shape[0]):
-            row = self.rows[i][(b, layer)]
-            if row.n == 0:
-                continue
-            K, V = self._dense_rows(i, b, layer, pages[b])
-            scores = (q[b] @ K.transpose(1, 2)) * scale  # [heads, group, n], f32 as the model
-            row_lse = torch.logsumexp(scores, dim=-1)
-            lse[b], out[b] = row_lse, torch.exp(scores - row_lse.unsqueeze(-1)) @ V
+        H, G = q.shape[1], q.shape[2]
+        seqs = [b for b in range(q.shape[0]) if self.rows[i][(b, layer)].n]
+        if not seqs:
+            return out, lse
+        heads = [entry for b in seqs for entry in self._page_pairs(i, b, layer, pages[b])]
+        o, l = _native.attend_page_pairs(q[seqs].contiguous().numpy().tobytes(), heads, self.head_dim, G, scale, self.kv_dtype)
+        out[seqs] = torch.from_numpy(np.frombuffer(o, dtype="<f4").copy()).view(len(seqs), H, G, -1).double()
+        lse[seqs] = torch.from_numpy(np.frombuffer(l, dtype="<f8").copy()).view(len(seqs), H, G)
         return out, lse
 
     def _read_layer(self, i, layer):
         """Every sequence's token pages of ``layer`` on target ``i``, as they are now:
-        ``(pages, [heads, groups, 2, tpp, D] kv_dtype)`` per sequence. All the reads are in
+        ``(pages, [(buffer, byte offset) per head])`` per sequence. All the reads are in
         flight at once (a queue deep enough for every die of the drive): one per
         sequence spanning its heads' adjacent regions when the unused room between them is
         at most an eighth of what is read, else one per head (so the link carries no more
@@ -305,46 +307,31 @@ class FlexGenStore(KVStore):
             if g == 0:
                 jobs.append((0, []))
             elif heads == 1 or 8 * (self.region - used) <= used:
+                read = self._readers.submit(self._read_layer_part, (i, b, -1, layer % 2), self._lba(b, layer, 0, i), (heads - 1) * self.region + used)
+                jobs.append((g, [(read, h * self.region) for h in range(heads)]))
+            else:
                 jobs.append(
-                    (g, [self._readers.submit(self._read_layer_part, (i, b, -1, layer % 2), self._lba(b, layer, 0, i), (heads - 1) * self.region + used)])
+                    (g, [(self._readers.submit(self._read_layer_part, (i, b, h, layer % 2), self._lba(b, layer, h, i), used), 0) for h in range(heads)])
                 )
-            else:
-                jobs.append((g, [self._readers.submit(self._read_layer_part, (i, b, h, layer % 2), self._lba(b, layer, h, i), used) for h in range(heads)]))
-        out = []
-        for g, reads in jobs:
-            if g == 0:
-                out.append((0, None))
-                continue
-            if len(reads) == 1 and heads > 1:
-                # The heads' pages inside the one read: a strided view, no copy.
-                data = reads[0].result()
-                blocks = data.as_strided(
-                    (heads, g, 2, self.tpp, self.head_dim), (self.region // self.es, 2 * self.tpp * self.head_dim, self.tpp * self.head_dim, self.head_dim, 1)
-                )
-            else:
-                blocks = torch.stack([r.result() for r in reads]).view(heads, g, 2, self.tpp, self.head_dim)
-            out.append((g, blocks))
-        return out
+        return [(g, [(r.result(), at) for r, at in reads]) for g, reads in jobs]
 
-    def _dense_rows(self, i, b, layer, read):
-        """K and V (``[heads, n, D]`` f32) of a row, each gathered once into its place (as
-        FlexGen computes on what it loaded): the pages read, any page written since the
-        read began (read now), then the host tail."""
+    def _page_pairs(self, i, b, layer, read):
+        """The heads of a row as ``_native.attend_page_pairs`` takes them: the page pairs
+        read (the buffer and where each head's start), then as f32 rows any page written
+        since the read began (read now) and the host tail."""
         row = self.rows[i][(b, layer)]
-        g, blocks = read
-        H = len(self.ranges[i])
-        K, V = torch.empty(H, row.n, self.head_dim), torch.empty(H, row.n, self.head_dim)
+        g, bufs = read
         at = g * self.tpp
-        if g:
-            shape = (H, g, self.tpp, self.head_dim)
-            K[:, :at].view(shape).copy_(blocks[:, :, 0])
-            V[:, :at].view(shape).copy_(blocks[:, :, 1])
-        if row.tok > at:  # pages written after the read began: read them now
-            late = [self._read_tokens(i, b, layer, h, range(g, row.tok // self.tpp)) for h in range(H)]
-            K[:, at : row.tok] = torch.stack([k[at : row.tok] for k, _ in late])
-            V[:, at : row.tok] = torch.stack([v[at : row.tok] for _, v in late])
-        K[:, row.tok :], V[:, row.tok :] = row.k, row.v
-        return K, V
+        k, v = row.k.to(torch.float32).contiguous().numpy(), row.v.to(torch.float32).contiguous().numpy()
+        entries = []
+        for h in range(len(self.ranges[i])):
+            kh, vh = k[h], v[h]
+            if row.tok > at:  # pages written after the read began
+                lk, lv = self._read_tokens(i, b, layer, h, range(g, row.tok // self.tpp))
+                kh, vh = np.concatenate([lk[at : row.tok].numpy(), kh]), np.concatenate([lv[at : row.tok].numpy(), vh])
+            buf, offset = bufs[h] if g else (None, 0)
+            entries.append((buf, offset, g, kh.astype("<f4", copy=False).tobytes(), vh.astype("<f4", copy=False).tobytes()))
+        return entries
 
     def _sparf_split(self, layer, qg, k, v, scale):
         """SparF over a token split with the pages chosen over the whole sequence, as the
@@ -436,7 +423,7 @@ class FlexGenStore(KVStore):
         K[row.base :], V[row.base :] = row.k[h], row.v[h]
         return K, V
 
-    def _read_layer_part(self, key: Tuple[int, int, int, int], lba: int, nbytes: int) -> torch.Tensor:
+    def _read_layer_part(self, key: Tuple[int, int, int, int], lba: int, nbytes: int) -> bytearray:
         """A read of :meth:`_read_layer` into the buffer kept for ``key`` (target, sequence,
         head or -1, layer parity), as FlexGen reads into buffers it allocated once: no
         allocation, zeroing or copy per read. A layer's buffers are in use until its
@@ -449,7 +436,7 @@ class FlexGenStore(KVStore):
         self.sessions[i].read_into(NSID, lba, buf)
         with self._media_lock:
             self._media[i] += size
-        return torch.frombuffer(buf, dtype=self.dtype, count=nbytes // self.es)
+        return buf
 
     def _read(self, i: int, lba: int, nbytes: int) -> torch.Tensor:
         nlb = math.ceil(nbytes / BLOCK)

@@ -22,7 +22,7 @@ mod sparse_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 
 use rayon::prelude::*;
 

@@ -814,7 +814,7 @@ fn append_by_dimension(tail: &mut [Vec<f32>], rows: &[f32]) {
 }
 
 /// Little-endian elements of `dtype` in `bytes` into `out`, as f32.
-fn decode(dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
+pub(crate) fn decode(dtype: Dtype, bytes: &[u8], out: &mut [f32]) {
     match dtype {
         Dtype::F32 => bytes.chunks_exact(4).zip(out.iter_mut()).for_each(|(c, o)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
         Dtype::F16 => {
