@@ -225,6 +225,37 @@ def test_flexgen_f16_blocks_halve_the_reads_and_attend_over_the_rounded_cache(po
         FlexGenStore(pool3, 1, HKV, D, G, 1, max_tokens=S, kv_dtype="bf16")
 
 
+def test_flexgen_dense_attends_over_a_page_filled_after_its_read_began(pool3):
+    """FlexGen's dense decode reads layer ``l + 1`` while layer ``l`` is attended; the
+    step's token that then fills a page of layer ``l + 1`` is written after that read
+    began, so the page is read on its own and attended with the pages read ahead, on the
+    host's kernels over the read buffers, exactly (f32)."""
+    from insitu.llm.flexgen import FlexGenStore
+
+    S = 2 * TPP - 1  # the step's token fills the second page
+    g, K, V = _case(13, S)
+    K2, V2 = torch.randn(1, HKV, S, D, generator=g), torch.randn(1, HKV, S, D, generator=g)
+    q = torch.randn(2, 1, HKV * G, D, generator=g)
+    new = [(torch.randn(1, HKV, D, generator=g), torch.randn(1, HKV, D, generator=g)) for _ in range(2)]
+    store = FlexGenStore(pool3, 2, HKV, D, G, 1, max_tokens=S + 1, split="heads", kv_dtype="f32")
+    try:
+        for layer, (k, v) in enumerate([(K, V), (K2, V2)]):
+            store.prefill(layer, k, v, None)
+        store.flush()
+        outs = [store.decode(layer, q[layer], *new[layer], SCALE) for layer in range(2)]
+        media = store.stats()["media_bytes"]
+    finally:
+        store.close()
+    for layer, (k, v) in enumerate([(K, V), (K2, V2)]):
+        Kl = torch.cat([k[0], new[layer][0][0][:, None]], 1).double()
+        Vl = torch.cat([v[0], new[layer][1][0][:, None]], 1).double()
+        for h in range(HKV):
+            want = sparf.dense(q[layer, 0, h * G : (h + 1) * G].double(), Kl[h], Vl[h], SCALE)
+            assert torch.allclose(outs[layer][0, h * G : (h + 1) * G].double(), want, atol=1e-5), (layer, h)
+    # Layer 0 read its two pages; layer 1 one page ahead and the filled one on its own.
+    assert media == 2 * 2 * HKV * 2 * 4096
+
+
 def test_partial_requests_and_bad_split_options(pool3):
     kv = insitu.KvTarget(pool3.urls[0])
     kv.create(77, 1, 1, D)
