@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The host model's CPU fitting (insitu.llm.host): same products as nn.Linear, any shape."""
+"""The host's CPU work: the model's fitting (insitu.llm.host), the same products as
+nn.Linear for any shape, and the FlexGen-style baseline's attention over the page pairs
+it read back (_native.attend_page_pairs)."""
 
 import pytest
 

@@ -317,7 +317,7 @@ class FlexGenStore(KVStore):
 
     def _page_pairs(self, i, b, layer, read):
         """The heads of a row as ``_native.attend_page_pairs`` takes them: the page pairs
-        read (the buffer and where each head's start), then as f32 rows any page written
+        read (the buffer and where each head's pairs start), then as f32 rows any page written
         since the read began (read now) and the host tail."""
         row = self.rows[i][(b, layer)]
         g, bufs = read
