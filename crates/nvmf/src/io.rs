@@ -216,6 +216,19 @@ pub(crate) fn run(shared: &Shared, nvm: &NvmSubsystem, ctrl: &Arc<Controller>, s
     let _ = sink.complete(cmd.cid(), job.sqhd, done.status, done.dw0, done.dw1, data);
 }
 
+/// Records in the metrics a vendor command its handler answered on the connection's own
+/// thread ([`Placement::Connection`](crate::Placement)), as [`run`] records those it runs.
+pub(crate) fn record_handled(shared: &Shared, nvm: &NvmSubsystem, cmd: &Command, started: Instant, link_in: usize, out: &crate::Outcome) {
+    let cost = CommandCost {
+        function: out.function.clone(),
+        status: out.status,
+        took: started.elapsed(),
+        link_bytes: (link_in + out.data.len()) as u64,
+        media_bytes: out.media_bytes,
+    };
+    shared.metrics.record(cmd.opcode(), metric_nsid(nvm, cmd.nsid()), &cost);
+}
+
 /// Reads `first` and the reads after it with one media read and completes each from its
 /// part. Gives the commands back, having sent nothing, when any is refused or the read
 /// fails, so that each is run alone and gets its own status.
