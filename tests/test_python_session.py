@@ -76,6 +76,32 @@ def test_host_reads_of_a_disk_match_the_image_either_way(start_target, extra):
         assert f.read(len(want)) == want, "what the host read is what the image holds"
 
 
+def test_kv_attention_is_counted_in_the_metrics(start_target):
+    """A KV attention, answered on its connection's thread, is in the target's metrics
+    with the media bytes it read, as commands run on a worker are."""
+    import re
+    import struct
+    import urllib.request
+
+    from conftest import free_port
+
+    port = free_port()
+    t = start_target(f"{NQN}-kv-metrics", 32 << 20, private=True, extra=["--metrics", f"127.0.0.1:{port}"])
+    kv = _native.KvTarget(t.url)
+    heads, dim, tokens = 2, 64, 64  # f32: 16 tokens a page, 4 pages per head
+    kv.create(7, 1, heads, dim)
+    k = struct.pack(f"<{heads * tokens * dim}f", *[0.01 * (i % 97) for i in range(heads * tokens * dim)])
+    kv.append(7, 0, tokens, k, k)
+    q = struct.pack(f"<{heads * dim}f", *[0.1] * (heads * dim))
+    _, stats = kv.attend(0, [7], q, 1, 0.125)
+    assert stats["media_bytes"] > 0
+    kv.disconnect()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    media = sum(float(v) for v in re.findall(r'^insitu_media_bytes_total\{[^}]*command="other"[^}]*\} (\S+)$', text, re.M))
+    assert media >= stats["media_bytes"], text
+
+
 def test_exec_writes_its_result_to_the_result_object(url: str):
     s = insitu.Session(url)
     payload = os.urandom(1 << 20)
