@@ -32,8 +32,8 @@ def pool3(tmp_path_factory):
 
 
 def _owners(prefill: int, steps: int, targets: int):
-    """Which target holds each token, by the documented rule: pages in turn, the prompt's
-    tokens and the decode steps' alike."""
+    """Which target holds each token of a split's first sequence dealt from target 0, by
+    the documented rule: pages in turn, the prompt's tokens and the decode steps' alike."""
     return [(t // TPP) % targets for t in range(prefill + steps)]
 
 
@@ -120,11 +120,11 @@ def test_sparf_over_a_token_split_reads_the_pages_one_target_would(pool3, tokens
         finally:
             store.close()
         if n == 3:
-            out = got
+            out, split = got, store.split_tokens
     assert torch.equal(out[0], out[1]), "the same row dealt from another target chooses the same pages"
     Kf, Vf = torch.cat([K[1], k1[1][:, None]], 1), torch.cat([V[1], v1[1][:, None]], 1)
     total = tokens + 1
-    owner = torch.tensor(_owners(tokens, 1, 3))
+    owner = torch.tensor([split.owner(1, t // TPP) for t in range(total)])
     p = sparf.params(0.125, D, total, TPP)
     # Each target's pages: its tokens in the order it stores them, TPP at a time.
     pages = []  # (target, tokens of the page)
@@ -139,7 +139,7 @@ def test_sparf_over_a_token_split_reads_the_pages_one_target_would(pool3, tokens
         keep, compete = set(), []
         local_seen = {i: False for i in range(3)}
         for j, (i, t) in enumerate(pages):
-            if i == 0 and t[0] == 0:
+            if t[0] == 0:  # the first page, on the target the row is dealt from
                 keep.add(j)
             elif any(x in recent for x in t.tolist()):
                 keep.add(j)
@@ -405,11 +405,14 @@ def test_every_layer_puts_a_forward_s_tokens_where_layer_0_put_them():
             out.append(list(split.step_owners))
         return out
 
-    assert placed(0) == [[0, 1], [0, 1], [1, 1]]  # each token on its page's target
-    assert placed(1) == placed(2) == [[0, 1], [0, 1], [1, 1]]
-    assert split.held == [[TPP, TPP], [1, 3], [0, 0]]  # counted once, at layer 0
+    # Each token on its page's target, sequence b dealt from target b: sequence 0's page 1
+    # is on target 1, sequence 1's on target 2.
+    assert placed(0) == [[0, 2], [0, 2], [1, 2]]
+    assert placed(1) == placed(2) == [[0, 2], [0, 2], [1, 2]]
+    assert split.held == [[TPP, 0], [1, TPP], [0, 3]]  # counted once, at layer 0
     assert split.recent(0, 0, 2) == 1 and split.recent(1, 0, 2) == 1
-    assert placed(0) == [[1, 1], [1, 1], [1, 1]]  # the next forward places anew
+    assert placed(0) == [[1, 2], [1, 2], [1, 2]]  # the next forward places anew
+    assert TokenSplit(3, 2, TPP, first=2).owner(1, 0) == 0, "a split may deal its first sequence from any target"
 
 
 def test_micro_batches_split_a_batch_evenly_and_never_leave_one_empty():

@@ -156,8 +156,8 @@ def _point(m, pre, batch: int, attention: str, sparf: Optional[float], pool, ste
             for i, (k, v) in enumerate(zip(keys, values)):
                 caches[0].update(rep(k, batch), rep(v, batch), i)
         else:
-            for n in sizes:
-                cache, impl = run.make_cache(m, attention, n, context + steps + 1, pool, sparf, "f32" if attention == "memory" else kv_dtype)
+            for i, n in enumerate(sizes):
+                cache, impl = run.make_cache(m, attention, n, context + steps + 1, pool, sparf, kv_dtype, first_row=sum(sizes[:i]))
                 caches.append(cache)
                 cache.load([rep(k, n) for k in keys], [rep(v, n) for v in values])
         load_s = time.perf_counter() - t0

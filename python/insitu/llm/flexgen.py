@@ -104,6 +104,7 @@ class FlexGenStore(KVStore):
         mean_v: bool = False,
         split: Optional[str] = None,
         kv_dtype: str = "f32",
+        first_row: int = 0,
     ):
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"KV dtype {kv_dtype!r}: use one of {', '.join(KV_DTYPES)}")
@@ -125,7 +126,7 @@ class FlexGenStore(KVStore):
         self.max_tokens = self.groups_max * self.tpp
         self.region = 2 * PAGE * self.groups_max + self.es * head_dim * self.dim_tokens
         self.ranges = head_ranges(split, kv_heads, len(pool))
-        self.split_tokens = TokenSplit(len(self.ranges), batch, self.tpp)
+        self.split_tokens = TokenSplit(len(self.ranges), batch, self.tpp, first_row)
         self.sessions: List = []
         self.workers: List[Worker] = []
         # Dense decoding reads layer ``l + 1``'s pages while the host computes layer ``l``

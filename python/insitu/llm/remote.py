@@ -5,7 +5,7 @@ How a pool of targets shares the cache (``split``):
 
 * ``"tokens"`` (the default with two or more targets; split-K): every target holds every
   KV head for a share of each sequence's tokens, dealt out in whole flash pages, target
-  after target (page ``g`` of a row goes to target ``g mod N``), the prompt's tokens and
+  after target (page ``g`` of row ``b`` goes to target ``(g + b) mod N``), the prompt's tokens and
   each decode step's new token alike, so the targets stay even however many KV heads the
   model has (SmolLM2-135M has 3: a head split
   leaves a fourth target idle). Each target returns, per query row, its softmax-weighted
@@ -76,7 +76,10 @@ class TargetStore(KVStore):
     (the share of the dense reads to keep, e.g. 0.125), and mix their result with the mean
     of V by α when ``mean_v`` (see :mod:`insitu.llm.sparf`). ``split`` is ``"tokens"`` or
     ``"heads"`` (default: tokens over two or more targets, heads with ``mean_v``);
-    ``kv_dtype`` the stored element type, ``"f32"`` or ``"f16"``.
+    ``kv_dtype`` the stored element type, ``"f32"`` or ``"f16"``. ``first_row``: the row
+    of the whole batch this store's first sequence is, when a batch is decoded as
+    micro-batches, each with its store: over a token split, row ``b`` is dealt from target
+    ``b mod N`` (:class:`insitu.llm.targets.TokenSplit`).
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class TargetStore(KVStore):
         mean_v: bool = False,
         split: Optional[str] = None,
         kv_dtype: str = "f32",
+        first_row: int = 0,
     ):
         if method not in METHODS:
             raise ValueError(f"method {method!r}: use one of {', '.join(METHODS)}")
@@ -132,7 +136,7 @@ class TargetStore(KVStore):
         # The target's flash page fixes the token groups SparF's page cap counts in.
         page = self.targets[0].info(self.seqs[0])["page_bytes"] if self.targets else 4096
         self.tokens_per_page = max(1, page // (KV_DTYPES[kv_dtype] * head_dim))
-        self.split_tokens = TokenSplit(len(self.ranges), batch, self.tokens_per_page)
+        self.split_tokens = TokenSplit(len(self.ranges), batch, self.tokens_per_page, first_row)
         self._base = [t.stats() for t in self.targets]
 
     # -- prefill ---------------------------------------------------------------------------

@@ -92,10 +92,21 @@ def load(path: Optional[str] = None, device: Optional[str] = None) -> Model:
     return Model(model, tok, dev, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, head_dim, path)
 
 
-def make_cache(m: Model, attention: str, batch: int, max_tokens: int, pool: Optional[TargetPool] = None, sparf: Optional[float] = None, kv_dtype: str = "f32"):
+def make_cache(
+    m: Model,
+    attention: str,
+    batch: int,
+    max_tokens: int,
+    pool: Optional[TargetPool] = None,
+    sparf: Optional[float] = None,
+    kv_dtype: str = "f32",
+    first_row: int = 0,
+):
     """The ``past_key_values`` and attention implementation of a backend; ``kv_dtype``
     ("f32" or "f16") is the element type of the cache on the targets (the in-storage
-    backend's pages, the FlexGen-style backend's blocks)."""
+    backend's pages, the FlexGen-style backend's blocks); ``first_row`` the row of the
+    whole batch its first sequence is, for a micro-batch (see
+    :class:`insitu.llm.remote.TargetStore`)."""
     if kv_dtype != "f32" and attention == "memory":
         raise ValueError(f"--kv-dtype {kv_dtype} needs targets (the memory backend keeps the model's own cache)")
     if attention == "memory":
@@ -110,11 +121,11 @@ def make_cache(m: Model, attention: str, batch: int, max_tokens: int, pool: Opti
     if attention == "insitu":
         from .remote import TargetStore
 
-        store = TargetStore(pool, *shape, method="sparf" if sparf else "dense", ratio=sparf, kv_dtype=kv_dtype)
+        store = TargetStore(pool, *shape, method="sparf" if sparf else "dense", ratio=sparf, kv_dtype=kv_dtype, first_row=first_row)
     elif attention == "flexgen":
         from .flexgen import FlexGenStore
 
-        store = FlexGenStore(pool, *shape, max_tokens=max_tokens, ratio=sparf, kv_dtype=kv_dtype)
+        store = FlexGenStore(pool, *shape, max_tokens=max_tokens, ratio=sparf, kv_dtype=kv_dtype, first_row=first_row)
     else:
         raise ValueError(f"attention {attention!r}: use one of {', '.join(ATTENTIONS)}")
     return hooks.OffloadCache(store, m.layers), hooks.ATTENTION
@@ -168,6 +179,7 @@ def generate(
     prompt_ids: Optional[List[List[int]]] = None,
     kv_dtype: str = "f32",
     micro_batches: int = 1,
+    first_row: int = 0,
 ) -> Dict[str, Any]:
     """Greedy generation of ``max_new_tokens`` tokens for each prompt (a batch, left-padded).
 
@@ -180,6 +192,8 @@ def generate(
     micro-batches generated at once, each on its own thread with its own cache on the same
     targets: while one waits on its targets the host computes another (InstInfer's
     overlapped mini-batches). It pays where the targets, not the host, set the pace.
+    ``first_row``: the row of a whole batch the first prompt is, for a micro-batch (see
+    :func:`make_cache`).
     """
     tok = m.tokenizer
     if prompt_ids is None:
@@ -193,7 +207,7 @@ def generate(
         raise ValueError("empty prompt")
     ids = torch.tensor([[tok.pad_token_id] * (T - len(p)) + p for p in prompt_ids], device=m.device)
     mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompt_ids], device=m.device)
-    cache, impl = make_cache(m, attention, B, T + max_new_tokens, pool, sparf, kv_dtype)
+    cache, impl = make_cache(m, attention, B, T + max_new_tokens, pool, sparf, kv_dtype, first_row)
     m.model.set_attn_implementation(impl)
     eos = tok.eos_token_id
     out: List[List[int]] = [[] for _ in range(B)]
@@ -278,13 +292,17 @@ def on_threads(calls: List[Callable[[], Any]]) -> List[Any]:
 def _generate_overlapped(m: Model, prompt_ids, max_new_tokens, attention, pool, sparf, progress, kv_dtype, count) -> Dict[str, Any]:
     """:func:`generate` of ``count`` micro-batches of ``prompt_ids`` (consecutive groups), at
     once on threads; the results are joined in the prompts' order."""
-    groups, at = [], 0
+    groups, starts, at = [], [], 0
     for n in micro_batch_sizes(len(prompt_ids), count):
         groups.append(prompt_ids[at : at + n])
+        starts.append(at)
         at += n
     t0 = time.perf_counter()
     results = on_threads(
-        [lambda i=i: generate(m, None, max_new_tokens, attention, pool, sparf, progress and i == 0, groups[i], kv_dtype) for i in range(len(groups))]
+        [
+            lambda i=i: generate(m, None, max_new_tokens, attention, pool, sparf, progress and i == 0, groups[i], kv_dtype, first_row=starts[i])
+            for i in range(len(groups))
+        ]
     )
     wall = time.perf_counter() - t0
     n = sum(r["generated_tokens"] for r in results)
