@@ -234,7 +234,7 @@ def test_bench_llm_auto_micro_batches_come_from_the_host_step_it_reports(model, 
     host = rows["insitu"]["host_step_s"]
     assert 0 < host < 60
     reads = 2 * 48 * r["kv_bytes_per_token"] * 2 / 4 / (25 * 1e6)  # every f16 page, at 25 MB/s
-    assert rows["insitu"]["micro_batches"] == bench.auto_micro_batches(reads, host)
+    assert rows["insitu"]["micro_batches"] == min(bench.auto_micro_batches(reads, host), 2)  # no more than the batch's rows
 
 
 def test_bench_llm_reports_attention_time_and_step_over_bound(model, tmp_path):

@@ -444,12 +444,13 @@ def test_all_waiting_is_the_time_every_micro_batch_waits_at_once():
 def test_auto_micro_batches_overlap_only_when_the_drive_outlasts_the_host():
     from insitu.llm.bench import auto_micro_batches
 
-    assert auto_micro_batches(0.8, 0.1) == 2
+    assert auto_micro_batches(0.8, 0.1) == 4  # the drive is the limit: keep it fed
+    assert auto_micro_batches(0.47, 0.1) == 4
+    assert auto_micro_batches(0.44, 0.1) == 2
     assert auto_micro_batches(0.25, 0.1) == 2
     assert auto_micro_batches(0.14, 0.1) == 2
     assert auto_micro_batches(0.12, 0.1) == 1
     assert auto_micro_batches(0.084, 0.1) == 1
-    assert auto_micro_batches(0.47, 0.1) == 2
     assert auto_micro_batches(0.004, 0.1) == 1
 
 

@@ -95,11 +95,26 @@ def _prefill(m, context: int):
 # 1.5 (the earlier value) a probe 12% slow turned two down where they pay most.
 OVERLAP_PAYS = 1.3
 
+# How many times the host's own step a step's reads must take for four micro-batches to
+# pay over two: each target then always has another micro-batch's reads queued, which
+# pays where the drive is the limit, and costs a forward pass and a round of exchanges
+# more per micro-batch, which does not where the targets are many and their reads short.
+# Measured on 2 cores (4 x 1,024 SparF, custom:25, the probe's host step 0.075-0.084 s),
+# steps with two micro-batches against four: 2 targets (reads of 0.47 s, 5.6-6.3 host
+# steps) 0.499-0.500 s against 0.466 s (three: 0.486-0.491 s); 4 targets (0.24 s, 2.8-3.1)
+# 0.31-0.35 s against 0.46 s; 1 target (0.94 s) 0.874 s against 0.859 s; dense over 4
+# targets (0.94 s) 0.978 s either way.
+FOUR_PAY = 4.5
+
 
 def auto_micro_batches(read_s: float, host_s: float) -> int:
     """Micro-batches for a step whose modelled reads take ``read_s`` on each target and whose
-    host model takes ``host_s`` alone: two when the reads take :data:`OVERLAP_PAYS` times
-    longer (overlapping the host with them pays), else one."""
+    host model takes ``host_s`` alone: four when the reads take :data:`FOUR_PAY` times
+    longer, two when they take :data:`OVERLAP_PAYS` times longer (overlapping the host with
+    them pays), else one (never more than the batch has sequences: see
+    :func:`insitu.llm.run.micro_batch_sizes`)."""
+    if read_s > FOUR_PAY * host_s:
+        return 4
     return 2 if read_s > OVERLAP_PAYS * host_s else 1
 
 
@@ -376,8 +391,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         default="auto",
         metavar="N|auto",
         help="micro-batches the in-storage backends decode at once, each on its own thread: while one waits on its targets "
-        "the host computes another, as InstInfer overlaps its mini-batches; 1 decodes the batch as one; auto takes 2 where a "
-        "step's modelled reads on a target take 1.3 times the host's own step, else 1 (default: %(default)s)",
+        "the host computes another, as InstInfer overlaps its mini-batches; 1 decodes the batch as one; auto takes 4 where a "
+        "step's modelled reads on a target take 4.5 times the host's own step, 2 where they take 1.3 times, else 1 "
+        "(default: %(default)s)",
     )
     ap.add_argument("--dir", default=os.path.join(".insitu", "bench"), help="target images (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
