@@ -31,12 +31,6 @@ def pool3(tmp_path_factory):
         yield p
 
 
-def _owners(prefill: int, steps: int, targets: int):
-    """Which target holds each token of a split's first sequence dealt from target 0, by
-    the documented rule: pages in turn, the prompt's tokens and the decode steps' alike."""
-    return [(t // TPP) % targets for t in range(prefill + steps)]
-
-
 def _case(seed: int, tokens: int, rows: int = 1):
     g = torch.Generator().manual_seed(seed)
     K = torch.randn(rows, HKV, tokens, D, generator=g)
