@@ -102,11 +102,20 @@ def both_modes(function: str, paths: Sequence[object], args: Dict[str, object] =
     return exec_json(function, paths, args), exec_json(function, paths, args, conventional=True)
 
 
+_PORTS_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now and that this process has
+    not been given before: the kernel may hand the same ephemeral port to two binds in a row
+    once the first socket is closed, and two daemons told the same port collide."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 # --------------------------------------------------------------------------- references
