@@ -312,12 +312,13 @@ impl Conn {
                     if let Some(data) = data_in_hand(&cmd, &data) {
                         let started = std::time::Instant::now();
                         let ctx = IoContext { ctrl, sink: &self.sink, cid, sqhd, max_transfer: self.shared.cfg.max_transfer() };
-                        let out = handler.execute(&ctx, &cmd, data);
-                        if out.deferred {
-                            return Ok(());
+                        if let Some(out) = handler.execute_here(&ctx, &cmd, data) {
+                            if out.deferred {
+                                return Ok(());
+                            }
+                            io::record_handled(&self.shared, nvm, &cmd, started, data.len(), &out);
+                            return Ok(self.sink.complete(cid, sqhd, out.status, out.dw0, out.dw1, &out.data)?);
                         }
-                        io::record_handled(&self.shared, nvm, &cmd, started, data.len(), &out);
-                        return Ok(self.sink.complete(cid, sqhd, out.status, out.dw0, out.dw1, &out.data)?);
                     }
                 }
                 let blocks = nvm.blocks.as_ref();

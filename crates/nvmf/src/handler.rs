@@ -66,8 +66,9 @@ pub enum Placement {
     /// On one of the queue's worker threads: commands run concurrently.
     Worker,
     /// On the connection's own thread when the command's data is already in hand (none,
-    /// or in the capsule): commands run in the order the host sent them and a held
-    /// command occupies no worker. Data fetched by R2T still runs on a worker.
+    /// or in the capsule) and [`IoHandler::execute_here`] answers it: commands run in the
+    /// order the host sent them and a held command occupies no worker. Data fetched by
+    /// R2T, or a command the handler declines there, runs on a worker.
     Connection,
 }
 
@@ -75,6 +76,14 @@ pub enum Placement {
 pub trait IoHandler: Send + Sync {
     /// Runs `cmd` with the data the host sent.
     fn execute(&self, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]) -> Outcome;
+
+    /// Runs `cmd` on the connection's thread ([`Placement::Connection`]), or declines with
+    /// `None`, having changed nothing, when it would have to wait there (on another
+    /// command, say): the connection then hands it to a worker, which calls
+    /// [`IoHandler::execute`]. By default every command runs.
+    fn execute_here(&self, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]) -> Option<Outcome> {
+        Some(self.execute(ctx, cmd, data))
+    }
 }
 
 /// What a handler may use of the queue a command arrived on.

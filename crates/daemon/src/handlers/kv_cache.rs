@@ -20,11 +20,23 @@ pub(crate) struct KvCacheCommands(pub(crate) Arc<Engine>);
 
 impl IoHandler for KvCacheCommands {
     fn execute(&self, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]) -> Outcome {
-        match execute(&self.0, ctx, cmd, data) {
-            Ok(d) => d,
-            Err(e) => Outcome::status(e.status().to_nvme_field()),
-        }
+        outcome(execute(&self.0, ctx, cmd, data))
     }
+
+    /// A KV_RESULT whose result is not held yet waits for it, so it goes to a worker;
+    /// every other command runs here.
+    fn execute_here(&self, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]) -> Option<Outcome> {
+        if cmd.opcode() != opcode::KV_RESULT {
+            return Some(self.execute(ctx, cmd, data));
+        }
+        let tag = cmd.cdw(10);
+        let held = ctx.controller_state::<HeldResults>().take(tag)?;
+        Some(outcome(result(ctx, cmd, tag, held)))
+    }
+}
+
+fn outcome(r: Result<Outcome, KvError>) -> Outcome {
+    r.unwrap_or_else(|e| Outcome::status(e.status().to_nvme_field()))
 }
 
 /// Runs a KV command (`cmd`'s opcode is one of the four) with the data the host sent.
@@ -32,13 +44,7 @@ fn execute(target: &Engine, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]) -> 
     let tag = cmd.cdw(10);
     if cmd.opcode() == opcode::KV_RESULT {
         let held = ctx.controller_state::<HeldResults>().take_wait(tag, RESULT_GRACE).ok_or(KvError::NoResult(tag))?;
-        if (cmd.sgl().1 as usize) < held.len() {
-            // Keep it: the host may ask again with a buffer large enough.
-            let len = held.len();
-            ctx.controller_state::<HeldResults>().put(tag, held);
-            return Err(KvError::BadRequest(format!("the result under tag {tag} is {len} bytes, larger than the transfer asked for")));
-        }
-        return Ok(Outcome { dw0: held.len() as u32, data: held, ..Outcome::ok() });
+        return result(ctx, cmd, tag, held);
     }
     let store = target.kv_cache()?;
     match cmd.opcode() {
@@ -67,6 +73,17 @@ fn execute(target: &Engine, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]) -> 
         }
         _ => unreachable!("only KV opcodes are routed here"),
     }
+}
+
+/// KV_RESULT's answer: the result `held` under `tag`, when the host's transfer holds it.
+fn result(ctx: &IoContext<'_>, cmd: &Command, tag: u32, held: Vec<u8>) -> Result<Outcome, KvError> {
+    if (cmd.sgl().1 as usize) < held.len() {
+        // Keep it: the host may ask again with a buffer large enough.
+        let len = held.len();
+        ctx.controller_state::<HeldResults>().put(tag, held);
+        return Err(KvError::BadRequest(format!("the result under tag {tag} is {len} bytes, larger than the transfer asked for")));
+    }
+    Ok(Outcome { dw0: held.len() as u32, data: held, ..Outcome::ok() })
 }
 
 fn admin(store: &KvCache, ctx: &IoContext<'_>, tag: u32, a: Admin) -> Result<Outcome, KvError> {

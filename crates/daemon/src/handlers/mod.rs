@@ -66,15 +66,18 @@ impl BlockNamespaces for EngineBlocks {
 pub(crate) fn register(nvm: &mut NvmSubsystem, engine: &Arc<Engine>, port: &Arc<ether::Port>) {
     nvm.handle(opcode::EXEC, Arc::new(exec::Exec(engine.clone())), Placement::Worker);
     let kv = Arc::new(kv_cache::KvCacheCommands(engine.clone()));
-    for op in [opcode::KV_ADMIN, opcode::KV_APPEND, opcode::KV_RESULT] {
+    for op in [opcode::KV_ADMIN, opcode::KV_APPEND] {
         nvm.handle(op, kv.clone(), Placement::Worker);
     }
     // An attention runs on the connection's thread: the host sends its KV_RESULT right
     // behind it and waits on both, so a worker would only add a hand-off (a wake-up on
     // another core) and leave the KV_RESULT waiting for it. On 2 cores that hand-off was
-    // a fifth of the CPU of a 4-target exchange. A KV_RESULT may find nothing held yet
-    // (its KV_ATTEND's data came by R2T, or on another queue), so it waits on a worker.
-    nvm.handle(opcode::KV_ATTEND, kv.clone(), Placement::Connection);
+    // a fifth of the CPU of a 4-target exchange. The KV_RESULT then finds its result held
+    // and is answered there too; one that finds nothing yet (its KV_ATTEND's data came
+    // by R2T, or on another queue) waits on a worker.
+    for op in [opcode::KV_ATTEND, opcode::KV_RESULT] {
+        nvm.handle(op, kv.clone(), Placement::Connection);
+    }
     let locks = Arc::new(lock::LockCommands(engine.clone()));
     nvm.handle(opcode::LOCK, locks.clone(), Placement::Worker);
     nvm.handle(opcode::UNLOCK, locks, Placement::Worker);
