@@ -52,7 +52,7 @@ def markdown(r: dict) -> str:
     dm = (r.get("device_model") or {}).get("name", "none")
     s = "# LLM decoding with the KV cache on targets\n\n"
     s += f"`{r.get('command', 'insitu bench llm')}`; model {r.get('model', '')}; device model `{dm}` on every target "
-    s += f"(flash and PCIe link paced); {r.get('steps')} greedy decode steps per point; host-memory budget for the KV cache "
+    s += f"(flash and PCIe link paced); {r.get('steps')} greedy decode steps per point measured after {r.get('warm_up_steps', 0)} untimed; host-memory budget for the KV cache "
     s += f"{r.get('host_budget_bytes', 0) / 2**20:.0f} MiB; KV cache {r.get('kv_bytes_per_token', 0) / 1024:.0f} KiB per token "
     s += f"(f32); on the targets (in-storage pages, FlexGen-style blocks) {r.get('kv_dtype', 'f32')}, each sequence's tokens split over the targets "
     mbs = sorted({x.get("micro_batches", 1) for x in r["rows"] if x["backend"].startswith("insitu")})
