@@ -83,7 +83,7 @@ def test_kv_attention_is_counted_in_the_metrics(start_target):
     import struct
     import urllib.request
 
-    from conftest import free_port
+    from helpers import free_port
 
     port = free_port()
     t = start_target(f"{NQN}-kv-metrics", 32 << 20, private=True, extra=["--metrics", f"127.0.0.1:{port}"])
