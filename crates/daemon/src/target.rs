@@ -31,8 +31,12 @@ pub struct Target {
 struct PacedLink(insitu_model::Pacer);
 
 impl LinkPacer for PacedLink {
-    fn transfer(&self, bytes: u64) {
-        self.0.link_transfer(bytes);
+    fn book(&self, bytes: u64, from: std::time::Instant) -> std::time::Instant {
+        self.0.reserve_link_from(bytes, from)
+    }
+
+    fn wait_until(&self, deadline: std::time::Instant) {
+        self.0.wait_until(deadline);
     }
 }
 

@@ -187,22 +187,29 @@ impl Pacer {
         self.deadline(done)
     }
 
-    fn reserve_on(&self, link: &Option<Mutex<Link>>, count: &AtomicU64, bytes: u64) -> Instant {
-        let now = self.now_ns();
-        let Some(link) = link else { return self.deadline(now) };
+    fn reserve_on(&self, link: &Option<Mutex<Link>>, count: &AtomicU64, bytes: u64, from_ns: u64) -> Instant {
+        let Some(link) = link else { return self.deadline(from_ns) };
         count.fetch_add(1, Relaxed);
-        let done = lock(link).transfer(now, bytes);
+        let done = lock(link).transfer(from_ns, bytes);
         self.deadline(done)
     }
 
     /// Books `bytes` on the host link now and returns when they are delivered.
     pub fn reserve_link(&self, bytes: u64) -> Instant {
-        self.reserve_on(&self.link, &self.counters.link, bytes)
+        self.reserve_on(&self.link, &self.counters.link, bytes, self.now_ns())
+    }
+
+    /// Books `bytes` on the host link from `from` (they could not cross before; the link
+    /// may have been idle since, so a time already past books the link in the past) and
+    /// returns when they are delivered, without waiting.
+    pub fn reserve_link_from(&self, bytes: u64, from: Instant) -> Instant {
+        let from_ns = from.saturating_duration_since(self.epoch).as_nanos() as u64;
+        self.reserve_on(&self.link, &self.counters.link, bytes, from_ns)
     }
 
     /// Books `bytes` on the engine link now and returns when they are delivered.
     pub fn reserve_engine(&self, bytes: u64) -> Instant {
-        self.reserve_on(&self.engine, &self.counters.engine, bytes)
+        self.reserve_on(&self.engine, &self.counters.engine, bytes, self.now_ns())
     }
 
     /// Sleeps until `deadline` (minus the measured oversleep); returns at once if it passed.
@@ -452,5 +459,18 @@ mod tests {
         p.discard(0, 4096);
         let s = p.stats();
         assert_eq!((s.reads, s.writes, s.link_transfers), (1, 1, 1));
+    }
+
+    #[test]
+    fn a_link_booked_from_the_past_counts_the_time_it_was_idle() {
+        // 10 kB at 1 MB/s: 10 ms on the link, from when the bytes could start crossing.
+        let p = Pacer::new(None, Some(Link::new(LinkConfig { mb_s: 1.0, latency_us: 0.0 }).unwrap()));
+        let from = Instant::now();
+        std::thread::sleep(Duration::from_millis(6));
+        let d = p.reserve_link_from(10_000, from);
+        assert_eq!(d, from + Duration::from_millis(10), "booked from when the bytes were ready, not from now");
+        // The link is busy until then: the next bytes queue behind them, whatever their start.
+        assert_eq!(p.reserve_link_from(10_000, from), d + Duration::from_millis(10));
+        assert_eq!(p.stats().link_transfers, 2);
     }
 }

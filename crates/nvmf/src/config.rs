@@ -3,14 +3,28 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// The well-known NQN of the discovery subsystem.
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 
 /// Delays data on the host link as a modelled link would carry it.
+///
+/// The transport books the bytes when they could start crossing the modelled link, moves
+/// them for real, and only then waits for the booking: the real transfer overlaps the
+/// modelled one, so the data takes the longer of the two rather than their sum.
 pub trait LinkPacer: Send + Sync {
-    /// Returns once the link would have carried `bytes` more.
-    fn transfer(&self, bytes: u64);
+    /// Books `bytes` that may start crossing the link at `from` (or once the link is free,
+    /// if later) and returns when the modelled link has delivered them, without waiting.
+    fn book(&self, bytes: u64, from: Instant) -> Instant;
+
+    /// Sleeps until `deadline`; returns at once if it has passed.
+    fn wait_until(&self, deadline: Instant);
+
+    /// Returns once the link would have carried `bytes` more, booked now.
+    fn transfer(&self, bytes: u64) {
+        self.wait_until(self.book(bytes, Instant::now()));
+    }
 }
 
 /// The host link's two directions (links are full duplex), each paced on its own.

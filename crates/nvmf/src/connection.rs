@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Time allowed between accepting a connection and its Connect (and within any PDU).
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -201,9 +201,9 @@ impl Conn {
         self.head.resize(layout.head, 0);
         self.reader.read_exact(&mut self.head)?;
         self.shared.metrics.add_wire_in(u64::from(header.plen));
-        if let Some(links) = &self.shared.cfg.links {
-            links.to_target.transfer(u64::from(header.plen));
-        }
+        // The PDU's bytes on the modelled link, booked from its arrival and waited for once
+        // they are read: the real transfer overlaps the modelled one.
+        let modelled = self.shared.cfg.links.as_ref().map(|l| (&l.to_target, l.to_target.book(u64::from(header.plen), Instant::now())));
         let mut pdu = Pdu::decode_head(&header, &self.head, &layout)?;
         let mut digest = [0u8; 4];
         let digest = &mut digest[..layout.digest];
@@ -214,6 +214,9 @@ impl Conn {
             self.reader.read_exact(digest)?;
             if !digest.is_empty() {
                 check_data_digest(dst, digest)?;
+            }
+            if let Some((link, deadline)) = modelled {
+                link.wait_until(deadline);
             }
             self.h2c_received(cccid, layout.data, last)?;
             return Ok(None);
@@ -226,6 +229,9 @@ impl Conn {
         }
         if let Some(d) = pdu.data_mut() {
             *d = data;
+        }
+        if let Some((link, deadline)) = modelled {
+            link.wait_until(deadline);
         }
         Ok(Some(pdu))
     }

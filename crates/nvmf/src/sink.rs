@@ -6,6 +6,7 @@ use insitu_fabric::{data_digest, write_all_vectored, Completion, Digests, Pdu};
 use std::io::{IoSlice, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// Largest C2HData payload sent in one PDU.
 const C2H_CHUNK: usize = 256 << 10;
@@ -35,14 +36,18 @@ impl Sink {
         self.write(&mut [IoSlice::new(&bytes)])
     }
 
-    /// Writes the slices in order, as one message on the wire.
+    /// Writes the slices in order, as one message on the wire, once a modelled link would
+    /// have delivered them.
     fn write(&self, slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
-        let total: usize = slices.iter().map(|s| s.len()).sum();
-        self.metrics.add_wire_out(total as u64);
-        // A modelled link delivers the bytes only when it would have carried them.
         if let Some(l) = &self.link {
-            l.transfer(total as u64);
+            l.transfer(slices.iter().map(|s| s.len() as u64).sum());
         }
+        self.write_now(slices)
+    }
+
+    /// Writes the slices in order, as one message on the wire, unpaced.
+    fn write_now(&self, slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+        self.metrics.add_wire_out(slices.iter().map(|s| s.len() as u64).sum());
         write_all_vectored(&mut **self.stream.lock().unwrap_or_else(|e| e.into_inner()), slices)
     }
 
@@ -65,6 +70,7 @@ impl Sink {
         let Some(socket) = self.socket.as_ref().filter(|_| self.can_send_from(media)) else {
             return Err(std::io::Error::other("this connection cannot send from the page cache"));
         };
+        let started = Instant::now();
         let ready = media.book_host_read(offset, len);
         let mut heads = Vec::with_capacity(32);
         let mut sent = 0;
@@ -89,8 +95,9 @@ impl Sink {
         heads.clear();
         Pdu::CapsuleResp { cqe: Completion { sqhd, sqid: self.sqid, cid, ..Completion::default() } }.encode(self.digests, self.hpda, &mut heads);
         self.metrics.add_wire_out(heads.len() as u64);
+        // The modelled link carries the data from when the modelled drive has read it.
         if let Some(l) = &self.link {
-            l.transfer((sent + heads.len()) as u64);
+            l.wait_until(l.book((sent + heads.len()) as u64, ready.unwrap_or(started)));
         }
         self.stream.lock().unwrap_or_else(|e| e.into_inner()).write_all(&heads)
     }
@@ -119,7 +126,19 @@ impl Sink {
             at = *end;
         }
         slices.push(IoSlice::new(&heads[resp_at..]));
-        self.write(&mut slices)
+        match &self.link {
+            // The data goes at once and the capsule once the modelled link has carried it
+            // all: the real send overlaps the modelled one instead of following it.
+            Some(l) if !data.is_empty() => {
+                let total = slices.iter().map(|s| s.len() as u64).sum();
+                let deadline = l.book(total, Instant::now());
+                let capsule = slices.len() - 1;
+                self.write_now(&mut slices[..capsule])?;
+                l.wait_until(deadline);
+                self.write_now(&mut [IoSlice::new(&heads[resp_at..])])
+            }
+            _ => self.write(&mut slices),
+        }
     }
 }
 
@@ -141,4 +160,80 @@ fn send_more(socket: &TcpStream, bytes: &[u8]) -> std::io::Result<()> {
         at += n as usize;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// What happened, in order: bookings, waits, and writes of so many bytes.
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Vec<String>>>);
+
+    impl Log {
+        fn push(&self, e: String) {
+            self.0.lock().unwrap().push(e);
+        }
+        fn take(&self) -> Vec<String> {
+            std::mem::take(&mut *self.0.lock().unwrap())
+        }
+    }
+
+    /// A modelled link that takes 1 ms per booking and logs what it is asked.
+    struct Link(Log);
+
+    impl crate::LinkPacer for Link {
+        fn book(&self, bytes: u64, from: Instant) -> Instant {
+            self.0.push(format!("book {bytes}"));
+            from + Duration::from_millis(1)
+        }
+        fn wait_until(&self, deadline: Instant) {
+            self.0.push("wait".into());
+            std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
+        }
+    }
+
+    struct Stream(Log);
+
+    impl Write for Stream {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.push(format!("write {}", buf.len()));
+            Ok(buf.len())
+        }
+        fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> std::io::Result<usize> {
+            let n = bufs.iter().map(|b| b.len()).sum();
+            self.0.push(format!("write {n}"));
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn sink(log: &Log) -> Sink {
+        Sink {
+            stream: Arc::new(Mutex::new(Box::new(Stream(log.clone())))),
+            link: Some(Arc::new(Link(log.clone()))),
+            digests: Digests::default(),
+            hpda: 0,
+            sqid: 1,
+            metrics: Arc::default(),
+            socket: None,
+        }
+    }
+
+    #[test]
+    fn data_goes_at_once_and_its_completion_once_the_modelled_link_carried_it() {
+        let log = Log::default();
+        let s = sink(&log);
+        let data = vec![7u8; 300 << 10];
+        s.complete(3, 0, 0, 0, 0, &data).unwrap();
+        // Two C2HData PDUs (256 KiB and 44 KiB, 24-byte headers) and a 24-byte capsule.
+        let pdus = 2 * 24 + (300 << 10);
+        assert_eq!(log.take(), [format!("book {}", pdus + 24), format!("write {pdus}"), "wait".into(), "write 24".into()]);
+        // Without data the capsule itself is what crosses the link, after its time.
+        s.complete(4, 0, 0, 0, 0, &[]).unwrap();
+        assert_eq!(log.take(), ["book 24", "wait", "write 24"]);
+    }
 }
