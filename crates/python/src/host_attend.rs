@@ -10,13 +10,14 @@
 use crate::kv::{bad, element_type, f32s};
 use insitu_kvcache::{attend_partial, HeadPages, KvError, Layout, Method, PagePairs};
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyByteArray, PyBytes};
 use rayon::prelude::*;
 
 /// One (sequence, KV head) as Python hands it over: the `bytearray` holding its page pairs
 /// (or None), the byte offset of its first pair there, its whole pairs, and its tail's K
 /// and V rows (f32 bytes).
-type Entry<'py> = (Option<Bound<'py, PyByteArray>>, usize, usize, Vec<u8>, Vec<u8>);
+type Entry<'py> = (Option<Bound<'py, PyByteArray>>, usize, usize, PyBackedBytes, PyBackedBytes);
 
 /// One entry's outputs and its rows' log-sum-exps.
 type Part = (Vec<f32>, Vec<f64>);

@@ -13,6 +13,7 @@ use insitu_kvcache::split::{choose_pages, merge, FixedPages, Part, TargetScores}
 use insitu_proto::attention::Attend;
 use insitu_proto::attention::{AttendOptions, AttendResult, AttendStats, Method, PageScores, RESULT_HEADER_LEN};
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
 
 /// What a target's answer cost: (its index in the targets given, media bytes, the
@@ -178,7 +179,7 @@ fn answers<T>(targets: &[&KvTarget], prepared: &[PreparedAttend], take: impl Fn(
 #[pyfunction]
 pub fn choose_split_pages(
     py: Python<'_>,
-    scores: Vec<(Vec<u32>, Vec<u8>)>,
+    scores: Vec<(Vec<u32>, PyBackedBytes)>,
     heads: usize,
     rows: usize,
     sinks: Vec<Option<usize>>,

@@ -17,6 +17,7 @@ use insitu_host::{parse_args, scrub, Mode, OasError, Offloader, Request};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -97,11 +98,11 @@ fn exec_ranges_json(py: Python<'_>, function: String, path: PathBuf, ranges: Vec
 /// Runs `function` on the host over byte strings, with the kernel a target runs; returns
 /// the list of results as JSON, one per input.
 #[pyfunction]
-fn run_json(py: Python<'_>, function: String, inputs: Vec<Vec<u8>>, args: Vec<String>) -> PyResult<String> {
+fn run_json(py: Python<'_>, function: String, inputs: Vec<PyBackedBytes>, args: Vec<String>) -> PyResult<String> {
     py.allow_threads(|| {
         let off = offloader();
         let args = parse_args(off.registry(), &function, &args).map_err(to_py)?;
-        let slices: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+        let slices: Vec<&[u8]> = inputs.iter().map(|b| &b[..]).collect();
         json(&insitu_host::run_in_memory(off.registry(), &function, &args, &slices).map_err(to_py)?)
     })
 }
