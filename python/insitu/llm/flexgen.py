@@ -393,19 +393,10 @@ class FlexGenStore(KVStore):
         from the dimension-indexed pages, the host tail from memory."""
         row = self.rows[i][(b, layer)]
         cols = torch.zeros(self.head_dim, row.n)
-        wanted = sorted(set(dims.flatten().tolist()))
-        # Every column's read in flight at once, over the initiator's queues.
-        reads = (
-            [
-                self._readers.submit(self._read, i, self._lba(b, layer, h, i, 2 * PAGE * self.groups_max + self.es * d * self.dim_tokens), self.es * row.dim)
-                for d in wanted
-            ]
-            if row.dim
-            else []
-        )
-        for j, d in enumerate(wanted):
-            if reads:
-                cols[d, : row.dim] = reads[j].result().view(-1)
+        for d in sorted(set(dims.flatten().tolist())):
+            if row.dim:
+                off = 2 * PAGE * self.groups_max + self.es * (d * self.dim_tokens)
+                cols[d, : row.dim] = self._read(i, self._lba(b, layer, h, i, off), self.es * row.dim).view(-1)
             cols[d, row.dim :] = row.k[h, row.dim - row.base :, d]
         return cols
 
@@ -425,10 +416,9 @@ class FlexGenStore(KVStore):
         row = self.rows[i][(b, layer)]
         K = torch.zeros(row.n, self.head_dim)
         V = torch.zeros(row.n, self.head_dim)
-        runs = _runs(groups)
-        reads = [self._readers.submit(self._read, i, self._lba(b, layer, h, i, 2 * PAGE * first), 2 * PAGE * count) for first, count in runs]
-        for (first, count), read in zip(runs, reads):
-            pairs = read.result().view(count, 2, self.tpp, self.head_dim)
+        for first, count in _runs(groups):
+            data = self._read(i, self._lba(b, layer, h, i, 2 * PAGE * first), 2 * PAGE * count)
+            pairs = data.view(count, 2, self.tpp, self.head_dim)
             a, z = first * self.tpp, (first + count) * self.tpp
             K[a:z], V[a:z] = pairs[:, 0].reshape(-1, self.head_dim), pairs[:, 1].reshape(-1, self.head_dim)
         K[row.base :], V[row.base :] = row.k[h], row.v[h]
