@@ -124,6 +124,11 @@ impl Pacer {
         self.epoch.elapsed().as_nanos() as u64
     }
 
+    /// `t` on the models' clock (0 for a time before the pacer was created).
+    fn ns_at(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
     fn deadline(&self, done_ns: u64) -> Instant {
         self.epoch + Duration::from_nanos(done_ns)
     }
@@ -149,7 +154,7 @@ impl Pacer {
     /// [`Pacer::reserve_streamed_read`] for a read issued at `after` (or now, if later):
     /// one that depends on data the model delivers then.
     pub fn reserve_streamed_read_after(&self, offset: u64, len: u64, purpose: ReadPurpose, after: Instant) -> Instant {
-        let at = after.saturating_duration_since(self.epoch).as_nanos() as u64;
+        let at = self.ns_at(after);
         self.reserve_streamed_read_at(self.now_ns().max(at), at, offset, len, purpose)
     }
 
@@ -203,8 +208,7 @@ impl Pacer {
     /// may have been idle since, so a time already past books the link in the past) and
     /// returns when they are delivered, without waiting.
     pub fn reserve_link_from(&self, bytes: u64, from: Instant) -> Instant {
-        let from_ns = from.saturating_duration_since(self.epoch).as_nanos() as u64;
-        self.reserve_on(&self.link, &self.counters.link, bytes, from_ns)
+        self.reserve_on(&self.link, &self.counters.link, bytes, self.ns_at(from))
     }
 
     /// Books `bytes` on the engine link now and returns when they are delivered.

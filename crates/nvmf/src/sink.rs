@@ -132,12 +132,12 @@ impl Sink {
             // it. Less goes in one write after the wait, as a host would have to wake twice
             // for data and capsule sent apart, to save a few microseconds of link.
             Some(l) if data.len() > C2H_CHUNK => {
-                let total = slices.iter().map(|s| s.len() as u64).sum();
-                let deadline = l.book(total, Instant::now());
-                let capsule = slices.len() - 1;
-                self.write_now(&mut slices[..capsule])?;
+                let deadline = l.book(slices.iter().map(|s| s.len() as u64).sum(), Instant::now());
+                let last = slices.len() - 1;
+                let (pdus, capsule) = slices.split_at_mut(last);
+                self.write_now(pdus)?;
                 l.wait_until(deadline);
-                self.write_now(&mut [IoSlice::new(&heads[resp_at..])])
+                self.write_now(capsule)
             }
             _ => self.write(&mut slices),
         }
