@@ -148,3 +148,51 @@ def test_host_attention_refuses_pages_it_was_not_given():
     # No token at all: an empty part.
     out, lse = _native.attend_page_pairs(q, [(None, 0, 0, b"", b"")], 64, 3, 0.125, "f16")
     assert set(torch.frombuffer(bytearray(lse), dtype=torch.float64).tolist()) == {float("-inf")}
+
+
+def test_host_sparf_over_chosen_runs_and_pages_is_softmax_over_those_pages():
+    """SparF's two host steps over what a FlexGen host read: the masses from the chosen
+    components' runs rank the pages as the whole K does, and the chosen page pairs (with
+    the tail) attend as softmax attention over exactly those pages' tokens."""
+    from insitu import _native
+
+    torch.manual_seed(5)
+    D, G, tpp, paged, tail = 64, 3, 32, 4, 7
+    n = paged * tpp + tail
+    K, V = torch.randn(n, D).half().float(), torch.randn(n, D).half().float()
+    q = torch.randn(G, D)
+    qb = q.numpy().tobytes()
+    (dims,) = _native.sparf_components(qb, G, D, 8)
+    assert dims == sorted(dims) and len(dims) == 8
+    # Step 1: the components' runs of the paged tokens, 1 KiB apart after 512 bytes.
+    runs = bytearray(512)
+    for d in dims:
+        runs += K[: paged * tpp, d].half().numpy().tobytes().ljust(1024, b"\0")
+    tail_cols = K[paged * tpp :, dims].T.contiguous().numpy().tobytes()
+    (masses,) = _native.page_masses_from_runs(qb, [(runs, 512, 1024, paged * tpp, n, tail_cols)], D, G, 0.125, 8, "f16")
+    got = torch.frombuffer(bytearray(masses), dtype=torch.float32).view(G, -1)
+    # The paper's temperature on the partial scores, then log Σ exp per page.
+    l1, kept = q.double().abs().sum(-1), q.double()[:, dims].abs().sum(-1)
+    s = q.double()[:, dims] @ K.double()[:, dims].T * 0.125 / (kept / l1).sqrt()[:, None]
+    want = torch.stack([torch.logsumexp(s[:, g * tpp : (g + 1) * tpp], -1) for g in range(-(-n // tpp))], -1)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    # Step 2: pages 1 and 3 read (after 256 bytes), page 4 the tail.
+    groups = [1, 3, 4]
+    pairs = bytearray(256) + _pairs(torch.cat([K[32:64], K[96:128]]), torch.cat([V[32:64], V[96:128]]), tpp, torch.float16)
+    tk, tv = K[paged * tpp :].numpy().tobytes(), V[paged * tpp :].numpy().tobytes()
+    out, lse = _native.attend_chosen_pages(qb, [(pairs, 256, groups, paged, tk, tv)], D, G, 0.125, "f16")
+    toks = torch.cat([torch.arange(g * tpp, min(n, (g + 1) * tpp)) for g in groups])
+    sc = q.double() @ K.double()[toks].T * 0.125
+    torch.testing.assert_close(
+        torch.frombuffer(bytearray(out), dtype=torch.float32).view(G, D).double(), torch.softmax(sc, -1) @ V.double()[toks], rtol=1e-5, atol=1e-5
+    )
+    torch.testing.assert_close(torch.frombuffer(bytearray(lse), dtype=torch.float64), torch.logsumexp(sc, -1), rtol=1e-9, atol=1e-9)
+    # What the host did not read is refused, not made up.
+    with pytest.raises(Exception, match="not inside a buffer"):
+        _native.attend_chosen_pages(qb, [(pairs[:4096], 256, groups, paged, tk, tv)], D, G, 0.125, "f16")
+    with pytest.raises(Exception, match="not ascending"):
+        _native.attend_chosen_pages(qb, [(pairs, 256, [3, 1, 4], paged, tk, tv)], D, G, 0.125, "f16")
+    with pytest.raises(Exception, match="not inside a buffer"):
+        _native.page_masses_from_runs(qb, [(runs[:2048], 512, 1024, paged * tpp, n, tail_cols)], D, G, 0.125, 8, "f16")
+    with pytest.raises(Exception, match="tail"):
+        _native.page_masses_from_runs(qb, [(runs, 512, 1024, paged * tpp, n, tail_cols[:-4])], D, G, 0.125, 8, "f16")

@@ -20,13 +20,37 @@ impl Session {
 
     /// Reads `buf.len()` bytes (a multiple of the block size) from `slba` into `buf`.
     pub fn read_into(&self, nsid: u32, slba: u64, buf: &mut [u8]) -> Result<(), InitiatorError> {
+        self.require_io("Read")?;
+        let nlb = blocks("Read", buf.len(), self.lba_size(nsid)?)?;
+        self.read_runs_into(nsid, &[(slba, nlb)], buf)
+    }
+
+    /// Reads the runs `(slba, nlb)` of `runs` into `buf`, one after the other in the order
+    /// given (`buf.len()` must be their total size), all in flight at once on one queue:
+    /// what a host reading many scattered pieces of a layer (SparF's chosen columns and
+    /// pages) needs, one round trip for all of them rather than one each.
+    pub fn read_runs_into(&self, nsid: u32, runs: &[(u64, u64)], buf: &mut [u8]) -> Result<(), InitiatorError> {
         const C: &str = "Read";
         self.require_io(C)?;
         let lba = self.lba_size(nsid)?;
-        let nlb = blocks(C, buf.len(), lba)?;
+        let total: u64 = runs.iter().map(|&(_, n)| n.saturating_mul(u64::from(lba))).fold(0, u64::saturating_add);
+        if total != buf.len() as u64 {
+            return Err(InitiatorError::InvalidArgument {
+                command: C,
+                detail: format!("{} runs of {total} bytes into a buffer of {} bytes", runs.len(), buf.len()),
+            });
+        }
+        if runs.is_empty() {
+            return Ok(());
+        }
         let mut split = Vec::new();
         let results = self.run(C, true, |a| {
-            split = cmd::split_blocks(slba, nlb, lba, a.split_at);
+            split.clear();
+            let mut at = 0usize;
+            for &(slba, nlb) in runs {
+                split.extend(cmd::split_blocks(slba, nlb, lba, a.split_at).into_iter().map(|(s, n, off)| (s, n, at + off)));
+                at += nlb as usize * lba as usize;
+            }
             let pieces = split
                 .iter()
                 .map(|&(s, n, off)| Piece { cmd: cmd::rw(opcode::READ, nsid, s, n), out: &[], in_at: off, in_len: n as usize * lba as usize })

@@ -105,6 +105,25 @@ fn max_io_bytes_splits_reads_and_writes_on_disk_and_in_memory() {
 }
 
 #[test]
+fn scattered_runs_are_read_into_one_buffer_in_the_order_given() {
+    let f = target_in_memory();
+    let s = Session::connect(ConnectOptions { max_io_bytes: Some(16 << 10), queue_depth: 4, ..opts(&f.addr) }).unwrap();
+    let data = pattern(256 << 10, 5);
+    s.write(1, 0, &data).unwrap();
+    // Out of order, one run longer than a command, one of a single block.
+    let runs = [(300u64, 8u64), (0, 40), (100, 1)];
+    let mut got = vec![0u8; 49 * 512];
+    let (r0, _) = host_commands(&s);
+    s.read_runs_into(1, &runs, &mut got).unwrap();
+    let want: Vec<u8> = runs.iter().flat_map(|&(lba, n)| data[lba as usize * 512..][..n as usize * 512].to_vec()).collect();
+    assert!(got == want, "the runs came back in another order or with other bytes");
+    assert_eq!(host_commands(&s).0 - r0, 4, "40 blocks split in two 16 KiB commands, and one each for the others");
+    let mut short = vec![0u8; 48 * 512];
+    assert!(matches!(s.read_runs_into(1, &runs, &mut short), Err(InitiatorError::InvalidArgument { .. })));
+    s.read_runs_into(1, &[], &mut []).unwrap();
+}
+
+#[test]
 fn flush_write_zeroes_and_deallocate() {
     for f in targets_on_disk() {
         flush_write_zeroes_and_deallocate_on(&f);

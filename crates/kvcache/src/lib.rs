@@ -33,7 +33,7 @@ pub use attention::{attend, attend_groups, attend_partial, page_log_mass, page_l
 pub use attention::{attend_all, Task};
 pub use held::{HeldResults, Pending, HELD_RESULTS, RESULT_GRACE};
 pub use layout::{Dtype, Layout};
-pub use page_pairs::PagePairs;
+pub use page_pairs::{DimRuns, PagePairs};
 pub use store::{HeadView, KvCache, SeqInfo, StoreUsage};
 
 use insitu_proto::Status;

@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-//! `insitu._native.attend_page_pairs`: dense attention on the host over pages it read back,
-//! with the in-storage engine's kernels (`insitu_kvcache::PagePairs`).
+//! Attention on the host over pages it read back, with the in-storage engine's kernels:
+//! `insitu._native.attend_page_pairs` (dense, `insitu_kvcache::PagePairs`), and SparF's two
+//! steps, `sparf_components` + `page_masses_from_runs` (`insitu_kvcache::DimRuns`) then
+//! `attend_chosen_pages` (`PagePairs::chosen`).
 //!
 //! The FlexGen-style baseline reads a layer's pages into buffers and attends over them on
 //! the host. In torch that costs a gather of every page into f32 rows and three products
 //! of a few query rows each, several passes over every element; here each page is
-//! widened once, as the engine does on a target, and the GIL is released throughout.
+//! widened once, as the engine does on a target, every (sequence, KV head) of a layer in
+//! one call, and the GIL is released throughout.
 
 use crate::kv::{bad, element_type, f32s};
-use insitu_kvcache::{attend_partial, HeadPages, KvError, Layout, Method, PagePairs};
+use insitu_kvcache::{attend_groups, attend_partial, page_log_mass_reduced, reduce_queries, DimRuns, HeadPages, KvError, Layout, Method, PagePairs};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyByteArray, PyBytes};
@@ -51,20 +54,9 @@ pub fn attend_page_pairs<'py>(
     }
     let mut parts = Vec::with_capacity(heads.len());
     for (buffer, offset, pairs, tail_k, tail_v) in &heads {
-        let span = 2 * PAGE_BYTES * pairs;
-        let bytes: &[u8] = match buffer {
-            Some(b) if *pairs > 0 => {
-                if offset.checked_add(span).is_none_or(|end| end > b.len()) {
-                    return Err(bad(format!("attend_page_pairs: {pairs} page pairs at byte {offset} are not inside a buffer of {}", b.len())));
-                }
-                // SAFETY: the bytearray holds the span (checked above) and is borrowed for
-                // this call; the caller neither resizes nor writes it during the call (its
-                // promise, as for `Session.read_into`), so the bytes stay valid and fixed.
-                unsafe { std::slice::from_raw_parts(b.data().add(*offset), span) }
-            }
-            _ if *pairs > 0 => return Err(bad("attend_page_pairs: page pairs without a buffer")),
-            _ => &[],
-        };
+        // SAFETY: the caller neither resizes nor writes the bytearray during the call (its
+        // promise, as for `Session.read_into`).
+        let bytes = unsafe { span_of("attend_page_pairs", buffer, *offset, 2 * PAGE_BYTES * pairs)? };
         parts.push((bytes, f32s("tail_k", tail_k)?, f32s("tail_v", tail_v)?));
     }
     let answers: Vec<Result<Part, KvError>> = py.allow_threads(|| {
@@ -81,9 +73,165 @@ pub fn attend_page_pairs<'py>(
             })
             .collect()
     });
-    let (mut out, mut lse) = (Vec::with_capacity(4 * q.len()), Vec::with_capacity(8 * heads.len() * group));
+    joined(py, "attend_page_pairs", answers)
+}
+
+/// The bytes `[offset, offset + len)` of `buffer` (None: no bytes), checked to be inside it.
+///
+/// # Safety
+/// The caller keeps the bytearray unresized and unwritten while the slice lives (the
+/// promise every function here asks of Python, as `Session.read_into` does).
+unsafe fn span_of<'b>(what: &str, buffer: &'b Option<Bound<'_, PyByteArray>>, offset: usize, len: usize) -> PyResult<&'b [u8]> {
+    match buffer {
+        _ if len == 0 => Ok(&[]),
+        Some(b) => {
+            if offset.checked_add(len).is_none_or(|end| end > b.len()) {
+                return Err(bad(format!("{what}: {len} bytes at byte {offset} are not inside a buffer of {}", b.len())));
+            }
+            // SAFETY: inside the bytearray (checked above), fixed while borrowed (the
+            // caller's promise).
+            Ok(unsafe { std::slice::from_raw_parts(b.data().add(offset), len) })
+        }
+        None => Err(bad(format!("{what}: {len} bytes without a buffer"))),
+    }
+}
+
+/// SparF's step 1 on the host for each (sequence, KV head) entry of `q` (f32 bytes,
+/// `[entries][group][head_dim]`): the `r` components the entry's rows share, ascending, as
+/// a target chooses them. The host reads those components' dimension runs for
+/// [`page_masses_from_runs`].
+#[pyfunction]
+pub fn sparf_components(q: PyBackedBytes, group: usize, head_dim: usize, r: usize) -> PyResult<Vec<Vec<usize>>> {
+    let q = f32s("q", &q)?;
+    if group == 0 || head_dim == 0 || !q.len().is_multiple_of(group * head_dim) {
+        return Err(bad(format!("sparf_components: {} query values are not whole entries of {group} rows of {head_dim}", q.len())));
+    }
+    let (dims, _, _) = reduce_queries(&q, group, head_dim, r);
+    let r = r.clamp(1, head_dim);
+    Ok(dims.chunks(r).map(<[usize]>::to_vec).collect())
+}
+
+/// One entry of [`page_masses_from_runs`]: the buffer holding its dimension runs (None
+/// when none was read), the byte offset of the first, the bytes from one run to the next,
+/// the tokens each run holds, the entry's tokens, and the later tokens' values of the
+/// chosen components (f32 bytes, `[r][tokens - paged]`).
+type RunsEntry<'py> = (Option<Bound<'py, PyByteArray>>, usize, usize, usize, usize, PyBackedBytes);
+
+/// SparF's page log-masses on the host (`insitu_kvcache::page_log_mass_reduced`) for each
+/// entry of `q` (as [`sparf_components`] takes it), from the dimension runs of the
+/// components [`sparf_components`] chose for it (see [`RunsEntry`]; `dtype` elements). Returns
+/// per entry `[group][token groups]` log-masses as f32 bytes, what
+/// `choose_split_pages` takes. The bytearrays must not be resized or written meanwhile.
+#[pyfunction]
+#[pyo3(signature = (q, entries, head_dim, group, scale, r, dtype="f16"))]
+#[allow(clippy::too_many_arguments)]
+pub fn page_masses_from_runs<'py>(
+    py: Python<'py>,
+    q: PyBackedBytes,
+    entries: Vec<RunsEntry<'py>>,
+    head_dim: usize,
+    group: usize,
+    scale: f32,
+    r: usize,
+    dtype: &str,
+) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    let layout = Layout::new(head_dim, element_type("dtype", dtype)?, PAGE_BYTES, 1).map_err(|e| bad(e.to_string()))?;
+    let q = f32s("q", &q)?;
+    let rows = group * head_dim;
+    if group == 0 || q.len() != entries.len() * rows {
+        return Err(bad(format!("page_masses_from_runs: q holds {} values; {} entries need {group} rows of {head_dim} each", q.len(), entries.len())));
+    }
+    let (dims, reduced, l1) = reduce_queries(&q, group, head_dim, r);
+    let r = r.clamp(1, head_dim);
+    let mut parts = Vec::with_capacity(entries.len());
+    for (buffer, offset, stride, paged, tokens, tail) in &entries {
+        let len = if *paged == 0 { 0 } else { (r - 1) * stride + paged * layout.dtype.size() };
+        // SAFETY: the caller's promise (see the function's docs).
+        let runs = unsafe { span_of("page_masses_from_runs", buffer, *offset, len)? };
+        parts.push((runs, *stride, *paged, *tokens, f32s("tail", tail)?));
+    }
+    let answers: Vec<Result<Vec<f32>, KvError>> = py.allow_threads(|| {
+        parts
+            .par_iter()
+            .enumerate()
+            .map(|(i, (runs, stride, paged, tokens, tail))| {
+                if *tokens == 0 {
+                    return Ok(Vec::new());
+                }
+                let dims = &dims[i * r..(i + 1) * r];
+                let head = DimRuns::new(layout, *tokens, dims, runs, *stride, *paged, tail)?;
+                let (masses, _) = page_log_mass_reduced(&head, &reduced[i * group * r..(i + 1) * group * r], dims, &l1[i * group..(i + 1) * group], scale)?;
+                Ok(masses.into_iter().map(|m| m as f32).collect())
+            })
+            .collect()
+    });
+    answers
+        .into_iter()
+        .map(|a| {
+            let m = a.map_err(|e| bad(format!("page_masses_from_runs: {e}")))?;
+            Ok(PyBytes::new(py, &m.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()))
+        })
+        .collect()
+}
+
+/// One entry of [`attend_chosen_pages`]: the buffer holding the page pairs read (None when
+/// none was), the byte offset of the first, the token groups chosen (ascending; those below
+/// `paged` have their pairs in the buffer, in that order), the groups on pages, and the
+/// tail's K and V rows after them (f32 bytes).
+type ChosenEntry<'py> = (Option<Bound<'py, PyByteArray>>, usize, Vec<usize>, usize, PyBackedBytes, PyBackedBytes);
+
+/// SparF's step 2 on the host: for each entry (see [`ChosenEntry`]), exact attention of its
+/// `group` rows of `q` (f32 bytes, `[entries][group][head_dim]`) over every token of its
+/// chosen groups. Returns the outputs (f32 bytes, the shape of `q`) and each row's
+/// log-sum-exp (f64 bytes, −inf for an entry with no group), one part of a split-K
+/// attention. The bytearrays must not be resized or written meanwhile.
+#[pyfunction]
+#[pyo3(signature = (q, entries, head_dim, group, scale, dtype="f16"))]
+pub fn attend_chosen_pages<'py>(
+    py: Python<'py>,
+    q: PyBackedBytes,
+    entries: Vec<ChosenEntry<'py>>,
+    head_dim: usize,
+    group: usize,
+    scale: f32,
+    dtype: &str,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let layout = Layout::new(head_dim, element_type("dtype", dtype)?, PAGE_BYTES, 1).map_err(|e| bad(e.to_string()))?;
+    let q = f32s("q", &q)?;
+    let rows = group * head_dim;
+    if group == 0 || q.len() != entries.len() * rows {
+        return Err(bad(format!("attend_chosen_pages: q holds {} values; {} entries need {group} rows of {head_dim} each", q.len(), entries.len())));
+    }
+    let mut parts = Vec::with_capacity(entries.len());
+    for (buffer, offset, groups, paged, tail_k, tail_v) in &entries {
+        let read = groups.iter().take_while(|&&g| g < *paged).count();
+        // SAFETY: the caller's promise (see the function's docs).
+        let pairs = unsafe { span_of("attend_chosen_pages", buffer, *offset, read * 2 * PAGE_BYTES)? };
+        parts.push((pairs, groups.as_slice(), read, *paged, f32s("tail_k", tail_k)?, f32s("tail_v", tail_v)?));
+    }
+    let answers: Vec<Result<Part, KvError>> = py.allow_threads(|| {
+        parts
+            .par_iter()
+            .zip(q.par_chunks(rows))
+            .map(|((pairs, groups, read, paged, tk, tv), q)| {
+                let (mut out, mut lse) = (vec![0f32; rows], vec![f64::NEG_INFINITY; group]);
+                if !groups.is_empty() {
+                    let head = PagePairs::chosen(layout, pairs, &groups[..*read], *paged, tk, tv)?;
+                    attend_groups(&head, q, scale, groups, &mut out, &mut lse)?;
+                }
+                Ok((out, lse))
+            })
+            .collect()
+    });
+    joined(py, "attend_chosen_pages", answers)
+}
+
+/// Each entry's outputs (f32) and log-sum-exps (f64), concatenated as little-endian bytes;
+/// the first entry's error, named after the function `what`, if any failed.
+fn joined<'py>(py: Python<'py>, what: &str, answers: Vec<Result<Part, KvError>>) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let (mut out, mut lse) = (Vec::new(), Vec::new());
     for a in answers {
-        let (o, l) = a.map_err(|e| bad(format!("attend_page_pairs: {e}")))?;
+        let (o, l) = a.map_err(|e| bad(format!("{what}: {e}")))?;
         out.extend(o.iter().flat_map(|x| x.to_le_bytes()));
         lse.extend(l.iter().flat_map(|x| x.to_le_bytes()));
     }

@@ -253,6 +253,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kv_split::sparf_split, m)?)?;
     m.add_function(wrap_pyfunction!(kv_split::choose_split_pages, m)?)?;
     m.add_function(wrap_pyfunction!(host_attend::attend_page_pairs, m)?)?;
+    m.add_function(wrap_pyfunction!(host_attend::sparf_components, m)?)?;
+    m.add_function(wrap_pyfunction!(host_attend::page_masses_from_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(host_attend::attend_chosen_pages, m)?)?;
     m.add_class::<kv_store::KvNamespace>()?;
     m.add_class::<quant::BlockMatrix>()?;
     m.add_function(wrap_pyfunction!(quant::gguf_tensors, m)?)?;

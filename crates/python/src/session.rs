@@ -99,6 +99,20 @@ impl Session {
         .map_err(to_py)
     }
 
+    /// Reads the runs `(slba, nlb)` of `runs` into `buffer`, back to back in the order
+    /// given, all in flight at once: `buffer`'s length must be their total size. The
+    /// bytearray must not be resized while the read runs.
+    fn read_runs_into(&self, py: Python<'_>, nsid: u32, runs: Vec<(u64, u64)>, buffer: &Bound<'_, PyByteArray>) -> PyResult<()> {
+        let (ptr, len) = (buffer.data() as usize, buffer.len());
+        py.allow_threads(|| {
+            // SAFETY: as for `read_into`: the bytearray is borrowed for this call and not
+            // resized during it.
+            let out = unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) };
+            self.inner.read_runs_into(nsid, &runs, out)
+        })
+        .map_err(to_py)
+    }
+
     /// Writes whole logical blocks at `slba`.
     fn write(&self, py: Python<'_>, nsid: u32, slba: u64, data: &[u8]) -> PyResult<()> {
         py.allow_threads(|| self.inner.write(nsid, slba, data)).map_err(to_py)

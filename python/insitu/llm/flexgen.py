@@ -32,6 +32,14 @@ tokens (every target all the KV heads for a share of the tokens, placed by the s
 in ranges. The two backends then read the same tokens' pages and differ only in where
 attention runs. The targets' reads of a step are in flight together, one worker each.
 
+**SparF, FlexGen's way.** Per layer and target, two rounds of reads, each all in flight at
+once (``Session.read_runs_into``): the dimension runs of the components every (sequence,
+KV head) chose, scored on the host by the engine's kernels
+(``_native.page_masses_from_runs``); then, the pages chosen as the in-storage engine
+chooses them (``_native.choose_split_pages``, over the whole sequence when it is split),
+the chosen page pairs, attended by the same kernels (``_native.attend_chosen_pages``).
+With the mean of V mixed in, SparF keeps its per-head torch path (an accuracy study).
+
 **Dense reads, FlexGen's way.** A layer's pages of a sequence on a target are one large
 read (its heads' regions are adjacent; the initiator pipelines it over its queues), and
 each target reads layer ``l + 1`` on a prefetch thread while the host computes layer
@@ -144,7 +152,9 @@ class FlexGenStore(KVStore):
         self.tokens = [0] * batch
         try:
             for i, rng in enumerate(self.ranges):
-                s = _native.Session(pool.urls[i], hostnqn)
+                # SparF reads a layer as hundreds of small runs at once: a deep queue, as
+                # a host's NVMe driver gives one (32 deep, the reads took 45% longer).
+                s = _native.Session(pool.urls[i], hostnqn, queue_depth=128)
                 self.sessions.append(s)
                 need = self.region * batch * layers * len(rng)
                 size = s.identify_namespace(NSID)["size"]
@@ -258,6 +268,8 @@ class FlexGenStore(KVStore):
             self._append(i, b, layer, k[b].to("cpu", torch.float32).unsqueeze(1), v[b].to("cpu", torch.float32).unsqueeze(1))
         if not self.ratio:
             return self._decode_dense(i, layer, q, scale, out, lse)
+        if not self.mean_v:
+            return self._sparf_whole(i, layer, q, scale)
         for b in range(q.shape[0]):
             row = self.rows[i][(b, layer)]
             if row.n == 0:
@@ -271,6 +283,27 @@ class FlexGenStore(KVStore):
                 else:
                     out[b, h], lse[b, h] = self._sparf(i, b, layer, h, q[b, h], scale, p)
         return out, lse
+
+    def _sparf_whole(self, i, layer, q, scale):
+        """SparF over target ``i``'s KV heads, each sequence whole on it (a head split),
+        FlexGen's way: every head's dimension runs read at once and scored on the host, the
+        pages chosen as the target's engine chooses them (the first, the last ``local``
+        tokens' and the budget's best others by approximate mass), every chosen page pair
+        read at once and attended. A sequence SparF would keep whole (``k`` at least its
+        tokens) is attended densely without its dimension runs, as the engine does."""
+        B, H = q.shape[0], q.shape[1]
+        n = [self.rows[i][(b, layer)].n for b in range(B)]
+        p = sparf.params(self.ratio, self.head_dim, max(n), self.tpp)
+        whole = {b for b in range(B) if p.k >= n[b]}
+        masses = self._page_masses(i, layer, q, None, None, scale, p.r, (), whole)
+        chosen = [b for b in range(B) if n[b] and b not in whole]
+        sinks = [0 if b in chosen else None for b in range(B)]
+        local_from = [[(n[b] - min(p.local, n[b])) // self.tpp if b in chosen else None] for b in range(B)]
+        scores = ([m.shape[2] for m in masses], np.concatenate([m.ravel() for m in masses]).astype("<f4").tobytes())
+        lists = _native.choose_split_pages([scores], H, q.shape[2], sinks, local_from, p.pages)[0]
+        for b in whole:
+            lists[b * H : (b + 1) * H] = [list(range(-(-n[b] // self.tpp)))] * H
+        return self._attend_pages(i, layer, q, scale, lists)
 
     def _decode_dense(self, i, layer, q, scale, out, lse):
         """Dense attention of target ``i``'s part of a layer, FlexGen's way: the pages of
@@ -350,43 +383,78 @@ class FlexGenStore(KVStore):
         parts = [f.result() for f in parts]
         return merge([o for o, _ in parts], [lse for _, lse in parts])
 
-    def _page_masses(self, i, layer, q, k, v, scale, r, rows):
+    def _page_masses(self, i, layer, q, k, v, scale, r, rows, skip=()):
         """Target ``i``'s page log-masses (per sequence, ``[heads][rows][pages]``) from
-        the dimension columns of the ``r`` components the rows share; appends first."""
+        the dimension runs of the ``r`` components each (sequence, KV head)'s rows share,
+        FlexGen's way: the step's tokens appended first, every head's runs read at once
+        (``Session.read_runs_into``), scored by the engine's kernels on the host
+        (``_native.page_masses_from_runs``). Sequences in ``skip`` are read and scored as
+        empty (no pages)."""
         q = q.to("cpu", torch.float32)
-        out = []
+        B, H, G, D = q.shape
         for b in rows:
             self._append(i, b, layer, k[b].to("cpu", torch.float32).unsqueeze(1), v[b].to("cpu", torch.float32).unsqueeze(1))
-        for b in range(q.shape[0]):
+        qb = q.contiguous().numpy().tobytes()
+        dims = _native.sparf_components(qb, G, D, r)
+        runs, entries, at = [], [], 0
+        tokens = [0 if b in skip else self.rows[i][(b, layer)].n for b in range(B)]
+        for b in range(B):
             row = self.rows[i][(b, layer)]
-            heads = []
-            for h in range(q.shape[1]):
-                if row.n == 0:
-                    heads.append(np.zeros((q.shape[2], 0)))
-                    continue
-                dims = sparf.select_dims(q[b, h], r, shared=True)
-                logits = sparf.approx_logits(q[b, h], dims, self._columns(i, b, layer, h, dims), scale)
-                heads.append(sparf.page_log_mass(logits, self.tpp).numpy())
-            out.append(np.stack(heads))
+            paged = row.dim if tokens[b] else 0
+            for h in range(H):
+                ds = dims[b * H + h]
+                for d in ds if paged else ():
+                    runs.append((self._lba(b, layer, h, i, 2 * PAGE * self.groups_max + self.es * d * self.dim_tokens), self.es * paged // BLOCK))
+                tail = row.k[h, paged - row.base :][:, ds].T if tokens[b] else torch.zeros(0)
+                entries.append([None, at, self.es * paged, paged, tokens[b], tail.contiguous().numpy().astype("<f4", copy=False).tobytes()])
+                at += self.es * paged * len(ds)
+        buf = self._read_runs(i, runs, at)
+        for e in entries:
+            e[0] = buf
+        masses = _native.page_masses_from_runs(qb, [tuple(e) for e in entries], D, G, scale, r, self.kv_dtype)
+        out = []
+        for b in range(B):
+            pages = -(-tokens[b] // self.tpp)
+            out.append(np.stack([np.frombuffer(masses[b * H + h], dtype="<f4").reshape(G, pages) for h in range(H)]))
         return out
 
     def _attend_pages(self, i, layer, q, scale, groups):
-        """Target ``i``'s part over the pages ``groups[b * heads + h]``."""
+        """Target ``i``'s part over the pages ``groups[b * heads + h]``: every chosen page
+        pair of the layer read at once, attended by the engine's kernels on the host
+        (``_native.attend_chosen_pages``)."""
         q = q.to("cpu", torch.float32)
-        H = q.shape[1]
-        out = torch.zeros(q.shape, dtype=torch.float64)
-        lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float64)
-        for b in range(q.shape[0]):
+        B, H, G, D = q.shape
+        runs, entries, at = [], [], 0
+        for b in range(B):
             row = self.rows[i][(b, layer)]
+            paged = row.tok // self.tpp
+            k = row.k[:, row.tok - row.base :].to(torch.float32).contiguous().numpy()
+            v = row.v[:, row.tok - row.base :].to(torch.float32).contiguous().numpy()
             for h in range(H):
-                g = groups[b * H + h]
-                if not g:
-                    continue
-                K, V = self._read_tokens(i, b, layer, h, [x for x in g if x < row.tok // self.tpp])
-                toks = torch.cat([torch.arange(x * self.tpp, min(row.n, (x + 1) * self.tpp)) for x in g])
-                out[b, h] = sparf.dense(q[b, h], K[toks], V[toks], scale)
-                lse[b, h] = sparf.log_sum_exp(q[b, h], K[toks], scale)
+                g = [int(x) for x in groups[b * H + h]]
+                read = [x for x in g if x < paged]
+                for first, count in _runs(read):
+                    runs.append((self._lba(b, layer, h, i, 2 * PAGE * first), 2 * PAGE * count // BLOCK))
+                entries.append([None, at, g, paged, k[h].astype("<f4", copy=False).tobytes(), v[h].astype("<f4", copy=False).tobytes()])
+                at += 2 * PAGE * len(read)
+        buf = self._read_runs(i, runs, at)
+        for e in entries:
+            e[0] = buf
+        o, l = _native.attend_chosen_pages(q.numpy().tobytes(), [tuple(e) for e in entries], D, G, scale, self.kv_dtype)
+        out = torch.from_numpy(np.frombuffer(o, dtype="<f4").copy()).view(B, H, G, D).double()
+        lse = torch.from_numpy(np.frombuffer(l, dtype="<f8").copy()).view(B, H, G)
         return out, lse
+
+    def _read_runs(self, i: int, runs: List[Tuple[int, int]], nbytes: int) -> Optional[bytearray]:
+        """The runs ``(lba, blocks)`` of target ``i``, back to back in one buffer, all in
+        flight at once (None when there is none)."""
+        if not runs:
+            return None
+        buf = bytearray(nbytes)
+        self.sessions[i].read_runs_into(NSID, runs, buf)
+        with self._media_lock:
+            self._media[i] += nbytes
+        return buf
 
     def _columns(self, i, b, layer, h, dims):
         """K transposed (``[D, n]``) of the row, the components in ``dims`` filled: read
