@@ -264,8 +264,7 @@ class FlexGenStore(KVStore):
         q = q.to("cpu", torch.float32)
         out = torch.zeros(q.shape, dtype=torch.float64)
         lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float64)
-        for b in range(q.shape[0]) if rows is None else rows:
-            self._append(i, b, layer, k[b].to("cpu", torch.float32).unsqueeze(1), v[b].to("cpu", torch.float32).unsqueeze(1))
+        self._append_step(i, layer, k, v, range(q.shape[0]) if rows is None else rows)
         if not self.ratio:
             return self._decode_dense(i, layer, q, scale, out, lse)
         if not self.mean_v:
@@ -295,7 +294,7 @@ class FlexGenStore(KVStore):
         n = [self.rows[i][(b, layer)].n for b in range(B)]
         p = sparf.params(self.ratio, self.head_dim, max(n), self.tpp)
         whole = {b for b in range(B) if p.k >= n[b]}
-        masses = self._page_masses(i, layer, q, None, None, scale, p.r, (), whole)
+        masses = self._page_masses(i, layer, q, scale, p.r, whole)
         chosen = [b for b in range(B) if n[b] and b not in whole]
         sinks = [0 if b in chosen else None for b in range(B)]
         local_from = [[(n[b] - min(p.local, n[b])) // self.tpp if b in chosen else None] for b in range(B)]
@@ -375,7 +374,7 @@ class FlexGenStore(KVStore):
         p = sparf.params(self.ratio, self.head_dim, max(self.tokens), self.tpp)
         futures = {}
         for i in self.split_tokens.decode(layer):
-            futures[i] = self.workers[i].submit(self._page_masses, i, layer, qg, k, v, scale, p.r, self.split_tokens.new_rows(i))
+            futures[i] = self.workers[i].submit(self._split_masses, i, layer, qg, k, v, scale, p.r, self.split_tokens.new_rows(i))
         for w in self.workers:
             w.drain()
         lists = self.split_tokens.sparf_pages({i: f.result() for i, f in futures.items()}, p.local, p.pages)
@@ -383,17 +382,20 @@ class FlexGenStore(KVStore):
         parts = [f.result() for f in parts]
         return merge([o for o, _ in parts], [lse for _, lse in parts])
 
-    def _page_masses(self, i, layer, q, k, v, scale, r, rows, skip=()):
-        """Target ``i``'s page log-masses (per sequence, ``[heads][rows][pages]``) from
-        the dimension runs of the ``r`` components each (sequence, KV head)'s rows share,
-        FlexGen's way: the step's tokens appended first, every head's runs read at once
-        (``Session.read_runs_into``), scored by the engine's kernels on the host
-        (``_native.page_masses_from_runs``). Sequences in ``skip`` are read and scored as
-        empty (no pages)."""
-        q = q.to("cpu", torch.float32)
-        B, H, G, D = q.shape
+    def _append_step(self, i, layer, k, v, rows):
+        """Appends the decode step's token (``k``, ``v``: ``[B, heads, D]``) of each
+        sequence in ``rows`` to target ``i``'s part of ``layer``."""
         for b in rows:
             self._append(i, b, layer, k[b].to("cpu", torch.float32).unsqueeze(1), v[b].to("cpu", torch.float32).unsqueeze(1))
+
+    def _page_masses(self, i, layer, q, scale, r, skip=()):
+        """Target ``i``'s page log-masses (per sequence, ``[heads][rows][pages]``) from
+        the dimension runs of the ``r`` components each (sequence, KV head)'s rows share,
+        FlexGen's way: every head's runs read at once (``Session.read_runs_into``), scored
+        by the engine's kernels on the host (``_native.page_masses_from_runs``).
+        Sequences in ``skip`` are read and scored as empty (no pages)."""
+        q = q.to("cpu", torch.float32)
+        B, H, G, D = q.shape
         qb = q.contiguous().numpy().tobytes()
         dims = _native.sparf_components(qb, G, D, r)
         runs, entries, at = [], [], 0
@@ -417,6 +419,12 @@ class FlexGenStore(KVStore):
             pages = -(-tokens[b] // self.tpp)
             out.append(np.stack([np.frombuffer(masses[b * H + h], dtype="<f4").reshape(G, pages) for h in range(H)]))
         return out
+
+    def _split_masses(self, i, layer, q, k, v, scale, r, rows):
+        """Target ``i``'s part of a token split's first SparF step: the step's tokens of
+        ``rows`` appended, then the page log-masses (:meth:`_page_masses`)."""
+        self._append_step(i, layer, k, v, rows)
+        return self._page_masses(i, layer, q, scale, r)
 
     def _attend_pages(self, i, layer, q, scale, groups):
         """Target ``i``'s part over the pages ``groups[b * heads + h]``: every chosen page
