@@ -139,6 +139,8 @@ def test_host_attention_refuses_pages_it_was_not_given():
         _native.attend_page_pairs(q, [(bytearray(8192), 4096, 1, tail, tail)], 64, 3, 0.125, "f16")
     with pytest.raises(Exception, match="without a buffer"):
         _native.attend_page_pairs(q, [(None, 0, 1, tail, tail)], 64, 3, 0.125, "f16")
+    with pytest.raises(Exception, match="not inside a buffer"):
+        _native.attend_page_pairs(q, [(bytearray(8192), 0, 1 << 62, tail, tail)], 64, 3, 0.125, "f16")
     with pytest.raises(Exception, match="whole rows"):
         _native.attend_page_pairs(q, [(None, 0, 0, tail, tail[:-4])], 64, 3, 0.125, "f16")
     with pytest.raises(Exception, match="q holds"):
@@ -194,5 +196,7 @@ def test_host_sparf_over_chosen_runs_and_pages_is_softmax_over_those_pages():
         _native.attend_chosen_pages(qb, [(pairs, 256, [3, 1, 4], paged, tk, tv)], D, G, 0.125, "f16")
     with pytest.raises(Exception, match="not inside a buffer"):
         _native.page_masses_from_runs(qb, [(runs[:2048], 512, 1024, paged * tpp, n, tail_cols)], D, G, 0.125, 8, "f16")
+    with pytest.raises(Exception, match="not inside a buffer"):
+        _native.page_masses_from_runs(qb, [(runs, 512, 1 << 62, paged * tpp, n, tail_cols)], D, G, 0.125, 8, "f16")
     with pytest.raises(Exception, match="tail"):
         _native.page_masses_from_runs(qb, [(runs, 512, 1024, paged * tpp, n, tail_cols[:-4])], D, G, 0.125, 8, "f16")

@@ -47,7 +47,7 @@ impl<'a> PagePairs<'a> {
         if groups.windows(2).any(|w| w[0] >= w[1]) || groups.last().is_some_and(|&g| g >= paged) {
             return Err(bad(format!("token groups {groups:?} are not ascending below the {paged} on pages")));
         }
-        if pairs.len() != groups.len() * 2 * layout.page_bytes {
+        if Some(pairs.len()) != groups.len().checked_mul(2 * layout.page_bytes) {
             return Err(bad(format!("{} bytes for the page pairs of {} token groups", pairs.len(), groups.len())));
         }
         PagePairs::build(layout, pairs, Some(groups), paged, tail_k, tail_v)
@@ -156,10 +156,11 @@ impl<'a> DimRuns<'a> {
             return Err(bad(format!("components {dims:?} are not ascending below {}", layout.head_dim)));
         }
         let es = layout.dtype.size();
-        if paged > tokens || stride < paged * es || runs.len() < dims.len().saturating_sub(1) * stride + paged * es {
+        let need = dims.len().saturating_sub(1).checked_mul(stride).and_then(|n| n.checked_add(paged.checked_mul(es)?));
+        if paged > tokens || stride < paged.saturating_mul(es) || need.is_none_or(|need| runs.len() < need) {
             return Err(bad(format!("{} bytes do not hold {} runs of {paged} tokens {stride} bytes apart", runs.len(), dims.len())));
         }
-        if tail.len() != dims.len() * (tokens - paged) {
+        if Some(tail.len()) != dims.len().checked_mul(tokens - paged) {
             return Err(bad(format!("a tail of {} values for {} components of {} tokens", tail.len(), dims.len(), tokens - paged)));
         }
         Ok(DimRuns { layout, tokens, dims, runs, stride, paged, tail })

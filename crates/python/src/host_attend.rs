@@ -56,7 +56,7 @@ pub fn attend_page_pairs<'py>(
     for (buffer, offset, pairs, tail_k, tail_v) in &heads {
         // SAFETY: the caller neither resizes nor writes the bytearray during the call (its
         // promise, as for `Session.read_into`).
-        let bytes = unsafe { span_of("attend_page_pairs", buffer, *offset, 2 * PAGE_BYTES * pairs)? };
+        let bytes = unsafe { span_of("attend_page_pairs", buffer, *offset, pairs.saturating_mul(2 * PAGE_BYTES))? };
         parts.push((bytes, f32s("tail_k", tail_k)?, f32s("tail_v", tail_v)?));
     }
     let answers: Vec<Result<Part, KvError>> = py.allow_threads(|| {
@@ -145,7 +145,7 @@ pub fn page_masses_from_runs<'py>(
     let r = r.clamp(1, head_dim);
     let mut parts = Vec::with_capacity(entries.len());
     for (buffer, offset, stride, paged, tokens, tail) in &entries {
-        let len = if *paged == 0 { 0 } else { (r - 1) * stride + paged * layout.dtype.size() };
+        let len = if *paged == 0 { 0 } else { (r - 1).saturating_mul(*stride).saturating_add(paged.saturating_mul(layout.dtype.size())) };
         // SAFETY: the caller's promise (see the function's docs).
         let runs = unsafe { span_of("page_masses_from_runs", buffer, *offset, len)? };
         parts.push((runs, *stride, *paged, *tokens, f32s("tail", tail)?));
