@@ -38,7 +38,8 @@ KV head) chose, scored on the host by the engine's kernels
 (``_native.page_masses_from_runs``); then, the pages chosen as the in-storage engine
 chooses them (``_native.choose_split_pages``, over the whole sequence when it is split),
 the chosen page pairs, attended by the same kernels (``_native.attend_chosen_pages``).
-With the mean of V mixed in, SparF keeps its per-head torch path (an accuracy study).
+With the mean of V mixed in (a head split), each row's result is mixed by the approximate
+weight of the pages kept, from the same masses.
 
 **Dense reads, FlexGen's way.** A layer's pages of a sequence on a target are one large
 read (its heads' regions are adjacent; the initiator pipelines it over its queues), and
@@ -267,21 +268,7 @@ class FlexGenStore(KVStore):
         self._append_step(i, layer, k, v, range(q.shape[0]) if rows is None else rows)
         if not self.ratio:
             return self._decode_dense(i, layer, q, scale, out, lse)
-        if not self.mean_v:
-            return self._sparf_whole(i, layer, q, scale)
-        for b in range(q.shape[0]):
-            row = self.rows[i][(b, layer)]
-            if row.n == 0:
-                continue
-            p = sparf.params(self.ratio, self.head_dim, row.n, self.tpp, mean_v=self.mean_v)
-            for h in range(q.shape[1]):
-                if p.k >= row.n:
-                    K, V = self._read_tokens(i, b, layer, h, range(row.tok // self.tpp))
-                    out[b, h] = sparf.dense(q[b, h], K, V, scale)
-                    lse[b, h] = sparf.log_sum_exp(q[b, h], K, scale)
-                else:
-                    out[b, h], lse[b, h] = self._sparf(i, b, layer, h, q[b, h], scale, p)
-        return out, lse
+        return self._sparf_whole(i, layer, q, scale)
 
     def _sparf_whole(self, i, layer, q, scale):
         """SparF over target ``i``'s KV heads, each sequence whole on it (a head split),
@@ -289,7 +276,9 @@ class FlexGenStore(KVStore):
         pages chosen as the target's engine chooses them (the first, the last ``local``
         tokens' and the budget's best others by approximate mass), every chosen page pair
         read at once and attended. A sequence SparF would keep whole (``k`` at least its
-        tokens) is attended densely without its dimension runs, as the engine does."""
+        tokens) is attended densely without its dimension runs, as the engine does. With
+        ``mean_v`` each row's result is mixed with the mean of V by α, the approximate
+        weight of the pages kept (their masses over the whole sequence's)."""
         B, H = q.shape[0], q.shape[1]
         n = [self.rows[i][(b, layer)].n for b in range(B)]
         p = sparf.params(self.ratio, self.head_dim, max(n), self.tpp)
@@ -302,7 +291,15 @@ class FlexGenStore(KVStore):
         lists = _native.choose_split_pages([scores], H, q.shape[2], sinks, local_from, p.pages)[0]
         for b in whole:
             lists[b * H : (b + 1) * H] = [list(range(-(-n[b] // self.tpp)))] * H
-        return self._attend_pages(i, layer, q, scale, lists)
+        out, lse = self._attend_pages(i, layer, q, scale, lists)
+        if self.mean_v:
+            for b in chosen:
+                m = torch.from_numpy(masses[b]).double()  # [heads, rows, pages]
+                w = torch.exp(m - torch.logsumexp(m, -1, keepdim=True))
+                alpha = torch.stack([w[h][:, lists[b * H + h]].sum(-1) for h in range(H)])[..., None]
+                mean = (self.rows[i][(b, layer)].v_sum / n[b])[:, None, :]
+                out[b] = alpha * out[b] + (1 - alpha) * mean
+        return out, lse
 
     def _decode_dense(self, i, layer, q, scale, out, lse):
         """Dense attention of target ``i``'s part of a layer, FlexGen's way: the pages of
@@ -463,28 +460,6 @@ class FlexGenStore(KVStore):
         with self._media_lock:
             self._media[i] += nbytes
         return buf
-
-    def _columns(self, i, b, layer, h, dims):
-        """K transposed (``[D, n]``) of the row, the components in ``dims`` filled: read
-        from the dimension-indexed pages, the host tail from memory."""
-        row = self.rows[i][(b, layer)]
-        cols = torch.zeros(self.head_dim, row.n)
-        for d in sorted(set(dims.flatten().tolist())):
-            if row.dim:
-                off = 2 * PAGE * self.groups_max + self.es * (d * self.dim_tokens)
-                cols[d, : row.dim] = self._read(i, self._lba(b, layer, h, i, off), self.es * row.dim).view(-1)
-            cols[d, row.dim :] = row.k[h, row.dim - row.base :, d]
-        return cols
-
-    def _sparf(self, i, b, layer, h, q, scale, p):
-        row = self.rows[i][(b, layer)]
-        dims = sparf.select_dims(q, p.r, shared=True)
-        shat = sparf.approx_scores(q, dims, self._columns(i, b, layer, h, dims), scale)
-        toks, alpha = sparf.select_tokens(shat, p.k, p.local, p.pages, self.tpp)
-        groups = sorted({t // self.tpp for t in toks.flatten().tolist() if t < row.tok})
-        K, V = self._read_tokens(i, b, layer, h, groups)
-        out = sparf.attend_selected(q, toks, alpha, K, V, row.v_sum[h] / row.n if p.mean_v else None, scale)
-        return out, sparf.log_sum_exp(q, K, scale, toks)
 
     def _read_tokens(self, i, b, layer, h, groups) -> Tuple[torch.Tensor, torch.Tensor]:
         """K and V (``[n, D]``) of the row: the page pairs of ``groups`` read back (runs of
