@@ -263,11 +263,9 @@ class FlexGenStore(KVStore):
         what attention needs and attends; returns the outputs and each query row's
         log-sum-exp (``[B, heads, group]``, −inf for a row with no token here)."""
         q = q.to("cpu", torch.float32)
-        out = torch.zeros(q.shape, dtype=torch.float64)
-        lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float64)
         self._append_step(i, layer, k, v, range(q.shape[0]) if rows is None else rows)
         if not self.ratio:
-            return self._decode_dense(i, layer, q, scale, out, lse)
+            return self._decode_dense(i, layer, q, scale)
         return self._sparf_whole(i, layer, q, scale)
 
     def _sparf_whole(self, i, layer, q, scale):
@@ -301,7 +299,7 @@ class FlexGenStore(KVStore):
                 out[b] = alpha * out[b] + (1 - alpha) * mean
         return out, lse
 
-    def _decode_dense(self, i, layer, q, scale, out, lse):
+    def _decode_dense(self, i, layer, q, scale):
         """Dense attention of target ``i``'s part of a layer, FlexGen's way: the pages of
         every sequence come from one large read per sequence (all the target's heads at
         once), started while the host computed the layer before; the next layer's reads
@@ -313,6 +311,8 @@ class FlexGenStore(KVStore):
         if layer + 1 < self.layers:
             self._ahead[(i, layer + 1)] = self.prefetchers[i].submit(self._read_layer, i, layer + 1)
         H, G = q.shape[1], q.shape[2]
+        out = torch.zeros(q.shape, dtype=torch.float64)
+        lse = torch.full(q.shape[:-1], -math.inf, dtype=torch.float64)
         seqs = [b for b in range(q.shape[0]) if self.rows[i][(b, layer)].n]
         if not seqs:
             return out, lse
@@ -457,7 +457,7 @@ class FlexGenStore(KVStore):
             return None
         buf = bytearray(nbytes)
         self.sessions[i].read_runs_into(NSID, runs, buf)
-        with self._media_lock:
+        with self._media_lock:  # a target's worker and its prefetch thread both read
             self._media[i] += nbytes
         return buf
 
@@ -467,11 +467,14 @@ class FlexGenStore(KVStore):
         row = self.rows[i][(b, layer)]
         K = torch.zeros(row.n, self.head_dim)
         V = torch.zeros(row.n, self.head_dim)
-        for first, count in _runs(groups):
-            data = self._read(i, self._lba(b, layer, h, i, 2 * PAGE * first), 2 * PAGE * count)
-            pairs = data.view(count, 2, self.tpp, self.head_dim)
+        runs = _runs(groups)
+        buf = self._read_runs(i, [(self._lba(b, layer, h, i, 2 * PAGE * first), 2 * PAGE * count // BLOCK) for first, count in runs], 2 * PAGE * len(groups))
+        pairs = torch.frombuffer(buf, dtype=self.dtype).view(-1, 2, self.tpp, self.head_dim) if buf else None
+        at = 0
+        for first, count in runs:
             a, z = first * self.tpp, (first + count) * self.tpp
-            K[a:z], V[a:z] = pairs[:, 0].reshape(-1, self.head_dim), pairs[:, 1].reshape(-1, self.head_dim)
+            K[a:z], V[a:z] = pairs[at : at + count, 0].reshape(-1, self.head_dim), pairs[at : at + count, 1].reshape(-1, self.head_dim)
+            at += count
         K[row.base :], V[row.base :] = row.k[h], row.v[h]
         return K, V
 
@@ -489,13 +492,6 @@ class FlexGenStore(KVStore):
         with self._media_lock:
             self._media[i] += size
         return buf
-
-    def _read(self, i: int, lba: int, nbytes: int) -> torch.Tensor:
-        nlb = math.ceil(nbytes / BLOCK)
-        data = self.sessions[i].read(NSID, lba, nlb)
-        with self._media_lock:  # a target's worker and its prefetch thread both read
-            self._media[i] += nlb * BLOCK
-        return torch.frombuffer(bytearray(data), dtype=self.dtype, count=nbytes // self.es)
 
     def _bytes(self, t: torch.Tensor) -> bytes:
         """``t``'s elements as stored: little-endian ``kv_dtype`` in C order."""
