@@ -46,12 +46,8 @@ pub fn attend_page_pairs<'py>(
     scale: f32,
     dtype: &str,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
-    let layout = Layout::new(head_dim, element_type("dtype", dtype)?, PAGE_BYTES, 1).map_err(|e| bad(e.to_string()))?;
-    let q = f32s("q", q)?;
+    let (layout, q) = layout_and_queries("attend_page_pairs", q, heads.len(), head_dim, group, dtype)?;
     let rows = group * head_dim;
-    if group == 0 || q.len() != heads.len() * rows {
-        return Err(bad(format!("attend_page_pairs: q holds {} values; {} heads need {group} rows of {head_dim} each", q.len(), heads.len())));
-    }
     let mut parts = Vec::with_capacity(heads.len());
     for (buffer, offset, pairs, tail_k, tail_v) in &heads {
         // SAFETY: the caller neither resizes nor writes the bytearray during the call (its
@@ -74,6 +70,18 @@ pub fn attend_page_pairs<'py>(
             .collect()
     });
     joined(py, "attend_page_pairs", answers)
+}
+
+/// The page layout of `dtype` elements and `head_dim`-element rows, and `q` (f32 bytes) as
+/// values, checked to hold `group` rows of `head_dim` for each of `entries` entries
+/// (`what`: the function, named in the error).
+fn layout_and_queries(what: &str, q: &[u8], entries: usize, head_dim: usize, group: usize, dtype: &str) -> PyResult<(Layout, Vec<f32>)> {
+    let layout = Layout::new(head_dim, element_type("dtype", dtype)?, PAGE_BYTES, 1).map_err(|e| bad(e.to_string()))?;
+    let q = f32s("q", q)?;
+    if group == 0 || q.len() != entries * group * head_dim {
+        return Err(bad(format!("{what}: q holds {} values; {entries} entries need {group} rows of {head_dim} each", q.len())));
+    }
+    Ok((layout, q))
 }
 
 /// The bytes `[offset, offset + len)` of `buffer` (None: no bytes), checked to be inside it.
@@ -135,12 +143,7 @@ pub fn page_masses_from_runs<'py>(
     r: usize,
     dtype: &str,
 ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-    let layout = Layout::new(head_dim, element_type("dtype", dtype)?, PAGE_BYTES, 1).map_err(|e| bad(e.to_string()))?;
-    let q = f32s("q", &q)?;
-    let rows = group * head_dim;
-    if group == 0 || q.len() != entries.len() * rows {
-        return Err(bad(format!("page_masses_from_runs: q holds {} values; {} entries need {group} rows of {head_dim} each", q.len(), entries.len())));
-    }
+    let (layout, q) = layout_and_queries("page_masses_from_runs", &q, entries.len(), head_dim, group, dtype)?;
     let (dims, reduced, l1) = reduce_queries(&q, group, head_dim, r);
     let r = r.clamp(1, head_dim);
     let mut parts = Vec::with_capacity(entries.len());
@@ -196,12 +199,8 @@ pub fn attend_chosen_pages<'py>(
     scale: f32,
     dtype: &str,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
-    let layout = Layout::new(head_dim, element_type("dtype", dtype)?, PAGE_BYTES, 1).map_err(|e| bad(e.to_string()))?;
-    let q = f32s("q", &q)?;
+    let (layout, q) = layout_and_queries("attend_chosen_pages", &q, entries.len(), head_dim, group, dtype)?;
     let rows = group * head_dim;
-    if group == 0 || q.len() != entries.len() * rows {
-        return Err(bad(format!("attend_chosen_pages: q holds {} values; {} entries need {group} rows of {head_dim} each", q.len(), entries.len())));
-    }
     let mut parts = Vec::with_capacity(entries.len());
     for (buffer, offset, groups, paged, tail_k, tail_v) in &entries {
         let read = groups.iter().take_while(|&&g| g < *paged).count();
