@@ -101,6 +101,50 @@ pub(crate) fn pipeline<'a>(q: &'a Queue, pieces: Vec<Piece<'a>>, inbuf: &'a mut 
     Ok(done)
 }
 
+/// [`pipeline`] over every queue of `queues` at once, starting at queue `first`: the
+/// pieces (ascending, each filling its own range of `inbuf`) dealt out in contiguous
+/// shares, one per queue, each share driven by a thread of its own (the caller's for the
+/// first), so that the controller serves them on as many connections as the host has
+/// queues. Returns every completion in piece order; the first failure, in share order,
+/// is the one returned.
+pub(crate) fn pipeline_spread<'a>(queues: &'a [Queue], first: usize, pieces: Vec<Piece<'a>>, inbuf: &'a mut [u8]) -> Result<Vec<(Completion, usize)>, QError> {
+    let count = queues.len().min(pieces.len()).max(1);
+    let queue = |i: usize| &queues[(first + i) % queues.len()];
+    if count == 1 {
+        return pipeline(queue(0), pieces, inbuf);
+    }
+    // Contiguous shares: each share's data in lands in one slice of the buffer.
+    let per = pieces.len().div_ceil(count);
+    let mut shares: Vec<(Vec<Piece<'a>>, &'a mut [u8])> = Vec::with_capacity(count);
+    let (mut rest, mut rest_at) = (inbuf, 0usize);
+    let mut pieces = pieces.into_iter().peekable();
+    while pieces.peek().is_some() {
+        let mut share: Vec<Piece<'a>> = pieces.by_ref().take(per).collect();
+        let end = share.iter().map(|p| p.in_at + p.in_len).max().unwrap_or(rest_at);
+        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(end - rest_at);
+        share.iter_mut().for_each(|p| p.in_at -= rest_at);
+        shares.push((share, mine));
+        (rest, rest_at) = (tail, end);
+    }
+    std::thread::scope(|s| {
+        let mut shares = shares.into_iter().enumerate();
+        let (_, (own, own_buf)) = shares.next().expect("two shares or more");
+        let others: Vec<_> = shares.map(|(i, (share, buf))| s.spawn(move || pipeline(queue(i), share, buf))).collect();
+        let mut done = pipeline(queue(0), own, own_buf);
+        for h in others {
+            let theirs = h.join().unwrap_or_else(|_| Err(QError::Lost("a thread driving a queue panicked".into())));
+            done = match (done, theirs) {
+                (Ok(mut all), Ok(more)) => {
+                    all.extend(more);
+                    Ok(all)
+                }
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+        }
+        done
+    })
+}
+
 fn check(command: &'static str, cqe: &Completion) -> Result<(), InitiatorError> {
     InitiatorError::from_status(command, cqe.status).map_or(Ok(()), Err)
 }

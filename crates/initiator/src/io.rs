@@ -2,7 +2,7 @@
 //! The I/O-queue commands of a [`Session`]: block reads and writes split at MDTS, Flush,
 //! Write Zeroes, Dataset Management, EXEC and passthrough.
 
-use crate::assoc::{pipeline, run_one, Piece};
+use crate::assoc::{pipeline, pipeline_spread, run_one, Piece};
 use crate::cmd::{self, MAX_DSM_RANGES, MAX_NLB};
 use crate::session::check;
 use crate::{InitiatorError, Session};
@@ -26,9 +26,15 @@ impl Session {
     }
 
     /// Reads the runs `(slba, nlb)` of `runs` into `buf`, one after the other in the order
-    /// given (`buf.len()` must be their total size), all in flight at once on one queue:
-    /// what a host reading many scattered pieces of a layer (SparF's chosen columns and
-    /// pages) needs, one round trip for all of them rather than one each.
+    /// given (`buf.len()` must be their total size), all in flight at once: what a host
+    /// reading many scattered pieces of a layer (SparF's chosen columns and pages) needs,
+    /// one round trip for all of them rather than one each.
+    ///
+    /// Several runs are spread over every I/O queue of the session, in contiguous shares,
+    /// each queue's share driven by a thread of its own: a controller serves each queue
+    /// (connection) on its own, so hundreds of small reads on one queue wait on that one
+    /// connection. A single run stays on one queue (the next in turn): a caller issuing
+    /// large reads from several threads (a layer's blocks read ahead) already spreads them.
     pub fn read_runs_into(&self, nsid: u32, runs: &[(u64, u64)], buf: &mut [u8]) -> Result<(), InitiatorError> {
         const C: &str = "Read";
         self.require_io(C)?;
@@ -55,7 +61,11 @@ impl Session {
                 .iter()
                 .map(|&(s, n, off)| Piece { cmd: cmd::rw(opcode::READ, nsid, s, n), out: &[], in_at: off, in_len: n as usize * lba as usize })
                 .collect();
-            pipeline(self.pick(a), pieces, &mut *buf)
+            if runs.len() > 1 {
+                pipeline_spread(&a.io, self.pick_index(a), pieces, &mut *buf)
+            } else {
+                pipeline(self.pick(a), pieces, &mut *buf)
+            }
         })?;
         for ((cqe, got), (s, n, _)) in results.iter().zip(&split) {
             check(C, cqe)?;

@@ -226,9 +226,14 @@ impl Session {
         Ok(())
     }
 
-    /// The next I/O queue in turn: commands rotate over every queue.
+    /// The index of the next I/O queue in turn: commands rotate over every queue.
+    pub(crate) fn pick_index(&self, a: &Association) -> usize {
+        self.inner.rr.fetch_add(1, Ordering::Relaxed) % a.io.len().max(1)
+    }
+
+    /// The next I/O queue in turn.
     pub(crate) fn pick<'a>(&self, a: &'a Association) -> &'a Queue {
-        &a.io[self.inner.rr.fetch_add(1, Ordering::Relaxed) % a.io.len().max(1)]
+        &a.io[self.pick_index(a)]
     }
 
     /// Runs one admin command (read-only, retried after a reconnect) and checks its status.

@@ -124,6 +124,33 @@ fn scattered_runs_are_read_into_one_buffer_in_the_order_given() {
 }
 
 #[test]
+fn scattered_runs_spread_over_every_queue_come_back_in_the_order_given() {
+    let f = target_in_memory();
+    let s = Session::connect(ConnectOptions { max_io_bytes: Some(8 << 10), queue_depth: 4, io_queues: 3, ..opts(&f.addr) }).unwrap();
+    let data = pattern(512 << 10, 11);
+    s.write(1, 0, &data).unwrap();
+    // Fewer runs than queues, as many, and many more (shares of uneven length, runs split
+    // into several commands, the same blocks twice, out of order).
+    let mut x = 7u64;
+    for count in [2usize, 3, 5, 17, 64] {
+        let runs: Vec<(u64, u64)> = (0..count)
+            .map(|_| {
+                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let nlb = 1 + (x >> 33) % 40;
+                ((x >> 13) % (1024 - nlb), nlb)
+            })
+            .collect();
+        let mut got = vec![0u8; runs.iter().map(|&(_, n)| n as usize * 512).sum()];
+        let (r0, _) = host_commands(&s);
+        s.read_runs_into(1, &runs, &mut got).unwrap();
+        let want: Vec<u8> = runs.iter().flat_map(|&(lba, n)| data[lba as usize * 512..][..n as usize * 512].to_vec()).collect();
+        assert!(got == want, "{count} runs over 3 queues came back in another order or with other bytes");
+        let commands: u64 = runs.iter().map(|&(_, n)| n.div_ceil(16)).sum();
+        assert_eq!(host_commands(&s).0 - r0, u128::from(commands), "one command per 8 KiB of each run");
+    }
+}
+
+#[test]
 fn flush_write_zeroes_and_deallocate() {
     for f in targets_on_disk() {
         flush_write_zeroes_and_deallocate_on(&f);

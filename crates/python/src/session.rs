@@ -100,8 +100,9 @@ impl Session {
     }
 
     /// Reads the runs `(slba, nlb)` of `runs` into `buffer`, back to back in the order
-    /// given, all in flight at once: `buffer`'s length must be their total size. The
-    /// bytearray must not be resized while the read runs.
+    /// given, all in flight at once (several runs spread over the session's I/O queues):
+    /// `buffer`'s length must be their total size. The bytearray must not be resized
+    /// while the read runs.
     fn read_runs_into(&self, py: Python<'_>, nsid: u32, runs: Vec<(u64, u64)>, buffer: &Bound<'_, PyByteArray>) -> PyResult<()> {
         let (ptr, len) = (buffer.data() as usize, buffer.len());
         py.allow_threads(|| {
