@@ -162,8 +162,11 @@ class FlexGenStore(KVStore):
             # `read_runs_into` spreads a layer's runs (8x2,048, one target, 2 cores: host
             # SparF's step 0.62 s with one queue, 0.48 s with two; with four targets, the
             # targets' connections already use every core, and two queues each took 0.93 s
-            # against 0.76 s).
-            queues = max(1, min(MAX_QUEUES, len(os.sched_getaffinity(0)) // len(self.ranges)))
+            # against 0.76 s). Dense reads a layer in a few large reads from as many
+            # threads, which one queue serves as well (attention 0.27-0.34 s a step with
+            # one, 0.29-0.35 s with two, alternated).
+            cores = len(os.sched_getaffinity(0))
+            queues = max(1, min(MAX_QUEUES, cores // len(self.ranges))) if self.ratio else 1
             for i, rng in enumerate(self.ranges):
                 s = _native.Session(pool.urls[i], hostnqn, queue_depth=128, io_queues=queues)
                 self.sessions.append(s)
