@@ -68,6 +68,31 @@ pub(crate) struct Piece<'a> {
 /// completion and its received byte count, in order. A queue failure after a command was
 /// sent is reported as [`QError::Lost`].
 pub(crate) fn pipeline<'a>(q: &'a Queue, pieces: Vec<Piece<'a>>, inbuf: &'a mut [u8]) -> Result<Vec<(Completion, usize)>, QError> {
+    start_pipeline(q, pieces, inbuf)?.finish()
+}
+
+/// A [`pipeline`] whose commands have all been sent (or completed, when CIDs ran short):
+/// [`Started::finish`] waits for the rest. Several, on several queues, are started from
+/// one thread and then finished in turn, so the controllers work on all of them at once
+/// without a thread per queue.
+pub(crate) struct Started<'a> {
+    inflight: VecDeque<Ticket<'a>>,
+    done: Vec<(Completion, usize)>,
+}
+
+impl Started<'_> {
+    /// Waits for every command still in flight; completions in order.
+    pub(crate) fn finish(mut self) -> Result<Vec<(Completion, usize)>, QError> {
+        while let Some(t) = self.inflight.pop_front() {
+            self.done.push(t.wait()?);
+        }
+        Ok(self.done)
+    }
+}
+
+/// Sends the commands of a [`pipeline`] and returns without waiting for them (but for
+/// those it must finish to free a CID). [`QError::NotSent`] means nothing was sent.
+pub(crate) fn start_pipeline<'a>(q: &'a Queue, pieces: Vec<Piece<'a>>, inbuf: &'a mut [u8]) -> Result<Started<'a>, QError> {
     let mut inflight: VecDeque<Ticket<'a>> = VecDeque::new();
     let mut done = Vec::with_capacity(pieces.len());
     let mut started = false;
@@ -95,10 +120,7 @@ pub(crate) fn pipeline<'a>(q: &'a Queue, pieces: Vec<Piece<'a>>, inbuf: &'a mut 
         inflight.push_back(q.start(cid, p.cmd, p.out, part, false).map_err(|e| lost(e, started))?);
         started = true;
     }
-    while let Some(t) = inflight.pop_front() {
-        done.push(t.wait()?);
-    }
-    Ok(done)
+    Ok(Started { inflight, done })
 }
 
 /// [`pipeline`] over every queue of `queues` at once, starting at queue `first`: the

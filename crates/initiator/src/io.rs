@@ -2,11 +2,13 @@
 //! The I/O-queue commands of a [`Session`]: block reads and writes split at MDTS, Flush,
 //! Write Zeroes, Dataset Management, EXEC and passthrough.
 
-use crate::assoc::{pipeline, pipeline_spread, run_one, Piece};
+use crate::assoc::{pipeline, pipeline_spread, run_one, start_pipeline, Association, Piece, Started};
 use crate::cmd::{self, MAX_DSM_RANGES, MAX_NLB};
+use crate::queue::QError;
 use crate::session::check;
 use crate::{InitiatorError, Session};
 use insitu_fabric::{opcode, Command, Completion};
+use std::sync::Arc;
 
 impl Session {
     /// Reads `nlb` logical blocks from `slba`.
@@ -193,38 +195,25 @@ impl Session {
     /// first is done. Returns every completion, whatever its status, and the data each
     /// received (its data-in length), in order. Not retried after a connection failure.
     pub fn submit_pipelined(&self, cmds: &[(Command, &[u8], usize)]) -> Result<Vec<(Completion, Vec<u8>)>, InitiatorError> {
-        const C: &str = "Passthrough";
-        self.require_io(C)?;
+        self.check_pipelined(cmds)?;
+        let mut inbuf = vec![0u8; cmds.iter().map(|c| c.2).sum()];
+        let done = self.run(PASSTHROUGH, false, |a| pipeline(self.pick(a), pieces(cmds), &mut inbuf))?;
+        Ok(split_answers(cmds, done, &inbuf))
+    }
+
+    /// What [`Session::submit_pipelined`] refuses before sending anything.
+    fn check_pipelined(&self, cmds: &[(Command, &[u8], usize)]) -> Result<(), InitiatorError> {
+        self.require_io(PASSTHROUGH)?;
         for (_, out, len) in cmds {
             if !out.is_empty() && *len > 0 {
                 return Err(InitiatorError::InvalidArgument {
-                    command: C,
+                    command: PASSTHROUGH,
                     detail: "a command moves data in one direction only; give data out or a data-in length".into(),
                 });
             }
-            self.check_transfer(C, out.len().max(*len))?;
+            self.check_transfer(PASSTHROUGH, out.len().max(*len))?;
         }
-        let mut inbuf = vec![0u8; cmds.iter().map(|c| c.2).sum()];
-        let done = self.run(C, false, |a| {
-            let mut at = 0;
-            let pieces = cmds
-                .iter()
-                .map(|&(cmd, out, in_len)| {
-                    at += in_len;
-                    Piece { cmd, out, in_at: at - in_len, in_len }
-                })
-                .collect();
-            pipeline(self.pick(a), pieces, &mut inbuf)
-        })?;
-        let mut at = 0;
-        Ok(done
-            .into_iter()
-            .zip(cmds)
-            .map(|((cqe, _), c)| {
-                at += c.2;
-                (cqe, inbuf[at - c.2..at].to_vec())
-            })
-            .collect())
+        Ok(())
     }
 
     /// [`Session::submit`] on the admin queue.
@@ -245,6 +234,76 @@ impl Session {
         let (cqe, data, _) = self.run(C, false, |a| run_one(if admin { &a.admin } else { self.pick(a) }, c, out, data_in_len, false))?;
         Ok((cqe, data))
     }
+}
+
+/// One command of a pipelined submission: the command, its data out, and the length of its
+/// data in (one of the two empty).
+pub type Submission<'a> = (Command, &'a [u8], usize);
+
+/// Every completion of a pipelined submission, whatever its status, with its data in.
+pub type Answers = Vec<(Completion, Vec<u8>)>;
+
+/// What passthrough commands are called in errors.
+const PASSTHROUGH: &str = "Passthrough";
+
+/// The pieces of a pipelined submission: each command's data in placed after the last's.
+fn pieces<'a>(cmds: &[(Command, &'a [u8], usize)]) -> Vec<Piece<'a>> {
+    let mut at = 0;
+    cmds.iter()
+        .map(|&(cmd, out, in_len)| {
+            at += in_len;
+            Piece { cmd, out, in_at: at - in_len, in_len }
+        })
+        .collect()
+}
+
+/// Each completion with its own part of the data received.
+fn split_answers(cmds: &[(Command, &[u8], usize)], done: Vec<(Completion, usize)>, inbuf: &[u8]) -> Vec<(Completion, Vec<u8>)> {
+    let mut at = 0;
+    done.into_iter()
+        .zip(cmds)
+        .map(|((cqe, _), c)| {
+            at += c.2;
+            (cqe, inbuf[at - c.2..at].to_vec())
+        })
+        .collect()
+}
+
+/// [`Session::submit_pipelined`] on several sessions at once, from the calling thread:
+/// every job's commands are sent first, then each job's completions are read in turn, so
+/// the controllers work on all of them together and no thread is started or woken per
+/// session (on a few busy cores, a thread per session cost more than the commands). The
+/// results are in job order, each as `submit_pipelined` would return it. A job whose
+/// session must first reconnect runs through `submit_pipelined` after the others are sent.
+pub fn submit_pipelined_all(jobs: &[(&Session, &[Submission<'_>])]) -> Vec<Result<Answers, InitiatorError>> {
+    let checked: Vec<Result<(), InitiatorError>> = jobs.iter().map(|(s, cmds)| s.check_pipelined(cmds)).collect();
+    let assocs: Vec<Option<Arc<Association>>> = jobs.iter().zip(&checked).map(|((s, _), ok)| ok.as_ref().ok().and_then(|_| s.whole_association())).collect();
+    let mut inbufs: Vec<Vec<u8>> = jobs.iter().map(|(_, cmds)| vec![0u8; cmds.iter().map(|c| c.2).sum()]).collect();
+    // Sent: Some(started), or None for a job left to `submit_pipelined` (nothing sent).
+    let mut sent = Vec::with_capacity(jobs.len());
+    for (((s, cmds), a), buf) in jobs.iter().zip(&assocs).zip(inbufs.iter_mut()) {
+        sent.push(match a {
+            None => None,
+            Some(a) => match start_pipeline(s.pick(a), pieces(cmds), buf) {
+                Err(QError::NotSent(_)) => None,
+                other => Some(other),
+            },
+        });
+    }
+    let finished: Vec<_> = sent.into_iter().map(|j| j.map(|r| r.and_then(Started::finish))).collect();
+    jobs.iter()
+        .zip(checked)
+        .zip(finished)
+        .zip(&inbufs)
+        .map(|((((s, cmds), ok), done), inbuf)| {
+            ok?;
+            match done {
+                None => s.submit_pipelined(cmds),
+                Some(Ok(done)) => Ok(split_answers(cmds, done, inbuf)),
+                Some(Err(e)) => Err(s.failure(PASSTHROUGH, e)),
+            }
+        })
+        .collect()
 }
 
 /// Blocks in `len` bytes, which must be a positive multiple of `lba`.

@@ -53,5 +53,6 @@ pub use error::{status_name, InitiatorError};
 pub use info::{parse_discovery_log, CommandSet, ControllerInfo, DiscoveryEntry, KvNamespaceInfo, NamespaceInfo};
 pub use insitu_fabric::{Command, Completion, Digests};
 pub use insitu_proto::kv::StoreMode;
+pub use io::{submit_pipelined_all, Answers, Submission};
 pub use options::{default_hostid, default_hostnqn, hostnqn_for, ConnectOptions};
 pub use session::{Session, Stats};

@@ -212,6 +212,24 @@ impl Session {
         }
     }
 
+    /// The current association when it is whole and the session open: what a caller
+    /// driving queues itself (see [`submit_pipelined_all`](crate::submit_pipelined_all))
+    /// may start commands on; None when only [`Session::run`] can go on (it reconnects).
+    pub(crate) fn whole_association(&self) -> Option<Arc<Association>> {
+        let a = self.inner.current();
+        (!self.inner.closed.load(Ordering::SeqCst) && !a.broken()).then_some(a)
+    }
+
+    /// How [`Session::run`] reports a queue failure of a command it does not retry.
+    pub(crate) fn failure(&self, command: &'static str, e: QError) -> InitiatorError {
+        match e {
+            QError::Timeout => InitiatorError::Timeout { command, timeout: self.inner.opts.timeout },
+            QError::NotSent(detail) => InitiatorError::ConnectionLost { command, detail },
+            QError::Lost(_) if self.inner.closed.load(Ordering::SeqCst) => InitiatorError::Disconnected { command },
+            QError::Lost(detail) => lost(command, detail),
+        }
+    }
+
     /// Checks that this session has I/O queues before a `run` (so that `run`'s closure can
     /// pick one without failing).
     pub(crate) fn require_io(&self, command: &'static str) -> Result<(), InitiatorError> {

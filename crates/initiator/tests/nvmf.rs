@@ -151,6 +151,30 @@ fn scattered_runs_spread_over_every_queue_come_back_in_the_order_given() {
 }
 
 #[test]
+fn pipelined_commands_on_several_sessions_are_answered_each_in_its_own_order() {
+    let (f1, f2) = (target_in_memory(), target_in_memory());
+    let (s1, s2, gone) = (connect(&f1.addr), connect(&f2.addr), connect(&f2.addr));
+    let (d1, d2) = (pattern(64 << 10, 21), pattern(64 << 10, 22));
+    s1.write(1, 0, &d1).unwrap();
+    s2.write(1, 0, &d2).unwrap();
+    gone.disconnect().unwrap();
+    let read = |slba: u64, nlb: u32| (insitu_initiator::cmd::rw(0x02, 1, slba, nlb), &[][..], nlb as usize * 512);
+    let first = [read(8, 4), read(0, 2)];
+    let second = [read(100, 16)];
+    let both_ways = [(insitu_initiator::cmd::rw(0x02, 1, 0, 1), &[0u8; 512][..], 512)];
+    let jobs = [(&s1, &first[..]), (&gone, &second[..]), (&s2, &second[..]), (&s1, &both_ways[..])];
+    let mut done = insitu_initiator::submit_pipelined_all(&jobs).into_iter();
+    let one = done.next().unwrap().unwrap();
+    assert_eq!(one.len(), 2);
+    assert!(one[0].1 == d1[8 * 512..12 * 512] && one[1].1 == d1[..2 * 512], "session 1's reads in the order sent");
+    assert!(matches!(done.next().unwrap(), Err(InitiatorError::Disconnected { .. })), "a closed session fails alone");
+    let three = done.next().unwrap().unwrap();
+    assert!(three[0].0.status == 0 && three[0].1 == d2[100 * 512..116 * 512], "session 2's read");
+    assert!(matches!(done.next().unwrap(), Err(InitiatorError::InvalidArgument { .. })), "data both ways is refused before sending");
+    assert!(done.next().is_none());
+}
+
+#[test]
 fn flush_write_zeroes_and_deallocate() {
     for f in targets_on_disk() {
         flush_write_zeroes_and_deallocate_on(&f);

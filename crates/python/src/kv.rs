@@ -3,8 +3,8 @@
 //! `insitu._native.EmbeddedTarget` (a target served from this process, on loopback).
 
 use crate::{RequestError, StorageIOError, TargetError};
-use insitu_fabric::{opcode, Command, SGL_TRANSPORT_DATA_BLOCK};
-use insitu_initiator::{default_hostnqn, ConnectOptions, InitiatorError, Session};
+use insitu_fabric::{opcode, Command, Completion, SGL_TRANSPORT_DATA_BLOCK};
+use insitu_initiator::{default_hostnqn, ConnectOptions, InitiatorError, Session, Submission};
 use insitu_proto::attention::{as_sent, check_new_entries, Dtype, Method, ReducedQueries};
 use insitu_proto::attention::{decode_info, Admin, Append, Attend, AttendOptions, AttendResult, PageScores};
 use pyo3::prelude::*;
@@ -366,17 +366,40 @@ pub fn attend_all<'py>(py: Python<'py>, pending: Vec<Py<Pending>>) -> PyResult<V
     answers.into_iter().map(|a| a?.into_py(py)).collect()
 }
 
-/// Runs every `(target, request)` at once, each target's on its own thread (the first on
-/// this one), and returns their answers in order. Call it without the GIL.
+/// Runs every `(target, request)` at once and returns their answers in order: every
+/// request is sent from this thread, then every answer read in turn
+/// (`insitu_initiator::submit_pipelined_all`), so no thread is started or woken per
+/// target. Call it without the GIL.
 pub(crate) fn run_all(jobs: &[(&KvTarget, &PreparedAttend)]) -> Vec<PyResult<Answer>> {
-    match jobs.split_first() {
-        None => Vec::new(),
-        Some((first, rest)) => std::thread::scope(|s| {
-            let others: Vec<_> = rest.iter().map(|&(t, p)| s.spawn(move || t.run(p))).collect();
-            let mut all = vec![first.0.run(first.1)];
-            all.extend(others.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(StorageIOError::new_err("KV attend: a sending thread panicked")))));
-            all
-        }),
+    let distinct = jobs.iter().enumerate().all(|(i, (t, _))| jobs[..i].iter().all(|(u, _)| !std::ptr::eq(*t, *u)));
+    if !distinct {
+        // One exchange at a time per target: the same target twice goes one after the other.
+        return jobs.iter().map(|(t, p)| t.run(p)).collect();
+    }
+    // Every target's exchange lock, taken in address order, so that two threads sending
+    // to overlapping targets at once cannot each hold what the other waits for.
+    let mut order: Vec<&KvTarget> = jobs.iter().map(|(t, _)| *t).collect();
+    order.sort_by_key(|t| *t as *const KvTarget as usize);
+    let _held: Vec<_> = order.iter().map(|t| t.exchange.lock().unwrap_or_else(std::sync::PoisonError::into_inner)).collect();
+    let begun: Vec<Begun> = jobs.iter().map(|(t, p)| t.begin(p)).collect();
+    let cmds: Vec<[Submission<'_>; 2]> = begun.iter().zip(jobs).map(|(b, (_, p))| b.commands(p.want)).collect();
+    let sent: Vec<(&Session, &[Submission<'_>])> = jobs.iter().zip(&cmds).map(|((t, _), c)| (&t.session, &c[..])).collect();
+    let done = insitu_initiator::submit_pipelined_all(&sent);
+    jobs.iter().zip(&begun).zip(done).map(|(((t, p), b), d)| t.finish(p, b, d)).collect()
+}
+
+/// An attention exchange made ready to send: its tag and encoded request.
+struct Begun {
+    tag: u32,
+    body: Vec<u8>,
+    cdw11: u32,
+}
+
+impl Begun {
+    /// The KV_ATTEND and the KV_RESULT asking for `want` bytes, sent back to back on one
+    /// queue (a target waits for the result it is computing).
+    fn commands(&self, want: usize) -> [Submission<'_>; 2] {
+        [(kv_command(opcode::KV_ATTEND, self.tag, self.cdw11, self.body.len()), &self.body, 0), (kv_command(opcode::KV_RESULT, self.tag, 0, want), &[], want)]
     }
 }
 
@@ -415,10 +438,32 @@ impl KvTarget {
 
     /// Sends a prepared request and checks that its answer answers it.
     fn run(&self, p: &PreparedAttend) -> PyResult<Answer> {
-        let req = &p.req;
         let _one = self.exchange.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
-        let data = self.exchange_attend(tag, p.options, req, p.want)?;
+        let b = self.begin(p);
+        let done = self.session.submit_pipelined(&b.commands(p.want));
+        self.finish(p, &b, done)
+    }
+
+    /// A tag for `p`'s exchange and its encoded request (the exchange lock held).
+    fn begin(&self, p: &PreparedAttend) -> Begun {
+        Begun { tag: self.next_tag.fetch_add(1, Ordering::Relaxed), body: p.req.encode(), cdw11: p.options.cdw11() }
+    }
+
+    /// `p`'s answer from the completions of its KV_ATTEND and KV_RESULT (the exchange lock
+    /// still held): the KV_ATTEND's error comes first, as it says why there is no result;
+    /// a target that answered the KV_RESULT before the result was there is asked again.
+    /// Then checks that the answer answers the request.
+    fn finish(&self, p: &PreparedAttend, b: &Begun, done: Result<Vec<(Completion, Vec<u8>)>, InitiatorError>) -> PyResult<Answer> {
+        let req = &p.req;
+        let mut done = done.map_err(|e| kv_err("KV attend", e))?;
+        let (early, data) = done.pop().expect("two completions");
+        let (sent, _) = done.pop().expect("two completions");
+        self.check("KV attend", sent.status)?;
+        let len = sent.dw0 as usize;
+        let data = match self.check("KV attend", early.status) {
+            Ok(()) if data.len() == len => data,
+            _ => self.result("KV attend", b.tag, len)?,
+        };
         if p.options.page_scores {
             let scores = PageScores::decode(&data).map_err(|e| StorageIOError::new_err(e.to_string()))?;
             if scores.groups.len() != req.seqs.len() || scores.heads != req.heads || scores.group != req.group {
@@ -436,26 +481,6 @@ impl KvTarget {
             )));
         }
         Ok(Answer::Outputs(result))
-    }
-
-    /// KV_ATTEND and its KV_RESULT in one round trip: sent back to back on one queue, the
-    /// KV_RESULT asking for the length the request implies (a target waits for the result
-    /// it is computing). A target that answered the KV_RESULT before the result was there
-    /// is asked again once the KV_ATTEND is done. The KV_ATTEND's error comes first: it
-    /// says why there is no result.
-    fn exchange_attend(&self, tag: u32, options: AttendOptions, req: &Attend, want: usize) -> PyResult<Vec<u8>> {
-        let body = req.encode();
-        let attend = kv_command(opcode::KV_ATTEND, tag, options.cdw11(), body.len());
-        let result = kv_command(opcode::KV_RESULT, tag, 0, want);
-        let mut done = self.session.submit_pipelined(&[(attend, &body, 0), (result, &[], want)]).map_err(|e| kv_err("KV attend", e))?;
-        let (early, data) = done.pop().expect("two completions");
-        let (sent, _) = done.pop().expect("two completions");
-        self.check("KV attend", sent.status)?;
-        let len = sent.dw0 as usize;
-        match self.check("KV attend", early.status) {
-            Ok(()) if data.len() == len => Ok(data),
-            _ => self.result("KV attend", tag, len),
-        }
     }
 
     /// A sequence's KV info exchange (KV_ADMIN Info, then its KV_RESULT), decoded.
