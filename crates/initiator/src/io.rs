@@ -247,7 +247,7 @@ pub type Answers = Vec<(Completion, Vec<u8>)>;
 const PASSTHROUGH: &str = "Passthrough";
 
 /// The pieces of a pipelined submission: each command's data in placed after the last's.
-fn pieces<'a>(cmds: &[(Command, &'a [u8], usize)]) -> Vec<Piece<'a>> {
+fn pieces<'a>(cmds: &[Submission<'a>]) -> Vec<Piece<'a>> {
     let mut at = 0;
     cmds.iter()
         .map(|&(cmd, out, in_len)| {
@@ -258,7 +258,7 @@ fn pieces<'a>(cmds: &[(Command, &'a [u8], usize)]) -> Vec<Piece<'a>> {
 }
 
 /// Each completion with its own part of the data received.
-fn split_answers(cmds: &[(Command, &[u8], usize)], done: Vec<(Completion, usize)>, inbuf: &[u8]) -> Vec<(Completion, Vec<u8>)> {
+fn split_answers(cmds: &[Submission<'_>], done: Vec<(Completion, usize)>, inbuf: &[u8]) -> Answers {
     let mut at = 0;
     done.into_iter()
         .zip(cmds)
@@ -272,9 +272,9 @@ fn split_answers(cmds: &[(Command, &[u8], usize)], done: Vec<(Completion, usize)
 /// [`Session::submit_pipelined`] on several sessions at once, from the calling thread:
 /// every job's commands are sent first, then each job's completions are read in turn, so
 /// the controllers work on all of them together and no thread is started or woken per
-/// session (on a few busy cores, a thread per session cost more than the commands). The
-/// results are in job order, each as `submit_pipelined` would return it. A job whose
-/// session must first reconnect runs through `submit_pipelined` after the others are sent.
+/// session (the thread that waits reads its own socket). The results are in job order,
+/// each as `submit_pipelined` would return it. A job whose session must first reconnect
+/// runs through `submit_pipelined` after the others are sent.
 pub fn submit_pipelined_all(jobs: &[(&Session, &[Submission<'_>])]) -> Vec<Result<Answers, InitiatorError>> {
     let checked: Vec<Result<(), InitiatorError>> = jobs.iter().map(|(s, cmds)| s.check_pipelined(cmds)).collect();
     let assocs: Vec<Option<Arc<Association>>> = jobs.iter().zip(&checked).map(|((s, _), ok)| ok.as_ref().ok().and_then(|_| s.whole_association())).collect();
