@@ -167,7 +167,7 @@ impl Session {
     /// I/O queue with `data_out` or expecting `data_in_len` bytes. Returns the completion,
     /// whatever its status, and the data received. Not retried after a connection failure.
     pub fn submit(&self, cmd: Command, data_out: Option<&[u8]>, data_in_len: usize) -> Result<(Completion, Vec<u8>), InitiatorError> {
-        self.require_io("Passthrough")?;
+        self.require_io(PASSTHROUGH)?;
         self.submit_on(false, cmd, data_out, data_in_len)
     }
 
@@ -176,12 +176,11 @@ impl Session {
     /// the queue has identifiers. Returns every completion, whatever its status, in order.
     /// Not retried after a connection failure.
     pub fn submit_batch(&self, cmds: &[(Command, &[u8])]) -> Result<Vec<Completion>, InitiatorError> {
-        const C: &str = "Passthrough";
-        self.require_io(C)?;
+        self.require_io(PASSTHROUGH)?;
         for (_, d) in cmds {
-            self.check_transfer(C, d.len())?;
+            self.check_transfer(PASSTHROUGH, d.len())?;
         }
-        let done = self.run(C, false, |a| {
+        let done = self.run(PASSTHROUGH, false, |a| {
             let pieces = cmds.iter().map(|(c, d)| Piece { cmd: *c, out: d, in_at: 0, in_len: 0 }).collect();
             pipeline(self.pick(a), pieces, &mut [])
         })?;
@@ -194,7 +193,7 @@ impl Session {
     /// in one round trip, and a target serving a queue in order answers the second once the
     /// first is done. Returns every completion, whatever its status, and the data each
     /// received (its data-in length), in order. Not retried after a connection failure.
-    pub fn submit_pipelined(&self, cmds: &[(Command, &[u8], usize)]) -> Result<Vec<(Completion, Vec<u8>)>, InitiatorError> {
+    pub fn submit_pipelined(&self, cmds: &[Submission<'_>]) -> Result<Answers, InitiatorError> {
         self.check_pipelined(cmds)?;
         let mut inbuf = vec![0u8; cmds.iter().map(|c| c.2).sum()];
         let done = self.run(PASSTHROUGH, false, |a| pipeline(self.pick(a), pieces(cmds), &mut inbuf))?;
@@ -202,7 +201,7 @@ impl Session {
     }
 
     /// What [`Session::submit_pipelined`] refuses before sending anything.
-    fn check_pipelined(&self, cmds: &[(Command, &[u8], usize)]) -> Result<(), InitiatorError> {
+    fn check_pipelined(&self, cmds: &[Submission<'_>]) -> Result<(), InitiatorError> {
         self.require_io(PASSTHROUGH)?;
         for (_, out, len) in cmds {
             if !out.is_empty() && *len > 0 {
@@ -222,16 +221,15 @@ impl Session {
     }
 
     fn submit_on(&self, admin: bool, c: Command, data_out: Option<&[u8]>, data_in_len: usize) -> Result<(Completion, Vec<u8>), InitiatorError> {
-        const C: &str = "Passthrough";
         let out = data_out.unwrap_or(&[]);
         if !out.is_empty() && data_in_len > 0 {
             return Err(InitiatorError::InvalidArgument {
-                command: C,
+                command: PASSTHROUGH,
                 detail: "a command moves data in one direction only; give data_out or data_in_len".into(),
             });
         }
-        self.check_transfer(C, out.len().max(data_in_len))?;
-        let (cqe, data, _) = self.run(C, false, |a| run_one(if admin { &a.admin } else { self.pick(a) }, c, out, data_in_len, false))?;
+        self.check_transfer(PASSTHROUGH, out.len().max(data_in_len))?;
+        let (cqe, data, _) = self.run(PASSTHROUGH, false, |a| run_one(if admin { &a.admin } else { self.pick(a) }, c, out, data_in_len, false))?;
         Ok((cqe, data))
     }
 }

@@ -3,8 +3,8 @@
 //! `insitu._native.EmbeddedTarget` (a target served from this process, on loopback).
 
 use crate::{RequestError, StorageIOError, TargetError};
-use insitu_fabric::{opcode, Command, Completion, SGL_TRANSPORT_DATA_BLOCK};
-use insitu_initiator::{default_hostnqn, ConnectOptions, InitiatorError, Session, Submission};
+use insitu_fabric::{opcode, Command, SGL_TRANSPORT_DATA_BLOCK};
+use insitu_initiator::{default_hostnqn, Answers, ConnectOptions, InitiatorError, Session, Submission};
 use insitu_proto::attention::{as_sent, check_new_entries, Dtype, Method, ReducedQueries};
 use insitu_proto::attention::{decode_info, Admin, Append, Attend, AttendOptions, AttendResult, PageScores};
 use pyo3::prelude::*;
@@ -453,7 +453,7 @@ impl KvTarget {
     /// still held): the KV_ATTEND's error comes first, as it says why there is no result;
     /// a target that answered the KV_RESULT before the result was there is asked again.
     /// Then checks that the answer answers the request.
-    fn finish(&self, p: &PreparedAttend, b: &Begun, done: Result<Vec<(Completion, Vec<u8>)>, InitiatorError>) -> PyResult<Answer> {
+    fn finish(&self, p: &PreparedAttend, b: &Begun, done: Result<Answers, InitiatorError>) -> PyResult<Answer> {
         let req = &p.req;
         let mut done = done.map_err(|e| kv_err("KV attend", e))?;
         let (early, data) = done.pop().expect("two completions");
