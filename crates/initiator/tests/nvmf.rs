@@ -341,6 +341,22 @@ fn commands_rotate_over_every_io_queue() {
 }
 
 #[test]
+fn one_scattered_read_uses_every_io_queue() {
+    let f = common::target(vec![]);
+    let proxy = common::Proxy::start(&f.addr);
+    let s = Session::connect(ConnectOptions { io_queues: 3, ..common::opts(&proxy.addr) }).unwrap();
+    let before = proxy.bytes_to_host();
+    // Six runs of 64 KiB in one call: two to each queue.
+    let runs: Vec<(u64, u64)> = (0..6u64).map(|i| (i * 300, 128)).collect();
+    let mut buf = vec![0u8; 6 * 65536];
+    s.read_runs_into(1, &runs, &mut buf).unwrap();
+    let after = proxy.bytes_to_host();
+    let io: Vec<u64> = after.iter().zip(before.iter().chain(std::iter::repeat(&0))).skip(1).map(|(a, b)| a - b).collect();
+    assert_eq!(io.len(), 3, "an admin connection and three I/O connections: {after:?}");
+    assert!(io.iter().all(|&b| b >= 2 * 65536), "every I/O queue carried two of the six runs: {io:?}");
+}
+
+#[test]
 fn consecutive_reads_of_a_disk_are_merged_yet_answered_one_by_one() {
     let f = target_with_direct_reads();
     let s = Session::connect(ConnectOptions { max_io_bytes: Some(128 << 10), queue_depth: 8, io_queues: 1, ..opts(&f.addr) }).unwrap();
