@@ -190,34 +190,6 @@ dispatched! {
 }
 
 dispatched! {
-    /// `acc += w_0 · x_0`, then `acc += w_1 · x_1`, … for the `(w_i, x_i)` of `terms`
-    /// (each `x_i` as long as `acc`): the sums of as many [`axpy`] calls in that order, with
-    /// each element of `acc` loaded and stored once rather than once a term.
-    fn axpy_terms / axpy_terms_baseline<S>(acc: &mut [f64], terms: &[(f64, &[f32])]) {
-        for (_, x) in terms {
-            assert_eq!(x.len(), acc.len(), "each term as long as the sum");
-        }
-        let whole = acc.len() / LANES * LANES;
-        for (i, a) in acc[..whole].chunks_exact_mut(LANES).enumerate() {
-            let mut v = [0.0; LANES];
-            v.copy_from_slice(a);
-            for (w, x) in terms {
-                let x = &x[i * LANES..(i + 1) * LANES];
-                for l in 0..LANES {
-                    v[l] += w * f64::from(x[l]);
-                }
-            }
-            a.copy_from_slice(&v);
-        }
-        for (t, a) in acc.iter_mut().enumerate().skip(whole) {
-            for (w, x) in terms {
-                *a += w * f64::from(x[t]);
-            }
-        }
-    }
-}
-
-dispatched! {
     /// Replaces `x` by `exp(x - max(x))` and returns the sum of the new values and `max(x)`:
     /// the softmax is `x / sum`. Subtracting the maximum keeps every exponent at most 0, so nothing
     /// overflows and the largest weight is exactly 1. The exponentials are
@@ -407,14 +379,6 @@ pub(super) fn exp_shifted_lse(x: &mut [f64]) -> (f64, f64) {
     (sum, max + sum.ln())
 }
 
-/// In-place softmax of `x`.
-pub(super) fn softmax(x: &mut [f64]) {
-    let inv = 1.0 / exp_shifted(x).0;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
-}
-
 /// Fills `idx` with the `k` best of `0..n` under `first` (an order in which the better
 /// index comes first; it must be total, so ties are broken by index), in ascending index
 /// order. Linear time: a selection, then a sort of the `k` chosen only.
@@ -521,25 +485,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn axpy_terms_is_axpy_term_after_term() {
-        for n in [0, 1, 7, 8, 13, 64, 2051] {
-            let xs: Vec<Vec<f32>> = (0..5).map(|j| (0..n).map(|i| ((i * 7 + j * 3) as f32 * 0.29).sin()).collect()).collect();
-            let terms: Vec<(f64, &[f32])> = xs.iter().enumerate().map(|(j, x)| ((j as f64 * 1.3 - 2.1).exp(), x.as_slice())).collect();
-            let start: Vec<f64> = (0..n).map(|i| (i as f64 * 0.77).cos()).collect();
-            let mut want = start.clone();
-            for (w, x) in &terms {
-                axpy_baseline::<Plain>(&mut want, *w, x);
-            }
-            let (mut got, mut plain) = (start.clone(), start);
-            axpy_terms(&mut got, &terms);
-            axpy_terms_baseline::<Plain>(&mut plain, &terms);
-            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "n = {n}");
-            assert_eq!(bits(&plain), bits(&want), "n = {n}");
-        }
-    }
-
     /// Units in the last place between `a` and `b` (finite, same sign).
     fn ulps(a: f64, b: f64) -> u64 {
         a.to_bits().abs_diff(b.to_bits())
@@ -560,14 +505,6 @@ mod tests {
         assert_eq!(exp_nonpositive(EXP_MIN - 1e-9), 0.0);
         assert_eq!(exp_nonpositive(f64::NEG_INFINITY), 0.0);
         assert!(exp_nonpositive(f64::NAN).is_nan());
-    }
-
-    #[test]
-    fn softmax_survives_large_scores_and_sums_to_one() {
-        let mut x = vec![1000.0, 999.0, -1000.0];
-        softmax(&mut x);
-        assert!((x.iter().sum::<f64>() - 1.0).abs() < 1e-15);
-        assert!((x[0] / x[1] - 1f64.exp()).abs() < 1e-12 && x[2] == 0.0);
     }
 
     #[test]

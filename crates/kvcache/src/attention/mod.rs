@@ -5,13 +5,16 @@
 //! at most once per call however many query rows (grouped-query attention) share the head.
 //! Dot products, softmax and the weighted sums of V are accumulated in f64 from the f32 rows:
 //! the host checks generated tokens against a PyTorch reference, and an f32 running sum over
-//! tens of thousands of tokens drifts far enough to flip an argmax now and then.
+//! tens of thousands of tokens drifts far enough to flip an argmax now and then. SparF's
+//! approximate scores, which only choose what to read, are f32 (see `approx`).
 //!
 //! * `dense` reads every token-indexed K page, then every V page (two passes, so the softmax
 //!   is exact rather than rescaled online).
 //! * `sparse` runs SparF and SparQ; they differ only in how media reads are counted.
 //! * `kernels` holds the vectorisable loops and the top-k selection both use.
+//! * `approx` holds SparF's approximate pass, in f32: it only ranks pages and tokens.
 
+mod approx;
 mod dense;
 mod kernels;
 #[cfg(test)]

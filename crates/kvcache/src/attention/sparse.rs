@@ -9,11 +9,13 @@
 //!
 //! Ties are broken towards the lower index, in the selection of components and of tokens,
 //! so a call is deterministic; the approximate scores of a token are summed over the
-//! selected components in ascending order, which a plain reference reproduces exactly.
+//! selected components in ascending order, in f32, which a plain reference reproduces
+//! exactly.
 
 use std::ops::Range;
 
-use super::kernels::{axpy, axpy_rows, axpy_terms, dot, dot_rows, exp_shifted_lse, score_run, softmax, top_k};
+use super::approx;
+use super::kernels::{axpy, axpy_rows, dot, dot_rows, exp_shifted_lse, score_run, top_k};
 use super::{element_stats, v_mean, Count, PagedRows};
 use crate::{AttendStats, HeadPages, Kind, KvError, Loaded};
 
@@ -48,7 +50,7 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, ou
     let mean = if plan.mean_v { Some(v_mean(head)?) } else { None };
 
     let (dim_used, mut shat) = approx_logits(head, &qd, scale, plan.r, plan.budget > 0, &mut loaded)?;
-    shat.chunks_exact_mut(n).for_each(softmax);
+    shat.chunks_exact_mut(n).for_each(approx::softmax);
 
     // With a page budget, the pages come first: the first page (the attention sink most
     // heads lean on), those of the local tokens, and the `budget` others on which some row
@@ -57,43 +59,37 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, ou
     // out of reach (ranked below every token in reach).
     let first_local = n - plan.local;
     let groups_n = layout.token_groups(n);
-    let mut reach = vec![true; n];
-    if plan.budget > 0 {
+    // Steps 5-7 rank only the tokens in reach (with a page budget, a few pages' worth of
+    // the sequence), ascending, not every token of every row.
+    let cand: Vec<usize> = if plan.budget > 0 {
         let local_from = first_local / tpp;
-        // Each row's page sums, token after token within a page, every page at once (the
-        // pages' sums are independent chains), then the largest over the rows.
-        let mut mass = vec![0.0; groups_n];
-        let mut sums = vec![0.0; groups_n];
+        // Each row's page sums, then the largest over the rows.
+        let mut mass = vec![0f32; groups_n];
         for s in shat.chunks_exact(n) {
-            sums.fill(0.0);
-            for j in 0..tpp {
-                sums.iter_mut().zip(s.iter().skip(j).step_by(tpp)).for_each(|(a, &x)| *a += x);
-            }
-            mass.iter_mut().zip(&sums).for_each(|(m, &x)| *m = f64::max(*m, x));
+            mass.iter_mut().zip(s.chunks(tpp)).for_each(|(m, page)| *m = m.max(approx::sum(page)));
         }
         let candidates = if plan.local > 0 { local_from.min(groups_n) } else { groups_n };
         let mut pick = Vec::new();
         if candidates > 1 {
             top_k(candidates - 1, plan.budget, &mut pick, |a, b| mass[b + 1].total_cmp(&mass[a + 1]).then(a.cmp(&b)));
         }
-        let mut allowed: Vec<bool> = (0..groups_n).map(|g| g == 0 || g >= candidates).collect();
-        pick.iter().for_each(|&g| allowed[g + 1] = true);
-        reach.chunks_mut(tpp).zip(&allowed).for_each(|(page, &a)| page.fill(a));
-    }
-    let k = plan.k.min(reach.iter().filter(|&&x| x).count()).max(1);
+        // `pick` is ascending and below `candidates - 1`: the pages in reach, in order.
+        let pages = std::iter::once(0).chain(pick.iter().map(|&g| g + 1)).chain(candidates.max(1)..groups_n);
+        pages.flat_map(|g| g * tpp..n.min((g + 1) * tpp)).collect()
+    } else {
+        (0..n).collect()
+    };
+    let k = plan.k.min(cand.len()).max(1);
 
     // Steps 5-7: the `k` best tokens by ŝ, the last `local` first (the paper's ŝ + m), and
     // α, the approximate weight they carry (needed only to mix in the mean of V).
-    // Only tokens in reach are candidates (with a page budget, a few pages' worth of the
-    // sequence): the selection runs over them, not over every token of every row.
-    let cand: Vec<usize> = (0..n).filter(|&t| reach[t]).collect();
     let mut toks = Vec::with_capacity(rows);
     let mut alpha = Vec::with_capacity(rows);
     let every = k >= cand.len(); // a page budget's reach is kept whole: no ranking
     for s in shat.chunks_exact(n) {
         if every {
             if plan.mean_v {
-                alpha.push(cand.iter().map(|&t| s[t]).sum::<f64>());
+                alpha.push(cand.iter().map(|&t| f64::from(s[t])).sum::<f64>());
             }
             toks.push(cand.clone());
             continue;
@@ -104,7 +100,7 @@ pub(super) fn attend(head: &dyn HeadPages, q: &[f32], scale: f64, plan: Plan, ou
         });
         order.iter_mut().for_each(|i| *i = cand[*i]); // ascending still: `cand` is
         if plan.mean_v {
-            alpha.push(order.iter().map(|&t| s[t]).sum::<f64>());
+            alpha.push(order.iter().map(|&t| f64::from(s[t])).sum::<f64>());
         }
         toks.push(order.clone());
     }
@@ -151,9 +147,9 @@ fn span(sorted: &[usize], lo: usize, hi: usize) -> Range<usize> {
 
 /// Steps 1-4: each row's `r` largest-magnitude components (with `shared`, one choice for
 /// all rows), the dimension groups holding them loaded, and each row's approximate scores
-/// `ŝ` before the softmax, `rows × tokens` (the temperature applied). Returns which
-/// components some row uses and the scores.
-fn approx_logits(head: &dyn HeadPages, qd: &[f64], scale: f64, r: usize, shared: bool, loaded: &mut Loaded) -> Result<(Vec<bool>, Vec<f64>), KvError> {
+/// `ŝ` before the softmax, `rows × tokens` (the temperature applied), in f32. Returns
+/// which components some row uses and the scores.
+fn approx_logits(head: &dyn HeadPages, qd: &[f64], scale: f64, r: usize, shared: bool, loaded: &mut Loaded) -> Result<(Vec<bool>, Vec<f32>), KvError> {
     approx_logits_given(head, qd, scale, r, shared, None, loaded)
 }
 
@@ -167,7 +163,7 @@ fn approx_logits_given(
     shared: bool,
     given: Option<(&[usize], &[f64])>,
     loaded: &mut Loaded,
-) -> Result<(Vec<bool>, Vec<f64>), KvError> {
+) -> Result<(Vec<bool>, Vec<f32>), KvError> {
     let layout = *head.layout();
     let (hd, dpp) = (layout.head_dim, layout.dims_per_page);
     let n = head.tokens();
@@ -191,7 +187,7 @@ fn approx_logits_given(
     // Steps 2-4: approximate scores from the dimension groups holding a selected component.
     let mut dim_used = vec![false; hd];
     dims.iter().flatten().for_each(|&d| dim_used[d] = true);
-    let mut shat = vec![0f64; rows * n];
+    let mut shat = vec![0f32; rows * n];
     let used: Vec<usize> = (0..layout.dim_groups()).filter(|g| dim_used[g * dpp..(g + 1) * dpp].contains(&true)).collect();
     let mut buf = super::Scratch::take(used.len() * dpp * n);
     *loaded += head.load_dim_groups(&used, &mut buf)?;
@@ -202,8 +198,9 @@ fn approx_logits_given(
     }
     for (row, (ds, s)) in dims.iter().zip(shat.chunks_exact_mut(n)).enumerate() {
         // The row's components in ascending order, as the groups hold them.
-        let terms: Vec<(f64, &[f32])> = ds.iter().map(|&d| (qd[row * hd + d], &buf[at[d]..at[d] + n])).collect();
-        axpy_terms(s, &terms);
+        // `qd` holds f32 values widened: back to f32 exactly.
+        let terms: Vec<(f32, &[f32])> = ds.iter().map(|&d| (qd[row * hd + d] as f32, &buf[at[d]..at[d] + n])).collect();
+        approx::axpy_terms(s, &terms);
     }
     for (row, ((qr, ds), s)) in qd.chunks_exact(hd).zip(&dims).zip(shat.chunks_exact_mut(n)).enumerate() {
         // The paper divides by sqrt(d_h * |q_i|_1 / |q|_1): a partial dot product over the
@@ -212,7 +209,7 @@ fn approx_logits_given(
         let l1: f64 = given.map_or_else(|| l1_norm(qr), |(_, l1)| l1[row]);
         let l1_kept: f64 = ds.iter().map(|&d| qr[d].abs()).sum();
         let factor = if l1_kept > 0.0 { scale / (l1_kept / l1).sqrt() } else { scale };
-        s.iter_mut().for_each(|v| *v *= factor);
+        approx::scale(s, factor as f32);
     }
     Ok((dim_used, shat))
 }
@@ -391,7 +388,7 @@ pub(super) fn page_log_mass(head: &dyn HeadPages, q: &[f32], scale: f64, r: usiz
     let (_, mut shat) = approx_logits_given(head, &qd, scale, r.min(hd), true, given, &mut loaded)?;
     let mut masses = Vec::with_capacity(shat.len() / n.max(1) * layout.token_groups(n));
     for s in shat.chunks_exact_mut(n) {
-        masses.extend(s.chunks_mut(tpp).map(|page| exp_shifted_lse(page).1));
+        masses.extend(s.chunks_mut(tpp).map(approx::log_sum_exp));
     }
     Ok((masses, loaded))
 }

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use proptest::prelude::*;
 
-use super::testutil::{assert_close, attention, dense_ref, layout, run, scale_of, sparf_capped_ref, sparf_ref, MemHead, Read, Rng, SHAPES};
+use super::testutil::{assert_close, attention, dense_ref, layout, run, scale_of, sparf_capped_ref, sparf_ref, MemHead, Read, Rng, MIXED_TOL, SHAPES};
 use super::Method;
 use crate::{AttendStats, Kind};
 
@@ -43,7 +43,7 @@ fn sparf_matches_algorithm_1_reference() {
                     assert!(j.iter().all(|&t| t >= tokens - local), "the best of the local tokens are kept");
                 }
                 let what = format!("{shape:?} tokens {tokens} r {r} k {k} local {local} row {g}");
-                assert_close(&out[g * l.head_dim..][..l.head_dim], &want, 1e-6, &what);
+                assert_close(&out[g * l.head_dim..][..l.head_dim], &want, MIXED_TOL, &what);
             }
         }
     }
@@ -55,7 +55,7 @@ fn sparf_with_a_zero_query_mixes_means_of_v() {
     let h = MemHead::random(layout(SHAPES[0]), 90, &mut rng);
     let q = vec![0f32; 16];
     let (out, _) = run(&h, &q, 0.25, Method::SparF { r: 3, k: 9, local: 4, pages: 0, mean_v: true });
-    assert_close(&out, &sparf_ref(&h, &q, 0.25, 3, 9, 4).0, 1e-6, "zero query");
+    assert_close(&out, &sparf_ref(&h, &q, 0.25, 3, 9, 4).0, MIXED_TOL, "zero query");
 }
 
 /// The pages SparF must read for query rows `q`: the dimension groups holding a kept
@@ -163,7 +163,7 @@ proptest! {
         for (g, qr) in q.chunks(l.head_dim).enumerate() {
             let o = g * l.head_dim..(g + 1) * l.head_dim;
             assert_close(&dense[o.clone()], &dense_ref(&h, qr, f64::from(scale)), 1e-6, "dense");
-            assert_close(&sparf[o], &sparf_ref(&h, qr, f64::from(scale), r, k, local).0, 1e-6, "sparf");
+            assert_close(&sparf[o], &sparf_ref(&h, qr, f64::from(scale), r, k, local).0, MIXED_TOL, "sparf");
         }
         prop_assert!(stats.rows_used <= 2 * tokens as u64);
     }
@@ -220,7 +220,7 @@ fn a_page_cap_shares_components_and_picks_pages_by_mass() {
             let what = format!("{shape:?} tokens {tokens} group {group} plan {plan:?}");
             let mut expected = HashSet::new();
             for (g, (o, i, j)) in want.iter().enumerate() {
-                assert_close(&out[g * l.head_dim..][..l.head_dim], o, 1e-6, &what);
+                assert_close(&out[g * l.head_dim..][..l.head_dim], o, MIXED_TOL, &what);
                 assert_eq!(i.len(), r.min(l.head_dim), "{what}");
                 expected.extend(i.iter().map(|d| Read::Dim(d / l.dims_per_page)));
                 for t in j {

@@ -136,6 +136,22 @@ pub fn dense_ref(h: &MemHead, q: &[f32], scale: f64) -> Vec<f64> {
     attention(h, q, scale, &(0..h.tokens()).collect::<Vec<_>>())
 }
 
+/// A token's approximate logit: `q[i] · k[i]` summed over the components `i` in f32, in
+/// ascending order, times the temperature-scaled `factor` rounded to f32, as the engine
+/// ranks pages and tokens.
+fn approx_logit(q: &[f32], k: &[f32], i: &[usize], factor: f64) -> f64 {
+    let mut s = 0f32;
+    for &d in i {
+        s += q[d] * k[d];
+    }
+    f64::from(s * factor as f32)
+}
+
+/// Outputs that mix in the mean of V by α, the approximate mass of the kept tokens, are
+/// checked to this relative error: the engine sums α from f32 exponentials (a few parts
+/// in 10^7), times a difference of V rows up to 2 apart, against the floor of 0.01.
+pub const MIXED_TOL: f64 = 1e-4;
+
 /// Algorithm 1 for one query row, straight from the paper: the output, the components kept
 /// (`i`) and the tokens kept (`j`), both ascending.
 pub fn sparf_ref(h: &MemHead, q: &[f32], scale: f64, r: usize, k: usize, local: usize) -> (Vec<f64>, Vec<usize>, Vec<usize>) {
@@ -149,16 +165,7 @@ pub fn sparf_ref(h: &MemHead, q: &[f32], scale: f64, r: usize, k: usize, local: 
     let l1: f64 = q.iter().map(|x| f64::from(x.abs())).sum();
     let l1_i: f64 = i.iter().map(|&d| f64::from(q[d].abs())).sum();
     let factor = if l1_i > 0.0 { scale / (l1_i / l1).sqrt() } else { scale };
-    let logits: Vec<f64> = (0..n)
-        .map(|t| {
-            let mut s = 0.0;
-            for &d in &i {
-                s += f64::from(q[d]) * f64::from(h.k[t * hd + d]);
-            }
-            s * factor
-        })
-        .collect();
-    let s_hat = softmax(&logits);
+    let s_hat = softmax(&(0..n).map(|t| approx_logit(q, &h.k[t * hd..(t + 1) * hd], &i, factor)).collect::<Vec<_>>());
     // 5-6: argtopk(ŝ + m, k), m = 1 on the last `local` tokens.
     let local = local.min(n);
     let is_local = |t: usize| t >= n - local;
@@ -203,7 +210,7 @@ pub fn sparf_capped_ref(h: &MemHead, q: &[f32], scale: f64, (r, k, local, pages)
             let l1: f64 = qr.iter().map(|x| f64::from(x.abs())).sum();
             let l1_i: f64 = i.iter().map(|&d| f64::from(qr[d].abs())).sum();
             let factor = if l1_i > 0.0 { scale / (l1_i / l1).sqrt() } else { scale };
-            softmax(&(0..n).map(|t| i.iter().map(|&d| f64::from(qr[d]) * f64::from(h.k[t * hd + d])).fold(0.0, |a, x| a + x) * factor).collect::<Vec<_>>())
+            softmax(&(0..n).map(|t| approx_logit(qr, &h.k[t * hd..(t + 1) * hd], &i, factor)).collect::<Vec<_>>())
         })
         .collect();
     let local = local.min(n);
