@@ -7,7 +7,9 @@
 //! digits are more than the ranking needs (InstInfer's engine scores in f16). The exact
 //! pass that follows stays in f64. In f32 the vector registers hold twice the lanes, and
 //! a pass that scores every token of the context costs about what the exact pass over
-//! the kept eighth does.
+//! the kept eighth does. A score beyond f32's range (products of elements above 10^19,
+//! which no f16 page holds) becomes infinite and its page's mass NaN, which ranks above
+//! every number: the page it points at is read, as the largest score's would be.
 //!
 //! Every loop here is elementwise or sums into [`LANES`] independent accumulators, so
 //! the compiler vectorises it without reordering an operation: each kernel is compiled
