@@ -8,8 +8,9 @@
 //! pass that follows stays in f64. In f32 the vector registers hold twice the lanes, and
 //! a pass that scores every token of the context costs about what the exact pass over
 //! the kept eighth does. A score beyond f32's range (products of elements above 10^19,
-//! which no f16 page holds) becomes infinite and its page's mass NaN, which ranks above
-//! every number: the page it points at is read, as the largest score's would be.
+//! which no f16 page holds) makes its row's softmax NaN, and that row then weighs no
+//! page: the other rows rank them, ties to the lower page, as a split's page masses in
+//! f32 on the wire always did. The exact pass over the pages read is f64 and unaffected.
 //!
 //! Every loop here is elementwise or sums into [`LANES`] independent accumulators, so
 //! the compiler vectorises it without reordering an operation: each kernel is compiled
