@@ -54,7 +54,7 @@ test-rust: deps
 	cargo test --release -p insitu-daemon --features fuzzing -q fuzzing
 
 test-python: build
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q --durations=15 tests
 
 bench: build
 	$(PY) -m pip install -q matplotlib
