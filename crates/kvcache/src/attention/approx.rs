@@ -20,32 +20,7 @@
 /// Independent accumulators of a sum: one AVX2 register of f32.
 const LANES: usize = 8;
 
-/// Defines `pub(super) fn $name` from `$body`, compiled for the baseline and, on x86-64,
-/// again with AVX2 enabled, the AVX2 copy taken when the CPU has it.
-macro_rules! dispatched {
-    ($(#[$doc:meta])* fn $name:ident / $baseline:ident ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
-        $(#[$doc])*
-        pub(super) fn $name($($arg: $ty),*) $(-> $ret)? {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx2")]
-                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
-                    $baseline($($arg),*)
-                }
-                if std::is_x86_feature_detected!("avx2") {
-                    // SAFETY: the CPU has AVX2, checked just above.
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            $baseline($($arg),*)
-        }
-
-        /// The body of the kernel of the same name without the `_baseline`, inlined into
-        /// each copy.
-        #[inline(always)]
-        fn $baseline($($arg: $ty),*) $(-> $ret)? $body
-    };
-}
+use super::kernels::dispatched;
 
 dispatched! {
     /// `acc[t] += w_0 · x_0[t]`, then `acc[t] += w_1 · x_1[t]`, … for the `(w_i, x_i)` of

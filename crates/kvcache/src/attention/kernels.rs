@@ -13,34 +13,49 @@
 
 use std::cmp::Ordering;
 
-/// Defines `pub(super) fn $name` from one body generic over `$simd: `[`Simd`], also kept as
-/// `$baseline` (the body as the baseline target compiles it, with [`Plain`]'s loops); on
-/// x86-64 the body is compiled again with AVX2 enabled and `avx2::Avx2`'s loops, and each
-/// call of `$name` takes that copy when the CPU has AVX2.
+/// Defines `pub(super) fn $name` from one body, also kept as `$baseline` (the body as the
+/// baseline target compiles it); on x86-64 the body is compiled again with AVX2 enabled,
+/// and each call of `$name` takes that copy when the CPU has AVX2.
+///
+/// With `<$simd>`, the body is generic over `$simd: `[`Simd`]: the baseline copy uses
+/// [`Plain`]'s loops and the AVX2 copy `avx2::Avx2`'s. Without, the body is plain loops the
+/// compiler vectorises on its own (the f32 kernels of `approx`).
 macro_rules! dispatched {
     ($(#[$doc:meta])* fn $name:ident / $baseline:ident <$simd:ident> ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
-        $(#[$doc])*
-        pub(super) fn $name($($arg: $ty),*) $(-> $ret)? {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx2")]
-                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
-                    $baseline::<avx2::Avx2>($($arg),*)
-                }
-                if std::is_x86_feature_detected!("avx2") {
-                    // SAFETY: the CPU has AVX2, checked just above.
-                    return unsafe { avx2($($arg),*) };
-                }
-            }
-            $baseline::<Plain>($($arg),*)
-        }
+        dispatched!(@dispatch $(#[$doc])* $name ($($arg: $ty),*) $(-> $ret)?, $baseline::<avx2::Avx2>, $baseline::<Plain>);
 
         /// The body of the kernel of the same name without the `_baseline`, generic over
         /// the loops it is built from (inlined into each copy).
         #[inline(always)]
         fn $baseline<$simd: Simd>($($arg: $ty),*) $(-> $ret)? $body
     };
+    ($(#[$doc:meta])* fn $name:ident / $baseline:ident ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        dispatched!(@dispatch $(#[$doc])* $name ($($arg: $ty),*) $(-> $ret)?, $baseline, $baseline);
+
+        /// The body of the kernel of the same name without the `_baseline`, inlined into
+        /// each copy.
+        #[inline(always)]
+        fn $baseline($($arg: $ty),*) $(-> $ret)? $body
+    };
+    (@dispatch $(#[$doc:meta])* $name:ident ($($arg:ident: $ty:ty),*) $(-> $ret:ty)?, $avx2_body:path, $plain_body:path) => {
+        $(#[$doc])*
+        pub(super) fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $avx2_body($($arg),*)
+                }
+                if std::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2, checked just above.
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $plain_body($($arg),*)
+        }
+    };
 }
+pub(super) use dispatched;
 
 /// The two loops whose vectorised form the compiler does not find on its own: a block of
 /// dot products (it keeps the eight accumulators of a row in scalar registers) and the
