@@ -744,26 +744,20 @@ def test_bench_llm_with_a_bad_device_model_fails_before_loading_the_model(tmp_pa
         bench.main(["--device-model", "no-such-model", "--dir", str(tmp_path / "bench")])
     assert e.value.code == 2
     assert "unknown device model `no-such-model`" in capsys.readouterr().err
-    # The command, with this interpreter (not the venv's script): fast, clear, nonzero. "Fast"
-    # is measured against importing the modules it needs, timed here under the same load:
-    # loading the model would add ~20 s on 2 cores.
-    t = time.monotonic()
-    subprocess.run(
-        [sys.executable, "-c", "import insitu.llm.cli, insitu.llm.bench, insitu.llm.run"], check=True, capture_output=True, timeout=300, cwd=tmp_path
-    )
-    imports = time.monotonic() - t
-    t = time.monotonic()
+    # The command, with this interpreter (not the venv's script): clear and nonzero, and no
+    # model loaded: a load of the default GGUF model would keep its conversion in the
+    # (here empty) model cache.
+    cache = tmp_path / "model-cache"
     p = subprocess.run(
         [sys.executable, "-m", "insitu", "bench", "llm", "--device-model", "no-such-model", "--dir", str(tmp_path / "bench")],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=tmp_path,
+        env={**os.environ, "INSITU_MODEL_CACHE": str(cache)},
     )
-    seconds = time.monotonic() - t
-    print(f"\nbench llm --device-model no-such-model: {seconds:.1f}s (the imports alone: {imports:.1f}s)")
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert 'device model "no-such-model"' in p.stderr and "known:" in p.stderr and "instinfer-csd" in p.stderr, p.stderr
     assert "bench llm: batch" not in p.stderr  # no sweep began
     assert not (tmp_path / "bench").exists()
-    assert seconds < imports * 1.5 + 5, f"took {seconds:.1f}s to refuse a bad device model (imports: {imports:.1f}s)"
+    assert not cache.exists()

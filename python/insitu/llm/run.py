@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import shutil
 import sys
 import threading
 import time
@@ -26,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from . import hooks, host
+from . import converted, hooks, host
 from .targets import TargetPool
 
 __all__ = ["Model", "load", "default_model_path", "make_cache", "generate", "evaluate", "ATTENTIONS"]
@@ -67,21 +68,37 @@ class Model:
 
 
 def load(path: Optional[str] = None, device: Optional[str] = None) -> Model:
-    """Loads a model: a ``.gguf`` file (de-quantized to float32) or a transformers model
-    directory. Nothing is fetched from the network. On a CPU, its linear layers are fitted
+    """Loads a model: a ``.gguf`` file (de-quantized to float32, once: see
+    :mod:`.converted`) or a transformers model directory. Nothing is fetched from the network. On a CPU, its linear layers are fitted
     for decoding (:mod:`.host`)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = path or default_model_path()
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if path.endswith(".gguf"):
-        d, f = os.path.split(os.path.abspath(path))
-        kw = {"gguf_file": f}
-    else:
-        d, kw = path, {}
-    tok = AutoTokenizer.from_pretrained(d, **kw)
-    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, **kw).to(dev).eval()
+    kept = converted.directory(path) if path.endswith(".gguf") else None
+    tok = model = None
+    if kept is not None and os.path.isdir(kept):
+        try:
+            tok = AutoTokenizer.from_pretrained(kept)
+            model = AutoModelForCausalLM.from_pretrained(kept, dtype=torch.float32)
+        except Exception as e:  # noqa: BLE001 - a damaged conversion is made again
+            sys.stderr.write(f"insitu: the converted model in {kept} does not load ({e}); converting {path} again\n")
+            shutil.rmtree(kept, ignore_errors=True)
+            tok = model = None
+    if model is None:
+        if path.endswith(".gguf"):
+            d, f = os.path.split(os.path.abspath(path))
+            kw = {"gguf_file": f}
+        else:
+            d, kw = path, {}
+        tok = AutoTokenizer.from_pretrained(d, **kw)
+        model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, **kw)
+        if kw:
+            converted.plain(model)
+        if kept is not None:
+            converted.keep(model, tok, kept)
+    model = model.to(dev).eval()
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
