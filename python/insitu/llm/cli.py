@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import sys
+import warnings
 from typing import List, Optional
 
 __all__ = ["main"]
@@ -197,7 +198,7 @@ def _generate(a) -> dict:
     from . import run
 
     prompts = _prompts(a)
-    m = run.load(a.model, a.device)
+    m = run.load(a.model, a.device, progress=_progress(a))
     ids = [m.tokenizer(p)["input_ids"] for p in prompts]
     pool = _pool(a, m, len(ids), max(len(i) for i in ids) + a.max_new_tokens)
     try:
@@ -225,7 +226,7 @@ def _evaluate(a) -> dict:
 
     with open(a.text, encoding="utf-8") as f:
         text = f.read()
-    m = run.load(a.model, a.device)
+    m = run.load(a.model, a.device, progress=_progress(a))
     n = max(0, len(m.tokenizer(text)["input_ids"]) - a.start)
     pool = _pool(a, m, 1, min(n, a.context or n))
     try:
@@ -279,6 +280,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Runs ``insitu llm ...`` or ``insitu bench llm ...`` (``argv`` without the program
     name, starting with ``llm`` or ``bench``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    # transformers 5 announces, on every forward, that it renames the argument the cache is
+    # passed in (in 5.40, which the extra's pin keeps out); not something a user can act on.
+    warnings.filterwarnings("ignore", message="`past_key_values` is deprecated", category=FutureWarning)
     if argv[:2] == ["bench", "llm"]:
         from . import bench
 

@@ -67,15 +67,28 @@ class Model:
         return self.heads // self.kv_heads
 
 
-def load(path: Optional[str] = None, device: Optional[str] = None) -> Model:
+def load(path: Optional[str] = None, device: Optional[str] = None, progress: Optional[bool] = None) -> Model:
     """Loads a model: a ``.gguf`` file (de-quantized to float32, once: see
-    :mod:`.converted`) or a transformers model directory. Nothing is fetched from the network. On a CPU, its linear layers are fitted
-    for decoding (:mod:`.host`)."""
+    :mod:`.converted`) or a transformers model directory. Nothing is fetched from the
+    network. On a CPU, its linear layers are fitted for decoding (:mod:`.host`).
+    transformers' progress bars show when ``progress`` is true (default: when stderr is
+    a terminal)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    if not (sys.stderr.isatty() if progress is None else progress):
+        hf_logging.disable_progress_bar()
+    try:
+        return _load(path or default_model_path(), torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _load(path: str, dev: torch.device) -> Model:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = path or default_model_path()
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     kept = converted.directory(path) if path.endswith(".gguf") else None
     tok = model = None
     if kept is not None and os.path.isdir(kept):
