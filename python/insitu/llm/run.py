@@ -89,25 +89,18 @@ def load(path: Optional[str] = None, device: Optional[str] = None, progress: Opt
 def _load(path: str, dev: torch.device) -> Model:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kept = converted.directory(path) if path.endswith(".gguf") else None
-    tok = model = None
-    if kept is not None and os.path.isdir(kept):
-        try:
-            tok = AutoTokenizer.from_pretrained(kept)
-            model = AutoModelForCausalLM.from_pretrained(kept, dtype=torch.float32)
-        except Exception as e:  # noqa: BLE001 - a damaged conversion is made again
-            sys.stderr.write(f"insitu: the converted model in {kept} does not load ({e}); converting {path} again\n")
-            shutil.rmtree(kept, ignore_errors=True)
-            tok = model = None
+    gguf = path.endswith(".gguf")
+    kept = converted.directory(path) if gguf else None
+    tok, model = _load_kept(kept, path) if kept is not None and os.path.isdir(kept) else (None, None)
     if model is None:
-        if path.endswith(".gguf"):
+        if gguf:
             d, f = os.path.split(os.path.abspath(path))
             kw = {"gguf_file": f}
         else:
             d, kw = path, {}
         tok = AutoTokenizer.from_pretrained(d, **kw)
         model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, **kw)
-        if kw:
+        if gguf:
             converted.plain(model)
         if kept is not None:
             converted.keep(model, tok, kept)
@@ -118,8 +111,21 @@ def _load(path: str, dev: torch.device) -> Model:
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     hooks.register()
-    host.fit_for_decode(model, path if path.endswith(".gguf") else None)
+    host.fit_for_decode(model, path if gguf else None)
     return Model(model, tok, dev, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, head_dim, path)
+
+
+def _load_kept(kept: str, path: str):
+    """The tokenizer and model kept in ``kept`` (see :mod:`.converted`), or ``(None, None)``
+    after removing a directory that does not load, so that ``path`` is converted again."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(kept), AutoModelForCausalLM.from_pretrained(kept, dtype=torch.float32)
+    except Exception as e:  # noqa: BLE001 - a damaged conversion is made again
+        sys.stderr.write(f"insitu: the converted model in {kept} does not load ({e}); converting {path} again\n")
+        shutil.rmtree(kept, ignore_errors=True)
+        return None, None
 
 
 def make_cache(
