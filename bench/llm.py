@@ -58,6 +58,12 @@ def markdown(r: dict) -> str:
     mbs = sorted({x.get("micro_batches", 1) for x in r["rows"] if x["backend"].startswith("insitu")})
     s += f"({r.get('split', 'heads')}); micro-batches decoded at once by the in-storage backends: {r.get('micro_batches', 1)} "
     s += f"({' or '.join(map(str, mbs)) or '-'} in the rows, as the backend column says). "
+    img = r.get("images")
+    if img:
+        if img.get("in_memory"):
+            s += f"Target images in memory ({img['dir']}): the device model alone paces the reads. "
+        else:
+            s += f"Target images on a disk ({img['dir']}): the in-storage engine reads them with direct I/O, FlexGen-style reads come from the target's page cache. "
     s += f"Machine: {m.get('cpus', '?')} CPUs ({m.get('cpu_model', '?')}).\n\n"
     if r.get("note"):
         s += f"**Note:** {r['note']}\n\n"

@@ -465,6 +465,39 @@ def test_a_row_is_limited_by_the_drive_at_its_bound_or_as_driven_else_by_the_lar
     assert {"flash", "link", "drive", "host", "cpu"} == set(LIMITS)
 
 
+def test_bench_images_go_in_memory_where_there_is_room(tmp_path, monkeypatch):
+    """`insitu bench llm` puts its images on tmpfs unless told otherwise, so that a disk's
+    direct reads weigh on the in-storage engine only where asked; a path's file system is
+    that of the longest mount point above it, spaces escaped as /proc/mounts writes them."""
+    from insitu.llm import bench
+
+    mounts = tmp_path / "mounts"
+    lines = [
+        "/dev/vda / ext4 rw 0 0",
+        "tmpfs /dev/shm tmpfs rw 0 0",
+        "tmpfs /srv/my\\040ram tmpfs rw 0 0",
+        "/dev/vdb /dev/shm/disk xfs rw 0 0",
+        "garbage",
+    ]
+    mounts.write_text("\n".join(lines) + "\n")
+    m = str(mounts)
+    assert bench.in_memory("/dev/shm", m)
+    assert bench.in_memory("/dev/shm/insitu-bench/not/made/yet", m)
+    assert not bench.in_memory("/dev/shmem", m)  # a prefix of the name, not a parent
+    assert not bench.in_memory("/dev/shm/disk/x", m)
+    assert not bench.in_memory("/work/.insitu/bench", m)
+    assert bench.in_memory("/srv/my ram/images", m)
+    assert not bench.in_memory("/dev/shm", str(tmp_path / "no-such-file"))
+
+    monkeypatch.setattr(bench, "in_memory", lambda path, mounts="/proc/mounts": True)
+    free = lambda avail: type("St", (), {"f_bavail": avail, "f_frsize": 4096})()  # noqa: E731
+    monkeypatch.setattr(bench.os, "statvfs", lambda path: free(1000))
+    assert bench.default_dir(2000 * 4096) == bench.DISK_DIR  # no room for twice the cache
+    assert bench.default_dir(500 * 4096) == bench.SHM_DIR
+    monkeypatch.setattr(bench, "in_memory", lambda path, mounts="/proc/mounts": False)
+    assert bench.default_dir(1) == bench.DISK_DIR  # /dev/shm on a disk
+
+
 def test_split_sparf_calls_refuse_inconsistent_arguments(pool3):
     """The native split-SparF calls check their arguments before anything is sent: a
     sink, local pages and an owner per sequence, a target index in range, whole f32

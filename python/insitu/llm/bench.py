@@ -28,6 +28,12 @@ host computes another, and each target has the next micro-batch's reads queued w
 it finishes the last one's. The FlexGen-style backend overlaps its own way (the next
 layer's blocks are read while this one computes) and decodes the batch as one.
 
+The targets' images go in memory (``/dev/shm``) where it has room for them, so that the
+device model alone paces every backend: on a disk, the in-storage engine reads its pages
+with direct I/O while the FlexGen-style backend's reads are served from the target's page
+cache, and the comparison would measure the machine's disk on one side only.
+``--dir`` on a disk asks for exactly that; the result says which (``images``).
+
 The in-storage backends split each sequence's tokens over the targets (split-K, see
 :mod:`insitu.llm.remote`); ``--kv-dtype f16`` stores their pages, and the FlexGen-style
 backend's blocks, in f16 (FlexGen keeps its cache in half precision too).
@@ -404,7 +410,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         "step's modelled reads on a target take 4.5 times the host's own step, 2 where they take 1.3 times, else 1 "
         "(default: %(default)s)",
     )
-    ap.add_argument("--dir", default=os.path.join(".insitu", "bench"), help="target images (default: %(default)s)")
+    ap.add_argument(
+        "--dir",
+        help="target images; on a disk the in-storage engine reads them with direct I/O and FlexGen-style reads come from "
+        f"the page cache (default: {SHM_DIR} where it has room for the sweep, else {DISK_DIR})",
+    )
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     a = ap.parse_args(argv)
     from . import run
@@ -435,8 +445,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         points.append((int(b), int(s)))
         if int(b) * int(s) * kv_per_token > budget:
             break  # the first point over the budget ends the sweep
+    directory = a.dir or default_dir(max(b * s for b, s in points) * kv_per_token)
     t0 = time.perf_counter()
-    r = sweep(m, points, [int(n) for n in a.targets.split(",")], a.steps, budget, dm, a.dir, kv_dtype=a.kv_dtype, backends=backends, micro=micro)
+    r = sweep(m, points, [int(n) for n in a.targets.split(",")], a.steps, budget, dm, directory, kv_dtype=a.kv_dtype, backends=backends, micro=micro)
     r.update(
         {
             "model": m.path,
@@ -454,6 +465,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "kv_dtype": a.kv_dtype,
             "micro_batches": micro or "auto",
             "split": "tokens",
+            "images": {"dir": os.path.abspath(directory), "in_memory": in_memory(directory)},
             "limits": LIMITS,
             "seconds": time.perf_counter() - t0,
             "machine": {"cpus": os.cpu_count(), "cpu_model": _cpu_model(), "kernel": platform.release(), "torch_threads": torch.get_num_threads()},
@@ -470,6 +482,49 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"{row['tokens_per_s']:8.2f} tok/s  {row['link_bytes_per_token'] / 1e6:9.3f} MB link/token"
             )
     return 0
+
+
+SHM_DIR = "/dev/shm/insitu-bench"
+DISK_DIR = os.path.join(".insitu", "bench")
+
+
+def default_dir(largest_kv_bytes: int) -> str:
+    """Where the images go unless ``--dir`` says: :data:`SHM_DIR` when ``/dev/shm`` is
+    memory and has room for twice the largest point's KV cache (in f32, as if neither
+    backend's pages were f16, plus the dimension pages: every pool's images are removed
+    before the next starts), else :data:`DISK_DIR`."""
+    try:
+        st = os.statvfs(os.path.dirname(SHM_DIR))
+    except OSError:
+        return DISK_DIR
+    return SHM_DIR if in_memory(os.path.dirname(SHM_DIR)) and st.f_bavail * st.f_frsize >= 2 * largest_kv_bytes else DISK_DIR
+
+
+MEMORY_FS = {"tmpfs", "ramfs"}
+
+
+def in_memory(path: str, mounts: str = "/proc/mounts") -> bool:
+    """Whether ``path`` (or the directory it would be made in) lies on a file system in
+    memory: the type of the longest mount point above it in ``mounts``."""
+    # Links resolved in the part that exists; the rest as it will be made.
+    head, rest = os.path.abspath(path), []
+    while not os.path.exists(head) and os.path.dirname(head) != head:
+        head, name = os.path.split(head)
+        rest.insert(0, name)
+    path = os.path.join(os.path.realpath(head), *rest)
+    best, kind = "", ""
+    try:
+        with open(mounts) as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        return False
+    return kind in MEMORY_FS
 
 
 def _cpu_model() -> str:
