@@ -89,6 +89,19 @@ def test_dense_generation_equals_memory(model, pool, reference, long_ids, attent
         assert s["bytes_to_host"] > s["media_bytes"] > kv  # the cache comes back every step
 
 
+@pytest.mark.parametrize("targets", [3, 4])
+def test_dense_generation_over_three_and_four_targets_equals_memory(model, reference, long_ids, targets, tmp_path):
+    """Every sequence's tokens dealt over 3 and 4 targets (SmolLM2 has 3 KV heads, so the
+    old head split left a fourth target idle): the greedy tokens of in-memory attention, for
+    the padded batch of short prompts and for the 1,100-token prompt, whose pages every
+    target then holds some of."""
+    with TargetPool.embedded(targets, directory=str(tmp_path), shared_bytes=64 << 20, private_bytes=1 << 30) as p:
+        assert run.generate(model, SHORT, NEW_TOKENS, "insitu", p)["token_ids"] == reference["short"]
+        long = run.generate(model, None, NEW_TOKENS, "insitu", p, prompt_ids=[long_ids])
+        assert long["token_ids"] == reference["long"]
+        assert long["stats"]["media_bytes"] > 0  # the prompt's pages were read back from flash
+
+
 def test_micro_batches_generate_the_tokens_of_one_batch(model, pool, reference):
     """Two micro-batches at once, each its own cache on the same targets, give every prompt
     the token ids of in-memory attention, in the prompts' order."""
