@@ -269,57 +269,78 @@ def sweep(
     read_mb_s = ((_device_model(device_model) or {}).get("derived") or {}).get("internal_read_mb_s")
     rows, prefills, host_steps = [], {}, {}
     probe = micro is None and read_mb_s and any(a == "insitu" and (backends is None or label in backends) for label, a, _ in BACKENDS)
-    for batch, context in points:
-        kv = batch * context * kv_per_token
-        if context not in prefills:
-            prefills[context] = _prefill(m, context)
-        if probe and batch not in host_steps:
-            # Probed here, before this point's first pool: probed right after the FlexGen
-            # rows, it once read over 0.157 s where it reads 0.07-0.14 s otherwise, enough
-            # to turn two micro-batches down where they pay.
-            host_steps[batch] = _host_step(m, batch)
-        for n in targets_list:
-            for label, attention, ratio in BACKENDS:
-                if backends is not None and label not in backends:
-                    continue
-                if attention == "memory" and (n != targets_list[0] or kv > budget):
-                    continue
-                pool = None
-                if attention != "memory":
-                    # A share of the heads with every token (FlexGen's blocks), or every head
-                    # with a share of the tokens (the in-storage token split).
-                    per_row = max(-(-m.kv_heads // n) * (context + 2048), m.kv_heads * (-(-context // n) + 2048))
-                    size = int(batch * m.layers * per_row * 3 * 4 * m.head_dim * 1.5) + (256 << 20)
-                    pool = TargetPool.embedded(n, directory, size, size, device_model)
-                try:
-                    if progress:
-                        print(f"bench llm: batch {batch} x {context} tokens, {label}, {n} target(s)", file=sys.stderr, flush=True)
-                    mb = micro or 1
-                    if micro is None and attention == "insitu":
-                        # What the backend reads per step and target: every page (dense), or
-                        # about twice its ratio of them (SparF's pages and dimension pages).
-                        share = 1.0 if ratio is None else min(1.0, 2 * ratio)
-                        read_bytes = batch * context * kv_per_token * share * KV_DTYPES[kv_dtype] / 4 / n
-                        mb = auto_micro_batches(read_bytes / (read_mb_s * 1e6), host_steps[batch]) if read_mb_s else 1
-                    r = _point(m, prefills[context], batch, attention, ratio, pool, steps, kv_dtype, mb)
-                finally:
-                    if pool is not None:
-                        pool.close()
-                rows.append(
-                    {
-                        "backend": label,
-                        "batch": batch,
-                        "context": context,
-                        "targets": 0 if pool is None else n,
-                        "kv_cache_bytes": kv,
-                        "over_budget": kv > budget,
-                        "kv_dtype": "f32" if attention == "memory" else kv_dtype,
-                        # The host's own step as probed for the choice of micro-batches.
-                        "host_step_s": host_steps.get(batch) if attention == "insitu" else None,
-                        **r,
-                    }
-                )
+    runs = [
+        (batch, context, n, label, attention, ratio)
+        for batch, context in points
+        for n in targets_list
+        for label, attention, ratio in BACKENDS
+        if (backends is None or label in backends) and not (attention == "memory" and (n != targets_list[0] or batch * context * kv_per_token > budget))
+    ]
+    # A bar on a terminal; a line per row in a log.
+    bar = _bar(len(runs)) if progress and sys.stderr.isatty() else None
+    try:
+        for batch, context, n, label, attention, ratio in runs:
+            kv = batch * context * kv_per_token
+            if context not in prefills:
+                prefills[context] = _prefill(m, context)
+            if probe and batch not in host_steps:
+                # Probed here, before this point's first pool: probed right after the FlexGen
+                # rows, it once read over 0.157 s where it reads 0.07-0.14 s otherwise, enough
+                # to turn two micro-batches down where they pay.
+                host_steps[batch] = _host_step(m, batch)
+            pool = None
+            if attention != "memory":
+                # A share of the heads with every token (FlexGen's blocks), or every head
+                # with a share of the tokens (the in-storage token split).
+                per_row = max(-(-m.kv_heads // n) * (context + 2048), m.kv_heads * (-(-context // n) + 2048))
+                size = int(batch * m.layers * per_row * 3 * 4 * m.head_dim * 1.5) + (256 << 20)
+                pool = TargetPool.embedded(n, directory, size, size, device_model)
+            try:
+                what = f"batch {batch} x {context} tokens, {label}, {n} target(s)"
+                if bar is not None:
+                    bar.set_postfix_str(what)
+                elif progress:
+                    print(f"bench llm: {what}", file=sys.stderr, flush=True)
+                mb = micro or 1
+                if micro is None and attention == "insitu":
+                    # What the backend reads per step and target: every page (dense), or
+                    # about twice its ratio of them (SparF's pages and dimension pages).
+                    share = 1.0 if ratio is None else min(1.0, 2 * ratio)
+                    read_bytes = batch * context * kv_per_token * share * KV_DTYPES[kv_dtype] / 4 / n
+                    mb = auto_micro_batches(read_bytes / (read_mb_s * 1e6), host_steps[batch]) if read_mb_s else 1
+                r = _point(m, prefills[context], batch, attention, ratio, pool, steps, kv_dtype, mb)
+            finally:
+                if pool is not None:
+                    pool.close()
+            rows.append(
+                {
+                    "backend": label,
+                    "batch": batch,
+                    "context": context,
+                    "targets": 0 if pool is None else n,
+                    "kv_cache_bytes": kv,
+                    "over_budget": kv > budget,
+                    "kv_dtype": "f32" if attention == "memory" else kv_dtype,
+                    # The host's own step as probed for the choice of micro-batches.
+                    "host_step_s": host_steps.get(batch) if attention == "insitu" else None,
+                    **r,
+                }
+            )
+            if bar is not None:
+                bar.update()
+    finally:
+        if bar is not None:
+            bar.close()
     return {"rows": rows, "kv_bytes_per_token": kv_per_token, "prefill_s": {str(c): p[3] for c, p in prefills.items()}}
+
+
+def _bar(total: int):
+    """tqdm's bar over the sweep's rows, or None without tqdm (a line per row then)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="bench llm", unit="row", file=sys.stderr)
 
 
 # A step within this share of its device-model bound runs at the modelled drive's pace.
