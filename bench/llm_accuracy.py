@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--out", default=report.RESULTS)
     ap.add_argument("--name", default="llm-accuracy", help="results file name, without extension (default llm-accuracy)")
     ap.add_argument("--targets", type=int, default=1, help="embedded targets the cache is split over (default 1)")
-    ap.add_argument("--kv-dtype", choices=["f32", "f16"], default="f32", help="element type of the targets' pages (default f32)")
+    ap.add_argument("--kv-dtype", choices=["f32", "f16"], default="f16", help="element type of the targets' pages (default f16, as insitu llm's)")
     ap.add_argument("--rows", help="comma-separated row labels to run, e.g. 'dense,SparF 1/8' (default: all)")
     a = ap.parse_args()
     rows_wanted = None if not a.rows else {x.strip() for x in a.rows.split(",")}
