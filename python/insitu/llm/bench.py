@@ -468,7 +468,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             break  # the first point over the budget ends the sweep
     directory = a.dir or default_dir(max(b * s for b, s in points) * kv_per_token)
     t0 = time.perf_counter()
-    r = sweep(m, points, [int(n) for n in a.targets.split(",")], a.steps, budget, dm, directory, kv_dtype=a.kv_dtype, backends=backends, micro=micro)
+    try:
+        r = sweep(m, points, [int(n) for n in a.targets.split(",")], a.steps, budget, dm, directory, kv_dtype=a.kv_dtype, backends=backends, micro=micro)
+    finally:
+        if a.dir is None:
+            # Each pool removed its images; the directory chosen here goes too, if empty.
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
     r.update(
         {
             "model": m.path,
