@@ -213,7 +213,8 @@ def test_sparf_reads_at_most_a_quarter_of_dense(evals):
     strict=False,
     reason=(
         "Holds on this window and on some others, not on all: bench/results/llm-accuracy.md has "
-        "+1.6%, +6.9% and +9.1% on three 1,024-token windows of the same text (f16 pages). SmolLM2-135M (3 query heads per KV head, head size 64) spreads its attention "
+        "+1.6%, +6.9% and +9.1% on three 1,024-token windows of the same text (f16 pages). "
+        "SmolLM2-135M (3 query heads per KV head, head size 64) spreads its attention "
         "too widely for 1/8 of its tokens; pages chosen by exact attention leave +5 to +9% on the "
         "hard windows. The media bound (previous test) holds. On 4,096-token contexts the bound holds "
         "on every window (bench/results/llm-accuracy-4k.md; the next test)."

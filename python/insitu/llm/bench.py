@@ -277,7 +277,9 @@ def sweep(
         if (backends is None or label in backends) and not (attention == "memory" and (n != targets_list[0] or batch * context * kv_per_token > budget))
     ]
     # A bar on a terminal; a line per row in a log.
-    bar = _bar(len(runs)) if progress and sys.stderr.isatty() else None
+    from .run import _progress
+
+    bar = _progress(len(runs), "bench llm", progress and sys.stderr.isatty(), unit="row")
     try:
         for batch, context, n, label, attention, ratio in runs:
             kv = batch * context * kv_per_token
@@ -332,15 +334,6 @@ def sweep(
         if bar is not None:
             bar.close()
     return {"rows": rows, "kv_bytes_per_token": kv_per_token, "prefill_s": {str(c): p[3] for c, p in prefills.items()}}
-
-
-def _bar(total: int):
-    """tqdm's bar over the sweep's rows, or None without tqdm (a line per row then)."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc="bench llm", unit="row", file=sys.stderr)
 
 
 # A step within this share of its device-model bound runs at the modelled drive's pace.

@@ -176,27 +176,30 @@ def _close(cache) -> None:
         cache.close()
 
 
-def _progress(total: int, desc: str, show: bool):
+def _progress(total: int, desc: str, show: bool, unit: str = "it"):
     """tqdm on stderr when installed, else a plain counter line."""
     if not show:
         return None
     try:
         from tqdm import tqdm
 
-        return tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
+        return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False)
     except ImportError:
         return _Line(total, desc)
 
 
 class _Line:
     def __init__(self, total, desc):
-        self.total, self.desc, self.n, self.last = total, desc, 0, 0.0
+        self.total, self.desc, self.n, self.last, self.postfix = total, desc, 0, 0.0, ""
+
+    def set_postfix_str(self, s: str):
+        self.postfix = f" ({s})"
 
     def update(self, k=1):
         self.n += k
         now = time.monotonic()
         if now - self.last > 1 or self.n >= self.total:
-            sys.stderr.write(f"\r{self.desc}: {self.n}/{self.total}")
+            sys.stderr.write(f"\r{self.desc}: {self.n}/{self.total}{self.postfix}")
             self.last = now
 
     def close(self):
