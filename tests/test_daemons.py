@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
@@ -716,6 +717,105 @@ def test_insitu_attention_through_two_daemons(start_daemon, tmp_path):
     # Neither daemon logged a connection problem.
     for d in (a, b):
         assert d.log_lines() == [f"insitu-target: serving on nvme-tcp://{d.listen}"], d.log_lines()[:10]
+
+
+def _kv_metrics(port: int) -> Dict[str, float]:
+    """The KV cache's series on a daemon's `/metrics`: `owned`, `kept`, `used` (pages) and
+    `reclaimed`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for name, label, key in (
+        ("insitu_kv_sequences", 'lifetime="owned"', "owned"),
+        ("insitu_kv_sequences", 'lifetime="kept"', "kept"),
+        ("insitu_kv_pages", 'state="used"', "used"),
+        ("insitu_kv_reclaimed_sequences_total", "", "reclaimed"),
+    ):
+        m = re.search(rf"^{name}{{[^}}]*{label}[^}}]*}} (\S+)$", text, re.M)
+        assert m, f"{name} {label} missing from /metrics:\n{text}"
+        out[key] = float(m.group(1))
+    return out
+
+
+def _until(what: str, f: Callable[[], bool], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not f():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_a_client_or_a_target_that_goes_mid_decode_leaves_no_kv_cache_behind(start_daemon, tmp_path):
+    """`insitu llm generate --attention insitu` over two daemons, twice cut short mid-decode:
+    once a target stops (the client fails naming it, within seconds), once the client is
+    killed. Each time every target frees the sequences the client created (its metrics say
+    so), and a stopped target's restart holds none; then a whole run over both succeeds."""
+    _require_llm()
+    ports = [free_port(), free_port()]
+    a, b = (
+        start_daemon(f"nqn.2024-01.io.insitu:llm-gone-{n}", private_size=512 * MiB, extra=["--metrics", f"127.0.0.1:{port}"]) for n, port in zip("ab", ports)
+    )
+
+    def generate(tokens: int) -> subprocess.Popen:
+        args = ["llm", "generate", "--prompt", _prompt_text()[:600], "--max-new-tokens", tokens, "--attention", "insitu", "--targets", a.url, b.url]
+        return subprocess.Popen([INSITU, *map(str, args), "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def decoding(p: subprocess.Popen) -> None:
+        """Waits until both targets hold the client's pages, and a few decode steps more."""
+        _until("the client's pages on both targets", lambda: p.poll() is not None or all(_kv_metrics(port)["used"] > 0 for port in ports))
+        assert p.poll() is None, p.communicate()[1][-2000:]
+        time.sleep(3)
+
+    empty = {"owned": 0.0, "kept": 0.0, "used": 0.0}
+
+    # A target that stops: the client fails, naming it; the other target frees the client's
+    # sequences, and the stopped one holds none once restarted.
+    p = generate(5000)
+    try:
+        decoding(p)
+        assert run_cli("target", "stop", "--listen", b.listen).rc == 0
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode not in (0, None), err[-2000:]
+    # Lost mid-exchange, or refused when the client reconnects: either way, named.
+    assert b.url in err and ("was lost" in err or "cannot connect" in err), err[-2000:]
+    # (The client frees them itself as it fails; a client that cannot is the case below.)
+    _until("target a to free the client's sequences", lambda: {k: v for k, v in _kv_metrics(ports[0]).items() if k in empty} == empty, 30)
+    cli_json(
+        "target",
+        "start",
+        "--listen",
+        b.listen,
+        "--nqn",
+        b.nqn,
+        "--namespace",
+        b.dir / "ns.img",
+        "--private",
+        b.dir / "kv.img",
+        "--metrics",
+        f"127.0.0.1:{ports[1]}",
+    )
+    assert {k: v for k, v in _kv_metrics(ports[1]).items() if k in empty} == empty
+
+    # A client killed mid-decode: both targets free what it created.
+    before = [_kv_metrics(port)["reclaimed"] for port in ports]
+    p = generate(5000)
+    try:
+        decoding(p)
+    finally:
+        p.kill()
+        p.wait()
+    for port, was in zip(ports, before):
+        _until(f"the target with metrics on {port} to free the killed client's sequences", lambda: _kv_metrics(port)["reclaimed"] == was + 1, 30)
+        assert {k: v for k, v in _kv_metrics(port).items() if k in empty} == empty
+    assert any("left by a host that went away" in line for line in a.log_lines()), a.log_lines()[-10:]
+
+    # Both still serve: a whole run, which frees its own sequences as it ends.
+    p = generate(4)
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-2000:]
+    for port, was in zip(ports, before):
+        assert _kv_metrics(port) == {**empty, "reclaimed": was + 1}
 
 
 # --------------------------------------------------------------------------- bench llm

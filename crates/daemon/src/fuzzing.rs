@@ -154,7 +154,7 @@ pub fn seed_inputs() -> Vec<(&'static str, Vec<u8>)> {
         use insitu_proto::attention::{Admin, Append, Attend};
         let (heads, d, t) = (2usize, 16usize, 40usize);
         let vals = |n: usize, s: f32| (0..n).map(|i| ((i as f32) * s).sin()).collect::<Vec<f32>>();
-        let create = Admin::Create { seq: 1, layers: 2, kv_heads: heads, head_dim: d, dtype: Dtype::F32, dims_per_page: 1 };
+        let create = Admin::Create { seq: 1, layers: 2, kv_heads: heads, head_dim: d, dtype: Dtype::F32, dims_per_page: 1, kept: false };
         let append = Append { seq: 1, layer: 0, heads, head_dim: d, tokens: t, k: vals(heads * t * d, 0.37), v: vals(heads * t * d, 0.11) };
         let attend = |method, tag: u32| {
             let a = Attend {
@@ -181,7 +181,7 @@ pub fn seed_inputs() -> Vec<(&'static str, Vec<u8>)> {
             (cmd(opcode::KV_RESULT, 0, &[(10, 7)], 4096), Vec::new(), None),
             attend(Method::SparF { r: 4, k: 8, local: 2, pages: 2, mean_v: true }, 8),
             (cmd(opcode::KV_RESULT, 0, &[(10, 8)], 4096), Vec::new(), None),
-            (cmd(opcode::KV_ADMIN, 0, &[], 0), Admin::Fork { parent: 1, child: 2 }.encode(), None),
+            (cmd(opcode::KV_ADMIN, 0, &[], 0), Admin::Fork { parent: 1, child: 2, kept: false }.encode(), None),
             (cmd(opcode::KV_ADMIN, 0, &[(10, 9)], 0), Admin::Info { seq: 2 }.encode(), None),
             (cmd(opcode::KV_RESULT, 0, &[(10, 9)], 512), Vec::new(), None),
             (cmd(opcode::KV_ADMIN, 0, &[], 0), Admin::Free { seq: 2 }.encode(), None),

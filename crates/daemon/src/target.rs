@@ -110,6 +110,10 @@ impl Target {
             None => None,
         };
         let server = Server::bind(cfg.transport(links), subsystems)?;
+        let kv_caches: Vec<_> = cfg.subsystems.iter().zip(&engines).filter(|(_, e)| e.kv_cache().is_ok()).map(|(s, e)| (s.nqn.clone(), e)).collect();
+        if !kv_caches.is_empty() {
+            server.metrics().add_source(handlers::kv_cache_metrics(kv_caches));
+        }
         Ok(Target { server, engines, kv_stores, ether })
     }
 

@@ -64,7 +64,28 @@ fn values(n: usize, seed: f32) -> Vec<f32> {
 }
 
 fn create(s: &Session, seq: u64) -> (u8, u8) {
-    send(s, opcode::KV_ADMIN, 0, &Admin::Create { seq, layers: 2, kv_heads: HEADS, head_dim: D, dtype: Dtype::F32, dims_per_page: 1 }.encode()).0
+    create_as(s, seq, false)
+}
+
+fn create_as(s: &Session, seq: u64, kept: bool) -> (u8, u8) {
+    send(s, opcode::KV_ADMIN, 0, &Admin::Create { seq, layers: 2, kv_heads: HEADS, head_dim: D, dtype: Dtype::F32, dims_per_page: 1, kept }.encode()).0
+}
+
+/// The status of an info request for `seq`: (0, 0) while it exists.
+fn info_status(s: &Session, seq: u64) -> (u8, u8) {
+    send(s, opcode::KV_ADMIN, 99, &Admin::Info { seq }.encode()).0
+}
+
+/// Polls until `f` holds: a controller ends once its connections' threads are done.
+fn eventually(f: impl Fn() -> bool) -> bool {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::time::Instant::now() < until {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    false
 }
 
 fn append(s: &Session, seq: u64, layer: usize, k: &[f32], v: &[f32], tokens: usize) -> ((u8, u8), u32) {
@@ -209,7 +230,7 @@ fn a_restarted_target_keeps_every_flushed_page() {
     {
         let h = serve(dir.path(), Some(32 << 20));
         let s = Session::connect(opts(&h.local_addr().to_string())).unwrap();
-        assert_eq!(create(&s, 3), (0, 0));
+        assert_eq!(create_as(&s, 3, true), (0, 0));
         assert_eq!(append(&s, 3, 0, &k, &v, t).0, (0, 0));
         s.disconnect().unwrap();
         h.shutdown();
@@ -224,6 +245,57 @@ fn a_restarted_target_keeps_every_flushed_page() {
         for i in 0..D {
             assert!((f64::from(out[hd * D + i]) - want[i]).abs() < 1e-5);
         }
+    }
+}
+
+#[test]
+fn a_host_that_goes_takes_its_sequences_with_it_and_kept_ones_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = 140;
+    let (k, v) = (values(HEADS * t * D, 4.0), values(HEADS * t * D, 5.0));
+    let h = serve(dir.path(), Some(32 << 20));
+    let addr = h.local_addr().to_string();
+    let watcher = Session::connect(opts(&addr)).unwrap();
+    // A host that disconnects, one whose connection breaks with a command in flight, and
+    // one that simply drops its sockets: each had an owned sequence, a kept one, and an
+    // owned fork of the kept one.
+    let proxy = common::Proxy::start(&addr);
+    for (i, how) in ["disconnect", "cut", "drop"].into_iter().enumerate() {
+        let host = Session::connect(opts(if how == "cut" { &proxy.addr } else { &addr })).unwrap();
+        let (owned, kept, fork) = (10 * i as u64 + 1, 10 * i as u64 + 2, 10 * i as u64 + 3);
+        assert_eq!(create_as(&host, owned, false), (0, 0));
+        assert_eq!(create_as(&host, kept, true), (0, 0));
+        for seq in [owned, kept] {
+            assert_eq!(append(&host, seq, 0, &k, &v, t).0, (0, 0));
+        }
+        let f = Admin::Fork { parent: kept, child: fork, kept: false };
+        assert_eq!(send(&host, opcode::KV_ADMIN, 0, &f.encode()).0, (0, 0));
+        assert_eq!(info_status(&watcher, owned), (0, 0), "another host sees an owned sequence");
+        match how {
+            "disconnect" => host.disconnect().unwrap(),
+            "cut" => {
+                proxy.cut_next();
+                let _ = host.submit(Command::zeroed(), None, 0);
+                drop(host);
+            }
+            _ => drop(host),
+        }
+        assert!(eventually(|| info_status(&watcher, owned) == (1, 0xC0)), "{how}: the owned sequence went with its host");
+        assert_eq!(info_status(&watcher, fork), (1, 0xC0), "{how}: and so did the owned fork");
+        assert_eq!(info(&watcher, kept), vec![t, 0], "{how}: the kept one stays, every token");
+    }
+    // The watcher's own sequences: one owned, which a restart ends with its host, and the
+    // kept ones, which survive it (their whole pages).
+    assert_eq!(create_as(&watcher, 40, false), (0, 0));
+    assert_eq!(append(&watcher, 40, 0, &k, &v, t).0, (0, 0));
+    drop(watcher);
+    h.shutdown();
+    let h = serve(dir.path(), Some(32 << 20));
+    let s = Session::connect(opts(&h.local_addr().to_string())).unwrap();
+    assert_eq!(info_status(&s, 40), (1, 0xC0), "an owned sequence does not outlive a restart");
+    for kept in [2, 12, 22] {
+        assert_eq!(info(&s, kept), vec![128, 0]);
+        assert_eq!(send(&s, opcode::KV_ADMIN, 0, &Admin::Free { seq: kept }.encode()).0, (0, 0));
     }
 }
 

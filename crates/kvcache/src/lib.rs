@@ -34,7 +34,7 @@ pub use attention::{attend_all, Task};
 pub use held::{HeldResults, Pending, HELD_RESULTS, RESULT_GRACE};
 pub use layout::{Dtype, Layout};
 pub use page_pairs::{DimRuns, PagePairs};
-pub use store::{HeadView, KvCache, SeqInfo, StoreUsage};
+pub use store::{HeadView, KvCache, Lifetime, Owner, SeqInfo, StoreUsage};
 
 use insitu_proto::Status;
 

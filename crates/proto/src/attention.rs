@@ -242,6 +242,9 @@ pub enum Admin {
         dtype: Dtype,
         /// Dimensions per dimension-indexed page.
         dims_per_page: usize,
+        /// Kept until freed, across hosts and restarts; otherwise the sequence belongs to
+        /// the controller that created it and is freed when that controller ends.
+        kept: bool,
     },
     /// Fork `parent` into `child`.
     Fork {
@@ -249,6 +252,8 @@ pub enum Admin {
         parent: u64,
         /// The new sequence.
         child: u64,
+        /// The child is kept (as [`Admin::Create`]'s `kept`).
+        kept: bool,
     },
     /// Free a sequence.
     Free {
@@ -266,6 +271,8 @@ const OP_CREATE: u8 = 1;
 const OP_FORK: u8 = 2;
 const OP_FREE: u8 = 3;
 const OP_INFO: u8 = 4;
+/// Admin flags (byte 7), bit 0: the sequence created or forked is kept.
+const ADMIN_KEPT: u8 = 1;
 
 impl Admin {
     /// Encodes the request.
@@ -273,15 +280,19 @@ impl Admin {
         let mut b = vec![0u8; ADMIN_LEN];
         b[..4].copy_from_slice(ADMIN_MAGIC);
         let (op, seq, other) = match *self {
-            Admin::Create { seq, layers, kv_heads, head_dim, dtype, dims_per_page } => {
+            Admin::Create { seq, layers, kv_heads, head_dim, dtype, dims_per_page, kept } => {
                 b[5] = dtype.code();
                 b[6] = dims_per_page as u8;
+                b[7] = u8::from(kept) * ADMIN_KEPT;
                 b[24..26].copy_from_slice(&(layers as u16).to_le_bytes());
                 b[26..28].copy_from_slice(&(kv_heads as u16).to_le_bytes());
                 b[28..30].copy_from_slice(&(head_dim as u16).to_le_bytes());
                 (OP_CREATE, seq, 0)
             }
-            Admin::Fork { parent, child } => (OP_FORK, parent, child),
+            Admin::Fork { parent, child, kept } => {
+                b[7] = u8::from(kept) * ADMIN_KEPT;
+                (OP_FORK, parent, child)
+            }
             Admin::Free { seq } => (OP_FREE, seq, 0),
             Admin::Info { seq } => (OP_INFO, seq, 0),
         };
@@ -298,6 +309,11 @@ impl Admin {
             return Err(bad(format!("KV admin request is {} bytes, not {ADMIN_LEN}", b.len())));
         }
         let seq = u64_at(b, 8);
+        let flags = b[7];
+        if flags != 0 && !matches!(b[4], OP_CREATE | OP_FORK) || flags & !ADMIN_KEPT != 0 {
+            return Err(bad(format!("KV admin flags {flags:#04x}: only bit 0 (kept) exists, and only for create and fork")));
+        }
+        let kept = flags & ADMIN_KEPT != 0;
         match b[4] {
             OP_CREATE => Ok(Admin::Create {
                 seq,
@@ -306,8 +322,9 @@ impl Admin {
                 head_dim: check_range("head size", usize::from(u16_at(b, 28)), MAX_HEAD_DIM)?,
                 dtype: Dtype::from_code(b[5])?,
                 dims_per_page: usize::from(b[6].max(1)),
+                kept,
             }),
-            OP_FORK => Ok(Admin::Fork { parent: seq, child: u64_at(b, 16) }),
+            OP_FORK => Ok(Admin::Fork { parent: seq, child: u64_at(b, 16), kept }),
             OP_FREE => Ok(Admin::Free { seq }),
             OP_INFO => Ok(Admin::Info { seq }),
             op => Err(bad(format!("unknown KV admin operation {op} (1 create, 2 fork, 3 free, 4 info)"))),
@@ -905,9 +922,13 @@ mod tests {
 
     #[test]
     fn requests_round_trip() {
-        let a = Admin::Create { seq: 7, layers: 30, kv_heads: 3, head_dim: 64, dtype: Dtype::F16, dims_per_page: 2 };
-        assert_eq!(Admin::decode(&a.encode()).unwrap(), a);
-        for a in [Admin::Fork { parent: 1, child: 2 }, Admin::Free { seq: 9 }, Admin::Info { seq: 3 }] {
+        for kept in [false, true] {
+            let a = Admin::Create { seq: 7, layers: 30, kv_heads: 3, head_dim: 64, dtype: Dtype::F16, dims_per_page: 2, kept };
+            assert_eq!(Admin::decode(&a.encode()).unwrap(), a);
+            let a = Admin::Fork { parent: 1, child: 2, kept };
+            assert_eq!(Admin::decode(&a.encode()).unwrap(), a);
+        }
+        for a in [Admin::Free { seq: 9 }, Admin::Info { seq: 3 }] {
             assert_eq!(Admin::decode(&a.encode()).unwrap(), a);
         }
         let ap = Append { seq: 1, layer: 2, heads: 2, head_dim: 4, tokens: 3, k: (0..24).map(|x| x as f32).collect(), v: vec![0.5; 24] };
@@ -1104,6 +1125,13 @@ mod tests {
         let mut b = Admin::Free { seq: 1 }.encode();
         b[4] = 9;
         assert!(Admin::decode(&b).unwrap_err().to_string().contains("unknown KV admin operation"));
+        // The kept flag only on create and fork; no other flag exists.
+        let mut b = Admin::Free { seq: 1 }.encode();
+        b[7] = 1;
+        assert!(Admin::decode(&b).unwrap_err().to_string().contains("only for create and fork"));
+        let mut b = Admin::Fork { parent: 1, child: 2, kept: true }.encode();
+        b[7] = 3;
+        assert!(Admin::decode(&b).unwrap_err().to_string().contains("only bit 0"));
         assert!(Append::decode(b"KVAP").is_err());
         // Shape fields whose product overflows u64 once scaled to bytes: refused, not wrapped.
         let mut b = AttendResult { entries: 1, heads: 1, group: 1, head_dim: 1, stats: AttendStats::default(), out: vec![0.0], lse: None, vectors: Dtype::F32 }

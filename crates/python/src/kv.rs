@@ -13,14 +13,21 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
-fn kv_err(command: &str, e: InitiatorError) -> PyErr {
+/// `command`'s error `e` from the target at `url`, as the Python exception it raises.
+fn kv_err(url: &str, command: &str, e: InitiatorError) -> PyErr {
     match e {
         InitiatorError::Status { sct, sc, .. } => {
             let why = insitu_proto::attention::explain_status(sct, sc);
             TargetError::new_err(format!("{command}: {why} (NVMe status {sct:#x}/{sc:#04x})"))
         }
         InitiatorError::InvalidArgument { .. } => RequestError::new_err(e.to_string()),
-        e => StorageIOError::new_err(format!("{command}: {e}")),
+        // Appends and attention change the cache, so a plain retry could append twice;
+        // and the target frees what this connection created as the connection ends.
+        InitiatorError::ConnectionLost { detail, .. } | InitiatorError::OutcomeUnknown { detail, .. } => StorageIOError::new_err(format!(
+            "{command}: the connection to {url} was lost ({detail}); the target frees the KV cache sequences this connection \
+             created (all but kept ones), so start again once it serves"
+        )),
+        e => StorageIOError::new_err(format!("{command} on {url}: {e}")),
     }
 }
 
@@ -61,6 +68,8 @@ pub(crate) fn to_bytes(v: &[f32]) -> Vec<u8> {
 #[pyclass(module = "insitu", frozen)]
 pub struct KvTarget {
     session: Session,
+    /// The target's URL, for errors.
+    url: String,
     next_tag: AtomicU32,
     /// One attention exchange (ATTEND then RESULT) at a time per tag space is enough; the
     /// lock keeps a result from being taken by another thread's RESULT.
@@ -78,13 +87,13 @@ fn kv_command(op: u8, tag: u32, cdw11: u32, len: usize) -> Command {
 
 impl KvTarget {
     fn send(&self, what: &str, op: u8, tag: u32, data: &[u8]) -> PyResult<u32> {
-        let (cqe, _) = self.session.submit(kv_command(op, tag, 0, data.len()), Some(data), 0).map_err(|e| kv_err(what, e))?;
+        let (cqe, _) = self.session.submit(kv_command(op, tag, 0, data.len()), Some(data), 0).map_err(|e| kv_err(&self.url, what, e))?;
         self.check(what, cqe.status)?;
         Ok(cqe.dw0)
     }
 
     fn result(&self, what: &str, tag: u32, len: usize) -> PyResult<Vec<u8>> {
-        let (cqe, data) = self.session.submit(kv_command(opcode::KV_RESULT, tag, 0, len), None, len).map_err(|e| kv_err(what, e))?;
+        let (cqe, data) = self.session.submit(kv_command(opcode::KV_RESULT, tag, 0, len), None, len).map_err(|e| kv_err(&self.url, what, e))?;
         self.check(what, cqe.status)?;
         Ok(data)
     }
@@ -94,7 +103,7 @@ impl KvTarget {
         if sct == 0 && sc == 0 {
             return Ok(());
         }
-        Err(kv_err(what, InitiatorError::Status { command: "KV", sct, sc, dnr: status & (1 << 14) != 0 }))
+        Err(kv_err(&self.url, what, InitiatorError::Status { command: "KV", sct, sc, dnr: status & (1 << 14) != 0 }))
     }
 
     fn admin(&self, what: &str, a: Admin) -> PyResult<u32> {
@@ -112,26 +121,29 @@ impl KvTarget {
         let mut o = ConnectOptions::new(u.address(), u.nqn);
         o.hostnqn = hostnqn.unwrap_or_else(default_hostnqn);
         o.io_queues = io_queues;
-        let session = py.allow_threads(|| Session::connect(o)).map_err(|e| kv_err("connect", e))?;
-        Ok(KvTarget { session, next_tag: AtomicU32::new(1), exchange: Mutex::new(()), shapes: Mutex::new(Default::default()) })
+        let session = py.allow_threads(|| Session::connect(o)).map_err(|e| kv_err(url, "connect", e))?;
+        Ok(KvTarget { session, url: url.to_string(), next_tag: AtomicU32::new(1), exchange: Mutex::new(()), shapes: Mutex::new(Default::default()) })
     }
 
     /// Creates sequence `seq` with `layers` layers of `kv_heads` KV heads of `head_dim`,
     /// stored as `dtype` ("f32" or "f16") with `dims_per_page` dimensions of K per
-    /// dimension-indexed page.
-    #[pyo3(signature = (seq, layers, kv_heads, head_dim, dtype="f32", dims_per_page=1))]
+    /// dimension-indexed page. The target frees it when this connection ends (closed,
+    /// broken or timed out) unless it is `kept`, which lasts until freed, restarts included.
+    #[pyo3(signature = (seq, layers, kv_heads, head_dim, dtype="f32", dims_per_page=1, kept=false))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one per shape field
-    fn create(&self, py: Python<'_>, seq: u64, layers: usize, kv_heads: usize, head_dim: usize, dtype: &str, dims_per_page: usize) -> PyResult<()> {
+    fn create(&self, py: Python<'_>, seq: u64, layers: usize, kv_heads: usize, head_dim: usize, dtype: &str, dims_per_page: usize, kept: bool) -> PyResult<()> {
         let dtype = element_type("dtype", dtype)?;
         if layers > 0xFFFF || kv_heads > 0xFFFF || head_dim > 0xFFFF || dims_per_page > 255 {
             return Err(bad("layers, KV heads, head size or dimensions per page out of range"));
         }
-        py.allow_threads(|| self.admin("KV create", Admin::Create { seq, layers, kv_heads, head_dim, dtype, dims_per_page })).map(|_| ())
+        py.allow_threads(|| self.admin("KV create", Admin::Create { seq, layers, kv_heads, head_dim, dtype, dims_per_page, kept })).map(|_| ())
     }
 
-    /// Creates `child` sharing every token `parent` holds.
-    fn fork(&self, py: Python<'_>, parent: u64, child: u64) -> PyResult<()> {
-        py.allow_threads(|| self.admin("KV fork", Admin::Fork { parent, child })).map(|_| ())
+    /// Creates `child` sharing every token `parent` holds; freed with this connection
+    /// unless `kept`, as [`create`](Self::create).
+    #[pyo3(signature = (parent, child, kept=false))]
+    fn fork(&self, py: Python<'_>, parent: u64, child: u64, kept: bool) -> PyResult<()> {
+        py.allow_threads(|| self.admin("KV fork", Admin::Fork { parent, child, kept })).map(|_| ())
     }
 
     /// Frees a sequence.
@@ -297,7 +309,7 @@ impl KvTarget {
 
     /// Closes the connection.
     fn disconnect(&self, py: Python<'_>) -> PyResult<()> {
-        py.allow_threads(|| self.session.disconnect()).map_err(|e| kv_err("disconnect", e))
+        py.allow_threads(|| self.session.disconnect()).map_err(|e| kv_err(&self.url, "disconnect", e))
     }
 }
 
@@ -455,7 +467,7 @@ impl KvTarget {
     /// Then checks that the answer answers the request.
     fn finish(&self, p: &PreparedAttend, b: &Begun, done: Result<Answers, InitiatorError>) -> PyResult<Answer> {
         let req = &p.req;
-        let mut done = done.map_err(|e| kv_err("KV attend", e))?;
+        let mut done = done.map_err(|e| kv_err(&self.url, "KV attend", e))?;
         let (early, data) = done.pop().expect("two completions");
         let (sent, _) = done.pop().expect("two completions");
         self.check("KV attend", sent.status)?;

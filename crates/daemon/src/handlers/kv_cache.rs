@@ -6,13 +6,17 @@
 //! queries in and leaves the outputs with the controller under a host-chosen tag, and
 //! KV_RESULT takes them out: two commands a stock host can send. The results wait with
 //! the controller ([`IoContext::controller_state`]), which keeps a bounded number.
+//!
+//! A sequence not created *kept* belongs to the controller that created it, and is freed
+//! when that controller ends ([`HostSequences`]): a host that is killed or cut off
+//! mid-inference leaves no KV cache behind.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 
 use insitu_engine::Engine;
 use insitu_fabric::{opcode, Command};
-use insitu_kvcache::{HeldResults, KvCache, KvError, RESULT_GRACE};
-use insitu_nvmf::{IoContext, IoHandler, Outcome};
+use insitu_kvcache::{HeldResults, KvCache, KvError, Lifetime, Owner, RESULT_GRACE};
+use insitu_nvmf::{IoContext, IoHandler, MetricsSource, Outcome};
 use insitu_proto::attention::{encode_info, Admin, Append, Attend, AttendOptions};
 
 /// The four KV-cache commands against an engine's KV cache.
@@ -40,7 +44,7 @@ fn outcome(r: Result<Outcome, KvError>) -> Outcome {
 }
 
 /// Runs a KV command (`cmd`'s opcode is one of the four) with the data the host sent.
-fn execute(target: &Engine, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]) -> Result<Outcome, KvError> {
+fn execute(target: &Arc<Engine>, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]) -> Result<Outcome, KvError> {
     let tag = cmd.cdw(10);
     if cmd.opcode() == opcode::KV_RESULT {
         let held = ctx.controller_state::<HeldResults>().take_wait(tag, RESULT_GRACE).ok_or(KvError::NoResult(tag))?;
@@ -48,7 +52,14 @@ fn execute(target: &Engine, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]) -> 
     }
     let store = target.kv_cache()?;
     match cmd.opcode() {
-        opcode::KV_ADMIN => admin(store, ctx, tag, Admin::decode(data)?),
+        opcode::KV_ADMIN => {
+            let a = Admin::decode(data)?;
+            let lifetime = |kept| match kept {
+                true => Lifetime::Kept,
+                false => Lifetime::Owned(ctx.controller_state::<HostSequences>().owner(target, store)),
+            };
+            admin(store, ctx, tag, a, lifetime)
+        }
         opcode::KV_APPEND => {
             let a = Append::decode(data)?;
             check_shape(store, a.seq, a.layer, a.heads, a.head_dim)?;
@@ -86,13 +97,13 @@ fn result(ctx: &IoContext<'_>, cmd: &Command, tag: u32, held: Vec<u8>) -> Result
     Ok(Outcome { dw0: held.len() as u32, data: held, ..Outcome::ok() })
 }
 
-fn admin(store: &KvCache, ctx: &IoContext<'_>, tag: u32, a: Admin) -> Result<Outcome, KvError> {
+fn admin(store: &KvCache, ctx: &IoContext<'_>, tag: u32, a: Admin, lifetime: impl Fn(bool) -> Lifetime) -> Result<Outcome, KvError> {
     match a {
-        Admin::Create { seq, layers, kv_heads, head_dim, dtype, dims_per_page } => {
-            store.create(seq, layers, kv_heads, head_dim, dtype, dims_per_page)?;
+        Admin::Create { seq, layers, kv_heads, head_dim, dtype, dims_per_page, kept } => {
+            store.create_as(lifetime(kept), seq, layers, kv_heads, head_dim, dtype, dims_per_page)?;
         }
-        Admin::Fork { parent, child } => {
-            store.fork(parent, child)?;
+        Admin::Fork { parent, child, kept } => {
+            store.fork_as(lifetime(kept), parent, child)?;
         }
         Admin::Free { seq } => store.free(seq)?,
         Admin::Info { seq } => {
@@ -129,4 +140,61 @@ fn checked(store: &KvCache, a: Attend) -> Result<Attend, KvError> {
         check_shape(store, *s, a.layer, a.heads, a.head_dim)?;
     }
     Ok(a)
+}
+
+/// The owner of the sequences a controller created without the kept flag, made on its
+/// first such create: when the controller ends (its host disconnected, its connection broke,
+/// or its keep-alive ran out), its state is dropped and they are freed with it.
+#[derive(Default)]
+struct HostSequences(OnceLock<(Weak<Engine>, Owner)>);
+
+impl HostSequences {
+    fn owner(&self, target: &Arc<Engine>, store: &KvCache) -> Owner {
+        self.0.get_or_init(|| (Arc::downgrade(target), store.new_owner())).1
+    }
+}
+
+impl Drop for HostSequences {
+    fn drop(&mut self) {
+        let Some((target, owner)) = self.0.take() else { return };
+        let Some(store) = target.upgrade() else { return };
+        let Ok(store) = store.kv_cache() else { return };
+        match store.free_owned(owner) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("freed {n} KV cache sequence(s) left by a host that went away"),
+            Err(e) => tracing::warn!("freeing the KV cache sequences of a host that went away: {e}"),
+        }
+    }
+}
+
+/// The gauges and counters of the KV caches of `subsystems` (NQN, engine) in the
+/// Prometheus text format.
+pub(crate) fn metrics(subsystems: Vec<(String, &Arc<Engine>)>) -> Arc<dyn MetricsSource> {
+    Arc::new(KvCacheMetrics(subsystems.into_iter().map(|(nqn, e)| (nqn, Arc::downgrade(e))).collect()))
+}
+
+struct KvCacheMetrics(Vec<(String, Weak<Engine>)>);
+
+impl MetricsSource for KvCacheMetrics {
+    fn render(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let usage: Vec<_> = self.0.iter().filter_map(|(nqn, e)| Some((nqn, e.upgrade()?.kv_cache().ok()?.usage()))).collect();
+        let _ = writeln!(out, "# HELP insitu_kv_sequences KV cache sequences: kept until freed, or owned by the host that created them.");
+        let _ = writeln!(out, "# TYPE insitu_kv_sequences gauge");
+        for (nqn, u) in &usage {
+            let _ = writeln!(out, "insitu_kv_sequences{{subsystem=\"{nqn}\",lifetime=\"kept\"}} {}", u.kept);
+            let _ = writeln!(out, "insitu_kv_sequences{{subsystem=\"{nqn}\",lifetime=\"owned\"}} {}", u.sequences - u.kept);
+        }
+        let _ = writeln!(out, "# HELP insitu_kv_pages KV cache pages of the private namespace.");
+        let _ = writeln!(out, "# TYPE insitu_kv_pages gauge");
+        for (nqn, u) in &usage {
+            let _ = writeln!(out, "insitu_kv_pages{{subsystem=\"{nqn}\",state=\"used\"}} {}", u.pages_total - u.pages_free);
+            let _ = writeln!(out, "insitu_kv_pages{{subsystem=\"{nqn}\",state=\"free\"}} {}", u.pages_free);
+        }
+        let _ = writeln!(out, "# HELP insitu_kv_reclaimed_sequences_total KV cache sequences freed because the host that owned them went away.");
+        let _ = writeln!(out, "# TYPE insitu_kv_reclaimed_sequences_total counter");
+        for (nqn, u) in &usage {
+            let _ = writeln!(out, "insitu_kv_reclaimed_sequences_total{{subsystem=\"{nqn}\"}} {}", u.reclaimed);
+        }
+    }
 }

@@ -19,6 +19,8 @@ use insitu_media::{Backing, BlockRead};
 use insitu_nvmf::{BlockNamespace, BlockNamespaces, NvmSubsystem, Placement};
 use insitu_proto::CommandError;
 
+pub(crate) use kv_cache::metrics as kv_cache_metrics;
+
 /// The engine's namespaces as the transport's block namespaces.
 pub(crate) struct EngineBlocks(pub(crate) Arc<Engine>);
 

@@ -35,6 +35,10 @@ pub(crate) enum Record {
     Free {
         seq: u64,
     },
+    /// The sequence just created or forked is not kept: the store drops it when it opens.
+    Owned {
+        seq: u64,
+    },
     /// Pages `first..` of a head's list: kind 0 = K, 1 = V, 2 + g = dimension group g of K.
     Pages {
         seq: u64,
@@ -64,6 +68,10 @@ impl Record {
             }
             Record::Free { seq } => {
                 out.push(3);
+                out.extend_from_slice(&seq.to_le_bytes());
+            }
+            Record::Owned { seq } => {
+                out.push(5);
                 out.extend_from_slice(&seq.to_le_bytes());
             }
             Record::Pages { seq, layer, head, kind, first, pages } => {
@@ -107,6 +115,7 @@ impl Record {
                     let pages = take(&mut b, n.checked_mul(4)?)?.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4"))).collect();
                     Record::Pages { seq, layer, head, kind, first, pages }
                 }
+                5 => Record::Owned { seq: u64_(&mut b)? },
                 _ => return None,
             });
         }

@@ -59,6 +59,31 @@ pub struct StoreUsage {
     pub pages_free: u64,
     /// Live sequences.
     pub sequences: usize,
+    /// Live sequences that are kept ([`Lifetime::Kept`]); the others have an owner.
+    pub kept: usize,
+    /// Sequences freed because their owner ended ([`KvCache::free_owned`]) or because the
+    /// store reopened while they had one, since it opened.
+    pub reclaimed: u64,
+}
+
+/// A holder of sequences freed together when it ends: on a target, the controller (the
+/// host's association) that created them. Made by [`KvCache::new_owner`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Owner(u64);
+
+/// How long a sequence lives.
+///
+/// A host's KV cache is scratch space of one inference: when the host goes (killed, its
+/// link cut), nobody will free what it created, and a pool of drives would fill with
+/// orphans. So a sequence belongs to an owner unless it is asked to be kept (a shared
+/// prompt's prefix, forked by many hosts, say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifetime {
+    /// Until freed: past its creator's end and the store's reopening.
+    Kept,
+    /// Until freed or its owner ends ([`KvCache::free_owned`]), and never past a reopening
+    /// (the owner is gone then, and with it the tokens still in DRAM).
+    Owned(Owner),
 }
 
 /// One (layer, head) of a sequence.
@@ -116,12 +141,14 @@ struct Seq {
     /// Layer-major. Shared with the views attention reads through (a view is a reference
     /// count, not a copy of the page lists); an append copies a head a view still holds.
     heads: Vec<Arc<Head>>,
+    /// `None` when kept.
+    owner: Option<Owner>,
 }
 
 impl Seq {
     /// A sequence of `layers` × `kv_heads` empty heads.
     fn new(layers: usize, kv_heads: usize, layout: Layout) -> Seq {
-        Seq { layers, kv_heads, layout, heads: (0..layers * kv_heads).map(|_| Arc::new(Head::new(&layout))).collect() }
+        Seq { layers, kv_heads, layout, heads: (0..layers * kv_heads).map(|_| Arc::new(Head::new(&layout))).collect(), owner: None }
     }
 
     fn info(&self, seq: u64) -> SeqInfo {
@@ -164,6 +191,10 @@ struct State {
     first_unit: u64,
     per_unit: u64,
     journal: Journal,
+    /// The last owner handed out.
+    owners: u64,
+    /// See [`StoreUsage::reclaimed`].
+    reclaimed: u64,
 }
 
 impl State {
@@ -331,10 +362,23 @@ impl KvCache {
             first_unit: data_base / page_bytes as u64,
             per_unit: (flash_page_bytes / page_bytes) as u64,
             journal,
+            owners: 0,
+            reclaimed: 0,
         };
         let records = state.journal.replay()?;
         for r in records {
             apply(&mut state.seqs, r, page_bytes)?;
+        }
+        // Owned sequences outlive no reopening: their owners are gone.
+        let orphans: Vec<u64> = state.seqs.iter().filter(|(_, s)| s.owner.is_some()).map(|(id, _)| *id).collect();
+        if !orphans.is_empty() {
+            orphans.iter().for_each(|id| drop(state.seqs.remove(id)));
+            state.reclaimed = orphans.len() as u64;
+            let frees: Vec<Record> = orphans.into_iter().map(|seq| Record::Free { seq }).collect();
+            if !state.journal.append(&frees)? {
+                let all = checkpoint(&state.seqs);
+                state.journal.rewrite(&all)?;
+            }
         }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let per_core = if media.is_in_memory() { 1 } else { ATTENTION_THREADS_PER_CORE };
@@ -434,8 +478,24 @@ impl KvCache {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Creates sequence `seq` with `layers` layers of `kv_heads` heads of `head_dim`.
+    /// Creates sequence `seq` with `layers` layers of `kv_heads` heads of `head_dim`, kept
+    /// until freed.
     pub fn create(&self, seq: u64, layers: usize, kv_heads: usize, head_dim: usize, dtype: Dtype, dims_per_page: usize) -> Result<SeqInfo, KvError> {
+        self.create_as(Lifetime::Kept, seq, layers, kv_heads, head_dim, dtype, dims_per_page)
+    }
+
+    /// [`KvCache::create`], living as long as `lifetime` says.
+    #[allow(clippy::too_many_arguments)] // the shape's fields, as the wire request has them
+    pub fn create_as(
+        &self,
+        lifetime: Lifetime,
+        seq: u64,
+        layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        dtype: Dtype,
+        dims_per_page: usize,
+    ) -> Result<SeqInfo, KvError> {
         if layers == 0 || layers > 1024 || kv_heads == 0 || kv_heads > 1024 {
             return Err(bad(format!("{layers} layers x {kv_heads} KV heads: each must be in 1..=1024")));
         }
@@ -452,27 +512,61 @@ impl KvCache {
             dtype: dtype.code(),
             dims_per_page: dims_per_page as u8,
         };
-        self.log(&mut st, vec![rec])?;
-        let s = Seq::new(layers, kv_heads, layout);
+        self.log(&mut st, with_lifetime(rec, seq, lifetime))?;
+        let mut s = Seq::new(layers, kv_heads, layout);
+        s.owner = owner_of(lifetime);
         let info = s.info(seq);
         st.seqs.insert(seq, s);
         Ok(info)
     }
 
-    /// Creates `child` sharing every token of `parent` (its full pages by reference).
+    /// Creates `child` sharing every token of `parent` (its full pages by reference), kept
+    /// until freed.
     pub fn fork(&self, parent: u64, child: u64) -> Result<SeqInfo, KvError> {
+        self.fork_as(Lifetime::Kept, parent, child)
+    }
+
+    /// [`KvCache::fork`], the child living as long as `lifetime` says (whatever the
+    /// parent's).
+    pub fn fork_as(&self, lifetime: Lifetime, parent: u64, child: u64) -> Result<SeqInfo, KvError> {
         let mut st = self.lock();
-        let p = st.seqs.get(&parent).ok_or(KvError::UnknownSequence(parent))?.clone();
+        let mut p = st.seqs.get(&parent).ok_or(KvError::UnknownSequence(parent))?.clone();
         if st.seqs.contains_key(&child) {
             return Err(KvError::SequenceExists(child));
         }
-        self.log(&mut st, vec![Record::Fork { parent, child }])?;
+        self.log(&mut st, with_lifetime(Record::Fork { parent, child }, child, lifetime))?;
         for page in p.heads.iter().flat_map(|h| h.pages()) {
             st.refs[page as usize] += 1;
         }
+        p.owner = owner_of(lifetime);
         let info = p.info(child);
         st.seqs.insert(child, p);
         Ok(info)
+    }
+
+    /// A new owner, whose sequences [`KvCache::free_owned`] frees together.
+    pub fn new_owner(&self) -> Owner {
+        let mut st = self.lock();
+        st.owners += 1;
+        Owner(st.owners)
+    }
+
+    /// Frees every sequence `owner` holds (its pages return once no fork uses them) and
+    /// returns how many.
+    pub fn free_owned(&self, owner: Owner) -> Result<usize, KvError> {
+        let mut st = self.lock();
+        let ids: Vec<u64> = st.seqs.iter().filter(|(_, s)| s.owner == Some(owner)).map(|(id, _)| *id).collect();
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        self.log(&mut st, ids.iter().map(|&seq| Record::Free { seq }).collect())?;
+        for id in &ids {
+            let s = st.seqs.remove(id).expect("listed");
+            st.release(s.heads.iter().flat_map(|h| h.pages().collect::<Vec<_>>()));
+        }
+        st.sort_free();
+        st.reclaimed += ids.len() as u64;
+        Ok(ids.len())
     }
 
     /// Frees a sequence; its pages return to the free list once no fork uses them.
@@ -496,7 +590,14 @@ impl KvCache {
     /// Space in the store.
     pub fn usage(&self) -> StoreUsage {
         let st = self.lock();
-        StoreUsage { page_bytes: self.page_bytes, pages_total: u64::from(self.data_pages), pages_free: st.free_pages(), sequences: st.seqs.len() }
+        StoreUsage {
+            page_bytes: self.page_bytes,
+            pages_total: u64::from(self.data_pages),
+            pages_free: st.free_pages(),
+            sequences: st.seqs.len(),
+            kept: st.seqs.values().filter(|s| s.owner.is_none()).count(),
+            reclaimed: st.reclaimed,
+        }
     }
 
     /// Appends `tokens` tokens to `layer` of `seq`: `k` and `v` are f32,
@@ -655,6 +756,21 @@ impl KvCache {
     }
 }
 
+/// The records of a sequence `seq` made by `made`, living as `lifetime` says.
+fn with_lifetime(made: Record, seq: u64, lifetime: Lifetime) -> Vec<Record> {
+    match lifetime {
+        Lifetime::Kept => vec![made],
+        Lifetime::Owned(_) => vec![made, Record::Owned { seq }],
+    }
+}
+
+fn owner_of(lifetime: Lifetime) -> Option<Owner> {
+    match lifetime {
+        Lifetime::Kept => None,
+        Lifetime::Owned(o) => Some(o),
+    }
+}
+
 /// Records that rebuild `seqs` from nothing.
 fn checkpoint(seqs: &HashMap<u64, Seq>) -> Vec<Record> {
     let mut out = Vec::new();
@@ -668,6 +784,9 @@ fn checkpoint(seqs: &HashMap<u64, Seq>) -> Vec<Record> {
             dtype: l.dtype.code(),
             dims_per_page: l.dims_per_page as u8,
         });
+        if s.owner.is_some() {
+            out.push(Record::Owned { seq: *id });
+        }
         for (i, h) in s.heads.iter().enumerate() {
             let (layer, head) = ((i / s.kv_heads) as u16, (i % s.kv_heads) as u16);
             let lists = [(0u8, &h.k_pages), (1, &h.v_pages)].into_iter().chain(h.d_pages.iter().enumerate().map(|(g, d)| (2 + g as u8, d)));
@@ -691,11 +810,16 @@ fn apply(seqs: &mut HashMap<u64, Seq>, r: Record, page_bytes: usize) -> Result<(
             seqs.insert(seq, Seq::new(layers, kv_heads, layout));
         }
         Record::Fork { parent, child } => {
-            let p = seqs.get(&parent).ok_or_else(|| corrupt(format!("fork of unknown sequence {parent}")))?.clone();
+            let mut p = seqs.get(&parent).ok_or_else(|| corrupt(format!("fork of unknown sequence {parent}")))?.clone();
+            p.owner = None; // kept unless an Owned record follows
             seqs.insert(child, p);
         }
         Record::Free { seq } => {
             seqs.remove(&seq);
+        }
+        Record::Owned { seq } => {
+            // Which owner does not outlive the run that wrote it; that there was one does.
+            seqs.get_mut(&seq).ok_or_else(|| corrupt(format!("owner of unknown sequence {seq}")))?.owner = Some(Owner(0));
         }
         Record::Pages { seq, layer, head, kind, first, pages } => {
             let s = seqs.get_mut(&seq).ok_or_else(|| corrupt(format!("pages of unknown sequence {seq}")))?;

@@ -338,6 +338,61 @@ fn journal_checkpoints_and_a_torn_tail_lose_nothing_flushed() {
     assert_eq!(read_back(&s, 1, 0, 0), want);
 }
 
+#[test]
+fn owned_sequences_go_with_their_owner_and_never_outlive_a_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let len = 4 << 20; // a 16-page journal half: the appends below checkpoint it
+    let t = 130;
+    let (k, v) = (rows(H * t * D, 1.0), rows(H * t * D, 2.0));
+    {
+        let s = open(dir.path(), len);
+        let (a, b) = (s.new_owner(), s.new_owner());
+        assert_ne!(a, b);
+        s.create_as(Lifetime::Owned(a), 1, 1, H, D, Dtype::F32, 1).unwrap();
+        s.create_as(Lifetime::Owned(b), 2, 1, H, D, Dtype::F32, 1).unwrap();
+        s.create(3, 1, H, D, Dtype::F32, 1).unwrap();
+        for seq in [1, 2, 3] {
+            s.append(seq, 0, t, &k, &v).unwrap();
+        }
+        // A kept fork of an owned parent outlives the owner; an owned fork of a kept one
+        // does not.
+        s.fork(1, 4).unwrap();
+        s.fork_as(Lifetime::Owned(a), 3, 5).unwrap();
+        let u = s.usage();
+        assert_eq!((u.sequences, u.kept, u.reclaimed), (5, 2, 0));
+        assert_eq!(s.free_owned(a).unwrap(), 2);
+        assert!(matches!(s.info(1), Err(KvError::UnknownSequence(1))));
+        assert!(matches!(s.info(5), Err(KvError::UnknownSequence(5))));
+        assert_eq!(read_back(&s, 4, 0, 1).0, head_rows(&k, 1, t), "the kept fork keeps the shared pages");
+        assert_eq!(s.free_owned(a).unwrap(), 0, "nothing twice");
+        let u = s.usage();
+        assert_eq!((u.sequences, u.kept, u.reclaimed), (3, 2, 2));
+        // Owner b never ends here; enough journal frames after it to checkpoint (67 bytes a
+        // create and free, 64 KiB a half).
+        for i in 0..2500 {
+            s.create_as(Lifetime::Owned(b), 100 + i, 1, 1, D, Dtype::F32, 1).unwrap();
+            s.free(100 + i).unwrap();
+        }
+        s.free(4).unwrap();
+        s.free(3).unwrap();
+        s.create(3, 1, H, D, Dtype::F32, 1).unwrap();
+        s.append(3, 0, t, &k, &v).unwrap();
+    }
+    let mut sb = vec![0u8; 36];
+    image(dir.path(), len).read_at(&mut sb, 0).unwrap();
+    assert!(u64::from_le_bytes(sb[20..28].try_into().unwrap()) >= 3, "the journal was checkpointed twice");
+    let s = open(dir.path(), len);
+    assert!(matches!(s.info(2), Err(KvError::UnknownSequence(2))), "an owned sequence is gone after a reopening");
+    assert_eq!(s.info(3).unwrap().tokens, vec![128]);
+    let u = s.usage();
+    assert_eq!((u.sequences, u.kept, u.reclaimed), (1, 1, 1));
+    s.free(3).unwrap();
+    assert_eq!(s.usage().pages_free, s.usage().pages_total, "the orphan's pages are free again");
+    drop(s);
+    let s = open(dir.path(), len);
+    assert_eq!(s.usage().reclaimed, 0, "the orphan's end was journaled");
+}
+
 mod model {
     use super::*;
     use proptest::prelude::*;
