@@ -397,20 +397,30 @@ mod model {
     use super::*;
     use proptest::prelude::*;
 
+    /// Who holds a sequence in the model: kept (`None`) or owner `Some(0 | 1)`.
+    type Holder = Option<usize>;
+
     #[derive(Debug, Clone)]
     enum Op {
-        Create(u64),
+        Create(u64, Holder),
         Append(u64, usize),
-        Fork(u64, u64),
+        Fork(u64, u64, Holder),
         Free(u64),
+        /// The owner ends: its sequences go, and a new owner takes its place.
+        End(usize),
+    }
+
+    fn holder() -> impl Strategy<Value = Holder> {
+        prop_oneof![Just(None), (0usize..2).prop_map(Some)]
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            (0u64..4).prop_map(Op::Create),
+            (0u64..4, holder()).prop_map(|(s, h)| Op::Create(s, h)),
             (0u64..4, 1usize..150).prop_map(|(s, t)| Op::Append(s, t)),
-            (0u64..4, 0u64..4).prop_map(|(a, b)| Op::Fork(a, b)),
+            (0u64..4, 0u64..4, holder()).prop_map(|(a, b, h)| Op::Fork(a, b, h)),
             (0u64..4).prop_map(Op::Free),
+            (0usize..2).prop_map(Op::End),
         ]
     }
 
@@ -420,39 +430,51 @@ mod model {
         fn the_store_behaves_like_a_map_of_row_lists(ops in proptest::collection::vec(op(), 1..30)) {
             let dir = tempfile::tempdir().unwrap();
             let s = open(dir.path(), 4 << 20);
-            let mut m: HashMap<u64, Vec<f32>> = HashMap::new(); // K rows of head 0
+            let mut m: HashMap<u64, (Vec<f32>, Holder)> = HashMap::new(); // K rows of head 0
+            let mut owners = [s.new_owner(), s.new_owner()];
+            let lifetime = |h: Holder, owners: &[Owner; 2]| h.map_or(Lifetime::Kept, |o| Lifetime::Owned(owners[o]));
             let mut n = 0f32;
             for op in ops {
                 match op {
-                    Op::Create(id) => {
+                    Op::Create(id, h) => {
                         let ok = !m.contains_key(&id);
-                        prop_assert_eq!(s.create(id, 1, 1, D, Dtype::F32, 1).is_ok(), ok);
-                        if ok { m.insert(id, Vec::new()); }
+                        prop_assert_eq!(s.create_as(lifetime(h, &owners), id, 1, 1, D, Dtype::F32, 1).is_ok(), ok);
+                        if ok { m.insert(id, (Vec::new(), h)); }
                     }
                     Op::Append(id, t) => {
                         n += 1.0;
                         let k = rows(t * D, n);
                         let r = s.append(id, 0, t, &k, &k);
-                        match m.get_mut(&id) {
+                        match m.get_mut(&id).map(|(rows, _)| rows) {
                             Some(rows) => { let fine = r.is_ok() || matches!(r, Err(KvError::Full { .. })); prop_assert!(fine, "append failed: {:?}", r); if r.is_ok() { rows.extend_from_slice(&k); } }
                             None => prop_assert!(matches!(r, Err(KvError::UnknownSequence(_)))),
                         }
                     }
-                    Op::Fork(a, b) => {
+                    Op::Fork(a, b, h) => {
                         let ok = m.contains_key(&a) && !m.contains_key(&b);
-                        prop_assert_eq!(s.fork(a, b).is_ok(), ok);
-                        if ok { let rows = m[&a].clone(); m.insert(b, rows); }
+                        prop_assert_eq!(s.fork_as(lifetime(h, &owners), a, b).is_ok(), ok);
+                        if ok { let rows = m[&a].0.clone(); m.insert(b, (rows, h)); }
                     }
                     Op::Free(id) => prop_assert_eq!(s.free(id).is_ok(), m.remove(&id).is_some()),
+                    Op::End(o) => {
+                        let held = m.values().filter(|(_, h)| *h == Some(o)).count();
+                        prop_assert_eq!(s.free_owned(owners[o]).unwrap(), held);
+                        m.retain(|_, (_, h)| *h != Some(o));
+                        owners[o] = s.new_owner();
+                    }
                 }
             }
-            for (id, rows) in &m {
+            for (id, (rows, _)) in &m {
                 prop_assert_eq!(&read_back(&s, *id, 0, 0).0, rows);
             }
+            prop_assert_eq!(s.usage().kept, m.values().filter(|(_, h)| h.is_none()).count());
             drop(s);
+            // Reopened: the kept sequences' whole pages, and nothing of the owned ones.
             let s = open(dir.path(), 4 << 20);
+            m.retain(|_, (_, h)| h.is_none());
+            prop_assert_eq!(s.usage().sequences, m.len());
             let per_page = 4096 / (D * 4);
-            for (id, rows) in &m {
+            for (id, (rows, _)) in &m {
                 let kept = rows.len() / D / per_page * per_page;
                 prop_assert_eq!(&read_back(&s, *id, 0, 0).0, &rows[..kept * D].to_vec());
             }
