@@ -2,11 +2,13 @@
 """The NVMe/TCP target (`insitu target start`) against the stock Linux kernel initiator.
 
 One guest run (tests/kernel/host-target-workload.sh under the kernel-initiator harness, QEMU)
-does discovery, connect, identify, raw I/O, EXEC through the passthrough ioctl, an ext4
-workload and a connect that must be refused, while tshark records the loopback traffic.
+does discovery, connect, identify, raw I/O, EXEC and in-storage attention (the KV-cache
+commands) through the passthrough ioctl, an ext4 workload and a connect that must be
+refused, while tshark records the loopback traffic.
 The tests then judge, each from its own angle:
 
-* what the guest saw (exit status, identify data, EXEC result bytes and statuses, kernel log);
+* what the guest saw (exit status, identify data, EXEC result bytes and statuses, the
+  attention result against a host computation, kernel log);
 * the wire (every byte of every connection belongs to a PDU tshark decodes, no malformed
   frames or expert errors, the ICReq/ICResp/Connect opening of each connection, R2T/H2CData/
   C2HData, EXEC commands and their completions, the refused Connect);
@@ -69,6 +71,8 @@ PDU_HLEN = {0: 128, 1: 128, 2: 24, 3: 24, 4: 72, 5: 24, 6: 24, 7: 24, 9: 24}
 PDU_NAMES = {0: "ICReq", 1: "ICResp", 2: "H2CTermReq", 3: "C2HTermReq", 4: "CapsuleCmd", 5: "CapsuleResp", 6: "H2CData", 7: "C2HData", 9: "R2T"}
 FCTYPE_CONNECT = 0x01
 OPC_EXEC = 0x99
+# The KV-cache exchange the guest sends through the passthrough ioctl (docs/kv-commands.md).
+KV_SEQ, KV_HEADS, KV_GROUP, KV_DIM, KV_TOKENS, KV_SCALE, KV_TAG = 0x5EED, 2, 3, 16, 150, 0.25, 7
 # completion Status Field values (SC bits 7:0, SCT bits 10:8, DNR bit 14)
 ST_INVALID_FIELD = 0x4002
 ST_LBA_OUT_OF_RANGE = 0x4080
@@ -222,12 +226,44 @@ class Env:
     ns2: Path
     ns3: Path
     ns2_data: bytes
-    descriptors: Dict[str, Path]
+    descriptors: Dict[str, Path]  # files for the guest: EXEC descriptors and KV requests
     started: Dict[int, dict]  # port -> `target start --json` document
     killed: bool = False
+    kv: Tuple[List[float], List[float], List[float]] = ((), (), ())  # the guest's K, V and q
 
     def cli(self, *args: object, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run([self.insitu, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def kv_requests(rng: random.Random) -> Tuple[Dict[str, bytes], Tuple[List[float], List[float], List[float]]]:
+    """The guest's KV-cache requests, encoded here from docs/kv-commands.md: create sequence
+    KV_SEQ (not kept: it belongs to the guest's controller), append KV_TOKENS tokens of
+    KV_HEADS heads to layer 0, and a dense attention of one query per head row. Returns the
+    files and (K, V, q)."""
+    n = KV_HEADS * KV_TOKENS * KV_DIM
+    k, v, q = ([rng.uniform(-1.5, 1.5) for _ in range(m)] for m in (n, n, KV_HEADS * KV_GROUP * KV_DIM))
+    f32 = lambda xs: struct.pack(f"<{len(xs)}f", *xs)  # noqa: E731
+    create = b"KVAD" + struct.pack("<BBBBQQHHHH", 1, 0, 1, 0, KV_SEQ, 0, 1, KV_HEADS, KV_DIM, 0)
+    append = b"KVAP" + struct.pack("<B3xQHHHxxI4x", 1, KV_SEQ, 0, KV_HEADS, KV_DIM, KV_TOKENS) + f32(k) + f32(v)
+    attend = b"KVAT" + struct.pack("<BBBxHHHHHHIIfII", 1, 0, 0, 0, KV_HEADS, KV_GROUP, KV_DIM, 1, 0, 0, 0, KV_SCALE, 0, 0)
+    attend += struct.pack("<Q", KV_SEQ) + f32(q)
+    assert (len(create), len(append) - 8 * n, len(attend)) == (32, 32, 48 + 4 * len(q))
+    return {"kv-create.bin": create, "kv-append.bin": append, "kv-attend.bin": attend}, (k, v, q)
+
+
+def kv_reference(k: List[float], v: List[float], q: List[float]) -> List[float]:
+    """Dense attention of each query row over its KV head's tokens, in f64."""
+    out = []
+    for h in range(KV_HEADS):
+        rows = range(h * KV_TOKENS, (h + 1) * KV_TOKENS)
+        for g in range(KV_GROUP):
+            qr = q[(h * KV_GROUP + g) * KV_DIM : (h * KV_GROUP + g + 1) * KV_DIM]
+            s = [KV_SCALE * sum(a * b for a, b in zip(qr, k[t * KV_DIM : (t + 1) * KV_DIM])) for t in rows]
+            m = max(s)
+            e = [pow(2.718281828459045, x - m) for x in s]
+            z = sum(e)
+            out += [sum(w / z * v[t * KV_DIM + i] for w, t in zip(e, rows)) for i in range(KV_DIM)]
+    return out
 
 
 def _status(env: Env) -> Dict[str, dict]:
@@ -244,11 +280,14 @@ def nvme_env(kinit) -> Env:
     d = Path(tempfile.mkdtemp(prefix="insitu-nvme-tcp-", dir="/var/tmp"))
     port, deny_port, metrics_port = _free_ports(3)
     env = Env(insitu, d, port, deny_port, metrics_port, d / "ns1.img", d / "ns2.img", d / "ns3.img", b"", {}, {})
+    private = d / "kv.img"  # the main target's KV cache
     try:
         with open(env.ns1, "wb") as f:
             f.truncate(NS1_BYTES)
         with open(env.ns3, "wb") as f:
             f.truncate(8 << 20)
+        with open(private, "wb") as f:
+            f.truncate(32 << 20)
         env.ns2_data = random.Random(20240101).randbytes(1 << 20)
         with open(env.ns2, "wb") as f:
             f.truncate(NS2_BYTES)
@@ -268,9 +307,13 @@ def nvme_env(kinit) -> Env:
         ):
             env.descriptors[name] = d / name
             env.descriptors[name].write_bytes(blob)
+        kv_files, env.kv = kv_requests(random.Random(20261202))
+        for name, blob in kv_files.items():
+            env.descriptors[name] = d / name
+            env.descriptors[name].write_bytes(blob)
 
         for p, args in (
-            (port, ["--nqn", NQN, "--namespace", env.ns1, "--namespace", env.ns2, "--metrics", f"127.0.0.1:{metrics_port}"]),
+            (port, ["--nqn", NQN, "--namespace", env.ns1, "--namespace", env.ns2, "--private", private, "--metrics", f"127.0.0.1:{metrics_port}"]),
             (deny_port, ["--nqn", DENY_NQN, "--namespace", env.ns3, "--allow-host", OTHER_HOST]),
         ):
             r = env.cli("target", "start", "--listen", f"127.0.0.1:{p}", *args, "--json")
@@ -427,7 +470,8 @@ def test_guest_workload(guest_run, nvme_env):
     for key in ("RAW_RW_OK", "FS_OK", "DISCONNECT_OK"):
         assert g.one(key) == "1"
     assert g.one("IDCTRL_SUBNQN") == NQN
-    assert int(g.one("IDCTRL_NN"), 0) == 2
+    # Namespace 3 is the private one (the KV cache): counted, but inactive to every host.
+    assert int(g.one("IDCTRL_NN"), 0) == 3
     assert int(g.one("NS1_BYTES")) == NS1_BYTES and int(g.one("NS2_BYTES")) == NS2_BYTES
     assert int(g.one("NS1_NSZE"), 16) * int(g.one("NS1_LBS")) == NS1_BYTES
     assert int(g.one("NS2_NSZE"), 16) * int(g.one("NS2_LBS")) == NS2_BYTES
@@ -454,7 +498,7 @@ def test_identify(guest_run):
     assert num("cntrltype") == 1, ctrl  # I/O controller
     assert num("ioccsz") >= 4 and num("iorcsz") >= 1, ctrl  # capsule sizes in 16-byte units
     assert num("sgls") & 0x3 != 0, ctrl  # SGLs supported (the fabric transports use SGLs only)
-    assert num("maxcmd") > 0 and num("nn") == 2 and num("mdts") > 0, ctrl
+    assert num("maxcmd") > 0 and num("nn") == 3 and num("mdts") > 0, ctrl
     assert num("sqes") == 0x66 and num("cqes") == 0x44, ctrl
     assert ctrl["subnqn"] == NQN
     nguids = [_identify(guest_run.output, f"IDNS{n}").get("nguid") for n in (1, 2)]
@@ -496,6 +540,40 @@ def test_exec_result(guest_run, nvme_env):
     assert 8 < dw0 <= len(raw)
     records = decode_result(raw[:dw0])
     assert records == [[("digest", expected)]], records
+
+
+def test_kv_attention_through_the_kernel(guest_run, nvme_env):
+    """Create, append, attend and result through the stock kernel's passthrough ioctl: the
+    append took every token, and the result is dense attention over them, within f32
+    rounding of an f64 computation here and bit for bit what insitu's own initiator gets
+    from the same target for the same requests."""
+    g = guest_run
+    for step in ("KV_CREATE", "KV_APPEND", "KV_ATTEND"):
+        assert g.one(f"{step}_RC") == "0", g.one(f"{step}_OUT")
+    assert int(g.one("KV_APPEND_DW0"), 16) == KV_TOKENS
+    rows = KV_HEADS * KV_GROUP * KV_DIM
+    data = bytes.fromhex(g.one("KV_RESULT_HEX"))
+    assert int(g.one("KV_RESULT_LEN")) == len(data) == 48 + 4 * rows, (g.one("KV_RESULT_LEN"), len(data))
+    magic, version, flags, entries, heads, group, dim = struct.unpack_from("<4sBBHHHH", data)
+    assert (magic, version, flags, entries, heads, group, dim) == (b"KVRS", 1, 0, 1, KV_HEADS, KV_GROUP, KV_DIM)
+    pages, media, used = struct.unpack_from("<QQQ", data, 16)
+    assert used == KV_HEADS * KV_TOKENS * 2 and media > 0, (pages, media, used)
+    out = struct.unpack_from(f"<{rows}f", data, 48)
+    k, v, q = nvme_env.kv
+    for got, want in zip(out, kv_reference(k, v, q)):
+        assert abs(got - want) < 1e-5, (got, want)
+    import insitu
+
+    kvt = insitu.KvTarget(f"nvme-tcp://127.0.0.1:{nvme_env.port}/{NQN}")
+    try:
+        kvt.create(KV_SEQ + 1, 1, KV_HEADS, KV_DIM)
+        f32 = lambda xs: struct.pack(f"<{len(xs)}f", *xs)  # noqa: E731
+        kvt.append(KV_SEQ + 1, 0, KV_TOKENS, f32(k), f32(v))
+        mine = kvt.attend(0, [KV_SEQ + 1], f32(q), KV_GROUP, KV_SCALE)[0]
+        assert bytes(mine) == data[48:], "the kernel's result differs from insitu's initiator's"
+        kvt.free(KV_SEQ + 1)
+    finally:
+        kvt.disconnect()
 
 
 def test_exec_errors(guest_run):
@@ -770,6 +848,9 @@ def test_metrics(guest_run, nvme_env):
     assert get("insitu_wire_bytes_total", direction="to_target") > 24 << 20, text
     assert get("insitu_wire_bytes_total", direction="to_host") > 8 << 20, text
     assert get("insitu_command_seconds_count", nsid=2, command="exec") == 3, text
+    # The guest's KV sequence went with its controller when it disconnected.
+    assert get("insitu_kv_reclaimed_sequences_total", subsystem=NQN) == 1, text
+    assert get("insitu_kv_sequences", subsystem=NQN) == 0 and get("insitu_kv_pages", subsystem=NQN, state="used") == 0, text
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(f"http://127.0.0.1:{nvme_env.metrics_port}/admin", timeout=10)
     assert e.value.code == 404

@@ -12,9 +12,11 @@
 #   KINIT_DENY_NQN, KINIT_DENY_PORT (optional) a target that must refuse this host
 #   KINIT_FS_MB (16)           total size of the files of the file-system workload
 # Files (from run-guest.sh -a): /kinit/files/desc.bin (valid EXEC with a result object),
-#   desc-noresult.bin (no result object), desc-range.bin (an extent beyond namespace 2).
+#   desc-noresult.bin (no result object), desc-range.bin (an extent beyond namespace 2),
+#   kv-create.bin, kv-append.bin, kv-attend.bin (KV-cache requests, docs/kv-commands.md).
 # Steps: discover, connect, identify, raw write + read back, EXEC via the passthrough ioctl,
-# ext4 workload with remount + sha256 verification + fsck, refused connect, disconnect.
+# in-storage attention via the passthrough ioctl (its sequence left for the disconnect to
+# free), ext4 workload with remount + sha256 verification + fsck, refused connect, disconnect.
 # Exit status: 0 when every step passed; the first failed step exits 1 (after cleaning up);
 # 3 when every step ran but a content check failed (SOFT_FAILED= lines say which).
 set -u
@@ -56,6 +58,10 @@ passthru() {
   mark "${name}_OUT" "$(echo "$out" | tr '\n' ' ')"
   return $rc
 }
+# dword 0 of the last passthru's completion, in hex without 0x.
+# nvme-cli 2.3: "IO Command Vendor Specific is Success and result: 0x0000001e";
+# older/newer ones: "NVMe command result:0000001e"
+last_dw0() { echo "$LAST_OUT" | sed -n 's/.*result: *\(0x\)\{0,1\}\([0-9a-fA-F]\{1,8\}\).*/\2/p' | head -1; }
 
 step "kernel $(uname -r), $(nvme version 2>&1 | head -1)"
 mark HOSTNQN "$(cat /etc/nvme/hostnqn)"
@@ -131,9 +137,7 @@ step "EXEC (opcode 0x99) crc32c with a result object at sector $RS (+$RN) of nam
 len=$(stat -c %s $F/desc.bin)
 passthru EXEC nvme io-passthru "$DEV2" --opcode=0x99 --namespace-id=2 --data-len=$len --write --input-file=$F/desc.bin \
   || die "EXEC failed"
-# nvme-cli 2.3: "IO Command Vendor Specific is Success and result: 0x0000001e";
-# older/newer ones: "NVMe command result:0000001e"
-dw0=$(echo "$LAST_OUT" | sed -n 's/.*result: *\(0x\)\{0,1\}\([0-9a-fA-F]\{1,8\}\).*/\2/p' | head -1)
+dw0=$(last_dw0)
 [ -n "$dw0" ] || die "no command result (dword 0) in the EXEC output"
 mark RESULT_DW0 "$dw0"
 mark RESULT_HEX "$(dd if="$DEV2" bs=512 skip=$RS count=$RN iflag=direct 2>/dev/null | tohex)"
@@ -147,6 +151,27 @@ step "EXEC with an extent beyond namespace 2 (expected: LBA Out of Range)"
 len=$(stat -c %s $F/desc-range.bin)
 passthru EXEC_RANGE nvme io-passthru "$DEV2" --opcode=0x99 --namespace-id=2 --data-len=$len --write \
   --input-file=$F/desc-range.bin && die "EXEC with an out-of-range extent succeeded"
+
+# ---------------------------------------------------------------- KV cache
+step "in-storage attention (docs/kv-commands.md) through the passthrough ioctl"
+kv() {
+  local name=$1 opc=$2 file=$3; shift 3
+  passthru "$name" nvme io-passthru "$DEV2" --opcode=$opc --namespace-id=2 --data-len=$(stat -c %s $F/$file) \
+    --write --input-file=$F/$file "$@"
+}
+kv KV_CREATE 0xa1 kv-create.bin || die "KV create"
+kv KV_APPEND 0x9d kv-append.bin || die "KV append"
+mark KV_APPEND_DW0 "$(last_dw0)"
+# KV_ATTEND leaves the result under tag 7; KV_RESULT (0xa6, a read) takes it.
+kv KV_ATTEND 0xa5 kv-attend.bin --cdw10=7 || die "KV attend"
+rlen=$(last_dw0)
+[ -n "$rlen" ] || die "no result length (dword 0) in the KV attend output"
+rlen=$((0x$rlen))
+mark KV_RESULT_LEN $rlen
+nvme io-passthru "$DEV2" --opcode=0xa6 --namespace-id=2 --cdw10=7 --data-len=$rlen --read --raw-binary \
+  > /tmp/kv-result.bin 2> /tmp/kv-result.err || { cat /tmp/kv-result.err; die "KV result"; }
+mark KV_RESULT_HEX "$(tohex < /tmp/kv-result.bin)"
+# The sequence is not freed here: it belongs to this controller, so the disconnect frees it.
 
 # ---------------------------------------------------------------- file system
 step "ext4 on $DEV1: mkfs, mount, ${FS_MB} MiB of files, remount, verify, fsck"
