@@ -54,9 +54,12 @@ fn execute(target: &Arc<Engine>, ctx: &IoContext<'_>, cmd: &Command, data: &[u8]
     match cmd.opcode() {
         opcode::KV_ADMIN => {
             let a = Admin::decode(data)?;
-            let lifetime = |kept| match kept {
-                true => Lifetime::Kept,
-                false => Lifetime::Owned(ctx.controller_state::<HostSequences>().owner(target, store)),
+            let lifetime = |kept| {
+                if kept {
+                    Lifetime::Kept
+                } else {
+                    Lifetime::Owned(ctx.controller_state::<HostSequences>().owner(target, store))
+                }
             };
             admin(store, ctx, tag, a, lifetime)
         }
