@@ -27,8 +27,9 @@ release it, ``insitu.locks()`` lists the held ones. Locks are not persistent.
 started with ``--kv-store SIZE``) as a mutable mapping: ``m[b"k"] = b"v"`` returns once the
 target made it durable, ``m[b"k"]``, ``del m[b"k"]``, ``b"k" in m``, ``m.keys(prefix=b"")``.
 ``insitu.KvTarget(url)`` drives a target's KV cache and attention engine (the LLM
-integration in ``insitu.llm`` uses it); ``insitu.EmbeddedTarget(dir, ...)`` serves a
-target from this process on loopback.
+integration in ``insitu.llm`` uses it); the sequences it creates are freed by the target
+when its connection ends, unless created with ``kept=True``.
+``insitu.EmbeddedTarget(dir, ...)`` serves a target from this process on loopback.
 
 Exceptions::
 
