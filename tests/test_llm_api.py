@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,36 @@ def test_bad_input_gets_a_clear_error(pool):
         kv.info(41)
     with pytest.raises(insitu.InsituError):
         insitu.KvTarget("nvme-tcp://127.0.0.1:1/nqn.2024-01.io.insitu:nobody")
+
+
+def test_sequences_live_with_their_connection_unless_kept(pool):
+    """A sequence goes with the connection that created it; a kept one stays, for another
+    connection to use and free."""
+    first = insitu.KvTarget(pool.urls[1])
+    first.create(61, 1, 2, D)
+    first.create(62, 1, 2, D, kept=True)
+    first.fork(62, 63)
+    first.fork(61, 64, kept=True)
+    second = insitu.KvTarget(pool.urls[1])
+    try:
+        assert second.info(61)["tokens"] == [0]  # another connection sees it while it lives
+        first.disconnect()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                second.info(61)
+            except insitu.TargetError as e:
+                assert "unknown sequence" in str(e)
+                break
+            assert time.monotonic() < deadline, "sequence 61 outlived its connection"
+            time.sleep(0.02)
+        with pytest.raises(insitu.TargetError, match="unknown sequence"):
+            second.info(63)
+        for kept in (62, 64):
+            assert second.info(kept)["tokens"] == [0]
+            second.free(kept)
+    finally:
+        second.disconnect()
 
 
 def _fill(store, K, V):
