@@ -141,14 +141,13 @@ struct Seq {
     /// Layer-major. Shared with the views attention reads through (a view is a reference
     /// count, not a copy of the page lists); an append copies a head a view still holds.
     heads: Vec<Arc<Head>>,
-    /// `None` when kept.
-    owner: Option<Owner>,
+    lifetime: Lifetime,
 }
 
 impl Seq {
     /// A sequence of `layers` × `kv_heads` empty heads.
     fn new(layers: usize, kv_heads: usize, layout: Layout) -> Seq {
-        Seq { layers, kv_heads, layout, heads: (0..layers * kv_heads).map(|_| Arc::new(Head::new(&layout))).collect(), owner: None }
+        Seq { layers, kv_heads, layout, heads: (0..layers * kv_heads).map(|_| Arc::new(Head::new(&layout))).collect(), lifetime: Lifetime::Kept }
     }
 
     fn info(&self, seq: u64) -> SeqInfo {
@@ -198,6 +197,29 @@ struct State {
 }
 
 impl State {
+    /// Makes `records` durable, after the data pages they name. A full journal half is
+    /// replaced by a checkpoint of the state (which already includes nothing of `records`).
+    fn log(&mut self, records: Vec<Record>) -> Result<(), KvError> {
+        if self.journal.append(&records)? {
+            return Ok(());
+        }
+        let mut all = checkpoint(&self.seqs);
+        all.extend(records);
+        self.journal.rewrite(&all)
+    }
+
+    /// Frees the sequences `ids` (each one live): journaled, then their pages released
+    /// where no fork still holds them.
+    fn free_seqs(&mut self, ids: &[u64]) -> Result<(), KvError> {
+        self.log(ids.iter().map(|&seq| Record::Free { seq }).collect())?;
+        for id in ids {
+            let s = self.seqs.remove(id).expect("live");
+            self.release(s.heads.iter().flat_map(|h| h.pages().collect::<Vec<_>>()));
+        }
+        self.sort_free();
+        Ok(())
+    }
+
     fn free_pages(&self) -> u64 {
         self.free_count
     }
@@ -370,15 +392,12 @@ impl KvCache {
             apply(&mut state.seqs, r, page_bytes)?;
         }
         // Owned sequences outlive no reopening: their owners are gone.
-        let orphans: Vec<u64> = state.seqs.iter().filter(|(_, s)| s.owner.is_some()).map(|(id, _)| *id).collect();
+        // (No pages to release yet: `recover` counts references from what stays.)
+        let orphans: Vec<u64> = state.seqs.iter().filter(|(_, s)| s.lifetime != Lifetime::Kept).map(|(id, _)| *id).collect();
         if !orphans.is_empty() {
             orphans.iter().for_each(|id| drop(state.seqs.remove(id)));
             state.reclaimed = orphans.len() as u64;
-            let frees: Vec<Record> = orphans.into_iter().map(|seq| Record::Free { seq }).collect();
-            if !state.journal.append(&frees)? {
-                let all = checkpoint(&state.seqs);
-                state.journal.rewrite(&all)?;
-            }
+            state.log(orphans.into_iter().map(|seq| Record::Free { seq }).collect())?;
         }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let per_core = if media.is_in_memory() { 1 } else { ATTENTION_THREADS_PER_CORE };
@@ -512,9 +531,9 @@ impl KvCache {
             dtype: dtype.code(),
             dims_per_page: dims_per_page as u8,
         };
-        self.log(&mut st, with_lifetime(rec, seq, lifetime))?;
+        st.log(with_lifetime(rec, seq, lifetime))?;
         let mut s = Seq::new(layers, kv_heads, layout);
-        s.owner = owner_of(lifetime);
+        s.lifetime = lifetime;
         let info = s.info(seq);
         st.seqs.insert(seq, s);
         Ok(info)
@@ -534,11 +553,11 @@ impl KvCache {
         if st.seqs.contains_key(&child) {
             return Err(KvError::SequenceExists(child));
         }
-        self.log(&mut st, with_lifetime(Record::Fork { parent, child }, child, lifetime))?;
+        st.log(with_lifetime(Record::Fork { parent, child }, child, lifetime))?;
         for page in p.heads.iter().flat_map(|h| h.pages()) {
             st.refs[page as usize] += 1;
         }
-        p.owner = owner_of(lifetime);
+        p.lifetime = lifetime;
         let info = p.info(child);
         st.seqs.insert(child, p);
         Ok(info)
@@ -555,16 +574,11 @@ impl KvCache {
     /// returns how many.
     pub fn free_owned(&self, owner: Owner) -> Result<usize, KvError> {
         let mut st = self.lock();
-        let ids: Vec<u64> = st.seqs.iter().filter(|(_, s)| s.owner == Some(owner)).map(|(id, _)| *id).collect();
+        let ids: Vec<u64> = st.seqs.iter().filter(|(_, s)| s.lifetime == Lifetime::Owned(owner)).map(|(id, _)| *id).collect();
         if ids.is_empty() {
             return Ok(0);
         }
-        self.log(&mut st, ids.iter().map(|&seq| Record::Free { seq }).collect())?;
-        for id in &ids {
-            let s = st.seqs.remove(id).expect("listed");
-            st.release(s.heads.iter().flat_map(|h| h.pages().collect::<Vec<_>>()));
-        }
-        st.sort_free();
+        st.free_seqs(&ids)?;
         st.reclaimed += ids.len() as u64;
         Ok(ids.len())
     }
@@ -575,11 +589,7 @@ impl KvCache {
         if !st.seqs.contains_key(&seq) {
             return Err(KvError::UnknownSequence(seq));
         }
-        self.log(&mut st, vec![Record::Free { seq }])?;
-        let s = st.seqs.remove(&seq).expect("checked");
-        st.release(s.heads.iter().flat_map(|h| h.pages().collect::<Vec<_>>()));
-        st.sort_free();
-        Ok(())
+        st.free_seqs(&[seq])
     }
 
     /// A sequence's shape and progress.
@@ -595,7 +605,7 @@ impl KvCache {
             pages_total: u64::from(self.data_pages),
             pages_free: st.free_pages(),
             sequences: st.seqs.len(),
-            kept: st.seqs.values().filter(|s| s.owner.is_none()).count(),
+            kept: st.seqs.values().filter(|s| s.lifetime == Lifetime::Kept).count(),
             reclaimed: st.reclaimed,
         }
     }
@@ -662,7 +672,7 @@ impl KvCache {
         st.seqs.insert(seq, s);
         result?;
         if !records.is_empty() {
-            self.log(&mut st, records)?;
+            st.log(records)?;
         }
         Ok(after)
     }
@@ -723,17 +733,6 @@ impl KvCache {
         Ok(())
     }
 
-    /// Makes `records` durable, after the data pages they name. A full journal half is
-    /// replaced by a checkpoint of the state (which already includes nothing of `records`).
-    fn log(&self, st: &mut State, records: Vec<Record>) -> Result<(), KvError> {
-        if st.journal.append(&records)? {
-            return Ok(());
-        }
-        let mut all = checkpoint(&st.seqs);
-        all.extend(records);
-        st.journal.rewrite(&all)
-    }
-
     /// A read view of one head of one layer; each of its loads waits for its reads.
     pub fn head(&self, seq: u64, layer: usize, head: usize) -> Result<HeadView, KvError> {
         self.head_on(seq, layer, head, None)
@@ -764,13 +763,6 @@ fn with_lifetime(made: Record, seq: u64, lifetime: Lifetime) -> Vec<Record> {
     }
 }
 
-fn owner_of(lifetime: Lifetime) -> Option<Owner> {
-    match lifetime {
-        Lifetime::Kept => None,
-        Lifetime::Owned(o) => Some(o),
-    }
-}
-
 /// Records that rebuild `seqs` from nothing.
 fn checkpoint(seqs: &HashMap<u64, Seq>) -> Vec<Record> {
     let mut out = Vec::new();
@@ -784,7 +776,7 @@ fn checkpoint(seqs: &HashMap<u64, Seq>) -> Vec<Record> {
             dtype: l.dtype.code(),
             dims_per_page: l.dims_per_page as u8,
         });
-        if s.owner.is_some() {
+        if s.lifetime != Lifetime::Kept {
             out.push(Record::Owned { seq: *id });
         }
         for (i, h) in s.heads.iter().enumerate() {
@@ -811,7 +803,7 @@ fn apply(seqs: &mut HashMap<u64, Seq>, r: Record, page_bytes: usize) -> Result<(
         }
         Record::Fork { parent, child } => {
             let mut p = seqs.get(&parent).ok_or_else(|| corrupt(format!("fork of unknown sequence {parent}")))?.clone();
-            p.owner = None; // kept unless an Owned record follows
+            p.lifetime = Lifetime::Kept; // unless an Owned record follows
             seqs.insert(child, p);
         }
         Record::Free { seq } => {
@@ -819,7 +811,7 @@ fn apply(seqs: &mut HashMap<u64, Seq>, r: Record, page_bytes: usize) -> Result<(
         }
         Record::Owned { seq } => {
             // Which owner does not outlive the run that wrote it; that there was one does.
-            seqs.get_mut(&seq).ok_or_else(|| corrupt(format!("owner of unknown sequence {seq}")))?.owner = Some(Owner(0));
+            seqs.get_mut(&seq).ok_or_else(|| corrupt(format!("owner of unknown sequence {seq}")))?.lifetime = Lifetime::Owned(Owner(0));
         }
         Record::Pages { seq, layer, head, kind, first, pages } => {
             let s = seqs.get_mut(&seq).ok_or_else(|| corrupt(format!("pages of unknown sequence {seq}")))?;
