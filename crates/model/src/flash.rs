@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 //! NAND flash timing: channels, dies, a page-mapped FTL and greedy garbage collection.
 //!
-//! [`Flash`] keeps, for every channel and every die, the time (ns) at which it is next free,
-//! and books each page of a request on them in order, as NVMeVirt does:
+//! [`Flash`] keeps, for every channel and every die, the spans of time (ns) it is booked
+//! for, and books each page of a request on them as NVMeVirt does, in the drive's time: a
+//! page takes the first time from its issue at which its die and channel are both free, so
+//! a read booked for later (one that waits on data still on its way) leaves the idle time
+//! before it to requests booked after it for earlier (see [`crate::busy`]):
 //!
 //! * **read** of a page: the die senses it (`read_us`, starting when the die is free), then
 //!   the requested bytes of that page cross the channel (`bytes / channel_mb_s`, starting when
@@ -17,6 +20,7 @@
 //! `p % channels`, die `(p / channels) % dies_per_channel` of that channel, so consecutive
 //! pages spread over all channels first, then over the dies of each channel.
 
+use crate::busy::Busy;
 use crate::ftl::{Ftl, GcWork, Geometry};
 use crate::{FlashConfig, FlashStats, ModelError};
 
@@ -35,8 +39,10 @@ pub struct Flash {
     program_ns: u64,
     erase_ns: u64,
     ns_per_byte: f64,
-    channel_free: Vec<u64>,
-    die_free: Vec<u64>,
+    channels: Vec<Busy>,
+    dies: Vec<Busy>,
+    /// Time before which booked spans are forgotten (see [`Flash::forget_before`]).
+    forgotten_ns: u64,
     ftl: Option<Ftl>,
     stats: FlashStats,
 }
@@ -63,8 +69,9 @@ impl Flash {
             program_ns: us_to_ns(cfg.program_us),
             erase_ns: us_to_ns(cfg.erase_us),
             ns_per_byte: 1000.0 / cfg.channel_mb_s,
-            channel_free: vec![0; cfg.channels as usize],
-            die_free: vec![0; geo.dies as usize],
+            channels: vec![Busy::default(); cfg.channels as usize],
+            dies: vec![Busy::default(); geo.dies as usize],
+            forgotten_ns: 0,
             ftl: None,
             stats: FlashStats::default(),
             logical_bytes,
@@ -100,7 +107,7 @@ impl Flash {
 
     /// Time, ns, at which every channel and die is idle.
     pub fn idle_at(&self) -> u64 {
-        self.channel_free.iter().chain(&self.die_free).copied().max().unwrap_or(0)
+        self.channels.iter().chain(&self.dies).map(Busy::end).max().unwrap_or(0)
     }
 
     /// Time a transfer of `bytes` occupies a channel, ns.
@@ -124,14 +131,50 @@ impl Flash {
         let mut done = at_ns;
         for (lpn, bytes) in self.pages(offset, len) {
             let (die, ch) = home(&self.cfg, lpn);
-            let sensed = at_ns.max(self.die_free[die]) + self.read_ns;
-            let out = sensed.max(self.channel_free[ch]) + self.xfer_ns(bytes);
-            self.channel_free[ch] = out;
-            self.die_free[die] = out;
+            let out = self.book(at_ns, die, ch, self.read_ns, self.xfer_ns(bytes), 0);
             done = done.max(out);
             self.stats.host_pages_read += 1;
         }
         done
+    }
+
+    /// Forgets the booked spans that end before `t_ns`: a request issued before the last
+    /// of them on its die or channel no longer takes idle time before it, but starts after
+    /// it, as behind a plain "free from" time. A caller on a clock calls this as the clock
+    /// advances (a model never told keeps every span; touching spans merge, so a drive kept
+    /// busy keeps few).
+    pub fn forget_before(&mut self, t_ns: u64) {
+        if t_ns > self.forgotten_ns {
+            self.forgotten_ns = t_ns;
+            self.channels.iter_mut().chain(&mut self.dies).for_each(|b| b.forget_before(t_ns));
+        }
+    }
+
+    /// The time before which booked spans are forgotten (0 when none are).
+    pub fn forgotten_before(&self) -> u64 {
+        self.forgotten_ns
+    }
+
+    /// Books one page's work from `at_ns` on: `die` busy alone for `before_ns` (a sense),
+    /// then `xfer_ns` on channel `ch` too (the die holds its page until the transfer is
+    /// done), then `die` alone for `after_ns` (a program), all at the first time each is
+    /// free; returns when the transfer ends.
+    fn book(&mut self, at_ns: u64, die: usize, ch: usize, before_ns: u64, xfer_ns: u64, after_ns: u64) -> u64 {
+        let whole = before_ns + xfer_ns + after_ns;
+        let mut start = self.dies[die].fit(at_ns, whole);
+        loop {
+            let xfer = self.channels[ch].fit(start + before_ns, xfer_ns);
+            let end = xfer + xfer_ns + after_ns;
+            match self.dies[die].overlap_end(start, end) {
+                None => {
+                    self.dies[die].book(start, end);
+                    self.channels[ch].book(xfer, xfer + xfer_ns);
+                    return xfer + xfer_ns;
+                }
+                // The die is booked before the channel is free: from after that booking.
+                Some(busy_until) => start = self.dies[die].fit(busy_until, whole),
+            }
+        }
     }
 
     /// Books a write of `len` bytes at `offset` issued at `at_ns`, including any garbage
@@ -144,32 +187,31 @@ impl Flash {
             let (die, ch) = home(&self.cfg, lpn);
             let geo = &self.geo;
             let gc = self.ftl.get_or_insert_with(|| Ftl::new(geo)).write(lpn, die as u32);
-            self.collect_time(at_ns, die, ch, gc);
-            let start = at_ns.max(self.die_free[die]).max(self.channel_free[ch]);
-            let loaded = start + self.xfer_ns(bytes);
-            self.channel_free[ch] = loaded;
-            self.die_free[die] = loaded + self.program_ns;
-            done = done.max(self.die_free[die]);
+            let at = self.collect_time(at_ns, die, ch, gc);
+            let loaded = self.book(at, die, ch, 0, self.xfer_ns(bytes), self.program_ns);
+            done = done.max(loaded + self.program_ns);
             self.stats.host_pages_written += 1;
         }
         done
     }
 
-    /// Books garbage-collection work on `die`: every moved page is sensed, crosses the
-    /// channel out and back, and is programmed; then each victim is erased.
-    fn collect_time(&mut self, at_ns: u64, die: usize, ch: usize, gc: GcWork) {
+    /// Books garbage-collection work on `die`, one step after another from `at_ns`: every
+    /// moved page is sensed, crosses the channel out and back, and is programmed; then each
+    /// victim is erased. Returns when the last step ends (`at_ns` when there is none).
+    fn collect_time(&mut self, at_ns: u64, die: usize, ch: usize, gc: GcWork) -> u64 {
         let page = self.xfer_ns(u64::from(self.cfg.page_bytes));
+        let mut at = at_ns;
         for _ in 0..gc.moved {
-            let sensed = at_ns.max(self.die_free[die]) + self.read_ns;
-            let back = sensed.max(self.channel_free[ch]) + 2 * page;
-            self.channel_free[ch] = back;
-            self.die_free[die] = back + self.program_ns;
+            at = self.book(at, die, ch, self.read_ns, 2 * page, self.program_ns) + self.program_ns;
         }
         for _ in 0..gc.erased {
-            self.die_free[die] = at_ns.max(self.die_free[die]) + self.erase_ns;
+            let start = self.dies[die].fit(at, self.erase_ns);
+            self.dies[die].book(start, start + self.erase_ns);
+            at = start + self.erase_ns;
         }
         self.stats.gc_pages_moved += gc.moved;
         self.stats.erases += gc.erased;
+        at
     }
 
     /// Forgets the whole pages inside `[offset, offset + len)` (TRIM / deallocate), so
@@ -264,6 +306,29 @@ mod tests {
         assert_eq!(f.read(0, 0, KIB4), 60_240);
         assert_eq!(f.read(0, KIB4, KIB4), 70_480);
         assert_eq!(f.read(0, 2 * KIB4, KIB4), 120_480);
+    }
+
+    #[test]
+    fn a_read_booked_for_later_leaves_the_idle_time_before_it() {
+        let mut f = Flash::new(small(1, 1), 1 << 20).unwrap();
+        // A read that depends on data arriving at 1 ms, booked first.
+        assert_eq!(f.read(1_000_000, 0, KIB4), 1_060_240);
+        // Reads booked after it for now run in the idle time before it, in order...
+        assert_eq!(f.read(0, KIB4, KIB4), 60_240);
+        assert_eq!(f.read(0, 2 * KIB4, KIB4), 120_480);
+        // ...until one no longer fits before it: that one goes after it.
+        let mut t = 120_480;
+        while t + 60_240 <= 1_000_000 {
+            t = f.read(0, 3 * KIB4, KIB4);
+        }
+        assert_eq!(f.read(0, 3 * KIB4, KIB4), 1_120_480);
+        assert_eq!(f.idle_at(), 1_120_480);
+        // A write waits for its die the same way: transfer, then program.
+        assert_eq!(f.write(0, 4 * KIB4, KIB4), 1_120_480 + 10_240 + 200_000);
+        // Once forgotten, the idle time before a booking is no longer taken.
+        f.forget_before(2_000_000);
+        assert_eq!(f.forgotten_before(), 2_000_000);
+        assert_eq!(f.read(0, 0, KIB4), 1_330_720 + 60_240);
     }
 
     #[test]

@@ -44,6 +44,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod busy;
 mod compute;
 mod error;
 mod flash;

@@ -40,6 +40,13 @@ const MAX_COMPENSATION_NS: u64 = 1_000_000;
 /// partial pages into whole ones before programming them (see `write_cache.rs`).
 pub const WRITE_CACHE_NS: u64 = 2_000_000;
 
+/// Booked flash time kept behind the clock (see [`Flash::forget_before`]): a booking for
+/// an earlier time (a read continuing a stream is issued when its reader could have issued
+/// it) takes the idle time it finds in it, and before it starts after the last booking
+/// forgotten. Short, because every booking searches what is kept; forgotten an eighth at a
+/// time, so few bookings pay for the forgetting.
+const HISTORY_NS: u64 = 2_000_000;
+
 /// Counters of a [`Pacer`].
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PaceStats {
@@ -129,6 +136,16 @@ impl Pacer {
         t.saturating_duration_since(self.epoch).as_nanos() as u64
     }
 
+    /// The flash model, its bookings older than [`HISTORY_NS`] before `now` forgotten.
+    fn flash_at<'a>(&self, flash: &'a Mutex<Flash>, now: u64) -> std::sync::MutexGuard<'a, Flash> {
+        let mut f = lock(flash);
+        let t = now.saturating_sub(HISTORY_NS);
+        if t >= f.forgotten_before() + HISTORY_NS / 8 {
+            f.forget_before(t);
+        }
+        f
+    }
+
     fn deadline(&self, done_ns: u64) -> Instant {
         self.epoch + Duration::from_nanos(done_ns)
     }
@@ -138,7 +155,7 @@ impl Pacer {
         let now = self.now_ns();
         let Some(flash) = &self.flash else { return self.deadline(now) };
         self.counters.reads.fetch_add(1, Relaxed);
-        let done = lock(flash).read(now, offset, len);
+        let done = self.flash_at(flash, now).read(now, offset, len);
         self.deadline(done)
     }
 
@@ -148,26 +165,27 @@ impl Pacer {
     /// host read's link is paced by the transport, which sees the bytes on the wire).
     /// Returns when the data is where it was asked for, without waiting.
     pub fn reserve_streamed_read(&self, offset: u64, len: u64, purpose: ReadPurpose) -> Instant {
-        self.reserve_streamed_read_at(self.now_ns(), 0, offset, len, purpose)
+        let now = self.now_ns();
+        self.reserve_streamed_read_at(now, now, 0, offset, len, purpose)
     }
 
     /// [`Pacer::reserve_streamed_read`] for a read issued at `after` (or now, if later):
     /// one that depends on data the model delivers then.
     pub fn reserve_streamed_read_after(&self, offset: u64, len: u64, purpose: ReadPurpose, after: Instant) -> Instant {
-        let at = self.ns_at(after);
-        self.reserve_streamed_read_at(self.now_ns().max(at), at, offset, len, purpose)
+        let (at, clock) = (self.ns_at(after), self.now_ns());
+        self.reserve_streamed_read_at(clock.max(at), clock, at, offset, len, purpose)
     }
 
-    /// Books a read at `now`; one continuing a stream may have been issued earlier, but
-    /// never before `floor` (when what chose it arrived).
-    fn reserve_streamed_read_at(&self, now: u64, floor: u64, offset: u64, len: u64, purpose: ReadPurpose) -> Instant {
+    /// Books a read at `now` (`clock` or later); one continuing a stream may have been
+    /// issued earlier, but never before `floor` (when what chose it arrived).
+    fn reserve_streamed_read_at(&self, now: u64, clock: u64, floor: u64, offset: u64, len: u64, purpose: ReadPurpose) -> Instant {
         let mut streams = lock(&self.streams[purpose as usize]);
         let (issue, continued, slot) = streams.issue(now, offset);
         let issue = issue.max(floor);
         let flash_done = match &self.flash {
             Some(flash) => {
                 self.counters.reads.fetch_add(1, Relaxed);
-                lock(flash).read(issue, offset, len)
+                self.flash_at(flash, clock).read(issue, offset, len)
             }
             None => now,
         };
@@ -188,7 +206,7 @@ impl Pacer {
         let now = self.now_ns();
         let Some(flash) = &self.flash else { return self.deadline(now) };
         self.counters.writes.fetch_add(1, Relaxed);
-        let done = lock(flash).write(now, offset, len);
+        let done = self.flash_at(flash, now).write(now, offset, len);
         self.deadline(done)
     }
 
@@ -305,7 +323,7 @@ impl insitu_media::Pacing for Pacer {
         let now = self.now_ns();
         let Some(flash) = &self.flash else { return self.deadline(now) };
         let mut cache = lock(&self.write_cache);
-        let booked = cache.write(&mut lock(flash), now, offset, len);
+        let booked = cache.write(&mut self.flash_at(flash, now), now, offset, len);
         self.counters.writes.fetch_add(booked, Relaxed);
         self.deadline(cache.programmed_ns().saturating_sub(WRITE_CACHE_NS).max(now))
     }
@@ -315,7 +333,7 @@ impl insitu_media::Pacing for Pacer {
     fn on_flush(&self) -> Instant {
         let now = self.now_ns();
         let Some(flash) = &self.flash else { return self.deadline(now) };
-        let mut flash = lock(flash);
+        let mut flash = self.flash_at(flash, now);
         let mut cache = lock(&self.write_cache);
         let (done, booked) = cache.flush(&mut flash, now);
         self.counters.writes.fetch_add(booked, Relaxed);
