@@ -67,6 +67,19 @@ pub trait Pacing: Send + Sync {
     fn on_read_after(&self, offset: u64, len: u64, purpose: ReadPurpose, after: Instant) -> Instant {
         self.on_read(offset, len, purpose).max(after)
     }
+    /// A batch of reads (`(offset, len)` each) issued together, after `after` when given:
+    /// when would the last have arrived? By default each is asked of
+    /// [`Pacing::on_read_after`] (or [`Pacing::on_read`]) in turn; a model may book them
+    /// all at once. None for an empty batch.
+    fn on_reads(&self, spans: &[(u64, usize)], purpose: ReadPurpose, after: Option<Instant>) -> Option<Instant> {
+        spans
+            .iter()
+            .map(|&(offset, len)| match after {
+                Some(t) => self.on_read_after(offset, len as u64, purpose, t),
+                None => self.on_read(offset, len as u64, purpose),
+            })
+            .max()
+    }
     /// `len` bytes at `offset` are about to be written; when would the device acknowledge
     /// them? (A drive with a write-back cache acknowledges before it has programmed them.)
     fn on_write(&self, offset: u64, len: u64) -> Instant;
@@ -281,15 +294,7 @@ impl Backing {
             reads.push(batch::Read { offset: start, at, len: (stop - start) as usize });
             at += (stop - start) as usize;
         }
-        let deadline = self.pacing.as_ref().and_then(|p| {
-            spans
-                .iter()
-                .map(|&(o, l)| match after {
-                    Some(t) => p.on_read_after(o, l as u64, purpose, t),
-                    None => p.on_read(o, l as u64, purpose),
-                })
-                .max()
-        });
+        let deadline = self.pacing.as_ref().and_then(|p| p.on_reads(spans, purpose, after));
         if let Some(map) = &self.map {
             // Every span is inside the store (checked above), and so inside the map.
             for r in &reads {

@@ -165,39 +165,52 @@ impl Pacer {
     /// host read's link is paced by the transport, which sees the bytes on the wire).
     /// Returns when the data is where it was asked for, without waiting.
     pub fn reserve_streamed_read(&self, offset: u64, len: u64, purpose: ReadPurpose) -> Instant {
-        let now = self.now_ns();
-        self.reserve_streamed_read_at(now, now, 0, offset, len, purpose)
+        self.reserve_streamed_reads(&[(offset, len as usize)], purpose, None)
     }
 
     /// [`Pacer::reserve_streamed_read`] for a read issued at `after` (or now, if later):
     /// one that depends on data the model delivers then.
     pub fn reserve_streamed_read_after(&self, offset: u64, len: u64, purpose: ReadPurpose, after: Instant) -> Instant {
-        let (at, clock) = (self.ns_at(after), self.now_ns());
-        self.reserve_streamed_read_at(clock.max(at), clock, at, offset, len, purpose)
+        self.reserve_streamed_reads(&[(offset, len as usize)], purpose, Some(after))
     }
 
-    /// Books a read at `now` (`clock` or later); one continuing a stream may have been
-    /// issued earlier, but never before `floor` (when what chose it arrived).
-    fn reserve_streamed_read_at(&self, now: u64, clock: u64, floor: u64, offset: u64, len: u64, purpose: ReadPurpose) -> Instant {
+    /// [`Pacer::reserve_streamed_read`] (or its `_after` form) for each of `spans` in turn,
+    /// booked under one hold of the models: returns when the last arrives.
+    pub fn reserve_streamed_reads(&self, spans: &[(u64, usize)], purpose: ReadPurpose, after: Option<Instant>) -> Instant {
+        let clock = self.now_ns();
+        // A read that depends on data is issued when that arrives, or now if later; one
+        // continuing a stream may have been issued earlier, but never before `floor`.
+        let floor = after.map_or(0, |t| self.ns_at(t));
+        let now = clock.max(floor);
         let mut streams = lock(&self.streams[purpose as usize]);
-        let (issue, continued, slot) = streams.issue(now, offset);
-        let issue = issue.max(floor);
-        let flash_done = match &self.flash {
-            Some(flash) => {
-                self.counters.reads.fetch_add(1, Relaxed);
-                self.flash_at(flash, clock).read(issue, offset, len)
-            }
-            None => now,
+        let mut flash = self.flash.as_ref().map(|f| self.flash_at(f, clock));
+        let mut engine = match (&self.engine, purpose) {
+            (Some(engine), ReadPurpose::Offload) => Some(lock(engine)),
+            _ => None,
         };
-        let done = match (&self.engine, purpose) {
-            (Some(engine), ReadPurpose::Offload) => {
-                self.counters.engine.fetch_add(1, Relaxed);
-                lock(engine).transfer(flash_done, len)
-            }
-            _ => flash_done,
-        };
-        streams.record(slot, continued, offset, len, issue, done);
-        self.deadline(done.max(now))
+        let mut last = now;
+        for &(offset, len) in spans {
+            let len = len as u64;
+            let (issue, continued, slot) = streams.issue(now, offset);
+            let issue = issue.max(floor);
+            let flash_done = match flash.as_mut() {
+                Some(flash) => {
+                    self.counters.reads.fetch_add(1, Relaxed);
+                    flash.read(issue, offset, len)
+                }
+                None => now,
+            };
+            let done = match engine.as_mut() {
+                Some(engine) => {
+                    self.counters.engine.fetch_add(1, Relaxed);
+                    engine.transfer(flash_done, len)
+                }
+                None => flash_done,
+            };
+            streams.record(slot, continued, offset, len, issue, done);
+            last = last.max(done);
+        }
+        self.deadline(last)
     }
 
     /// Books a write on the flash model now (with any garbage collection it forces) and
@@ -314,6 +327,10 @@ impl insitu_media::Pacing for Pacer {
         self.reserve_streamed_read_after(offset, len, purpose, after)
     }
 
+    fn on_reads(&self, spans: &[(u64, usize)], purpose: ReadPurpose, after: Option<Instant>) -> Option<Instant> {
+        (!spans.is_empty()).then(|| self.reserve_streamed_reads(spans, purpose, after))
+    }
+
     /// A write ends both read streams: the next read pays the full latency. It is
     /// acknowledged from the write-back cache ([`WRITE_CACHE_NS`]) and programmed later.
     fn on_write(&self, offset: u64, len: u64) -> Instant {
@@ -333,8 +350,9 @@ impl insitu_media::Pacing for Pacer {
     fn on_flush(&self) -> Instant {
         let now = self.now_ns();
         let Some(flash) = &self.flash else { return self.deadline(now) };
-        let mut flash = self.flash_at(flash, now);
+        // The cache before the flash, as a write takes them.
         let mut cache = lock(&self.write_cache);
+        let mut flash = self.flash_at(flash, now);
         let (done, booked) = cache.flush(&mut flash, now);
         self.counters.writes.fetch_add(booked, Relaxed);
         let durable = if flash.config().power_loss_protection { done.saturating_sub(WRITE_CACHE_NS) } else { done };
