@@ -440,8 +440,8 @@ def test_auto_micro_batches_overlap_only_when_the_drive_outlasts_the_host():
 
     assert auto_micro_batches(0.8, 0.1) == 4  # the drive is the limit: keep it fed
     assert auto_micro_batches(0.47, 0.1) == 4
-    assert auto_micro_batches(0.44, 0.1) == 2
-    assert auto_micro_batches(0.25, 0.1) == 2
+    assert auto_micro_batches(0.26, 0.1) == 4  # four targets' SparF at 4 x 1,024 on custom:25
+    assert auto_micro_batches(0.24, 0.1) == 2
     assert auto_micro_batches(0.14, 0.1) == 2
     assert auto_micro_batches(0.12, 0.1) == 1
     assert auto_micro_batches(0.084, 0.1) == 1
@@ -528,3 +528,32 @@ def test_split_sparf_calls_refuse_inconsistent_arguments(pool3):
     finally:
         kv.free(81)
         kv.disconnect()
+
+
+def test_bench_scaling_is_each_backends_throughput_over_its_fewest_targets():
+    from insitu.llm.bench import scaling
+
+    def row(backend, targets, tps, context=1024):
+        return {"backend": backend, "batch": 4, "context": context, "targets": targets, "tokens_per_s": tps}
+
+    r = {
+        "rows": [
+            row("memory", 0, 40.0),
+            row("insitu-sparf", 1, 4.0),
+            row("insitu-sparf", 2, 7.2),
+            row("insitu-sparf", 4, 12.8),
+            row("flexgen", 2, 2.0),
+            row("flexgen", 4, 3.0),
+            row("insitu", 4, 1.0, context=2048),
+        ]
+    }
+    got = {(x["backend"], x["context"], x["targets"]): x for x in scaling(r)}
+    assert set(got) == {("insitu-sparf", 1024, 2), ("insitu-sparf", 1024, 4), ("flexgen", 1024, 4)}
+    assert got[("insitu-sparf", 1024, 4)]["ratio"] == pytest.approx(3.2)
+    assert got[("insitu-sparf", 1024, 2)]["base_targets"] == 1
+    # No 1-target row: over the fewest there are, and the record says which.
+    assert got[("flexgen", 1024, 4)] == {"backend": "flexgen", "batch": 4, "context": 1024, "targets": 4, "base_targets": 2, "ratio": pytest.approx(1.5)}
+    rows = r["rows"]
+    assert rows[0]["scaling"] is None and rows[0]["scaling_base_targets"] is None  # the in-memory row
+    assert rows[1]["scaling"] == 1.0 and rows[6]["scaling"] == 1.0  # the base itself
+    assert rows[3]["scaling"] == pytest.approx(3.2) and rows[3]["scaling_base_targets"] == 1
