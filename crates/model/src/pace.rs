@@ -415,6 +415,28 @@ mod tests {
         assert!(drained >= Duration::from_micros(1900) && drained <= Duration::from_micros(2100), "{drained:?}");
     }
 
+    #[test]
+    fn a_batch_of_reads_books_as_its_reads_one_by_one() {
+        // Two channels of four dies; reads that depend on data arriving 50 ms from now, so
+        // both pacers book them from the same moment whatever their clocks read.
+        let cfg = FlashConfig { channels: 2, dies_per_channel: 4, page_bytes: 4096, ..FlashConfig::default() };
+        let spans: Vec<(u64, usize)> = vec![(0, 4096), (8192, 8192), (40 * 4096, 4096), (4096, 4096), (3 << 20, 3 * 4096)];
+        let after = Instant::now() + Duration::from_millis(50);
+        for purpose in [ReadPurpose::Offload, ReadPurpose::Host] {
+            let batch = Pacer::new(Some(Flash::new(cfg.clone(), 8 << 20).unwrap()), None);
+            let one = Pacer::new(Some(Flash::new(cfg.clone(), 8 << 20).unwrap()), None);
+            let got = batch.reserve_streamed_reads(&spans, purpose, Some(after));
+            let want = spans.iter().map(|&(o, l)| one.reserve_streamed_read_after(o, l as u64, purpose, after)).max().unwrap();
+            let apart = if got > want { got - want } else { want - got };
+            assert!(apart <= Duration::from_micros(1), "{got:?} against {want:?}");
+            assert!(got > after + Duration::from_micros(20), "the reads take the model's time from when they are issued");
+            assert_eq!(batch.stats().reads, one.stats().reads);
+            assert_eq!(batch.flash_stats().unwrap().host_pages_read, one.flash_stats().unwrap().host_pages_read);
+        }
+        let p = Pacer::new(Some(Flash::new(cfg, 8 << 20).unwrap()), None);
+        assert_eq!(insitu_media::Pacing::on_reads(&p, &[], ReadPurpose::Offload, None), None, "nothing to book");
+    }
+
     fn slow_flash() -> Flash {
         // One die: a 4 KiB read takes 10 ms sense + 4096 B at 4.096 MB/s = 11 ms.
         let cfg = FlashConfig { channels: 1, dies_per_channel: 1, page_bytes: 4096, read_us: 10_000.0, channel_mb_s: 4.096, ..FlashConfig::default() };
