@@ -26,6 +26,10 @@ impl Busy {
     /// The earliest time at or after `at` from which the resource is free for `len` ns.
     pub fn fit(&self, at: u64, len: u64) -> u64 {
         let mut t = at.max(self.forgotten_end);
+        if self.end() <= t {
+            // After everything booked: what bookings in time order mostly find.
+            return t;
+        }
         let first = self.spans.partition_point(|&(_, end)| end <= t);
         for &(start, end) in self.spans.range(first..) {
             if start >= t.saturating_add(len) {
@@ -41,6 +45,9 @@ impl Busy {
         if from < self.forgotten_end && to > from {
             return Some(self.forgotten_end);
         }
+        if self.end() <= from {
+            return None;
+        }
         let i = self.spans.partition_point(|&(_, end)| end <= from);
         self.spans.get(i).filter(|&&(start, _)| start < to).map(|&(_, end)| end)
     }
@@ -49,6 +56,12 @@ impl Busy {
     pub fn book(&mut self, from: u64, to: u64) {
         if from >= to {
             return;
+        }
+        match self.spans.back_mut() {
+            Some(last) if last.1 == from => return last.1 = to,
+            Some(last) if last.1 < from => return self.spans.push_back((from, to)),
+            None => return self.spans.push_back((from, to)),
+            _ => {}
         }
         let i = self.spans.partition_point(|&(start, _)| start < from);
         debug_assert!(i == 0 || self.spans[i - 1].1 <= from, "booked over a busy span");
